@@ -1,0 +1,199 @@
+"""Checkpoints: a folder of plain files, written atomically, never a pickle.
+
+    runs/NAME/
+      config.yaml              resolved config of the run
+      metrics.jsonl            training log
+      latest, best             text files naming a step folder
+      checkpoints/step-00001000/
+        model.safetensors      raw weights
+        ema.safetensors        EMA weights (used by default for evaluation and sampling)
+        optimizer.pt           optimizer state (tensors and numbers; loaded with weights_only=True)
+        state.json             step, data position, metrics, versions
+        config.yaml            resolved config
+        model.json             backbone config (DiTConfig)
+        data.json              prepared-data metadata (tokeniser, length, packing, source)
+        tokenizer/             tokeniser files
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .config import Config, config_from_dict
+from .data.tokenizers import Tokenizer, load_tokenizer
+from .engine.schedules import get_schedule
+from .errors import MdlmError
+from .models import DiffusionDenoiser, DiT, DiTConfig
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
+    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+
+
+def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn.Module | None,
+                    optimizer: torch.optim.Optimizer | None, cfg: Config, state: dict,
+                    tokenizer: Tokenizer, data_meta: dict, keep_last: int = 2,
+                    best: bool = False) -> Path:
+    """Write checkpoints/step-N atomically (temp folder + rename), update the
+    `latest`/`best` pointers and prune all but the last `keep_last` and the best."""
+    ckpt_root = run_dir / "checkpoints"
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step-{step:08d}"
+    tmp = ckpt_root / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        save_file(_state_dict(model), tmp / "model.safetensors")
+        if ema_model is not None:
+            save_file(_state_dict(ema_model), tmp / "ema.safetensors")
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        base = getattr(model, "_orig_mod", model)
+        (tmp / "model.json").write_text(json.dumps(base.config.to_dict(), indent=2))
+        (tmp / "state.json").write_text(json.dumps(state, indent=2))
+        (tmp / "config.yaml").write_text(cfg.to_yaml())
+        (tmp / "data.json").write_text(json.dumps(data_meta, indent=2))
+        tokenizer.save(tmp / "tokenizer")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _atomic_write_text(run_dir / "latest", final.name + "\n")
+    if best:
+        _atomic_write_text(run_dir / "best", final.name + "\n")
+    _prune(run_dir, keep_last)
+    return final
+
+
+def _prune(run_dir: Path, keep_last: int) -> None:
+    steps = sorted((run_dir / "checkpoints").glob("step-*"))
+    keep = set(steps[-keep_last:])
+    for pointer in ("best", "latest"):
+        if (run_dir / pointer).is_file():
+            keep.add(run_dir / "checkpoints" / (run_dir / pointer).read_text().strip())
+    for path in steps:
+        if path not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def resolve_checkpoint(path: str | Path, which: str = "latest") -> Path:
+    """A step folder from a step folder, or from a run folder via its `latest`/`best` pointer."""
+    path = Path(path)
+    if (path / "model.safetensors").is_file():
+        return path
+    pointer = path / which
+    if pointer.is_file():
+        step_dir = path / "checkpoints" / pointer.read_text().strip()
+        if (step_dir / "model.safetensors").is_file():
+            return step_dir
+    if not path.exists():
+        raise MdlmError(f"checkpoint {str(path)!r} does not exist")
+    raise MdlmError(f"{path} holds no mdlm checkpoint (no model.safetensors, no '{which}' pointer)")
+
+
+def _load_weights(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError) as e:
+        raise MdlmError(f"{path} is not a readable safetensors file ({e}); the checkpoint is corrupted") from None
+
+
+def load_state_into(model: nn.Module, weights: dict[str, torch.Tensor], source: Path) -> None:
+    """Strict load with a one-line error naming the first mismatch."""
+    target = model.state_dict()
+    missing = sorted(set(target) - set(weights))
+    unexpected = sorted(set(weights) - set(target))
+    if missing or unexpected:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise MdlmError(f"{source} does not fit this model ({what}, "
+                        f"{len(missing)} missing / {len(unexpected)} unexpected keys)")
+    for key, value in weights.items():
+        if target[key].shape != value.shape:
+            raise MdlmError(f"{source}: {key} has shape {tuple(value.shape)}, the model expects "
+                            f"{tuple(target[key].shape)}")
+    model.load_state_dict(weights)
+
+
+@dataclass
+class LoadedModel:
+    """A trained model ready for the engine."""
+
+    path: Path
+    model: DiT
+    config: Config
+    tokenizer: Tokenizer
+    data_meta: dict
+    state: dict
+
+    def denoiser(self, dtype: torch.dtype | None = None) -> DiffusionDenoiser:
+        schedule = get_schedule(self.config.diffusion.schedule, self.config.diffusion.eps)
+        return DiffusionDenoiser(self.model, schedule,
+                                 time_conditioning=self.config.model.time_conditioning,
+                                 autocast_dtype=dtype)
+
+    @property
+    def mask_id(self) -> int:
+        return self.tokenizer.mask_id
+
+    @property
+    def length(self) -> int:
+        return self.data_meta["length"]
+
+
+def load_checkpoint(path: str | Path, *, ema: bool = True, device: torch.device | str = "cpu",
+                    which: str = "latest") -> LoadedModel:
+    """Load a model (EMA weights by default) with its config and tokeniser, in eval mode."""
+    step_dir = resolve_checkpoint(path, which)
+    try:
+        cfg = config_from_dict(yaml.safe_load((step_dir / "config.yaml").read_text()))
+        model_cfg = DiTConfig(**json.loads((step_dir / "model.json").read_text()))
+        data_meta = json.loads((step_dir / "data.json").read_text())
+        state = json.loads((step_dir / "state.json").read_text())
+    except (OSError, json.JSONDecodeError, yaml.YAMLError, TypeError) as e:
+        raise MdlmError(f"{step_dir} is incomplete or corrupted ({type(e).__name__}: {e})") from None
+    tokenizer = load_tokenizer(str(step_dir / "tokenizer"))
+    if tokenizer.vocab_size != model_cfg.vocab_size:
+        raise MdlmError(f"{step_dir}: tokenizer vocabulary {tokenizer.vocab_size} does not match "
+                        f"the model's {model_cfg.vocab_size}")
+    weights_file = step_dir / ("ema.safetensors" if ema and (step_dir / "ema.safetensors").is_file()
+                               else "model.safetensors")
+    model = DiT(model_cfg)
+    load_state_into(model, _load_weights(weights_file), weights_file)
+    model.to(device).eval()
+    return LoadedModel(step_dir, model, cfg, tokenizer, data_meta, state)
+
+
+def load_training_state(step_dir: Path, model: nn.Module, ema_model: nn.Module | None,
+                        optimizer: torch.optim.Optimizer) -> dict:
+    """Restore model, EMA and optimizer in place for --resume; returns state.json."""
+    load_state_into(getattr(model, "_orig_mod", model), _load_weights(step_dir / "model.safetensors"),
+                    step_dir / "model.safetensors")
+    if ema_model is not None:
+        ema_file = step_dir / "ema.safetensors"
+        if ema_file.is_file():
+            load_state_into(ema_model, _load_weights(ema_file), ema_file)
+    try:
+        opt_state = torch.load(step_dir / "optimizer.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - corrupted or tampered file
+        raise MdlmError(f"{step_dir}/optimizer.pt cannot be read safely ({type(e).__name__}); "
+                        "the checkpoint is corrupted") from None
+    optimizer.load_state_dict(opt_state)
+    return json.loads((step_dir / "state.json").read_text())

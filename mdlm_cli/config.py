@@ -1,0 +1,283 @@
+"""Typed configuration: dataclasses are the truth, YAML presets only set values.
+
+Precedence: dataclass defaults < preset YAML < `--set section.key=value` < explicit
+CLI flags. Unknown sections or keys are errors that list the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import MdlmError
+
+PACKINGS = ("wrap", "pad", "chunk")
+OBJECTIVES = ("mdlm",)
+LR_SCHEDULES = ("constant", "cosine")
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "bigtxt"  # registry name (`mdlm prepare-data --help`) or a local text/jsonl path
+    tokenizer: str = "gpt2"  # gpt2 | bert-base-uncased | char | local tokenizer folder | hub id
+    length: int = 128  # tokens per row (L)
+    packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8)
+    cache_dir: str = ""  # "" = $MDLM_CACHE or ~/.cache/mdlm
+
+
+@dataclass
+class ModelConfig:
+    hidden_size: int = 768
+    n_blocks: int = 12
+    n_heads: int = 12
+    cond_dim: int = 128
+    dropout: float = 0.1
+    time_conditioning: bool = False  # reference default; the paper's 23.21 used it on
+
+
+@dataclass
+class DiffusionConfig:
+    objective: str = "mdlm"
+    schedule: str = "loglinear"  # loglinear | cosine | cosine-squared | linear
+    eps: float = 1e-3
+    antithetic: bool = True  # low-discrepancy t over the global batch
+    T: int = 0  # 0 = continuous time; T > 0 = discrete-time bound (Table 8)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 2500
+    schedule: str = "constant"  # constant | cosine (after warmup)
+    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
+    grad_clip: float = 1.0  # 0 = off
+
+
+@dataclass
+class TrainConfig:
+    global_batch_size: int = 512
+    micro_batch_size: int = 16
+    max_steps: int = 1_000_000
+    ema: float = 0.9999  # 0 = off; warmup min(ema, (1 + n) / (10 + n))
+    seed: int = 1
+    device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:1 | mps
+    precision: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 | fp32
+    compile: bool = False
+    threads: int = 0  # CPU threads, 0 = torch default
+    log_every: int = 10
+    eval_every: int = 10_000
+    eval_rows: int = 0  # validation rows per periodic evaluation, 0 = all
+    save_every: int = 10_000
+    keep_last: int = 2
+    out_dir: str = "runs/{name}"
+
+
+@dataclass
+class Config:
+    name: str = "custom"
+    description: str = ""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["optim"]["betas"] = list(d["optim"]["betas"])
+        return d
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.train.out_dir.format(name=self.name))
+
+
+SECTIONS = {name: typ for name, typ in typing.get_type_hints(Config).items()
+            if name not in ("name", "description")}
+
+
+# ----------------------------------------------------------------------------- presets
+
+def preset_dir() -> Path:
+    """Packaged presets (a wheel puts them in mdlm_cli/presets), else the source tree's."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "presets", here.parent / "presets"):
+        if candidate.is_dir():
+            return candidate
+    raise MdlmError("the preset folder is missing from this installation; reinstall mdlm")
+
+
+def list_presets() -> dict[str, str]:
+    """name -> one-line description, for every shipped preset."""
+    out = {}
+    for path in sorted(preset_dir().glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        description = str(data.get("description", "")).strip()
+        out[path.stem] = description.splitlines()[0] if description else ""
+    return out
+
+
+def load_preset(name_or_path: str) -> dict:
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        path = preset_dir() / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise MdlmError(
+                f"unknown preset {name_or_path!r}; choose one of: {', '.join(list_presets())} "
+                "(or give a path to a .yaml file)"
+            )
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise MdlmError(f"preset {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise MdlmError(f"preset {path} must be a mapping of sections to keys")
+    data.setdefault("name", path.stem)
+    return data
+
+
+# ----------------------------------------------------------------------------- building
+
+def _coerce(value, typ, where: str):
+    origin = typing.get_origin(typ)
+    try:
+        if typ is bool:
+            if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+                return value.lower() in ("true", "yes", "1")
+            if isinstance(value, bool):
+                return value
+            raise TypeError
+        if typ is int:
+            if isinstance(value, bool):
+                raise TypeError
+            f = float(value)
+            if f != int(f):
+                raise TypeError
+            return int(f)
+        if typ is float:
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if typ is str:
+            return str(value)
+        if origin is tuple:
+            items = value if isinstance(value, list | tuple) else yaml.safe_load(str(value))
+            args = typing.get_args(typ)
+            if len(items) != len(args):
+                raise TypeError
+            return tuple(_coerce(v, a, where) for v, a in zip(items, args, strict=True))
+    except (TypeError, ValueError):
+        pass
+    else:
+        return value
+    name = getattr(typ, "__name__", str(typ))
+    raise MdlmError(f"{where} expects {name}, got {value!r}")
+
+
+def _section_from_dict(cls, values: dict, section: str):
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in valid:
+            raise MdlmError(f"unknown key {section}.{key}; valid keys: {', '.join(valid)}")
+        kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict) -> Config:
+    data = dict(data)
+    cfg_kwargs = {"name": str(data.pop("name", "custom")),
+                  "description": str(data.pop("description", "") or "")}
+    for section, values in data.items():
+        if section not in SECTIONS:
+            raise MdlmError(f"unknown config section {section!r}; valid sections: {', '.join(SECTIONS)}")
+        if not isinstance(values, dict):
+            raise MdlmError(f"config section {section!r} must be a mapping")
+        cfg_kwargs[section] = _section_from_dict(SECTIONS[section], values, section)
+    cfg = Config(**cfg_kwargs)
+    validate(cfg)
+    return cfg
+
+
+def apply_override(data: dict, assignment: str) -> None:
+    """`section.key=value` into a nested dict; value parsed as YAML (1e-4, true, [0.9, 0.95])."""
+    key, sep, raw = assignment.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise MdlmError(f"--set expects section.key=value (e.g. optim.lr=1e-4), got {assignment!r}")
+    section, name = parts
+    if section not in SECTIONS:
+        raise MdlmError(f"unknown config section {section!r} in --set; valid sections: {', '.join(SECTIONS)}")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    data.setdefault(section, {})[name] = value
+
+
+def resolve_config(preset: str | None, overrides: typing.Sequence[str] = (),
+                   flags: dict[str, typing.Any] | None = None) -> Config:
+    """defaults < preset < --set overrides < explicit flags ({"train.seed": 3, ...}, None = unset)."""
+    data = load_preset(preset) if preset else {}
+    for assignment in overrides:
+        apply_override(data, assignment)
+    for key, value in (flags or {}).items():
+        if value is not None:
+            apply_override(data, f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
+                           if not isinstance(value, str) else f"{key}={value}")
+    return config_from_dict(data)
+
+
+def _choice(value: str, choices, where: str) -> None:
+    if value not in choices:
+        raise MdlmError(f"{where} must be one of: {', '.join(choices)} (got {value!r})")
+
+
+def validate(cfg: Config) -> None:
+    from .engine.schedules import SCHEDULES
+
+    _choice(cfg.data.packing, PACKINGS, "data.packing")
+    _choice(cfg.diffusion.objective, OBJECTIVES, "diffusion.objective")
+    _choice(cfg.diffusion.schedule, list(SCHEDULES), "diffusion.schedule")
+    _choice(cfg.optim.schedule, LR_SCHEDULES, "optim.schedule")
+    _choice(cfg.train.precision, PRECISIONS, "train.precision")
+    positive = {
+        "data.length": cfg.data.length, "model.hidden_size": cfg.model.hidden_size,
+        "model.n_blocks": cfg.model.n_blocks, "model.n_heads": cfg.model.n_heads,
+        "model.cond_dim": cfg.model.cond_dim, "train.global_batch_size": cfg.train.global_batch_size,
+        "train.micro_batch_size": cfg.train.micro_batch_size, "train.max_steps": cfg.train.max_steps,
+        "train.log_every": cfg.train.log_every, "train.eval_every": cfg.train.eval_every,
+        "train.save_every": cfg.train.save_every, "train.keep_last": cfg.train.keep_last,
+    }
+    for where, value in positive.items():
+        if value <= 0:
+            raise MdlmError(f"{where} must be positive (got {value})")
+    if cfg.data.length < 4:
+        raise MdlmError(f"data.length must be at least 4 (got {cfg.data.length})")
+    if cfg.model.hidden_size % cfg.model.n_heads or (cfg.model.hidden_size // cfg.model.n_heads) % 2:
+        raise MdlmError(
+            f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by model.n_heads "
+            f"({cfg.model.n_heads}) with an even head size"
+        )
+    if cfg.train.global_batch_size % cfg.train.micro_batch_size:
+        raise MdlmError(
+            f"train.global_batch_size ({cfg.train.global_batch_size}) must be a multiple of "
+            f"train.micro_batch_size ({cfg.train.micro_batch_size})"
+        )
+    if not 0.0 <= cfg.train.ema < 1.0:
+        raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise MdlmError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
+    if cfg.diffusion.T < 0:
+        raise MdlmError(f"diffusion.T must be 0 (continuous) or a positive number of steps (got {cfg.diffusion.T})")
+    if cfg.optim.lr <= 0:
+        raise MdlmError(f"optim.lr must be positive (got {cfg.optim.lr})")

@@ -1,0 +1,95 @@
+"""Packing token streams into fixed-length rows.
+
+- `wrap` (OWT): documents + EOS are concatenated and cut into L-2 token pieces,
+  each emitted as [BOS] piece [EOS]. The remainder becomes a last, shorter row.
+- `chunk` (text8): the stream is cut into L-token rows (no specials).
+- `pad` (LM1B): one document per row, [BOS] doc[:L-2] [EOS], padded to L.
+
+Every packer yields (rows (n, L) int64, lengths (n,) int32); positions at or
+after a row's length are padding, excluded by the attention mask and the loss.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+Rows = tuple[np.ndarray, np.ndarray]
+
+
+def _flat(docs: list[list[int]], separator: int | None) -> np.ndarray:
+    tail = [] if separator is None else [separator]
+    return np.fromiter(itertools.chain.from_iterable(d + tail for d in docs), dtype=np.int64)
+
+
+def wrap_rows(doc_batches: Iterable[list[list[int]]], length: int, *, bos: int, eos: int,
+              pad: int) -> Iterator[Rows]:
+    piece = length - 2
+    buffer = np.zeros(0, dtype=np.int64)
+    for docs in doc_batches:
+        buffer = np.concatenate([buffer, _flat(docs, eos)])
+        n = len(buffer) // piece
+        if n:
+            body = buffer[: n * piece].reshape(n, piece)
+            rows = np.concatenate([np.full((n, 1), bos), body, np.full((n, 1), eos)], axis=1)
+            yield rows, np.full(n, length, dtype=np.int32)
+            buffer = buffer[n * piece:]
+    if len(buffer):
+        row = np.full((1, length), pad, dtype=np.int64)
+        row[0, : len(buffer) + 2] = np.concatenate([[bos], buffer, [eos]])
+        yield row, np.array([len(buffer) + 2], dtype=np.int32)
+
+
+def chunk_rows(doc_batches: Iterable[list[list[int]]], length: int, *, pad: int,
+               separator: int | None = None) -> Iterator[Rows]:
+    buffer = np.zeros(0, dtype=np.int64)
+    for docs in doc_batches:
+        buffer = np.concatenate([buffer, _flat(docs, separator)])
+        n = len(buffer) // length
+        if n:
+            yield buffer[: n * length].reshape(n, length), np.full(n, length, dtype=np.int32)
+            buffer = buffer[n * length:]
+    if len(buffer):
+        row = np.full((1, length), pad, dtype=np.int64)
+        row[0, : len(buffer)] = buffer
+        yield row, np.array([len(buffer)], dtype=np.int32)
+
+
+def pad_rows(doc_batches: Iterable[list[list[int]]], length: int, *, bos: int, eos: int,
+             pad: int) -> Iterator[Rows]:
+    for docs in doc_batches:
+        if not docs:
+            continue
+        rows = np.full((len(docs), length), pad, dtype=np.int64)
+        lengths = np.zeros(len(docs), dtype=np.int32)
+        for i, doc in enumerate(docs):
+            seq = [bos] + doc[: length - 2] + [eos]
+            rows[i, : len(seq)] = seq
+            lengths[i] = len(seq)
+        yield rows, lengths
+
+
+def unpack(rows: np.ndarray, lengths: np.ndarray, packing: str, *, bos: int, eos: int,
+           separator: int | None = None) -> list[list[int]]:
+    """Inverse of the packers, for tests and inspection: the documents' token lists."""
+    if packing == "pad":
+        return [list(r[1 : n - 1]) for r, n in zip(rows, lengths, strict=True)]
+    if len(rows) == 0:
+        return []
+    strip = 1 if packing == "wrap" else 0
+    stream = np.concatenate([r[strip : n - strip] for r, n in zip(rows, lengths, strict=True)])
+    cut = eos if packing == "wrap" else separator
+    if cut is None:
+        return [list(stream)]
+    docs, start = [], 0
+    for i in np.flatnonzero(stream == cut):
+        docs.append(list(stream[start:i]))
+        start = i + 1
+    if start < len(stream):
+        docs.append(list(stream[start:]))
+    return docs
+
+
+PACKERS = {"wrap": wrap_rows, "chunk": chunk_rows, "pad": pad_rows}

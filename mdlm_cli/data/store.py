@@ -1,0 +1,236 @@
+"""`mdlm prepare-data`: tokenise and pack a source into memory-mapped token files.
+
+Layout of a prepared data set (one folder per cache key):
+    meta.json                 tokeniser, vocab, mask id, length, packing, counts, source
+    {split}.tokens.bin        uint16/uint32 (rows, L), row-major
+    {split}.lengths.bin       int32 (rows,): real tokens per row, the rest is padding
+    tokenizer/                the tokeniser's own files
+
+The cache key hashes everything that changes the content (source fingerprint,
+tokeniser vocabulary, length, packing, format version): the reference's key
+ignores the tokeniser. The folder is built under a temporary name and renamed
+when complete, so an interrupted run never leaves a cache that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import DataConfig
+from ..errors import MdlmError
+from .packing import PACKERS
+from .sources import Source, get_source
+from .tokenizers import Tokenizer, default_cache_root, load_tokenizer
+
+FORMAT_VERSION = 1
+
+
+def cache_key(source: Source, tokenizer: Tokenizer, length: int, packing: str) -> str:
+    payload = json.dumps({"format": FORMAT_VERSION, "source": source.fingerprint,
+                          "tokenizer": tokenizer.fingerprint, "length": length,
+                          "packing": packing}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    return Path(cfg.cache_dir) if cfg.cache_dir else default_cache_root()
+
+
+@dataclass
+class TokenSplit:
+    """Memory-mapped rows of one split."""
+
+    tokens: np.ndarray  # (rows, L)
+    lengths: np.ndarray  # (rows,)
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def batch(self, rows, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x0 (B, L) long and an attention mask (B, L) bool, or None when nothing is padded."""
+        rows = np.asarray(rows)
+        x0 = torch.from_numpy(self.tokens[rows].astype(np.int64)).to(device)
+        lengths = self.lengths[rows]
+        if (lengths == self.tokens.shape[1]).all():
+            return x0, None
+        positions = torch.arange(self.tokens.shape[1])
+        mask = positions[None, :] < torch.from_numpy(lengths.astype(np.int64))[:, None]
+        return x0, mask.to(device)
+
+
+class PreparedData:
+    """A prepared data set folder: its metadata, splits and tokeniser."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        try:
+            self.meta = json.loads((self.folder / "meta.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            raise MdlmError(f"{self.folder} is not a prepared data set (meta.json missing or "
+                            "corrupted); run mdlm prepare-data again") from None
+
+    @property
+    def length(self) -> int:
+        return self.meta["length"]
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.meta["splits"])
+
+    def split(self, name: str) -> TokenSplit:
+        if name not in self.meta["splits"]:
+            raise MdlmError(f"split {name!r} is not in {self.folder.name}; available: {', '.join(self.splits)}")
+        info = self.meta["splits"][name]
+        shape = (info["rows"], self.length)
+        try:
+            if info["rows"] == 0:
+                tokens = np.zeros(shape, dtype=self.meta["dtype"])
+                lengths = np.zeros(0, dtype=np.int32)
+            else:
+                tokens = np.memmap(self.folder / f"{name}.tokens.bin", dtype=self.meta["dtype"],
+                                   mode="r", shape=shape)
+                lengths = np.memmap(self.folder / f"{name}.lengths.bin", dtype=np.int32, mode="r",
+                                    shape=(info["rows"],))
+        except (OSError, ValueError) as e:
+            raise MdlmError(f"{self.folder}/{name}.*.bin is missing or truncated ({e}); "
+                            f"delete {self.folder} and run mdlm prepare-data again") from None
+        return TokenSplit(tokens, lengths)
+
+    def tokenizer(self) -> Tokenizer:
+        return load_tokenizer(str(self.folder / "tokenizer"))
+
+
+def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
+                 cfg: DataConfig, dtype, load_dataset, progress) -> dict:
+    batches, total_docs = source.documents(split, load_dataset)
+    counts = {"docs": 0}
+
+    def tokenized():
+        for docs in batches:
+            counts["docs"] += len(docs)
+            if progress is not None:
+                progress(split, len(docs), total_docs)
+            yield tokenizer.encode_batch(docs)
+
+    packer = PACKERS[cfg.packing]
+    if cfg.packing == "chunk":
+        sep = tokenizer.encode(" ")[0] if tokenizer.is_character_level else tokenizer.eos_id
+        rows_iter = packer(tokenized(), cfg.length, pad=tokenizer.pad_id, separator=sep)
+    else:
+        rows_iter = packer(tokenized(), cfg.length, bos=tokenizer.bos_id, eos=tokenizer.eos_id,
+                           pad=tokenizer.pad_id)
+    n_rows = n_tokens = 0
+    with open(folder / f"{split}.tokens.bin", "wb") as ft, open(folder / f"{split}.lengths.bin", "wb") as fl:
+        for rows, lengths in rows_iter:
+            ft.write(rows.astype(dtype).tobytes())
+            fl.write(lengths.astype(np.int32).tobytes())
+            n_rows += len(rows)
+            n_tokens += int(lengths.sum())
+    return {"rows": n_rows, "tokens": n_tokens, "docs": counts["docs"]}
+
+
+def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
+    """Cross-entropy (nats/token) of the validation split under the training split's
+    unigram distribution (add-one smoothed): the bound a model must beat."""
+    if "train" not in data.meta["splits"] or "valid" not in data.meta["splits"]:
+        return None
+    train, valid = data.split("train"), data.split("valid")
+    if not len(train) or not len(valid):
+        return None
+
+    def counts(split: TokenSplit) -> np.ndarray:
+        c = np.zeros(vocab_size, dtype=np.int64)
+        for start in range(0, len(split), 4096):
+            toks, lens = split.tokens[start:start + 4096], split.lengths[start:start + 4096]
+            real = toks[np.arange(toks.shape[1])[None, :] < lens[:, None]]
+            c += np.bincount(real.astype(np.int64), minlength=vocab_size)[:vocab_size]
+        return c
+
+    train_counts = counts(train) + 1.0
+    log_p = np.log(train_counts / train_counts.sum())
+    valid_counts = counts(valid)
+    return float(-(valid_counts * log_p).sum() / max(valid_counts.sum(), 1))
+
+
+def prepared_folder(cfg: DataConfig) -> tuple[Path, Source, Tokenizer]:
+    root = cache_root(cfg)
+    source = get_source(cfg.dataset)
+    tokenizer = load_tokenizer(cfg.tokenizer, root)
+    key = cache_key(source, tokenizer, cfg.length, cfg.packing)
+    name = f"{source.name}-{tokenizer.name.replace('/', '_')}-{cfg.packing}{cfg.length}-{key[:12]}"
+    return root / "data" / name, source, tokenizer
+
+
+def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = False) -> PreparedData:
+    """Prepare (or find in the cache) the data set described by `cfg`.
+
+    `progress(split, n_docs_done_now, total_docs)` is called as documents are read.
+    Re-running with the same config is a no-op.
+    """
+    folder, source, tokenizer = prepared_folder(cfg)
+    if (folder / "meta.json").is_file() and not force:
+        return PreparedData(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(folder)
+    tmp = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        dtype = np.uint16 if tokenizer.vocab_size <= 65536 else np.uint32
+        tokenizer.save(tmp / "tokenizer")
+        splits = {}
+        for split in source.splits:
+            splits[split] = _write_split(tmp, split, source, tokenizer, cfg, dtype,
+                                         load_dataset, progress)
+        meta = {
+            "format": FORMAT_VERSION, "key": cache_key(source, tokenizer, cfg.length, cfg.packing),
+            "source": {"name": source.name, "description": source.description,
+                       "fingerprint": source.fingerprint},
+            "tokenizer": tokenizer.describe(), "length": cfg.length, "packing": cfg.packing,
+            "dtype": np.dtype(dtype).name, "splits": splits,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        meta["unigram_valid_nats"] = unigram_baseline(PreparedData(tmp), tokenizer.vocab_size)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        if force and folder.exists():
+            shutil.rmtree(folder)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process completed the same folder first
+            if not (folder / "meta.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return PreparedData(folder)
+
+
+def _remove_stale_partials(folder: Path) -> None:
+    for partial in folder.parent.glob(f"{folder.name}.partial-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and _pid_alive(int(pid)) and int(pid) != os.getpid():
+            continue
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

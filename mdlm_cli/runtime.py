@@ -1,0 +1,75 @@
+"""Device, precision and seeding: chosen once, passed explicitly."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from .errors import MdlmError
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """`auto` picks cuda > mps > cpu; anything else must be available."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise MdlmError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise MdlmError(f"device {name!r} asked for but CUDA is not available; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise MdlmError(f"device {name!r} does not exist: {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise MdlmError("device 'mps' asked for but MPS is not available; use --device cpu")
+    return device
+
+
+def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype | None:
+    """bf16 autocast on CUDA by default, fp32 (no autocast) elsewhere."""
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise MdlmError("this GPU does not support bf16; use --set train.precision=fp32")
+        return torch.bfloat16
+    return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed from several parts (run seed, step, purpose): stateless RNG streams
+    make a resumed run draw exactly what the uninterrupted run would have drawn."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    dtype: torch.dtype | None  # autocast dtype, None = fp32
+
+    @classmethod
+    def create(cls, device: str = "auto", precision: str = "auto", threads: int = 0) -> Runtime:
+        if threads > 0:
+            torch.set_num_threads(threads)
+        dev = pick_device(device)
+        if dev.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        return cls(dev, autocast_dtype(dev, precision))
+
+    def describe(self) -> str:
+        dtype = "bf16 autocast" if self.dtype == torch.bfloat16 else "fp32"
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+        threads = f", {torch.get_num_threads()} threads" if self.device.type == "cpu" else ""
+        return f"{name} ({dtype}{threads}, torch {torch.__version__})"

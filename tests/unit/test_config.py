@@ -1,0 +1,71 @@
+import pytest
+import yaml
+
+from mdlm_cli.config import (
+    Config,
+    apply_override,
+    config_from_dict,
+    list_presets,
+    load_preset,
+    resolve_config,
+)
+from mdlm_cli.errors import MdlmError
+
+
+def test_every_shipped_preset_loads_and_validates():
+    names = list(list_presets())
+    assert {"owt", "lm1b", "text8", "demo", "test"} <= set(names)
+    for name in names:
+        cfg = resolve_config(name)
+        assert cfg.name == name
+        assert cfg.train.global_batch_size % cfg.train.micro_batch_size == 0
+
+
+def test_owt_preset_matches_the_paper_recipe():
+    cfg = resolve_config("owt")
+    assert (cfg.data.tokenizer, cfg.data.length, cfg.data.packing) == ("gpt2", 1024, "wrap")
+    assert (cfg.model.n_blocks, cfg.model.hidden_size, cfg.model.n_heads) == (12, 768, 12)
+    assert cfg.optim.lr == 3e-4 and cfg.optim.warmup_steps == 2500 and cfg.optim.schedule == "constant"
+    assert cfg.train.global_batch_size == 512 and cfg.train.max_steps == 1_000_000
+    assert cfg.train.ema == 0.9999 and cfg.optim.grad_clip == 1.0
+    assert cfg.diffusion.schedule == "loglinear" and cfg.diffusion.antithetic
+    assert not cfg.model.time_conditioning
+
+
+def test_precedence_defaults_preset_set_flags():
+    assert Config().optim.lr == 3e-4
+    cfg = resolve_config("test", ["optim.lr=1e-2", "train.seed=5"], {"train.seed": 9, "train.max_steps": None})
+    assert cfg.optim.lr == 1e-2  # --set beats the preset
+    assert cfg.train.seed == 9  # an explicit flag beats --set
+    assert cfg.train.max_steps == load_preset("test")["train"]["max_steps"]  # None = unset
+
+
+def test_unknown_keys_and_sections_list_the_valid_ones():
+    with pytest.raises(MdlmError, match="valid keys: .*lr"):
+        resolve_config("test", ["optim.learning_rate=1"])
+    with pytest.raises(MdlmError, match="valid sections"):
+        config_from_dict({"optimizer": {"lr": 1}})
+    with pytest.raises(MdlmError, match="unknown preset 'nope'"):
+        resolve_config("nope")
+    with pytest.raises(MdlmError, match="section.key=value"):
+        apply_override({}, "lr=3")
+
+
+def test_type_errors_and_invalid_values():
+    with pytest.raises(MdlmError, match="train.max_steps expects int"):
+        resolve_config("test", ["train.max_steps=ten"])
+    with pytest.raises(MdlmError, match="multiple of"):
+        resolve_config("test", ["train.global_batch_size=10", "train.micro_batch_size=4"])
+    with pytest.raises(MdlmError, match="data.packing must be one of"):
+        resolve_config("test", ["data.packing=zip"])
+    assert resolve_config("test", ["optim.betas=[0.9, 0.95]"]).optim.betas == (0.9, 0.95)
+    assert resolve_config("test", ["train.max_steps=1e3"]).train.max_steps == 1000
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path):
+    cfg = resolve_config("owt", ["optim.lr=1e-4"])
+    path = tmp_path / "c.yaml"
+    path.write_text(cfg.to_yaml())
+    again = resolve_config(str(path))
+    assert again.to_dict() == cfg.to_dict()
+    assert yaml.safe_load(cfg.to_yaml())["optim"]["lr"] == 1e-4
