@@ -139,13 +139,14 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
                                   fused=fused or None)
     state = {"step": 0, "samples_seen": 0, "tokens_seen": 0, "best_valid_nats": None,
              "train_seconds": 0.0}
-    if resume:
+    has_checkpoint = (run_dir / "latest").is_file()
+    if resume and has_checkpoint:
         step_dir = resolve_checkpoint(run_dir)
         state = load_training_state(step_dir, model, ema.model if ema else None, optimizer)
         if ema is not None:
             ema.updates = state["step"]
         console.print(f"Resumed from {step_dir} at step {state['step']}")
-    elif (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").glob("step-*")):
+    elif not resume and (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").glob("step-*")):
         raise MdlmError(f"{run_dir} already holds checkpoints; continue it with --resume, or "
                         "choose another --out")
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,8 @@ import torch
 
 
 class AnalyticDenoiser:
+    time_conditioning = False  # exact conditionals do not depend on t
+
     def __init__(self, probs: torch.Tensor, length: int, vocab: int):
         self.length, self.vocab = length, vocab
         self.mask_id = vocab  # model vocabulary V + 1, mask last

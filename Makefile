@@ -1,0 +1,40 @@
+# Two commands do everything on a fresh machine (Python >= 3.10 and make):
+#   make demo   set up, prepare the embedded corpus, train the demo model, report its bound, sample
+#   make test   set up, run the test suite
+# On a CPU machine TORCH=torch==2.13.0 takes the local CPU build. On a CUDA machine install
+# the CUDA build of PyTorch for your driver first (or pass TORCH=...), and optionally
+# flash-attn with: make setup EXTRAS=dev,cuda
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+EXTRAS ?= dev
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test test-fast lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	touch $@
+
+demo: setup
+	$(BIN)/mdlm prepare-data --preset demo
+	$(BIN)/mdlm train --preset demo --out runs/demo --resume --no-print-config
+	$(BIN)/mdlm sample --checkpoint runs/demo --num-samples 3 --sampler first-hitting
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check mdlm_cli tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,28 @@
+"""The core engine: pure functions over tensors with explicit generators.
+
+    from mdlm_cli import engine
+    nats = engine.nelbo(denoiser, x0, mask_id=50257)              # (B,) bound per sequence
+    tokens = engine.sample(denoiser, sampler="first-hitting", num_samples=4, length=128, mask_id=50257)
+
+A denoiser is any callable `denoiser(z_t (B, L) long, t (B,) float) -> logits (B, L, V)`
+with V including the mask token; the engine applies SUBS itself.
+"""
+
+from .categorical import PRECISIONS, sample_tokens
+from .diffusion import (
+    mask_tokens,
+    masked_nll,
+    nelbo,
+    nelbo_terms,
+    sample_times,
+    subs_log_probs,
+    times_from_uniform,
+)
+from .sampling import SAMPLERS, SampleStats, SemiARResult, sample, semi_ar
+from .schedules import SCHEDULES, Schedule, get_schedule
+
+__all__ = [
+    "PRECISIONS", "SAMPLERS", "SCHEDULES", "SampleStats", "Schedule", "SemiARResult", "get_schedule",
+    "mask_tokens", "masked_nll", "nelbo", "nelbo_terms", "sample", "sample_times", "sample_tokens",
+    "semi_ar", "subs_log_probs", "times_from_uniform",
+]

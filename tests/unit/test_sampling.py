@@ -1,0 +1,202 @@
+"""Statistical tests of the samplers against an exactly enumerable joint distribution."""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from mdlm_cli import engine
+from mdlm_cli.engine.categorical import gumbel_argmax, sample_tokens
+from mdlm_cli.errors import MdlmError
+
+from ..analytic import AnalyticDenoiser
+
+N = 6000
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson goodness of fit; cells with small expectation are pooled."""
+    expected = probs * counts.sum()
+    order = expected.argsort()
+    pooled_o, pooled_e, acc_o, acc_e = [], [], 0.0, 0.0
+    for i in order.tolist():
+        acc_o += counts[i].item()
+        acc_e += expected[i].item()
+        if acc_e >= 5:
+            pooled_o.append(acc_o)
+            pooled_e.append(acc_e)
+            acc_o = acc_e = 0.0
+    if acc_e:
+        pooled_o[-1] += acc_o
+        pooled_e[-1] += acc_e
+    o, e = torch.tensor(pooled_o, dtype=torch.float64), torch.tensor(pooled_e, dtype=torch.float64)
+    stat = ((o - e) ** 2 / e).sum()
+    dof = len(o) - 1
+    return torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2).item()
+
+
+def empirical(den: AnalyticDenoiser, tokens: torch.Tensor) -> torch.Tensor:
+    return torch.bincount(den.index(tokens), minlength=len(den.probs)).double()
+
+
+@pytest.fixture(scope="module")
+def den():
+    return AnalyticDenoiser.random(length=3, vocab=3, seed=0, concentration=0.3)
+
+
+def draw(den, sampler, n=N, seed=0, **kw):
+    return engine.sample(den, sampler=sampler, num_samples=n, length=den.length, mask_id=den.mask_id,
+                         generator=torch.Generator().manual_seed(seed), return_stats=True, **kw)
+
+
+def test_first_hitting_reproduces_the_joint(den):
+    tokens, stats = draw(den, "first-hitting")
+    assert chi2_pvalue(empirical(den, tokens), den.probs) > 1e-3
+    assert stats.nfe == den.length and stats.ncs == den.length  # one call and one draw per token
+
+
+def test_ancestral_many_steps_reproduces_the_joint(den):
+    tokens, stats = draw(den, "ancestral", steps=200)
+    assert chi2_pvalue(empirical(den, tokens), den.probs) > 1e-3
+    assert stats.ncs <= den.length  # draws only where a position unmasks
+
+
+def test_ancestral_one_step_does_not(den):
+    """One step unmasks every position independently: the test must reject it (power)."""
+    tokens, _ = draw(den, "ancestral", steps=1, final_denoise=False)
+    assert chi2_pvalue(empirical(den, tokens), den.probs) < 1e-6
+
+
+def test_ancestral_cache_matches_ancestral_with_fewer_calls(den):
+    plain, s_plain = draw(den, "ancestral", steps=100, seed=1)
+    cached, s_cache = draw(den, "ancestral-cache", steps=100, seed=1)
+    assert chi2_pvalue(empirical(den, cached), den.probs) > 1e-3
+    assert s_cache.nfe <= den.length + 1 < s_plain.nfe
+    # identical random streams: decisions and draws are the same, only the calls differ
+    assert torch.equal(plain, cached)
+
+
+def test_ancestral_cache_counts_per_sequence_calls():
+    den = AnalyticDenoiser.random(length=4, vocab=2, seed=3)
+    tokens, stats = draw(den, "ancestral-cache", n=8, steps=50)
+    # every network evaluation of a sequence coincides with a step that changed it
+    assert stats.sequence_evals <= 8 * den.length
+    assert stats.whole_batch_calls >= stats.calls
+
+
+def test_prompted_sampling_reproduces_the_conditional(den):
+    prompt = torch.tensor([den.mask_id, 2, den.mask_id])
+    cond = den.probs * (den.configs[:, 1] == 2)
+    cond = cond / cond.sum()
+    for sampler, kw in (("first-hitting", {}), ("ancestral-cache", {"steps": 200})):
+        tokens, _ = draw(den, sampler, prompt=prompt, **kw)
+        assert (tokens[:, 1] == 2).all()
+        assert chi2_pvalue(empirical(den, tokens), cond) > 1e-3, sampler
+
+
+@pytest.mark.parametrize("sampler", list(engine.SAMPLERS))
+@pytest.mark.parametrize("precision", ["fp64", "fp32"])
+def test_no_mask_left_and_seed_determinism(den, sampler, precision):
+    a = draw(den, sampler, n=64, seed=5, steps=10, precision=precision)[0]
+    b = draw(den, sampler, n=64, seed=5, steps=10, precision=precision)[0]
+    assert torch.equal(a, b)
+    assert not (a == den.mask_id).any() and a.shape == (64, den.length)
+
+
+def test_first_hitting_parallel_variant(den):
+    tokens, stats = draw(den, "first-hitting", tokens_per_step=2)
+    assert stats.nfe == math.ceil(den.length / 2)
+    assert stats.ncs == den.length
+
+
+def test_float32_gumbel_max_cannot_draw_below_its_grid():
+    """Classes at 1e-8 of the leading one: float32 noise (E >= ~6e-8) never lets them win."""
+    logw = torch.cat([torch.zeros(1), torch.full((1000,), math.log(1e-8))]).expand(100_000, -1)
+    rare32 = (gumbel_argmax(logw, generator=torch.Generator().manual_seed(0), precision="fp32") > 0).sum()
+    assert rare32.item() == 0  # float64 would give each row a 1e-5 chance
+
+
+def test_float64_gumbel_max_matches_the_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05 - 1e-4, 1e-4], dtype=torch.float64)
+    draws = gumbel_argmax(probs.log().expand(400_000, -1), generator=torch.Generator().manual_seed(1))
+    assert chi2_pvalue(torch.bincount(draws, minlength=5).double(), probs) > 1e-3
+
+
+@pytest.mark.slow
+def test_ancestral_fp32_truncates_rare_tokens_that_fp64_keeps():
+    """10,000 rare tokens at 1e-6 each (1% together). With 100 steps, a rare token's weight in a
+    step, 1e-6 * dt / t, is below float32's ~6e-8 floor for every t > 0.17: the reference draw
+    loses most of that 1%, the float64 sampler keeps it (Zheng et al. 2024)."""
+    n_rare, L, B = 10_000, 256, 16
+    probs = torch.cat([torch.tensor([0.99]), torch.full((n_rare,), 0.01 / n_rare)])
+    row = torch.cat([probs.log(), torch.zeros(1)])  # + the mask column
+
+    class Constant:
+        supports_output_mask = True
+        time_conditioning = False
+
+        def __call__(self, z, t, output_mask=None):
+            n = int(output_mask.sum()) if output_mask is not None else z.numel()
+            out = row.expand(n, -1)
+            return out if output_mask is not None else out.reshape(*z.shape, -1)
+
+    share = {}
+    for precision in ("fp64", "fp32"):
+        tokens = engine.sample(Constant(), sampler="ancestral-cache", num_samples=B, length=L, mask_id=n_rare + 1,
+                               steps=100, precision=precision, generator=torch.Generator().manual_seed(0))
+        share[precision] = (tokens > 0).double().mean().item()
+    assert 0.006 < share["fp64"] < 0.015  # ~41 of 4096 positions
+    assert share["fp32"] < 0.005  # ~7 of 4096 positions
+
+
+def test_temperature_and_top_p():
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1, 0.0]])).expand(20000, -1)
+    g = torch.Generator().manual_seed(0)
+    top = sample_tokens(logits, 3, generator=g, top_p=0.8)
+    assert set(top.tolist()) == {0, 1}
+    cold = sample_tokens(logits, 3, generator=g, temperature=0.1)
+    assert (cold == 0).double().mean() > 0.99
+    assert not (sample_tokens(logits, 3, generator=g) == 3).any()
+
+
+def test_semi_ar_length_and_carried_prefix(den):
+    blocks = []
+    out = engine.semi_ar(den, sampler="first-hitting", num_samples=5, window=3, stride=1, rounds=4,
+                         mask_id=den.mask_id, generator=torch.Generator().manual_seed(0),
+                         on_block=lambda r, new: blocks.append(new.clone()))
+    assert out.tokens.shape == (5, 3 + 4 * 1)
+    assert torch.equal(torch.cat(blocks, 1), out.tokens)
+    # every window (carried prefix + new token) is a configuration the model can produce
+    for start in range(0, 5):
+        window = out.tokens[:, start:start + 3]
+        assert (den.probs[den.index(window)] > 1e-5).all()
+
+
+def test_semi_ar_target_length_and_prompt(den):
+    out = engine.semi_ar(den, sampler="ancestral", steps=20, num_samples=2, window=3, stride=2,
+                         target_length=8, prompt=torch.tensor([1, 2]), mask_id=den.mask_id,
+                         generator=torch.Generator().manual_seed(0))
+    assert out.tokens.shape == (2, 8)
+    assert (out.tokens[:, :2] == torch.tensor([1, 2])).all()
+
+
+def test_bad_arguments_are_user_errors(den):
+    with pytest.raises(MdlmError, match="unknown sampler"):
+        engine.sample(den, sampler="nope", num_samples=1, length=3, mask_id=den.mask_id)
+    with pytest.raises(MdlmError, match="needs steps"):
+        engine.sample(den, sampler="ancestral", num_samples=1, length=3, mask_id=den.mask_id)
+    with pytest.raises(MdlmError, match="prompt has shape"):
+        engine.sample(den, sampler="first-hitting", num_samples=2, length=3, mask_id=den.mask_id,
+                      prompt=torch.zeros(4, dtype=torch.long))
+
+
+def test_cache_refuses_time_conditioned_models(den):
+    def timed(z, t):
+        return den(z, t)
+
+    timed.time_conditioning = True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.sample(timed, sampler="ancestral-cache", num_samples=4, length=3, mask_id=den.mask_id, steps=5)
+    assert any("falling back" in str(w.message) for w in caught)
