@@ -42,10 +42,16 @@ def gumbel_argmax(log_weights: Tensor, *, generator: torch.Generator | None, pre
         e = -torch.log(u.clamp_min(torch.finfo(torch.float64).tiny))
         return (lw - torch.log(e)).argmax(dim=-1)
     if precision == "fp32":
-        p = torch.exp(log_weights.float() - log_weights.float().amax(-1, keepdim=True))
-        u = torch.rand(p.shape, generator=generator, device=p.device, dtype=torch.float32)
-        return (p / (1e-10 - (u + 1e-10).log())).argmax(dim=-1)
+        lw = log_weights.float()
+        return reference_draw(torch.exp(lw - lw.amax(-1, keepdim=True)), generator=generator)
     raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def reference_draw(probs: Tensor, *, generator: torch.Generator | None) -> Tensor:
+    """The reference implementation's float32 draw: argmax(p / (1e-10 - log(u + 1e-10)))."""
+    probs = probs.float()
+    u = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=torch.float32)
+    return (probs / (1e-10 - (u + 1e-10).log_())).argmax(dim=-1)
 
 
 def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | None,

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..errors import MdlmError
-from .categorical import PRECISIONS, filter_logits, gumbel_argmax, sample_tokens
+from .categorical import PRECISIONS, filter_logits, reference_draw, sample_tokens
 from .diffusion import Denoiser, call_denoiser
 from .schedules import Schedule, get_schedule
 
@@ -153,13 +153,12 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
             logits = cached[masked]
         else:
             logits = ctx.logits(z, t, need.nonzero()[:, 0], masked)
-        probs = filter_logits(logits.float().index_fill(-1, torch.tensor([ctx.mask_id], device=z.device),
-                                                        float("-inf")),
-                              temperature=ctx.temperature, top_p=ctx.top_p).softmax(-1)
-        q = probs * p_unmask.float()
+        logits = logits.float().index_fill(-1, torch.tensor([ctx.mask_id], device=z.device), float("-inf"))
+        q = filter_logits(logits, temperature=ctx.temperature, top_p=ctx.top_p).softmax(-1)
+        q.mul_(p_unmask.float())
         q[:, ctx.mask_id] = 1.0 - p_unmask.float()
         ctx.stats.draws += q.shape[0]
-        new = gumbel_argmax(torch.log(q), generator=ctx.generator, precision="fp32")
+        new = reference_draw(q, generator=ctx.generator)
         changed_pos = torch.zeros_like(masked)
         changed_pos[masked] = new != ctx.mask_id
         z[masked] = new
