@@ -54,10 +54,31 @@ def reference_draw(probs: Tensor, *, generator: torch.Generator | None) -> Tenso
     return (probs / (1e-10 - (u + 1e-10).log_())).argmax(dim=-1)
 
 
+def inverse_cdf_draw(probs: Tensor, *, generator: torch.Generator | None) -> Tensor:
+    """One draw per row from probabilities (N, V) by inverting the float64 CDF: a single
+    uniform per row (not one per class) and no transcendental functions over V."""
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=torch.float64)
+    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
+    return idx.clamp_max(cdf.shape[-1] - 1)
+
+
 def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | None,
                   precision: str = "fp64", temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
-    """Tokens from p_theta (SUBS: the mask is never drawn) at N positions: logits (N, V) -> (N,)."""
+    """Tokens from p_theta (SUBS: the mask is never drawn) at N positions: logits (N, V) -> (N,).
+
+    fp64: probabilities and inverse CDF in float64 (exact to float64 rounding, and cheap at
+    large V: one uniform per row). fp32: the reference's float32 race, truncation included.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     dtype = torch.float64 if precision == "fp64" else torch.float32
-    logits = logits.to(dtype).index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
-    logits = filter_logits(logits, temperature=temperature, top_p=top_p)
-    return gumbel_argmax(logits.log_softmax(-1), generator=generator, precision=precision)
+    if temperature != 1.0 or top_p < 1.0:
+        logits = logits.to(dtype).index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
+        probs = filter_logits(logits, temperature=temperature, top_p=top_p).softmax(-1)
+    else:  # fast path: softmax straight into `dtype`, then zero the mask (the CDF renormalises)
+        probs = torch.softmax(logits, dim=-1, dtype=dtype)
+        probs[:, mask_id] = 0.0
+    if precision == "fp64":
+        return inverse_cdf_draw(probs, generator=generator)
+    return reference_draw(probs, generator=generator)

@@ -214,9 +214,10 @@ def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
                 t_call = new_tau.clone()
         # choose `reveal` masked positions uniformly at random per sequence
         scores = ctx.rand((len(rows), L), z.device).masked_fill(z[rows] != ctx.mask_id, -1.0)
-        rank = scores.argsort(dim=1, descending=True).argsort(dim=1)
+        top = scores.topk(min(k, L), dim=1).indices  # (R, k), best first
+        take = torch.arange(top.shape[1], device=z.device)[None, :] < reveal[:, None]
         chosen = torch.zeros_like(z, dtype=torch.bool)
-        chosen[rows] = rank < reveal[:, None]
+        chosen[rows[:, None].expand_as(top)[take], top[take]] = True
         t_full = torch.ones(B, dtype=torch.float64, device=z.device)
         t_full[rows] = t_call
         logits = ctx.logits(z, t_full, rows, chosen)

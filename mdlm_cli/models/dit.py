@@ -224,21 +224,27 @@ class DiT(nn.Module):
         """With `output_mask` (B, L) bool, return logits (N, V) only at its N True
         positions (row-major order): the loss needs only the masked positions, and
         the output layer is most of the compute of a small model with a large vocab."""
-        B, L = tokens.shape
         if sigma is None:
-            sigma = torch.zeros(B, device=tokens.device)
-        x = self.vocab_embed(tokens)  # (B, L, H)
-        c = F.silu(self.sigma_map(sigma))  # (B, C)
-        rotary = self.rotary_emb(L, tokens.device)
+            sigma = torch.zeros(tokens.shape[0], device=tokens.device)
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()
-        for block in self.blocks:
-            x = block(x, rotary, c, key_mask)
+        x, c = self.trunk(tokens, sigma, key_mask)
         if output_mask is not None:
             rows = output_mask.nonzero()[:, 0]
             return self.output_layer(x[output_mask], c[rows])  # (N, V)
         return self.output_layer(x, c)  # (B, L, V)
+
+    def trunk(self, tokens: torch.Tensor, sigma: torch.Tensor,
+              key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states (B, L, H) and conditioning (B, C): everything but the output
+        layer, with fixed shapes (what `torch.compile` captures)."""
+        x = self.vocab_embed(tokens)  # (B, L, H)
+        c = F.silu(self.sigma_map(sigma))  # (B, C)
+        rotary = self.rotary_emb(tokens.shape[1], tokens.device)
+        for block in self.blocks:
+            x = block(x, rotary, c, key_mask)
+        return x, c
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

@@ -1,0 +1,179 @@
+"""`mdlm bench-sampler`: wall-clock cost of each sampler, with the work counters.
+
+For every (precision, sampler, steps, batch size): seconds per sample (median and
+range over repeats after a warm-up), tokens/s, NFE, categorical draws, and the
+share of wall time spent outside the network forward (sampler overhead). The
+network is timed by wrapping the denoiser (with CUDA synchronisation on CUDA).
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from . import engine
+from .models import DiffusionDenoiser
+
+
+class TimedDenoiser:
+    """Wraps a denoiser and accumulates the seconds spent inside it."""
+
+    def __init__(self, inner: DiffusionDenoiser, device: torch.device):
+        self.inner, self.device = inner, device
+        self.seconds = 0.0
+        self.supports_output_mask = getattr(inner, "supports_output_mask", False)
+        self.time_conditioning = getattr(inner, "time_conditioning", True)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def __call__(self, z_t, t, **kwargs):
+        self._sync()
+        t0 = time.perf_counter()
+        out = self.inner(z_t, t, **kwargs)
+        self._sync()
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+@dataclass
+class BenchRow:
+    sampler: str
+    steps: int | None
+    batch_size: int
+    precision: str
+    num_samples: int
+    repeats: int
+    seconds_per_sample: float  # median over repeats
+    seconds_per_sample_min: float
+    seconds_per_sample_max: float
+    tokens_per_second: float
+    nfe: float  # network evaluations per sequence
+    ncs: float  # categorical draws per sequence
+    calls: int  # batched network calls per repeat
+    whole_batch_calls: int | None  # ancestral-cache: batched calls if any change invalidated the whole batch
+    nfe_whole_batch: float | None  # the same as network evaluations per sequence (the reference's cache)
+    network_share: float
+    overhead_share: float  # 1 - network_share: sampler work outside the forward
+
+
+@dataclass
+class BenchReport:
+    meta: dict
+    results: list[BenchRow] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"meta": self.meta, "results": [asdict(r) for r in self.results]}
+
+
+def environment(device: torch.device, dtype: torch.dtype | None) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
+    return {"device": str(device), "device_name": name,
+            "dtype": "bf16 autocast" if dtype == torch.bfloat16 else "fp32",
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "machine": platform.machine()}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_config(denoiser: DiffusionDenoiser, *, sampler: str, steps: int | None, batch_size: int,
+               precision: str, num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
+               device: torch.device, warmup: bool = True) -> BenchRow:
+    timed = TimedDenoiser(denoiser, device)
+
+    def once(n: int, gen_seed: int):
+        timed.seconds = 0.0
+        _sync(device)
+        t0 = time.perf_counter()
+        _, stats = engine.sample(timed, sampler=sampler, num_samples=n, length=length, mask_id=mask_id,
+                                 steps=steps, schedule=denoiser.schedule, batch_size=batch_size,
+                                 precision=precision, device=device, return_stats=True,
+                                 generator=torch.Generator(device=device).manual_seed(gen_seed))
+        _sync(device)
+        return time.perf_counter() - t0, timed.seconds, stats
+
+    if warmup:  # allocator, kernels, compilation: one batch at a few steps
+        engine.sample(denoiser, sampler=sampler, num_samples=batch_size, length=length, mask_id=mask_id,
+                      steps=min(steps or 1, 4), schedule=denoiser.schedule, precision=precision, device=device,
+                      generator=torch.Generator(device=device).manual_seed(seed))
+    walls, shares, last = [], [], None
+    for r in range(repeats):
+        wall, network, stats = once(num_samples, seed + r)
+        walls.append(wall)
+        shares.append(network / wall if wall > 0 else 0.0)
+        last = stats
+    per_sample = [w / num_samples for w in walls]
+    median = statistics.median(per_sample)
+    share = statistics.median(shares)
+    return BenchRow(
+        sampler=sampler, steps=None if sampler == "first-hitting" else steps, batch_size=batch_size,
+        precision=precision, num_samples=num_samples, repeats=repeats, seconds_per_sample=median,
+        seconds_per_sample_min=min(per_sample), seconds_per_sample_max=max(per_sample),
+        tokens_per_second=length / median if median > 0 else float("inf"), nfe=last.nfe, ncs=last.ncs,
+        calls=last.calls, whole_batch_calls=last.whole_batch_calls if sampler == "ancestral-cache" else None,
+        nfe_whole_batch=last.whole_batch_calls * batch_size / num_samples if sampler == "ancestral-cache" else None,
+        network_share=share, overhead_share=1.0 - share)
+
+
+def grid(samplers: list[str], steps: list[int], batch_sizes: list[int],
+         precisions: list[str]) -> list[tuple[str, int | None, int, str]]:
+    """Configurations to run; first-hitting does not depend on steps (one row per batch size)."""
+    out = []
+    for precision in precisions:
+        for sampler in samplers:
+            for b in batch_sizes:
+                for s in ([None] if sampler == "first-hitting" else steps):
+                    out.append((sampler, s, b, precision))
+    return out
+
+
+def run_bench(denoiser: DiffusionDenoiser, *, samplers: list[str], steps: list[int], batch_sizes: list[int],
+              precisions: list[str], num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
+              device: torch.device, meta: dict,
+              on_row: Callable[[BenchRow], None] | None = None) -> BenchReport:
+    report = BenchReport(meta=meta)
+    for sampler, s, b, precision in grid(samplers, steps, batch_sizes, precisions):
+        n = max(num_samples - num_samples % b, b)  # whole batches only
+        row = run_config(denoiser, sampler=sampler, steps=s, batch_size=b, precision=precision, num_samples=n,
+                         length=length, mask_id=mask_id, repeats=repeats, seed=seed, device=device)
+        report.results.append(row)
+        if on_row is not None:
+            on_row(row)
+    return report
+
+
+def plot(report: BenchReport, path: str) -> None:
+    """Seconds per sample vs steps, one line per (sampler, batch size, precision)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    steps = sorted({r.steps for r in report.results if r.steps is not None}) or [1]
+    keys = sorted({(r.sampler, r.batch_size, r.precision) for r in report.results})
+    for sampler, b, precision in keys:
+        rows = [r for r in report.results if (r.sampler, r.batch_size, r.precision) == (sampler, b, precision)]
+        label = f"{sampler} (batch {b}, {precision})"
+        if sampler == "first-hitting":
+            ax.plot(steps, [rows[0].seconds_per_sample] * len(steps), "--", label=label)
+        else:
+            rows.sort(key=lambda r: r.steps)
+            ax.plot([r.steps for r in rows], [r.seconds_per_sample for r in rows], "o-", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("sampling steps")
+    ax.set_ylabel("seconds per sample")
+    ax.set_title(f"L={report.meta.get('length')}, {report.meta.get('device_name')}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
