@@ -172,7 +172,7 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
     def evaluate(rows: int) -> BoundResult:
         (ema.model if ema else model).eval()
         return nelbo_bound(eval_denoiser, valid_split, schedule=schedule, mask_id=mask_id,
-                           batch_size=tc.micro_batch_size, device=rt.device,
+                           batch_size=2 * tc.micro_batch_size, device=rt.device,
                            seed=derive_seed(tc.seed, "valid"), rows=rows, T=cfg.diffusion.T,
                            antithetic=cfg.diffusion.antithetic)
 
