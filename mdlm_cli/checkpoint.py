@@ -160,7 +160,16 @@ class LoadedModel:
 
 def load_checkpoint(path: str | Path, *, ema: bool = True, device: torch.device | str = "cpu",
                     which: str = "latest") -> LoadedModel:
-    """Load a model (EMA weights by default) with its config and tokeniser, in eval mode."""
+    """Load a model (EMA weights by default) with its config and tokeniser, in eval mode.
+
+    `path` is an mdlm run or step folder, or published weights (pretrained.py): a Hugging
+    Face hub id, a Hugging Face-style folder, or a reference Lightning `.ckpt`.
+    """
+    from .pretrained import load_pretrained, pretrained_source
+
+    source = pretrained_source(path, which)
+    if source is not None:
+        return load_pretrained(source, ema=ema, device=device)
     step_dir = resolve_checkpoint(path, which)
     try:
         cfg = config_from_dict(yaml.safe_load((step_dir / "config.yaml").read_text()))

@@ -1,0 +1,197 @@
+"""`mdlm export`: a Hugging Face-style folder that mdlm loads back and the Hub can host.
+
+    FOLDER/
+      config.json        the reference's MDLMConfig fields (vocab_size, model_length, hidden_dim,
+                         cond_dim, n_blocks, n_heads, dropout, time_conditioning) plus an "mdlm"
+                         section: the full training config, data metadata, state, weights kind
+      model.safetensors  the DiT under the reference's names (backbone.*, rotary_emb.inv_freq
+                         included), so the reference's own Hugging Face class can load it too
+      tokenizer files    the tokeniser's own files and mdlm_tokenizer.json (no pickles)
+      README.md          model card: architecture, usage, evaluation results, training config
+
+No Python code is written: loading needs no trust_remote_code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from . import __version__
+from .checkpoint import LoadedModel, load_checkpoint
+from .errors import MdlmError
+from .pretrained import INV_FREQ
+
+FORMAT = 1
+
+
+def weights_kind(loaded: LoadedModel, ema: bool) -> str:
+    """'ema' or 'raw' for an mdlm run; what the source recorded for imported weights."""
+    if "weights" in loaded.state:
+        return str(loaded.state["weights"])
+    return "ema" if ema and (loaded.path / "ema.safetensors").is_file() else "raw"
+
+
+def reference_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """mdlm's DiT weights under the reference's `MDLM` names."""
+    base = getattr(model, "_orig_mod", model)
+    out = {f"backbone.{k}": v.detach().to("cpu", torch.float32).contiguous() for k, v in base.state_dict().items()}
+    out[f"backbone.{INV_FREQ}"] = base.rotary_emb.inv_freq.detach().cpu().float().contiguous()
+    return out
+
+
+def hf_config(loaded: LoadedModel, weights: str) -> dict:
+    c = loaded.model.config
+    return {
+        "model_type": "mdlm", "architectures": ["MDLM"],
+        "vocab_size": c.vocab_size, "model_length": loaded.length, "hidden_dim": c.hidden_size,
+        "cond_dim": c.cond_dim, "n_blocks": c.n_blocks, "n_heads": c.n_heads, "dropout": c.dropout,
+        "time_conditioning": loaded.config.model.time_conditioning, "torch_dtype": "float32",
+        "mdlm": {"format": FORMAT, "version": __version__, "weights": weights, "mlp_ratio": c.mlp_ratio,
+                 "tokenizer": loaded.tokenizer.describe(), "config": loaded.config.to_dict(),
+                 "data": loaded.data_meta, "state": loaded.state},
+    }
+
+
+def export_folder(loaded: LoadedModel, out: str | Path, *, weights: str, results: list[dict] | None = None,
+                  overwrite: bool = False, hub_id: str | None = None) -> Path:
+    """Write the folder atomically (a temporary sibling renamed into place); `hub_id` is where
+    it will be pushed, for the model card's usage line."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not overwrite:
+            raise MdlmError(f"{out} already exists and is not empty; choose another --out or pass --overwrite")
+        if not out.is_dir():
+            raise MdlmError(f"{out} is a file; choose a folder for --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        save_file(reference_state_dict(loaded.model), tmp / "model.safetensors", metadata={"format": "pt"})
+        config = hf_config(loaded, weights)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        loaded.tokenizer.save(tmp)
+        (tmp / "README.md").write_text(model_card(loaded, config, results or [], hub_id or str(out)))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+@torch.no_grad()
+def verify_export(loaded: LoadedModel, folder: Path, length: int = 64) -> float:
+    """Reload the folder and compare logits on a fixed random batch; returns the max abs difference."""
+    reloaded = load_checkpoint(folder, device="cpu")
+    if reloaded.tokenizer.fingerprint != loaded.tokenizer.fingerprint:
+        raise MdlmError(f"{folder}: the exported tokenizer does not reload identically")
+    gen = torch.Generator().manual_seed(0)
+    vocab = loaded.model.config.vocab_size
+    x = torch.randint(0, vocab, (2, min(length, loaded.length)), generator=gen)
+    x[:, ::3] = loaded.mask_id  # include masked positions, as the samplers do
+    device = next(loaded.model.parameters()).device
+    a = loaded.model(x.to(device)).float().cpu()
+    b = reloaded.model(x).float()
+    return float((a - b).abs().max())
+
+
+def read_results(paths: list[str]) -> list[dict]:
+    """Evaluation records for the model card: JSON objects, JSON lists of objects, or JSONL."""
+    records: list[dict] = []
+    for path in paths:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise MdlmError(f"cannot read --results {path}: {e.strerror or e}") from None
+        try:
+            data = json.loads(text)
+            items = data if isinstance(data, list) else [data]
+        except json.JSONDecodeError:
+            try:
+                items = [json.loads(line) for line in text.splitlines() if line.strip()]
+            except json.JSONDecodeError as e:
+                raise MdlmError(f"--results {path} is neither JSON nor JSONL ({e.msg}, line {e.lineno})") from None
+        for item in items:
+            if not isinstance(item, dict):
+                raise MdlmError(f"--results {path} must hold JSON objects (one per evaluation)")
+            records.append({k: v for k, v in item.items() if isinstance(v, str | int | float | bool) or v is None})
+    return records
+
+
+def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: str) -> str:
+    c, cfg, state, tok = loaded.model.config, loaded.config, loaded.state, loaded.tokenizer
+    millions = loaded.model.num_parameters() / 1e6
+    dataset = cfg.data.dataset if not Path(cfg.data.dataset).suffix else Path(cfg.data.dataset).name
+    rows = [
+        ("backbone", f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, cond dim {c.cond_dim}, "
+                     f"{millions:.1f}M parameters"),
+        ("vocabulary", f"{c.vocab_size} ({tok.name}, mask id {tok.mask_id})"),
+        ("sequence length", f"{loaded.length} ({cfg.data.packing} packing)"),
+        ("time conditioning", "on" if cfg.model.time_conditioning else "off"),
+        ("schedule", f"{cfg.diffusion.schedule} (eps {cfg.diffusion.eps:g})"
+                     + (f", discrete T={cfg.diffusion.T}" if cfg.diffusion.T else ", continuous time")),
+        ("weights", config["mdlm"]["weights"]),
+        ("training data", dataset),
+    ]
+    if isinstance(state.get("step"), int):
+        rows.append(("training steps", f"{state['step']:,}"
+                     + (f" ({state['tokens_seen']:,} tokens)" if isinstance(state.get("tokens_seen"), int) else "")))
+    if state.get("source"):
+        rows.append(("imported from", f"`{state['source']}` ({state.get('format', '?')})"))
+    lines = ["---", "library_name: mdlm", "tags:", "- mdlm", "- masked-diffusion", "- diffusion-language-model",
+             "---", "", f"# {cfg.name}", "",
+             "A masked diffusion language model (MDLM, Sahoo et al. 2024, arXiv:2406.07524) exported by "
+             f"`mdlm` {__version__}.", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    lines += ["", "## Use", "", "```bash", f"mdlm sample --checkpoint {where} --sampler first-hitting -n 4", "```", "",
+              "`config.json` carries the reference implementation's `MDLMConfig` fields and "
+              "`model.safetensors` its parameter names (`backbone.*`); there is no Python code in this "
+              "folder, so nothing needs `trust_remote_code`. The tokenizer files sit next to them.", "",
+              "## Evaluation results", ""]
+    evals = []
+    for key, label in (("best_valid_nats", "best validation bound"), ("valid_nats", "last validation bound")):
+        if isinstance(state.get(key), int | float):
+            evals.append((label, f"{state[key]:.4f} nats/token, perplexity <= {math.exp(min(state[key], 700)):.2f}"))
+    lines += [f"- {k}: {v}" for k, v in evals]
+    for record in results:
+        lines.append("- " + ", ".join(f"{k}: {_fmt(v)}" for k, v in record.items()))
+    if not evals and not results:
+        lines.append("None recorded with this checkpoint (pass `mdlm export --results FILE` to add some).")
+    lines += ["", "## Training configuration", "", "```yaml", cfg.to_yaml().rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:
+    """Upload the folder to a model repo (created if needed); returns its URL."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
+
+    from .hub import hub_offline
+
+    if hub_offline():
+        raise MdlmError(f"cannot push to {repo_id!r}: the Hugging Face Hub is unreachable (no network); {folder} "
+                        f"is complete, upload it later with `hf upload {repo_id} {folder}`")
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
+                          commit_message=f"Upload MDLM model exported by mdlm {__version__}")
+    except LocalTokenNotFoundError:
+        raise MdlmError(f"cannot push to {repo_id!r}: not logged in to the Hugging Face Hub; run "
+                        "`hf auth login` or set HF_TOKEN") from None
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        text = str(e).strip()
+        raise MdlmError(f"cannot push to {repo_id!r}: {text.splitlines()[0] if text else type(e).__name__}") from None
+    return f"https://huggingface.co/{repo_id}"
+
+
+def _fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
