@@ -55,14 +55,15 @@ def nelbo_bound(denoiser: Denoiser, split: TokenSplit, *, schedule: Schedule, ma
     n_batches = -(-n // batch_size)
     rounds = -(-n_batches // world_size)
     for r in range(rounds):
-        b = r * world_size + rank
-        start = b * batch_size if b < n_batches else 0
-        idx = np.arange(start, min(start + batch_size, n) if b < n_batches else 1)
+        b = r * world_size + rank  # this rank's batch in this round
+        filler = b >= n_batches  # none left for this rank: one row through the model, result dropped
+        start = 0 if filler else b * batch_size
+        idx = np.arange(start, start + 1 if filler else min(start + batch_size, n))
         x0, attention_mask = split.batch(idx, device)
         terms = nelbo_terms(denoiser, x0, t_all[idx[0]: idx[-1] + 1], mask_id=mask_id, schedule=schedule,
                             generator=generator(device, derive_seed(seed, "batch", b)),
                             attention_mask=attention_mask, T=T)
-        if b < n_batches:
+        if not filler:
             total += terms.sum().double()
         if on_batch is not None:
             on_batch(min((r + 1) * world_size * batch_size, n) - r * world_size * batch_size)
