@@ -24,10 +24,10 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from . import distributed
 from .checkpoint import load_training_state, resolve_checkpoint, save_checkpoint
 from .config import Config
 from .data.store import PreparedData, prepare
+from .distributed import Dist, StopSignals, clip_grad_norm, session, set_gradient_sync, wait_for_file
 from .engine.diffusion import nelbo_terms, sample_times, times_from_uniform
 from .engine.schedules import get_schedule
 from .errors import MdlmError
@@ -115,7 +115,7 @@ def _prepare_data(cfg: Config, console: Console, load_dataset=None, wait: bool =
 
     folder, _, _ = prepared_folder(cfg.data)
     if wait:  # another process on this node (local rank 0) prepares it
-        distributed.wait_for_file(folder / "meta.json")
+        wait_for_file(folder / "meta.json")
     if (folder / "meta.json").is_file():
         return PreparedData(folder)
     console.print(f"[bold]Preparing data[/] {cfg.data.dataset} ({cfg.data.tokenizer}, "
@@ -127,12 +127,12 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
           time_limit_s: float = 0.0, load_dataset=None) -> TrainResult:
     """Train as one process, or data-parallel over every rank when launched by torchrun.
     SIGTERM stops after the current step with a checkpoint (`TrainResult.stopped_by`)."""
-    with distributed.session(cfg.train.device) as dist, distributed.StopSignals(dist) as stop:
+    with session(cfg.train.device) as dist, StopSignals(dist) as stop:
         return _train(cfg, dist, stop, resume=resume, console=console, time_limit_s=time_limit_s,
                       load_dataset=load_dataset)
 
 
-def _train(cfg: Config, dist: distributed.Dist, stop: distributed.StopSignals, *, resume: bool,
+def _train(cfg: Config, dist: Dist, stop: StopSignals, *, resume: bool,
            console: Console | None, time_limit_s: float, load_dataset) -> TrainResult:
     console = console if console is not None and dist.is_main else Console(stderr=True, quiet=not dist.is_main)
     rt = Runtime.create(str(dist.device), cfg.train.precision, cfg.train.threads)
@@ -234,7 +234,7 @@ def _train(cfg: Config, dist: distributed.Dist, stop: distributed.StopSignals, *
                     micro = dist.rank * accum + i  # index in the global batch: draws independent of world size
                     gen = generator(rt.device, derive_seed(tc.seed, "step", step, "micro", micro))
                     torch.manual_seed(derive_seed(tc.seed, "dropout", step, micro))
-                    distributed.set_gradient_sync(net, i == accum - 1)
+                    set_gradient_sync(net, i == accum - 1)
                     x0, attention_mask = train_split.batch(rows[sl], rt.device)
                     terms = nelbo_terms(denoiser, x0, t[sl], mask_id=mask_id, schedule=schedule,
                                         generator=gen, attention_mask=attention_mask,
@@ -245,7 +245,7 @@ def _train(cfg: Config, dist: distributed.Dist, stop: distributed.StopSignals, *
                 out_of_time = time_limit_s > 0 and time.perf_counter() - start_time > time_limit_s
                 # one reduction per step: the global loss, and whether any rank must stop
                 loss_sum, out_of_time, preempted = dist.all_sum(loss_sum, out_of_time, stop.requested)
-                grad_norm = (distributed.clip_grad_norm(model.parameters(), cfg.optim.grad_clip)
+                grad_norm = (clip_grad_norm(model.parameters(), cfg.optim.grad_clip)
                              if cfg.optim.grad_clip > 0 else None)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
