@@ -13,6 +13,10 @@
         model.json             backbone config (DiTConfig)
         data.json              prepared-data metadata (tokeniser, length, packing, source)
         tokenizer/             tokeniser files
+
+Under torch.distributed, `save_checkpoint` and `load_training_state` are called by
+every rank: FSDP2 shards are gathered into full tensors and rank 0 writes the same
+files as a single process, so any number of ranks (or `mdlm sample`) can load them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from . import distributed
 from .config import Config, config_from_dict
 from .data.tokenizers import Tokenizer, load_tokenizer
 from .engine.schedules import get_schedule
@@ -42,29 +47,31 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
-    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-
-
 def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn.Module | None,
                     optimizer: torch.optim.Optimizer | None, cfg: Config, state: dict,
                     tokenizer: Tokenizer, data_meta: dict, keep_last: int = 2,
                     best: bool = False) -> Path:
     """Write checkpoints/step-N atomically (temp folder + rename), update the
-    `latest`/`best` pointers and prune all but the last `keep_last` and the best."""
+    `latest`/`best` pointers and prune all but the last `keep_last` and the best.
+    Collective under torch.distributed: every rank calls it, rank 0 writes."""
     ckpt_root = run_dir / "checkpoints"
-    ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step-{step:08d}"
+    weights = distributed.full_model_state(model)
+    ema_weights = distributed.full_model_state(ema_model) if ema_model is not None else None
+    optimizer_state = distributed.full_optimizer_state(model, optimizer) if optimizer is not None else None
+    if distributed.current_rank() != 0:
+        distributed.barrier()  # until rank 0 has written it
+        return final
+    ckpt_root.mkdir(parents=True, exist_ok=True)
     tmp = ckpt_root / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_file(_state_dict(model), tmp / "model.safetensors")
-        if ema_model is not None:
-            save_file(_state_dict(ema_model), tmp / "ema.safetensors")
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        save_file(weights, tmp / "model.safetensors")
+        if ema_weights is not None:
+            save_file(ema_weights, tmp / "ema.safetensors")
+        if optimizer_state is not None:
+            torch.save(optimizer_state, tmp / "optimizer.pt")
         base = getattr(model, "_orig_mod", model)
         (tmp / "model.json").write_text(json.dumps(base.config.to_dict(), indent=2))
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
@@ -80,6 +87,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
     if best:
         _atomic_write_text(run_dir / "best", final.name + "\n")
     _prune(run_dir, keep_last)
+    distributed.barrier()
     return final
 
 
@@ -129,7 +137,7 @@ def load_state_into(model: nn.Module, weights: dict[str, torch.Tensor], source: 
         if target[key].shape != value.shape:
             raise MdlmError(f"{source}: {key} has shape {tuple(value.shape)}, the model expects "
                             f"{tuple(target[key].shape)}")
-    model.load_state_dict(weights)
+    distributed.load_full_model_state(model, weights)
 
 
 @dataclass
@@ -192,7 +200,8 @@ def load_checkpoint(path: str | Path, *, ema: bool = True, device: torch.device 
 
 def load_training_state(step_dir: Path, model: nn.Module, ema_model: nn.Module | None,
                         optimizer: torch.optim.Optimizer) -> dict:
-    """Restore model, EMA and optimizer in place for --resume; returns state.json."""
+    """Restore model, EMA and optimizer in place for --resume (on every rank, whatever
+    the number of ranks that wrote the checkpoint); returns state.json."""
     load_state_into(getattr(model, "_orig_mod", model), _load_weights(step_dir / "model.safetensors"),
                     step_dir / "model.safetensors")
     if ema_model is not None:
@@ -204,5 +213,5 @@ def load_training_state(step_dir: Path, model: nn.Module, ema_model: nn.Module |
     except Exception as e:  # noqa: BLE001 - corrupted or tampered file
         raise MdlmError(f"{step_dir}/optimizer.pt cannot be read safely ({type(e).__name__}); "
                         "the checkpoint is corrupted") from None
-    optimizer.load_state_dict(opt_state)
+    distributed.load_full_optimizer_state(model, optimizer, opt_state)
     return json.loads((step_dir / "state.json").read_text())

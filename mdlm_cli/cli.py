@@ -42,7 +42,9 @@ def user_errors():
     except MdlmError as e:
         if os.environ.get("MDLM_DEBUG"):
             raise
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        rank = os.environ.get("RANK", "0")  # set by torchrun
+        where = "" if rank == "0" else f"(rank {rank}) "
+        err_console.print(f"[bold red]error:[/] {where}{e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
@@ -152,23 +154,34 @@ def train_cmd(
 ) -> None:
     """Train a masked diffusion LM. With no options: the offline demo on this machine.
 
+    Under torchrun it trains data-parallel on every rank (DDP; --set train.parallel=fsdp for FSDP2).
+    SIGTERM saves a checkpoint after the current step and exits (continue with --resume).
+
     [dim]Examples:[/]
       mdlm train                                   # demo: ~10 min on 2 CPU cores, offline
       mdlm train --preset test --max-steps 20      # seconds
       mdlm train --preset owt --set train.micro_batch_size=32
       mdlm train --preset demo --resume            # continue runs/demo
+      torchrun --nproc-per-node 8 -m mdlm_cli train --preset owt --resume   # 8 GPUs
     """
+    from .distributed import is_main_process
     from .train import train
 
     with user_errors():
         cfg = resolve_config(preset, overrides or [], {
             "train.out_dir": out, "train.max_steps": max_steps, "train.device": device,
             "train.seed": seed})
-        if print_config:
+        if print_config and is_main_process():
             err_console.rule(f"config: {cfg.name}")
             err_console.print(cfg.to_yaml().rstrip(), highlight=False, markup=False)
             err_console.rule()
         result = train(cfg, resume=resume, console=err_console, time_limit_s=time_limit * 60)
+        if not is_main_process():
+            return
+        if result.stopped_by:
+            console.print(f"[bold yellow]Stopped[/] by {result.stopped_by} at step {result.step}; "
+                          f"checkpoint: {result.checkpoint}; continue with --resume")
+            return
         console.print(f"[bold green]Done[/]: {result.step} steps, {result.tokens_seen:,} tokens, "
                       f"{result.train_seconds / 60:.1f} min, {result.tokens_per_second:,.0f} tokens/s")
         if result.final_valid is not None:

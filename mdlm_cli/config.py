@@ -19,6 +19,7 @@ PACKINGS = ("wrap", "pad", "chunk")
 OBJECTIVES = ("mdlm",)
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "bf16", "fp32")
+PARALLELS = ("ddp", "fsdp")
 
 
 @dataclass
@@ -72,6 +73,7 @@ class TrainConfig:
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 | fp32
     compile: bool = False
     threads: int = 0  # CPU threads, 0 = torch default
+    parallel: str = "ddp"  # under torchrun: ddp (replicated) | fsdp (FSDP2 fully_shard: sharded weights/optimizer)
     log_every: int = 10
     eval_every: int = 10_000
     eval_rows: int = 0  # validation rows per periodic evaluation, 0 = all
@@ -250,6 +252,7 @@ def validate(cfg: Config) -> None:
     _choice(cfg.diffusion.schedule, list(SCHEDULES), "diffusion.schedule")
     _choice(cfg.optim.schedule, LR_SCHEDULES, "optim.schedule")
     _choice(cfg.train.precision, PRECISIONS, "train.precision")
+    _choice(cfg.train.parallel, PARALLELS, "train.parallel")
     positive = {
         "data.length": cfg.data.length, "model.hidden_size": cfg.model.hidden_size,
         "model.n_blocks": cfg.model.n_blocks, "model.n_heads": cfg.model.n_heads,

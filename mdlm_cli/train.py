@@ -2,7 +2,10 @@
 
 Every random draw of a step (data order, diffusion times, masks, dropout) comes
 from a stream seeded by (seed, step), so `--resume` reproduces the loss
-trajectory of an uninterrupted run exactly on CPU.
+trajectory of an uninterrupted run exactly on CPU. Under torchrun the same loop
+runs data-parallel (`distributed.py`): each rank takes its share of the global
+batch, and the draws of a micro-batch are seeded by its index in the global
+batch, so the run does not depend on the number of ranks.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,6 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from .checkpoint import load_training_state, resolve_checkpoint, save_checkpoint
 from .config import Config
 from .data.store import PreparedData, prepare
+from .distributed import Dist, StopSignals, clip_grad_norm, session, set_gradient_sync, wait_for_file
 from .engine.diffusion import nelbo_terms, sample_times, times_from_uniform
 from .engine.schedules import get_schedule
 from .errors import MdlmError
@@ -42,6 +47,7 @@ class TrainResult:
     final_valid: BoundResult | None
     unigram_nats: float | None
     losses: list[float]
+    stopped_by: str | None = None  # the signal that stopped the run early (checkpoint saved)
 
 
 def lr_at(step: int, cfg: Config) -> float:
@@ -104,10 +110,12 @@ def build_model(cfg: Config, vocab_size: int) -> DiT:
                          n_heads=m.n_heads, cond_dim=m.cond_dim, dropout=m.dropout))
 
 
-def _prepare_data(cfg: Config, console: Console, load_dataset=None) -> PreparedData:
+def _prepare_data(cfg: Config, console: Console, load_dataset=None, wait: bool = False) -> PreparedData:
     from .data.store import prepared_folder
 
     folder, _, _ = prepared_folder(cfg.data)
+    if wait:  # another process on this node (local rank 0) prepares it
+        wait_for_file(folder / "meta.json")
     if (folder / "meta.json").is_file():
         return PreparedData(folder)
     console.print(f"[bold]Preparing data[/] {cfg.data.dataset} ({cfg.data.tokenizer}, "
@@ -117,22 +125,34 @@ def _prepare_data(cfg: Config, console: Console, load_dataset=None) -> PreparedD
 
 def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
           time_limit_s: float = 0.0, load_dataset=None) -> TrainResult:
-    console = console or Console(stderr=True)
-    rt = Runtime.create(cfg.train.device, cfg.train.precision, cfg.train.threads)
-    data = _prepare_data(cfg, console, load_dataset)
+    """Train as one process, or data-parallel over every rank when launched by torchrun.
+    SIGTERM stops after the current step with a checkpoint (`TrainResult.stopped_by`)."""
+    with session(cfg.train.device) as dist, StopSignals(dist) as stop:
+        return _train(cfg, dist, stop, resume=resume, console=console, time_limit_s=time_limit_s,
+                      load_dataset=load_dataset)
+
+
+def _train(cfg: Config, dist: Dist, stop: StopSignals, *, resume: bool,
+           console: Console | None, time_limit_s: float, load_dataset) -> TrainResult:
+    console = console if console is not None and dist.is_main else Console(stderr=True, quiet=not dist.is_main)
+    rt = Runtime.create(str(dist.device), cfg.train.precision, cfg.train.threads)
+    data = _prepare_data(cfg, console, load_dataset, wait=dist.local_rank != 0)
     tokenizer = data.tokenizer()
     train_split, valid_split = data.split("train"), data.split("valid")
     if len(train_split) == 0:
         raise MdlmError(f"the training split of {data.folder.name} is empty")
     tc = cfg.train
-    accum = tc.global_batch_size // tc.micro_batch_size
+    accum = dist.accumulation_steps(tc.global_batch_size, tc.micro_batch_size)
+    mine = dist.batch_shard(tc.global_batch_size)  # this rank's share of every global batch
     schedule = get_schedule(cfg.diffusion.schedule, cfg.diffusion.eps)
     mask_id = tokenizer.mask_id
 
     run_dir = cfg.out_dir
     torch.manual_seed(tc.seed)
-    model = build_model(cfg, tokenizer.vocab_size).to(rt.device)
+    model = build_model(cfg, tokenizer.vocab_size)
     ema = EMA(model, tc.ema) if tc.ema > 0 else None
+    net = dist.wrap(model, ema.model if ema else None, tc.parallel, rt.dtype)  # to the device; DDP / FSDP2
+    net = torch.compile(net) if tc.compile else net
     fused = rt.device.type == "cuda"
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
@@ -149,12 +169,12 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
     elif not resume and (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").glob("step-*")):
         raise MdlmError(f"{run_dir} already holds checkpoints; continue it with --resume, or "
                         "choose another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    metrics_path = run_dir / "metrics.jsonl"
-    _truncate_metrics(metrics_path, state["step"])
+    metrics_path = run_dir / "metrics.jsonl" if dist.is_main else Path(os.devnull)  # files: rank 0 only
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(cfg.to_yaml())
+        _truncate_metrics(metrics_path, state["step"])
 
-    net = torch.compile(model) if tc.compile else model
     denoiser = DiffusionDenoiser(net, schedule, time_conditioning=cfg.model.time_conditioning,
                                  autocast_dtype=rt.dtype)
     eval_denoiser = DiffusionDenoiser(ema.model if ema else model, schedule,
@@ -165,7 +185,9 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
     n_params = model.num_parameters()
     console.print(f"Model: DiT {cfg.model.n_blocks}x{cfg.model.hidden_size}, {n_params / 1e6:.1f}M "
                   f"parameters; data: {data.folder.name} ({len(train_split)} train rows, "
-                  f"{len(valid_split)} valid rows); device: {rt.describe()}")
+                  f"{len(valid_split)} valid rows); device: {rt.describe()}; {dist.describe(tc.parallel)}, "
+                  f"global batch {tc.global_batch_size} = {tc.micro_batch_size} x {accum} accumulation x "
+                  f"{dist.world_size} rank(s)")
     if unigram is not None:
         console.print(f"Unigram baseline on valid: {unigram:.3f} nats/token (PPL {math.exp(unigram):.1f})")
 
@@ -174,7 +196,7 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
         return nelbo_bound(eval_denoiser, valid_split, schedule=schedule, mask_id=mask_id,
                            batch_size=2 * tc.micro_batch_size, device=rt.device,
                            seed=derive_seed(tc.seed, "valid"), rows=rows, T=cfg.diffusion.T,
-                           antithetic=cfg.diffusion.antithetic)
+                           antithetic=cfg.diffusion.antithetic, rank=dist.rank, world_size=dist.world_size)
 
     def checkpoint(best: bool = False) -> Path:
         return save_checkpoint(run_dir, state["step"], model=model, ema_model=ema.model if ema else None,
@@ -185,9 +207,10 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
     window = {"loss": 0.0, "tokens": 0, "t0": time.perf_counter(), "steps": 0}
     start_step, start_tokens, start_time = state["step"], state["tokens_seen"], time.perf_counter()
     step_seconds = 0.0  # time in training steps only (no evaluation, no checkpointing)
+    preempted = 0.0  # > 0 once any rank has received SIGTERM (agreed on by all ranks each step)
     progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                        console=console, transient=True, disable=not console.is_terminal)
+                        console=console, transient=True, disable=not (console.is_terminal and dist.is_main))
     try:
         with progress, open(metrics_path, "a") as log:
             task = progress.add_task("train", total=tc.max_steps, completed=start_step, info="")
@@ -201,13 +224,17 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
                 rows = order.rows(state["samples_seen"], tc.global_batch_size)
                 n_tokens = int(train_split.lengths[rows].sum())
                 gen = generator(rt.device, derive_seed(tc.seed, "step", step))
-                torch.manual_seed(derive_seed(tc.seed, "dropout", step))
                 u = sample_times(tc.global_batch_size, generator=gen,
                                  antithetic=cfg.diffusion.antithetic, device=rt.device)
-                t = times_from_uniform(u, schedule, cfg.diffusion.T)
+                t = times_from_uniform(u, schedule, cfg.diffusion.T)  # stratified over the global batch
+                rows, t = rows[mine], t[mine]
                 loss_sum = 0.0
                 for i in range(accum):
                     sl = slice(i * tc.micro_batch_size, (i + 1) * tc.micro_batch_size)
+                    micro = dist.rank * accum + i  # index in the global batch: draws independent of world size
+                    gen = generator(rt.device, derive_seed(tc.seed, "step", step, "micro", micro))
+                    torch.manual_seed(derive_seed(tc.seed, "dropout", step, micro))
+                    set_gradient_sync(net, i == accum - 1)
                     x0, attention_mask = train_split.batch(rows[sl], rt.device)
                     terms = nelbo_terms(denoiser, x0, t[sl], mask_id=mask_id, schedule=schedule,
                                         generator=gen, attention_mask=attention_mask,
@@ -215,7 +242,10 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
                     loss = terms.sum() / n_tokens
                     loss.backward()
                     loss_sum += loss.item()
-                grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+                out_of_time = time_limit_s > 0 and time.perf_counter() - start_time > time_limit_s
+                # one reduction per step: the global loss, and whether any rank must stop
+                loss_sum, out_of_time, preempted = dist.all_sum(loss_sum, out_of_time, stop.requested)
+                grad_norm = (clip_grad_norm(model.parameters(), cfg.optim.grad_clip)
                              if cfg.optim.grad_clip > 0 else None)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -252,7 +282,8 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
                     window.update(loss=0.0, tokens=0, steps=0, t0=time.perf_counter())
                 progress.update(task, completed=done)
 
-                out_of_time = time_limit_s > 0 and time.perf_counter() - start_time > time_limit_s
+                if preempted:
+                    break
                 if done % tc.eval_every == 0 and done < tc.max_steps and not out_of_time:
                     result = evaluate(tc.eval_rows)
                     model.train()
@@ -270,13 +301,19 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
 
     train_seconds = time.perf_counter() - start_time
     state["train_seconds"] += train_seconds
+    tokens_this_run = state["tokens_seen"] - start_tokens
+    if preempted:
+        path = checkpoint()  # preemption: save now, no final validation
+        console.print(f"{stop.received or 'SIGTERM'} at step {state['step']}: checkpoint saved to {path}")
+        return TrainResult(run_dir, path, state["step"], state["tokens_seen"], train_seconds,
+                           tokens_this_run / max(step_seconds, 1e-9), None, unigram, losses,
+                           stopped_by=stop.received or "SIGTERM")
     final = evaluate(0) if len(valid_split) else None
     best = False
     if final is not None:
         with open(metrics_path, "a") as log:
             best = _record_eval(state, final, state["step"], log, console, final=True)
     last_ckpt = checkpoint(best=best)
-    tokens_this_run = state["tokens_seen"] - start_tokens
     return TrainResult(run_dir, last_ckpt, state["step"], state["tokens_seen"], train_seconds,
                        tokens_this_run / max(step_seconds, 1e-9), final, unigram, losses)
 
