@@ -265,8 +265,8 @@ def score_samples(judge: Judge, texts: list[str], *, sample_tokens: list[list[in
         real = torch.arange(n)[None] < torch.tensor([len(p[1]) for p in batch])[:, None]
         inputs = torch.cat([torch.full((len(batch), 1), judge.start_id), targets[:, :-1]], dim=1)
         logits = judge.logits(inputs.to(judge.device), real.to(judge.device))  # (b, n, V)
-        token_nll = F.cross_entropy(logits.transpose(1, 2).double(), targets.to(judge.device),
-                                    reduction="none").cpu()  # (b, n)
+        token_nll = F.cross_entropy(logits.transpose(1, 2), targets.to(judge.device),
+                                    reduction="none").double().cpu()  # (b, n); sums in float64
         token_nll = token_nll * weight
         for row, (i, _, _) in enumerate(batch):
             nll[i] += float(token_nll[row].sum())
