@@ -516,9 +516,10 @@ def gen_ppl_cmd(
             task = progress.add_task("scoring", total=None)
             result = score_samples(scorer, texts, sample_tokens=tokens, batch_size=batch_size, eos_policy=eos,
                                    on_chunks=lambda n: progress.advance(task, n))
-        table = Table("samples", "scored tokens", "chunks", "nats/token", "gen PPL", "entropy", box=None)
+        table = Table("samples", "scored tokens", "chunks", "nats/token", "gen PPL", "entropy", "nats/char", box=None)
         table.add_row(str(len(result.samples)), f"{result.tokens:,}", str(result.chunks),
-                      f"{result.nats_per_token:.4f}", f"{result.gen_ppl:.3f}", f"{result.entropy:.4f}")
+                      f"{result.nats_per_token:.4f}", f"{result.gen_ppl:.3f}", f"{result.entropy:.4f}",
+                      f"{result.nats_per_char:.4f}")
         console.print(table)
         console.print(f"[dim]judge {result.judge} (context {result.context}); EOS policy {eos}: "
                       f"{EOS_DESCRIPTIONS[eos]}; entropy in nats over {result.entropy_of}; "

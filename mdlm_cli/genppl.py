@@ -184,6 +184,7 @@ class SampleScore:
     scored: int  # tokens that count in the perplexity
     judge_tokens: int  # retokenised length
     entropy: float  # unigram entropy of the sample (nats)
+    characters: int  # length of the text
 
 
 @dataclass
@@ -209,6 +210,12 @@ class GenPplResult:
         return math.exp(min(self.nats_per_token, 700.0))
 
     @property
+    def nats_per_char(self) -> float:
+        """Total NLL per character of text: comparable across samples whose retokenisations
+        differ in length (misspelt text takes more judge tokens, each of them likelier)."""
+        return sum(s.nll for s in self.samples) / max(sum(s.characters for s in self.samples), 1)
+
+    @property
     def entropy(self) -> float:
         return sum(s.entropy for s in self.samples) / max(len(self.samples), 1)
 
@@ -221,6 +228,7 @@ class GenPplResult:
                 "eos_policy_description": EOS_DESCRIPTIONS[self.eos_policy], "num_samples": len(self.samples),
                 "scored_tokens": self.tokens, "chunks": self.chunks, "empty_samples": self.empty,
                 "nats_per_token": self.nats_per_token, "gen_ppl": self.gen_ppl,
+                "nats_per_char": self.nats_per_char,
                 "entropy_mean": self.entropy, "entropy_of": self.entropy_of, "seconds": self.seconds,
                 "per_sample": [asdict(s) for s in self.samples]}
 
@@ -275,7 +283,7 @@ def score_samples(judge: Judge, texts: list[str], *, sample_tokens: list[list[in
             on_chunks(len(batch))
     for i, ids in enumerate(encoded):
         source = sample_tokens[i] if sample_tokens is not None else ids
-        result.samples.append(SampleScore(nll[i], scored[i], len(ids), unigram_entropy(source)))
+        result.samples.append(SampleScore(nll[i], scored[i], len(ids), unigram_entropy(source), len(texts[i])))
     result.seconds = time.perf_counter() - t0
     return result
 

@@ -69,6 +69,7 @@ def test_gen_ppl_matches_a_hand_computation_and_scores_every_sample(judge):
     assert result.tokens == count
     assert result.chunks > len(TEXTS) - 1  # the long samples needed several chunks
     assert result.gen_ppl == pytest.approx(math.exp(total / count), rel=1e-5)
+    assert result.nats_per_char == pytest.approx(total / sum(map(len, TEXTS)), rel=1e-5)
     one_batch = score_samples(judge, TEXTS, batch_size=64)
     assert one_batch.gen_ppl == pytest.approx(result.gen_ppl, rel=1e-6)
 
