@@ -158,6 +158,11 @@ class LoadedModel:
                                  autocast_dtype=dtype)
 
     @property
+    def is_autoregressive(self) -> bool:
+        """The AR baseline (objective `ar`): causal, exact likelihood, no diffusion sampler."""
+        return self.config.diffusion.objective == "ar"
+
+    @property
     def mask_id(self) -> int:
         return self.tokenizer.mask_id
 

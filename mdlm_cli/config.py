@@ -16,7 +16,7 @@ import yaml
 from .errors import MdlmError
 
 PACKINGS = ("wrap", "pad", "chunk")
-OBJECTIVES = ("mdlm",)
+OBJECTIVES = ("mdlm", "ar")  # ar: the autoregressive baseline (same blocks, causal)
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "bf16", "fp32")
 PARALLELS = ("ddp", "fsdp")
@@ -43,7 +43,7 @@ class ModelConfig:
 
 @dataclass
 class DiffusionConfig:
-    objective: str = "mdlm"
+    objective: str = "mdlm"  # mdlm | ar (autoregressive baseline: causal, no diffusion)
     schedule: str = "loglinear"  # loglinear | cosine | cosine-squared | linear
     eps: float = 1e-3
     antithetic: bool = True  # low-discrepancy t over the global batch
@@ -280,6 +280,8 @@ def validate(cfg: Config) -> None:
         raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise MdlmError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
+    if cfg.diffusion.objective == "ar" and cfg.model.time_conditioning:
+        raise MdlmError("the autoregressive objective has no time input; set model.time_conditioning=false")
     if cfg.diffusion.T < 0:
         raise MdlmError(f"diffusion.T must be 0 (continuous) or a positive number of steps (got {cfg.diffusion.T})")
     if cfg.optim.lr <= 0:

@@ -18,9 +18,10 @@ from .runtime import derive_seed, generator
 
 @dataclass
 class BoundResult:
-    nats: float  # summed NELBO over the rows
+    nats: float  # summed NELBO over the rows (exact NLL for an autoregressive model)
     tokens: int  # real tokens in the rows
     sequences: int
+    exact: bool = False  # True: an exact likelihood, not a bound
 
     @property
     def nats_per_token(self) -> float:

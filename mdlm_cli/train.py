@@ -24,6 +24,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from . import ar
 from .checkpoint import load_training_state, resolve_checkpoint, save_checkpoint
 from .config import Config
 from .data.store import PreparedData, prepare
@@ -107,7 +108,8 @@ class EMA:
 def build_model(cfg: Config, vocab_size: int) -> DiT:
     m = cfg.model
     return DiT(DiTConfig(vocab_size=vocab_size, hidden_size=m.hidden_size, n_blocks=m.n_blocks,
-                         n_heads=m.n_heads, cond_dim=m.cond_dim, dropout=m.dropout))
+                         n_heads=m.n_heads, cond_dim=m.cond_dim, dropout=m.dropout,
+                         causal=cfg.diffusion.objective == "ar"))
 
 
 def _prepare_data(cfg: Config, console: Console, load_dataset=None, wait: bool = False) -> PreparedData:
@@ -193,6 +195,10 @@ def _train(cfg: Config, dist: Dist, stop: StopSignals, *, resume: bool,
 
     def evaluate(rows: int) -> BoundResult:
         (ema.model if ema else model).eval()
+        if cfg.diffusion.objective == "ar":  # exact likelihood, not a bound
+            return ar.exact_nll(ema.model if ema else model, valid_split, bos_id=tokenizer.bos_id,
+                                mask_id=mask_id, batch_size=tc.micro_batch_size, device=rt.device,
+                                rows=rows, autocast_dtype=rt.dtype)
         return nelbo_bound(eval_denoiser, valid_split, schedule=schedule, mask_id=mask_id,
                            batch_size=2 * tc.micro_batch_size, device=rt.device,
                            seed=derive_seed(tc.seed, "valid"), rows=rows, T=cfg.diffusion.T,
@@ -236,9 +242,13 @@ def _train(cfg: Config, dist: Dist, stop: StopSignals, *, resume: bool,
                     torch.manual_seed(derive_seed(tc.seed, "dropout", step, micro))
                     set_gradient_sync(net, i == accum - 1)
                     x0, attention_mask = train_split.batch(rows[sl], rt.device)
-                    terms = nelbo_terms(denoiser, x0, t[sl], mask_id=mask_id, schedule=schedule,
-                                        generator=gen, attention_mask=attention_mask,
-                                        T=cfg.diffusion.T)
+                    if cfg.diffusion.objective == "ar":
+                        terms = ar.sequence_nll(net, x0, bos_id=tokenizer.bos_id, mask_id=mask_id,
+                                                attention_mask=attention_mask, autocast_dtype=rt.dtype)
+                    else:
+                        terms = nelbo_terms(denoiser, x0, t[sl], mask_id=mask_id, schedule=schedule,
+                                            generator=gen, attention_mask=attention_mask,
+                                            T=cfg.diffusion.T)
                     loss = terms.sum() / n_tokens
                     loss.backward()
                     loss_sum += loss.item()
@@ -330,7 +340,8 @@ def _record_eval(state: dict, result: BoundResult, step: int, log, console: Cons
     log.write(json.dumps(record) + "\n")
     log.flush()
     label = "final validation" if final else "validation"
-    console.print(f"step {step}: {label} bound {nats:.4f} nats/token, PPL ≤ {result.perplexity:.2f} "
+    kind, rel = ("exact NLL", "=") if result.exact else ("bound", "≤")
+    console.print(f"step {step}: {label} {kind} {nats:.4f} nats/token, PPL {rel} {result.perplexity:.2f} "
                   f"({result.tokens} tokens, EMA weights)")
     return best
 

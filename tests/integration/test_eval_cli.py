@@ -1,0 +1,81 @@
+"""End to end through the CLI: train the AR baseline and an MDLM on the test preset,
+then eval-ppl (bound vs exact on the same tokens), AR sampling and gen-ppl."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from mdlm_cli.cli import app
+
+runner = CliRunner()
+
+
+def run(*args, code=0):
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == code, result.output + repr(result.exception)
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    base = ["train", "--preset", "test", "--no-print-config", "--max-steps", "6", "--set", "train.eval_rows=16"]
+    run(*base, "--out", str(root / "ar"), "--set", "diffusion.objective=ar")
+    run(*base, "--out", str(root / "mdlm"))
+    return root / "ar", root / "mdlm"
+
+
+@pytest.mark.slow
+def test_eval_ppl_bound_and_exact_on_the_same_tokens(models, tmp_path):
+    ar_run, mdlm_run = models
+    run("eval-ppl", "-c", str(ar_run), "--rows", "40", "--json", str(tmp_path / "ar.json"))
+    out = run("eval-ppl", "-c", str(mdlm_run), "--rows", "40", "-k", "3", "--json", str(tmp_path / "md.json"))
+    assert "≤" in out and "bits/char" in out
+    exact = json.loads((tmp_path / "ar.json").read_text())["results"][0]
+    bound = json.loads((tmp_path / "md.json").read_text())["results"][0]
+    assert exact["kind"] == "exact" and bound["kind"] == "bound"
+    assert exact["tokens"] == bound["tokens"] == 40 * 32 and exact["split"] == bound["split"] == "test"
+    assert bound["mc_samples"] == 3 and bound["standard_error"] > 0
+    assert bound["bits_per_char"] == pytest.approx(bound["nats_per_token"] / 0.6931471805599453)
+    discrete = run("eval-ppl", "-c", str(mdlm_run), "--rows", "40", "-k", "2", "--T", "10")
+    assert "10-step discrete-time NELBO" in discrete
+
+
+@pytest.mark.slow
+def test_zero_shot_table_over_local_data_sets(models, tmp_path):
+    _, mdlm_run = models
+    for name in ("alpha", "beta"):
+        (tmp_path / f"{name}.txt").write_text("\n\n".join(f"{name} document number {i} " * 8 for i in range(30)))
+    out = run("eval-ppl", "-c", str(mdlm_run), "-k", "2", "--split", "valid",
+              "--datasets", f"{tmp_path / 'alpha.txt'},{tmp_path / 'beta.txt'}")
+    assert "alpha" in out and "beta" in out
+    run("eval-ppl", "-c", str(mdlm_run), "--datasets", "a", "--dataset", "b", code=1)
+
+
+@pytest.mark.slow
+def test_ar_sampling_and_gen_ppl_with_the_ar_judge(models, tmp_path):
+    ar_run, mdlm_run = models
+    out = run("sample", "-c", str(ar_run), "-n", "3", "--prompt", "the", "--quiet", "--out", str(tmp_path / "a.jsonl"))
+    assert "autoregressive-kv-cache" in out
+    records = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert len(records) == 3 and all(r["text"].startswith("the") and len(r["tokens"]) == 32 for r in records)
+    assert records[0]["nfe"] == 29  # one call per new token, the first one with the prompt
+    run("semi-ar", "-c", str(ar_run), code=1)
+    run("sample", "-c", str(ar_run), "--infill", "a <mask> b", code=1)
+
+    run("sample", "-c", str(mdlm_run), "-n", "5", "--batch-size", "2", "--quiet", "--out", str(tmp_path / "m.jsonl"))
+    out = run("gen-ppl", "--samples", str(tmp_path / "m.jsonl"), "--judge", str(ar_run), "--batch-size", "2",
+              "--json", str(tmp_path / "g.json"))
+    assert "EOS policy keep" in out
+    scored = json.loads((tmp_path / "g.json").read_text())
+    assert scored["num_samples"] == 5 and len(scored["per_sample"]) == 5  # every sample, none dropped
+    texts = [json.loads(x)["text"] for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert scored["scored_tokens"] == sum(len(t) for t in texts)  # characters: one token each
+    assert scored["entropy_of"] == "sample tokens"
+
+    out = run("gen-ppl", "--sample-first", "-c", str(mdlm_run), "--sampler", "ancestral", "--steps", "8",
+              "-n", "4", "--judge", str(ar_run), "--samples", str(tmp_path / "sf.jsonl"))
+    assert len((tmp_path / "sf.jsonl").read_text().splitlines()) == 4
+    run("gen-ppl", "--samples", str(tmp_path / "m.jsonl"), "--judge", str(mdlm_run), code=1)  # not causal
+    run("gen-ppl", code=1)
