@@ -1,0 +1,1 @@
+"""One module per group of `mdlm` subcommands; importing a module registers its commands."""

@@ -1,0 +1,101 @@
+"""`mdlm presets` and `mdlm prepare-data`."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..config import list_presets, load_preset, resolve_config
+from .common import PresetOpt, SetOpt, app, console, err_console, user_errors
+
+
+@app.command("presets")
+def presets_cmd(
+    name: Annotated[str | None, typer.Argument(help="Show this preset's YAML.")] = None,
+) -> None:
+    """List the shipped presets, or print one (copy it to a file to edit it).
+
+    [dim]Examples:[/]
+      mdlm presets
+      mdlm presets owt > my.yaml   # then: mdlm train --preset my.yaml
+    """
+    with user_errors():
+        if name:
+            import yaml
+
+            data = load_preset(name)
+            data.pop("name", None)
+            sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
+            return
+        table = Table("preset", "description", box=None)
+        for preset, description in list_presets().items():
+            table.add_row(f"[bold]{preset}[/]", description)
+        console.print(table)
+
+
+@app.command("prepare-data")
+def prepare_data_cmd(
+    preset: PresetOpt = "demo",
+    dataset: Annotated[str | None, typer.Option(help="Data set name or local path (overrides the preset).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="gpt2 | bert-base-uncased | char | folder | hub id.")] = None,
+    length: Annotated[int | None, typer.Option(help="Tokens per row (L).")] = None,
+    packing: Annotated[str | None, typer.Option(help="wrap | pad | chunk.")] = None,
+    cache_dir: Annotated[str | None, typer.Option(help="Cache root (default $MDLM_CACHE or ~/.cache/mdlm).")] = None,
+    overrides: SetOpt = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if the cache exists.")] = False,
+) -> None:
+    """Tokenise and pack a data set into memory-mapped token files (cached; re-running is a no-op).
+
+    [dim]Examples:[/]
+      mdlm prepare-data                       # the embedded offline corpus (demo preset)
+      mdlm prepare-data --preset demo-char    # its character-level variant
+      mdlm prepare-data --preset owt          # OpenWebText with GPT-2 BPE (needs the Hub)
+      mdlm prepare-data --dataset my.txt --tokenizer gpt2 --length 256
+    """
+    from rich.progress import Progress
+
+    from ..data.sources import get_source
+    from ..data.store import prepare, prepared_folder
+
+    with user_errors():
+        cfg = resolve_config(preset, overrides or [], {
+            "data.dataset": dataset, "data.tokenizer": tokenizer, "data.length": length,
+            "data.packing": packing, "data.cache_dir": cache_dir})
+        folder, source, _ = prepared_folder(cfg.data)
+        if (folder / "meta.json").is_file() and not force:
+            console.print(f"Already prepared: {folder}")
+            _print_data_summary(folder)
+            return
+        get_source(cfg.data.dataset)
+        with Progress(console=err_console, transient=True) as progress:
+            tasks: dict[str, int] = {}
+
+            def on_docs(split: str, n: int, total: int | None) -> None:
+                if split not in tasks:
+                    tasks[split] = progress.add_task(f"{source.name} {split}", total=total)
+                progress.advance(tasks[split], n)
+
+            data = prepare(cfg.data, progress=on_docs, force=force)
+        console.print(f"Prepared: {data.folder}")
+        _print_data_summary(data.folder)
+
+
+def _print_data_summary(folder) -> None:
+    from ..data.store import PreparedData
+
+    data = PreparedData(folder)
+    meta = data.meta
+    tok = meta["tokenizer"]
+    table = Table("split", "documents", "rows", "tokens", box=None)
+    for split, info in meta["splits"].items():
+        table.add_row(split, f"{info['docs']:,}", f"{info['rows']:,}", f"{info['tokens']:,}")
+    console.print(table)
+    line = (f"tokenizer {tok['name']} (vocab {tok['vocab_size']}, mask id {tok['mask_id']}), "
+            f"L={meta['length']}, packing {meta['packing']}")
+    if meta.get("unigram_valid_nats") is not None:
+        line += f"; unigram baseline on valid: PPL {math.exp(meta['unigram_valid_nats']):.1f}"
+    console.print(line)

