@@ -58,9 +58,27 @@ def inverse_cdf_draw(probs: Tensor, *, generator: torch.Generator | None) -> Ten
     """One draw per row from probabilities (N, V) by inverting the float64 CDF: a single
     uniform per row (not one per class) and no transcendental functions over V."""
     cdf = probs.to(torch.float64).cumsum(dim=-1)
+    return _search(cdf, generator)
+
+
+def _search(cdf: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Index of the first CDF entry above u * total, u ~ U(0, 1) in float64, per row."""
     u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=torch.float64)
-    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
-    return idx.clamp_max(cdf.shape[-1] - 1)
+    idx = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)[:, 0]
+    return idx.clamp_max_(cdf.shape[-1] - 1)
+
+
+def _fp64_draw(logits: Tensor, mask_id: int, generator: torch.Generator | None) -> Tensor:
+    """Inverse-CDF draw from softmax(logits) with the mask excluded, all in float64 and in
+    place on one (N, V) buffer: unnormalised weights exp(l - max), then their running sum
+    (the search scales u by the row total, so no division pass). At V = 50k, fresh
+    temporaries cost more in page faults than the arithmetic."""
+    w = logits.to(torch.float64, copy=True)
+    w -= w.amax(-1, keepdim=True)
+    w.exp_()
+    w[:, mask_id] = 0.0
+    w.cumsum_(-1)
+    return _search(w, generator)
 
 
 def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | None,
@@ -76,7 +94,9 @@ def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | 
     if temperature != 1.0 or top_p < 1.0:
         logits = logits.to(dtype).index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
         probs = filter_logits(logits, temperature=temperature, top_p=top_p).softmax(-1)
-    else:  # fast path: softmax straight into `dtype`, then zero the mask (the CDF renormalises)
+    elif precision == "fp64":
+        return _fp64_draw(logits, mask_id, generator)
+    else:
         probs = torch.softmax(logits, dim=-1, dtype=dtype)
         probs[:, mask_id] = 0.0
     if precision == "fp64":

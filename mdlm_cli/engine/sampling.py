@@ -83,13 +83,6 @@ class SamplerContext:
         return torch.rand(shape, generator=self.generator, device=device, dtype=torch.float64)
 
 
-def _assign(z: Tensor, rows: Tensor, positions: Tensor, values: Tensor) -> None:
-    """z[rows][positions[rows]] = values, in place."""
-    sub = z[rows]
-    sub[positions[rows]] = values
-    z[rows] = sub
-
-
 def _finish(z: Tensor, ctx: SamplerContext, t_last: Tensor) -> Tensor:
     """Remaining masks: argmax (final denoising step) or one last draw."""
     masked = z == ctx.mask_id
@@ -98,9 +91,9 @@ def _finish(z: Tensor, ctx: SamplerContext, t_last: Tensor) -> Tensor:
         logits = ctx.logits(z, t_last, rows, masked)
         if ctx.final_denoise:
             logits = logits.float().index_fill(-1, torch.tensor([ctx.mask_id], device=z.device), float("-inf"))
-            _assign(z, rows, masked, logits.argmax(-1))
+            z[masked] = logits.argmax(-1)
         else:
-            _assign(z, rows, masked, ctx.draw(logits))
+            z[masked] = ctx.draw(logits)
     return z
 
 
@@ -136,7 +129,7 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
                 continue
             logits = ctx.logits(z, t, rows, unmask)
             if logits.shape[0]:
-                _assign(z, rows, unmask, ctx.draw(logits))
+                z[unmask] = ctx.draw(logits)
             continue
         # fp32: the reference's joint draw over V real tokens + "stay masked"
         need = masked.any(1)
@@ -189,40 +182,37 @@ def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
     position is revealed with a token from p_theta(. | z, tau'). Exact, one network
     call per revealed token. `tokens_per_step` k > 1 reveals k positions per call
     (the model evaluated at the first of the k event times): faster, approximate.
+
+    Neither the event times nor the positions depend on the model, so both are drawn
+    up front: the times as a running product of u^(1/n) (in log space), the positions
+    as a uniformly random order of the masked positions (choosing uniformly among the
+    remaining ones at every event is the same law). The loop is then one network call
+    and one draw per event.
     """
     B, L = z.shape
     k = max(int(ctx.tokens_per_step), 1)
-    n = (z == ctx.mask_id).sum(1).to(torch.float64)  # (B,)
-    tau = torch.ones(B, dtype=torch.float64, device=z.device)
-    while True:
-        active = n > 0
-        if not active.any():
-            break
-        rows = active.nonzero()[:, 0]
-        reveal = torch.clamp(n[rows], max=k)  # (R,)
-        t_call = None
-        for j in range(k):
-            step = reveal > j
-            if not step.any():
-                break
-            nj = n[rows] - j
-            u = ctx.rand(len(rows), z.device)
-            target = 1.0 - u.pow(1.0 / nj.clamp_min(1.0)) * ctx.schedule.mask_rate(tau[rows])
-            new_tau = torch.where(step, ctx.schedule.inverse(target), tau[rows])
-            tau[rows] = new_tau
-            if t_call is None:
-                t_call = new_tau.clone()
-        # choose `reveal` masked positions uniformly at random per sequence
-        scores = ctx.rand((len(rows), L), z.device).masked_fill(z[rows] != ctx.mask_id, -1.0)
-        top = scores.topk(min(k, L), dim=1).indices  # (R, k), best first
-        take = torch.arange(top.shape[1], device=z.device)[None, :] < reveal[:, None]
-        chosen = torch.zeros_like(z, dtype=torch.bool)
-        chosen[rows[:, None].expand_as(top)[take], top[take]] = True
-        t_full = torch.ones(B, dtype=torch.float64, device=z.device)
-        t_full[rows] = t_call
+    masked = z == ctx.mask_id
+    n0 = masked.sum(1)  # (B,)
+    N = int(n0.max())
+    if N == 0:
+        return z
+    order = ctx.rand((B, L), z.device).masked_fill(~masked, 2.0).argsort(dim=1)[:, :N]  # (B, N)
+    j = torch.arange(N, device=z.device)
+    valid = j[None, :] < n0[:, None]  # (B, N): event j happens in sequence b
+    remaining = (n0[:, None] - j[None, :]).clamp_min(1).to(torch.float64)  # masked before event j
+    log_u = ctx.rand((B, N), z.device).clamp_min(torch.finfo(torch.float64).tiny).log()
+    start = ctx.schedule.mask_rate(torch.ones(B, 1, dtype=torch.float64, device=z.device)).log()
+    tau = ctx.schedule.inverse(1.0 - (start + (log_u / remaining).cumsum(1)).exp())  # (B, N)
+    seq = torch.arange(B, device=z.device)[:, None].expand(B, N)
+    for first in range(0, N, k):
+        cols = slice(first, first + k)
+        take = valid[:, cols]  # (B, <=k)
+        rows = take[:, 0].nonzero()[:, 0]
+        chosen = torch.zeros_like(masked)
+        chosen[seq[:, cols][take], order[:, cols][take]] = True
+        t_full = torch.where(take[:, 0], tau[:, first], torch.ones_like(tau[:, first]))
         logits = ctx.logits(z, t_full, rows, chosen)
-        _assign(z, rows, chosen, ctx.draw(logits))
-        n[rows] -= reveal
+        z[chosen] = ctx.draw(logits)
     return z
 
 
