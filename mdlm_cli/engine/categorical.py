@@ -54,51 +54,41 @@ def reference_draw(probs: Tensor, *, generator: torch.Generator | None) -> Tenso
     return (probs / (1e-10 - (u + 1e-10).log_())).argmax(dim=-1)
 
 
-def inverse_cdf_draw(probs: Tensor, *, generator: torch.Generator | None) -> Tensor:
-    """One draw per row from probabilities (N, V) by inverting the float64 CDF: a single
-    uniform per row (not one per class) and no transcendental functions over V."""
-    cdf = probs.to(torch.float64).cumsum(dim=-1)
-    return _search(cdf, generator)
-
-
-def _search(cdf: Tensor, generator: torch.Generator | None) -> Tensor:
-    """Index of the first CDF entry above u * total, u ~ U(0, 1) in float64, per row."""
-    u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=torch.float64)
-    idx = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)[:, 0]
-    return idx.clamp_max_(cdf.shape[-1] - 1)
-
-
-def _fp64_draw(logits: Tensor, mask_id: int, generator: torch.Generator | None) -> Tensor:
-    """Inverse-CDF draw from softmax(logits) with the mask excluded, all in float64 and in
-    place on one (N, V) buffer: unnormalised weights exp(l - max), then their running sum
-    (the search scales u by the row total, so no division pass). At V = 50k, fresh
-    temporaries cost more in page faults than the arithmetic."""
-    w = logits.to(torch.float64, copy=True)
+def inverse_cdf_draw(log_weights: Tensor, *, generator: torch.Generator | None) -> Tensor:
+    """One draw per row from unnormalised float64 log-weights (N, V), overwritten in place:
+    exp(lw - max), its running sum (the CDF, unnormalised), and a search for u times the row
+    total with u ~ U(0, 1) in float64. One uniform per row, no division pass, and no fresh
+    (N, V) temporaries: at V = 50k those cost more in page faults than the arithmetic."""
+    w = log_weights
     w -= w.amax(-1, keepdim=True)
     w.exp_()
-    w[:, mask_id] = 0.0
     w.cumsum_(-1)
-    return _search(w, generator)
+    u = torch.rand((w.shape[0], 1), generator=generator, device=w.device, dtype=torch.float64)
+    idx = torch.searchsorted(w, u.mul_(w[:, -1:]), right=True)[:, 0]
+    return idx.clamp_max_(w.shape[-1] - 1)
 
 
 def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | None,
                   precision: str = "fp64", temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
     """Tokens from p_theta (SUBS: the mask is never drawn) at N positions: logits (N, V) -> (N,).
 
-    fp64: probabilities and inverse CDF in float64 (exact to float64 rounding, and cheap at
-    large V: one uniform per row). fp32: the reference's float32 race, truncation included.
+    fp64: inverse CDF in float64 on a float64 copy of the logits (exact to float64 rounding,
+    and cheap at large V: one uniform per row). fp32: the reference's float32 race,
+    truncation included.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    dtype = torch.float64 if precision == "fp64" else torch.float32
-    if temperature != 1.0 or top_p < 1.0:
-        logits = logits.to(dtype).index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
-        probs = filter_logits(logits, temperature=temperature, top_p=top_p).softmax(-1)
-    elif precision == "fp64":
-        return _fp64_draw(logits, mask_id, generator)
-    else:
-        probs = torch.softmax(logits, dim=-1, dtype=dtype)
-        probs[:, mask_id] = 0.0
+    filtered = temperature != 1.0 or top_p < 1.0
     if precision == "fp64":
-        return inverse_cdf_draw(probs, generator=generator)
+        lw = logits.to(torch.float64, copy=True)
+        lw[:, mask_id] = float("-inf")
+        if filtered:
+            lw = filter_logits(lw, temperature=temperature, top_p=top_p)
+        return inverse_cdf_draw(lw, generator=generator)
+    if filtered:
+        logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
+        probs = filter_logits(logits, temperature=temperature, top_p=top_p).softmax(-1)
+    else:  # softmax straight into float32, then zero the mask (the race is scale-free)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        probs[:, mask_id] = 0.0
     return reference_draw(probs, generator=generator)

@@ -109,15 +109,16 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
     """
     B, L = z.shape
     times = torch.linspace(1.0, ctx.eps, ctx.steps + 1, dtype=torch.float64, device=z.device)
+    unmask_probs = ctx.schedule.unmask_prob(times[:-1], times[1:])  # (steps,), once for the run
     cached = None  # fp32 + cache: last full logits per sequence
     valid = torch.zeros(B, dtype=torch.bool, device=z.device)  # cache still matches z
     batch_changed = True
     for i in range(ctx.steps):
-        t, s = times[i], times[i + 1]
+        t = times[i]
         masked = z == ctx.mask_id
         if not masked.any():
             break
-        p_unmask = ctx.schedule.unmask_prob(t, s)
+        p_unmask = unmask_probs[i]
         if ctx.precision == "fp64":
             unmask = masked & (ctx.rand((B, L), z.device) < p_unmask)
             need = unmask.any(1) if cache else masked.any(1)
