@@ -1,11 +1,21 @@
-"""Categorical sampling, in float64 by default.
+"""Categorical sampling: an exact float64 inverse CDF by default.
 
 Zheng et al. (2024): Gumbel-max in float32 draws uniforms on a 2^-24 grid, so the
 exponential noise E = -log u is never below ~6e-8 and a class whose probability
 is below ~6e-8 of the leading class can never win. In an ancestral step the
 leading class is "stay masked", so rare tokens vanish: a lower effective
-temperature, a flattering generative perplexity. `fp32` reproduces exactly the
-reference draw (probabilities / (-log(u + 1e-10)) in float32) for comparison.
+temperature, a flattering generative perplexity.
+
+`fp64` (default) draws by inverse CDF: one float64 uniform per row, searched in the
+float64 running sum of the class probabilities. Nothing is truncated: a class keeps
+its probability down to float32's smallest normal number, ~1e-38 of the leading class.
+The probabilities themselves are the float32 softmax of the network's float32 (or
+bf16) logits: their relative error (~1e-7) is below the logits' own rounding, and the
+float64 exponential would cost twice the time at V = 50k for no change a sampler
+could show. The running sum is where float32 would fail (a class below ~6e-8 of the
+total adds nothing to it), so it is float64.
+`fp32` reproduces exactly the reference draw (probabilities / (-log(u + 1e-10)) in
+float32) for comparison.
 """
 
 from __future__ import annotations
@@ -30,65 +40,45 @@ def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_p: float = 1.
     return logits
 
 
-def gumbel_argmax(log_weights: Tensor, *, generator: torch.Generator | None, precision: str = "fp64") -> Tensor:
-    """One draw per row from unnormalised log-weights (..., V): argmax of w / E, E ~ Exp(1).
-
-    fp64: the race in log space in float64 (no truncation worth the name).
-    fp32: the reference's float32 recipe, truncation included.
-    """
-    if precision == "fp64":
-        lw = log_weights.double()
-        u = torch.rand(lw.shape, generator=generator, device=lw.device, dtype=torch.float64)
-        e = -torch.log(u.clamp_min(torch.finfo(torch.float64).tiny))
-        return (lw - torch.log(e)).argmax(dim=-1)
-    if precision == "fp32":
-        lw = log_weights.float()
-        return reference_draw(torch.exp(lw - lw.amax(-1, keepdim=True)), generator=generator)
-    raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+def token_weights(logits: Tensor, mask_id: int, *, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
+    """float32 weights (N, V) proportional to p_theta under SUBS, the mask's weight 0. Not
+    normalised: both draws are scale-free, and skipping the pass matters at V = 50k."""
+    if temperature == 1.0 and top_p == 1.0:  # one fused softmax, then the mask's share dropped
+        weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights[:, mask_id] = 0.0
+        return weights
+    logits = logits.to(torch.float32, copy=True)
+    logits[:, mask_id] = float("-inf")
+    return filter_logits(logits, temperature=temperature, top_p=top_p).softmax(-1)
 
 
-def reference_draw(probs: Tensor, *, generator: torch.Generator | None) -> Tensor:
+def reference_draw(weights: Tensor, *, generator: torch.Generator | None) -> Tensor:
     """The reference implementation's float32 draw: argmax(p / (1e-10 - log(u + 1e-10)))."""
-    probs = probs.float()
-    u = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=torch.float32)
-    return (probs / (1e-10 - (u + 1e-10).log_())).argmax(dim=-1)
+    weights = weights.float()
+    u = torch.rand(weights.shape, generator=generator, device=weights.device, dtype=torch.float32)
+    return (weights / (1e-10 - (u + 1e-10).log_())).argmax(dim=-1)
 
 
-def inverse_cdf_draw(log_weights: Tensor, *, generator: torch.Generator | None) -> Tensor:
-    """One draw per row from unnormalised float64 log-weights (N, V), overwritten in place:
-    exp(lw - max), its running sum (the CDF, unnormalised), and a search for u times the row
-    total with u ~ U(0, 1) in float64. One uniform per row, no division pass, and no fresh
-    (N, V) temporaries: at V = 50k those cost more in page faults than the arithmetic."""
-    w = log_weights
-    w -= w.amax(-1, keepdim=True)
-    w.exp_()
-    w.cumsum_(-1)
-    u = torch.rand((w.shape[0], 1), generator=generator, device=w.device, dtype=torch.float64)
-    idx = torch.searchsorted(w, u.mul_(w[:, -1:]), right=True)[:, 0]
-    return idx.clamp_max_(w.shape[-1] - 1)
+def inverse_cdf_draw(weights: Tensor, *, generator: torch.Generator | None) -> Tensor:
+    """One draw per row from unnormalised weights (N, V): the float64 running sum (the CDF,
+    unnormalised) searched for u times the row total, u ~ U(0, 1) in float64. One uniform
+    per row, and no division pass."""
+    cdf = weights.double().cumsum_(-1)
+    u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=torch.float64)
+    idx = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)[:, 0]
+    return idx.clamp_max_(cdf.shape[-1] - 1)
 
 
 def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | None,
                   precision: str = "fp64", temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
     """Tokens from p_theta (SUBS: the mask is never drawn) at N positions: logits (N, V) -> (N,).
 
-    fp64: inverse CDF in float64 on a float64 copy of the logits (exact to float64 rounding,
-    and cheap at large V: one uniform per row). fp32: the reference's float32 race,
-    truncation included.
+    fp64: inverse CDF with a float64 running sum (exact, one uniform per row). fp32: the
+    reference's float32 race, truncation included.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    filtered = temperature != 1.0 or top_p < 1.0
+    weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p)
     if precision == "fp64":
-        lw = logits.to(torch.float64, copy=True)
-        lw[:, mask_id] = float("-inf")
-        if filtered:
-            lw = filter_logits(lw, temperature=temperature, top_p=top_p)
-        return inverse_cdf_draw(lw, generator=generator)
-    if filtered:
-        logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
-        probs = filter_logits(logits, temperature=temperature, top_p=top_p).softmax(-1)
-    else:  # softmax straight into float32, then zero the mask (the race is scale-free)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        probs[:, mask_id] = 0.0
-    return reference_draw(probs, generator=generator)
+        return inverse_cdf_draw(weights, generator=generator)
+    return reference_draw(weights, generator=generator)

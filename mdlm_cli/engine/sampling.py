@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..errors import MdlmError
-from .categorical import PRECISIONS, filter_logits, reference_draw, sample_tokens
+from .categorical import PRECISIONS, reference_draw, sample_tokens, token_weights
 from .diffusion import Denoiser, call_denoiser
 from .schedules import Schedule, get_schedule
 
@@ -65,14 +65,20 @@ class SamplerContext:
     tokens_per_step: int = 1
     eps: float = 1e-5  # last time of the ancestral grid, as the reference
 
-    def logits(self, z: Tensor, t: Tensor, rows: Tensor, positions: Tensor | None) -> Tensor:
-        """Logits (N, V) at the True entries of `positions[rows]` (all positions if None)."""
+    def logits(self, z: Tensor, t: Tensor, positions: Tensor | None, rows: Tensor | None = None) -> Tensor:
+        """Logits (N, V) at the True entries of `positions[rows]` (all positions if None) for
+        the sequences `rows` (all if None); t is one time for all or one per sequence."""
+        if rows is not None and len(rows) == len(z):
+            rows = None
+        n = len(z) if rows is None else len(rows)
         self.stats.calls += 1
-        self.stats.sequence_evals += len(rows)
-        out_mask = None if positions is None else positions[rows]
+        self.stats.sequence_evals += n
+        t = t.expand(len(z)) if t.dim() == 0 else t
+        if rows is not None:
+            z, t = z[rows], t[rows]
+            positions = None if positions is None else positions[rows]
         with torch.no_grad():
-            logits = call_denoiser(self.denoiser, z[rows], t.expand(len(z))[rows].float(), output_mask=out_mask)
-        return logits
+            return call_denoiser(self.denoiser, z, t.float(), output_mask=positions)
 
     def draw(self, logits: Tensor) -> Tensor:
         self.stats.draws += logits.shape[0]
@@ -88,13 +94,31 @@ def _finish(z: Tensor, ctx: SamplerContext, t_last: Tensor) -> Tensor:
     masked = z == ctx.mask_id
     rows = masked.any(1).nonzero()[:, 0]
     if len(rows):
-        logits = ctx.logits(z, t_last, rows, masked)
+        logits = ctx.logits(z, t_last, masked, rows)
         if ctx.final_denoise:
-            logits = logits.float().index_fill(-1, torch.tensor([ctx.mask_id], device=z.device), float("-inf"))
+            logits[:, ctx.mask_id] = float("-inf")
             z[masked] = logits.argmax(-1)
         else:
             z[masked] = ctx.draw(logits)
     return z
+
+
+def _unmask_steps(masked: Tensor, times: Tensor, ctx: SamplerContext) -> Tensor:
+    """The step at which each masked position unmasks, drawn up front (len(times) - 1 where
+    it does not unmask before the last time, and at unmasked positions).
+
+    Between t and s a masked position unmasks with probability (alpha_s - alpha_t) /
+    (1 - alpha_t), independently of the network and of the other positions, so it is
+    still masked after step i with probability S_i = (1 - alpha(t_i+1)) / (1 - alpha(t_0))
+    (the product over steps telescopes). One uniform per position searched in S is the
+    law of one Bernoulli per position per step, without the per-step draws.
+    """
+    steps = len(times) - 1
+    survival = ctx.schedule.mask_rate(times[1:]) / ctx.schedule.mask_rate(times[:1])  # decreasing
+    u = ctx.rand(masked.shape, masked.device)
+    # still masked after step i iff u < S_i, so it unmasks at step #{i : S_i > u}
+    at = steps - torch.searchsorted(survival.flip(0).contiguous(), u, right=True)
+    return at.masked_fill_(~masked, steps)
 
 
 def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
@@ -102,55 +126,65 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
 
     A masked position unmasks between t and s with probability
     (alpha_s - alpha_t) / (1 - alpha_t) (from the schedule), taking a token from
-    p_theta(. | z_t). fp64: Bernoulli first, then a draw at unmasking positions.
+    p_theta(. | z_t). fp64: which step unmasks each position is drawn first (it does not
+    depend on the network), then a token at the positions unmasking in each step.
     fp32: the reference's single float32 draw over V + 1 classes (mask included).
     With `cache`, only sequences that need a fresh output are evaluated: a
     sequence whose tokens did not change keeps its previous output.
     """
-    B, L = z.shape
     times = torch.linspace(1.0, ctx.eps, ctx.steps + 1, dtype=torch.float64, device=z.device)
-    unmask_probs = ctx.schedule.unmask_prob(times[:-1], times[1:])  # (steps,), once for the run
-    cached = None  # fp32 + cache: last full logits per sequence
+    if ctx.precision == "fp32":
+        _ancestral_reference(z, ctx, times, cache=cache)
+        return _finish(z, ctx, times[-1])
+    masked = z == ctx.mask_id
+    at = _unmask_steps(masked, times, ctx)
+    # a row holds a mask at the start of step i iff i <= last (last = steps: a mask stays)
+    last = at.masked_fill(~masked, -1).amax(1)
+    n_steps = min(int(last.max()) + 1, ctx.steps)  # steps with a mask left: the loop's length
+    if cache:  # a call only where a row changes
+        change_steps = torch.unique(at[at < ctx.steps])
+        if n_steps:  # the reference's cache: a whole-batch call after every step with any change
+            ctx.stats.whole_batch_calls += 1 + int((change_steps < n_steps - 1).sum())
+        for i in change_steps.tolist():
+            unmask = at == i
+            z[unmask] = ctx.draw(ctx.logits(z, times[i], unmask, unmask.any(1).nonzero()[:, 0]))
+    else:  # a call at every step for every row with a mask left, as the reference
+        for i in range(n_steps):
+            unmask = at == i
+            logits = ctx.logits(z, times[i], unmask, (last >= i).nonzero()[:, 0])
+            if logits.shape[0]:
+                z[unmask] = ctx.draw(logits)
+    return _finish(z, ctx, times[-1])
+
+
+def _ancestral_reference(z: Tensor, ctx: SamplerContext, times: Tensor, *, cache: bool) -> None:
+    """fp32: the reference's joint float32 draw over V real tokens + "stay masked", in place."""
+    B, L = z.shape
+    unmask_probs = ctx.schedule.unmask_prob(times[:-1], times[1:]).float()  # (steps,), once for the run
+    cached = None  # last full logits per sequence
     valid = torch.zeros(B, dtype=torch.bool, device=z.device)  # cache still matches z
     batch_changed = True
     for i in range(ctx.steps):
-        t = times[i]
         masked = z == ctx.mask_id
         if not masked.any():
             break
-        p_unmask = unmask_probs[i]
-        if ctx.precision == "fp64":
-            unmask = masked & (ctx.rand((B, L), z.device) < p_unmask)
-            need = unmask.any(1) if cache else masked.any(1)
-            if cache:
-                ctx.stats.whole_batch_calls += int(batch_changed)
-                batch_changed = bool(unmask.any())
-            rows = need.nonzero()[:, 0]
-            if len(rows) == 0:
-                continue
-            logits = ctx.logits(z, t, rows, unmask)
-            if logits.shape[0]:
-                z[unmask] = ctx.draw(logits)
-            continue
-        # fp32: the reference's joint draw over V real tokens + "stay masked"
         need = masked.any(1)
         if cache:
             stale = need & ~valid
             ctx.stats.whole_batch_calls += int(batch_changed)
             rows = stale.nonzero()[:, 0]
             if len(rows):
-                fresh = ctx.logits(z, t, rows, None)
+                fresh = ctx.logits(z, times[i], None, rows)
                 if cached is None:
                     cached = torch.empty(B, L, fresh.shape[-1], dtype=fresh.dtype, device=z.device)
                 cached[rows] = fresh
                 valid[rows] = True
             logits = cached[masked]
         else:
-            logits = ctx.logits(z, t, need.nonzero()[:, 0], masked)
-        logits = logits.float().index_fill(-1, torch.tensor([ctx.mask_id], device=z.device), float("-inf"))
-        q = filter_logits(logits, temperature=ctx.temperature, top_p=ctx.top_p).softmax(-1)
-        q.mul_(p_unmask.float())
-        q[:, ctx.mask_id] = 1.0 - p_unmask.float()
+            logits = ctx.logits(z, times[i], masked, need.nonzero()[:, 0])
+        q = token_weights(logits, ctx.mask_id, temperature=ctx.temperature, top_p=ctx.top_p)
+        q.mul_(unmask_probs[i] / q.sum(-1, keepdim=True))
+        q[:, ctx.mask_id] = 1.0 - unmask_probs[i]
         ctx.stats.draws += q.shape[0]
         new = reference_draw(q, generator=ctx.generator)
         changed_pos = torch.zeros_like(masked)
@@ -159,7 +193,6 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
         changed = changed_pos.any(1)
         valid &= ~changed
         batch_changed = bool(changed.any())
-    return _finish(z, ctx, times[-1])
 
 
 def ancestral(z: Tensor, ctx: SamplerContext) -> Tensor:
@@ -204,15 +237,21 @@ def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
     log_u = ctx.rand((B, N), z.device).clamp_min(torch.finfo(torch.float64).tiny).log()
     start = ctx.schedule.mask_rate(torch.ones(B, 1, dtype=torch.float64, device=z.device)).log()
     tau = ctx.schedule.inverse(1.0 - (start + (log_u / remaining).cumsum(1)).exp())  # (B, N)
+    n_all = int(n0.min())  # events every sequence has: no row selection needed
     seq = torch.arange(B, device=z.device)[:, None].expand(B, N)
     for first in range(0, N, k):
         cols = slice(first, first + k)
+        if first + k <= n_all:
+            pos = order[:, cols] if k == 1 else order[:, cols].sort(1).values  # row-major, as the output
+            chosen = torch.zeros_like(masked).scatter_(1, pos, True)
+            logits = ctx.logits(z, tau[:, first], chosen)
+            z.scatter_(1, pos, ctx.draw(logits).view(B, -1))
+            continue
         take = valid[:, cols]  # (B, <=k)
-        rows = take[:, 0].nonzero()[:, 0]
         chosen = torch.zeros_like(masked)
         chosen[seq[:, cols][take], order[:, cols][take]] = True
         t_full = torch.where(take[:, 0], tau[:, first], torch.ones_like(tau[:, first]))
-        logits = ctx.logits(z, t_full, rows, chosen)
+        logits = ctx.logits(z, t_full, chosen, take[:, 0].nonzero()[:, 0])
         z[chosen] = ctx.draw(logits)
     return z
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mdlm_cli import engine
-from mdlm_cli.engine.categorical import gumbel_argmax, sample_tokens
+from mdlm_cli.engine.categorical import sample_tokens
 from mdlm_cli.errors import MdlmError
 
 from ..analytic import AnalyticDenoiser
@@ -110,17 +110,29 @@ def test_first_hitting_parallel_variant(den):
     assert stats.ncs == den.length
 
 
-def test_float32_gumbel_max_cannot_draw_below_its_grid():
+def test_fp32_draw_cannot_reach_classes_below_its_grid():
     """Classes at 1e-8 of the leading one: float32 noise (E >= ~6e-8) never lets them win."""
-    logw = torch.cat([torch.zeros(1), torch.full((1000,), math.log(1e-8))]).expand(100_000, -1)
-    rare32 = (gumbel_argmax(logw, generator=torch.Generator().manual_seed(0), precision="fp32") > 0).sum()
-    assert rare32.item() == 0  # float64 would give each row a 1e-5 chance
+    logits = torch.cat([torch.zeros(1), torch.full((1000,), math.log(1e-8)), torch.zeros(1)]).expand(100_000, -1)
+    rare32 = (sample_tokens(logits, 1001, generator=torch.Generator().manual_seed(0), precision="fp32") > 0).sum()
+    assert rare32.item() == 0  # the exact draw would give each row a 1e-5 chance
 
 
-def test_float64_gumbel_max_matches_the_distribution():
+def test_fp64_draw_matches_the_distribution():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05 - 1e-4, 1e-4], dtype=torch.float64)
-    draws = gumbel_argmax(probs.log().expand(400_000, -1), generator=torch.Generator().manual_seed(1))
+    logits = torch.cat([probs.log(), torch.zeros(1, dtype=torch.float64)]).float().expand(400_000, -1)  # + the mask
+    draws = sample_tokens(logits, 5, generator=torch.Generator().manual_seed(1))
     assert chi2_pvalue(torch.bincount(draws, minlength=5).double(), probs) > 1e-3
+
+
+def test_fp64_draw_keeps_a_class_far_below_float32_resolution(monkeypatch):
+    """Class 1 holds 1e-9 of the mass, far below float32's spacing near 1 (~6e-8), so a
+    float32 running sum would give it an empty interval. The float64 one keeps it: a
+    uniform inside its interval draws it, one just below does not."""
+    logits = torch.tensor([[0.0, math.log(1e-9), 0.0]])  # classes 0, 1 and the mask (2)
+    total = 1.0 + 1e-9
+    for u, expected in [((1.0 + 0.5e-9) / total, 1), ((1.0 - 1e-12) / total, 0)]:
+        monkeypatch.setattr(torch, "rand", lambda *a, u=u, **k: torch.full((1, 1), u, dtype=torch.float64))
+        assert sample_tokens(logits, 2, generator=None).item() == expected
 
 
 @pytest.mark.slow
@@ -200,3 +212,24 @@ def test_cache_refuses_time_conditioned_models(den):
         warnings.simplefilter("always")
         engine.sample(timed, sampler="ancestral-cache", num_samples=4, length=3, mask_id=den.mask_id, steps=5)
     assert any("falling back" in str(w.message) for w in caught)
+
+
+def test_unmask_steps_follow_the_per_step_bernoulli_law():
+    """Drawn up front, the step at which a position unmasks has the law of one Bernoulli
+    per step with probability (alpha_s - alpha_t) / (1 - alpha_t), the rest left to the end."""
+    from mdlm_cli.engine.sampling import SampleStats, SamplerContext, _unmask_steps
+    from mdlm_cli.engine.schedules import get_schedule
+
+    steps, n = 6, 300_000
+    schedule = get_schedule("cosine")
+    ctx = SamplerContext(None, schedule, 0, torch.Generator().manual_seed(0), SampleStats(), steps=steps)
+    times = torch.linspace(1.0, 1e-3, steps + 1, dtype=torch.float64)
+    masked = torch.ones(1, n, dtype=torch.bool)
+    masked[0, :10] = False  # unmasked positions never count
+    at = _unmask_steps(masked, times, ctx)
+    assert (at[0, :10] == steps).all()
+    p = schedule.unmask_prob(times[:-1], times[1:])
+    survive = torch.cat([torch.ones(1, dtype=torch.float64), torch.cumprod(1 - p, 0)])
+    expected = torch.cat([survive[:-1] * p, survive[-1:]])  # unmasks at step i, or not before the end
+    counts = torch.bincount(at[0, 10:], minlength=steps + 1).double()
+    assert chi2_pvalue(counts, expected) > 1e-3
