@@ -154,8 +154,8 @@ def generate(model: DiT, *, num_samples: int, length: int, bos_id: int, mask_id:
              on_batch: Callable[[int], None] | None = None) -> tuple[Tensor, SampleStats]:
     """Ancestral sampling token by token with a key/value cache: (num_samples, length), stats.
 
-    `prompt` (P,) holds the first P tokens of every sample. Draws are float64 Gumbel-max
-    by default (engine.categorical), so rare tokens are not truncated away.
+    `prompt` (P,) holds the first P tokens of every sample. Draws are exact float64
+    inverse-CDF draws by default (engine.categorical), so rare tokens are not truncated away.
     NFE counts network calls per sequence: one per new token, the first of which also
     processes the prompt.
     """
