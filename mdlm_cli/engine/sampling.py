@@ -238,21 +238,12 @@ def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
     start = ctx.schedule.mask_rate(torch.ones(B, 1, dtype=torch.float64, device=z.device)).log()
     tau = ctx.schedule.inverse(1.0 - (start + (log_u / remaining).cumsum(1)).exp())  # (B, N)
     n_all = int(n0.min())  # events every sequence has: no row selection needed
-    seq = torch.arange(B, device=z.device)[:, None].expand(B, N)
     for first in range(0, N, k):
         cols = slice(first, first + k)
-        if first + k <= n_all:
-            pos = order[:, cols] if k == 1 else order[:, cols].sort(1).values  # row-major, as the output
-            chosen = torch.zeros_like(masked).scatter_(1, pos, True)
-            logits = ctx.logits(z, tau[:, first], chosen)
-            z.scatter_(1, pos, ctx.draw(logits).view(B, -1))
-            continue
-        take = valid[:, cols]  # (B, <=k)
-        chosen = torch.zeros_like(masked)
-        chosen[seq[:, cols][take], order[:, cols][take]] = True
-        t_full = torch.where(take[:, 0], tau[:, first], torch.ones_like(tau[:, first]))
-        logits = ctx.logits(z, t_full, chosen, take[:, 0].nonzero()[:, 0])
-        z[chosen] = ctx.draw(logits)
+        take = valid[:, cols]  # (B, <=k); order's positions are distinct within a row
+        chosen = torch.zeros_like(masked).scatter_(1, order[:, cols], take)
+        rows = None if first + k <= n_all else take[:, 0].nonzero()[:, 0]
+        z[chosen] = ctx.draw(ctx.logits(z, tau[:, first], chosen, rows))
     return z
 
 
