@@ -60,13 +60,14 @@ def reference_draw(weights: Tensor, *, generator: torch.Generator | None) -> Ten
 
 
 def inverse_cdf_draw(weights: Tensor, *, generator: torch.Generator | None) -> Tensor:
-    """One draw per row from unnormalised weights (N, V): the float64 running sum (the CDF,
-    unnormalised) searched for u times the row total, u ~ U(0, 1) in float64. One uniform
-    per row, and no division pass."""
+    """One draw per row from unnormalised weights (N, V): the first class whose float64
+    running sum (the CDF, unnormalised) reaches u times the row total, u ~ U(0, 1] in
+    float64. As u > 0 and the search is left-closed, a class of weight 0 (the mask) is
+    never drawn, not even at the extremes of u. One uniform per row, no division pass."""
     cdf = weights.double().cumsum_(-1)
     u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=torch.float64)
-    idx = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)[:, 0]
-    return idx.clamp_max_(cdf.shape[-1] - 1)
+    target = u.neg_().add_(1.0).mul_(cdf[:, -1:])  # in (0, total]: cdf[j - 1] < target <= cdf[j]
+    return torch.searchsorted(cdf, target)[:, 0]
 
 
 def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | None,

@@ -124,15 +124,46 @@ def test_fp64_draw_matches_the_distribution():
     assert chi2_pvalue(torch.bincount(draws, minlength=5).double(), probs) > 1e-3
 
 
+def fixed_uniform(monkeypatch, r: float) -> None:
+    """Every torch.rand call returns r (the draw's one uniform per row)."""
+    monkeypatch.setattr(torch, "rand", lambda shape, **k: torch.full(shape, r, dtype=torch.float64))
+
+
 def test_fp64_draw_keeps_a_class_far_below_float32_resolution(monkeypatch):
     """Class 1 holds 1e-9 of the mass, far below float32's spacing near 1 (~6e-8), so a
     float32 running sum would give it an empty interval. The float64 one keeps it: a
-    uniform inside its interval draws it, one just below does not."""
+    target inside its interval draws it, one just below does not."""
     logits = torch.tensor([[0.0, math.log(1e-9), 0.0]])  # classes 0, 1 and the mask (2)
     total = 1.0 + 1e-9
-    for u, expected in [((1.0 + 0.5e-9) / total, 1), ((1.0 - 1e-12) / total, 0)]:
-        monkeypatch.setattr(torch, "rand", lambda *a, u=u, **k: torch.full((1, 1), u, dtype=torch.float64))
+    for target, expected in [((1.0 + 0.5e-9) / total, 1), ((1.0 - 1e-12) / total, 0)]:
+        fixed_uniform(monkeypatch, 1.0 - target)  # the target is (1 - u) times the total
         assert sample_tokens(logits, 2, generator=None).item() == expected
+
+
+def test_fp64_draw_keeps_rare_classes_of_a_large_vocabulary():
+    """1,324 classes, the mask in the middle, 40 classes at e^-4 of their weight: the draw
+    reproduces the distribution, the rare classes' share included, and never the mask."""
+    g = torch.Generator().manual_seed(3)
+    v, mask_id, n = 1324, 700, 300_000
+    logits = torch.randn(v, generator=g, dtype=torch.float64) * 2
+    rare = torch.randperm(v, generator=g)[:40]
+    logits[rare] -= 4
+    probs = logits.index_fill(0, torch.tensor([mask_id]), float("-inf")).softmax(0)
+    counts = torch.bincount(sample_tokens(logits.float().expand(n, -1), mask_id, generator=g), minlength=v).double()
+    assert counts[mask_id] == 0
+    assert chi2_pvalue(counts, probs) > 1e-3
+    expected = n * probs[rare].sum().item()  # the chi-square pools most of these cells
+    assert expected > 50 and abs(counts[rare].sum().item() - expected) < 5 * math.sqrt(expected)
+
+
+@pytest.mark.parametrize("r, expected", [(0.0, 1), (1.0 - 2.0 ** -53, 0)])
+def test_fp64_draw_ends_on_classes_with_weight(monkeypatch, r, expected):
+    """The extreme uniforms land on the last and the first class with weight, never on the
+    mask (the last column here) or on the padding of the partial block."""
+    logits = torch.full((1, 300), -math.inf)
+    logits[0, :2] = 0.0
+    fixed_uniform(monkeypatch, r)
+    assert sample_tokens(logits, 299, generator=None).item() == expected
 
 
 @pytest.mark.slow
@@ -217,7 +248,7 @@ def test_cache_refuses_time_conditioned_models(den):
 def test_unmask_steps_follow_the_per_step_bernoulli_law():
     """Drawn up front, the step at which a position unmasks has the law of one Bernoulli
     per step with probability (alpha_s - alpha_t) / (1 - alpha_t), the rest left to the end."""
-    from mdlm_cli.engine.sampling import SampleStats, SamplerContext, _unmask_steps
+    from mdlm_cli.engine.sampling import SamplerContext, SampleStats, _unmask_steps
     from mdlm_cli.engine.schedules import get_schedule
 
     steps, n = 6, 300_000
