@@ -115,8 +115,7 @@ def nelbo_terms(denoiser: Denoiser, x0: Tensor, t: Tensor, *, mask_id: int,
     logits = call_denoiser(denoiser, z_t, t, output_mask=masked,
                            attention_mask=attention_mask)
     nll = masked_nll(logits, x0[masked], mask_id)  # (N,)
-    per_token = torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype)
-    per_token[masked] = nll
+    per_token = torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype).masked_scatter_(masked, nll)
     return loss_weight(t, schedule, T).to(nll.dtype) * per_token.sum(dim=1)
 
 

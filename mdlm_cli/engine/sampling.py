@@ -138,22 +138,29 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
         return _finish(z, ctx, times[-1])
     masked = z == ctx.mask_id
     at = _unmask_steps(masked, times, ctx)
-    # a row holds a mask at the start of step i iff i <= last (last = steps: a mask stays)
-    last = at.masked_fill(~masked, -1).amax(1)
-    n_steps = min(int(last.max()) + 1, ctx.steps)  # steps with a mask left: the loop's length
+    # Which rows to evaluate at which step is known now, so it is read to the host once:
+    # the loop then synchronises with the device only where the network's output size
+    # (the number of positions unmasking) is data-dependent.
+    last = at.masked_fill(~masked, -1).amax(1)  # a row holds a mask at the start of step i iff i <= last
+    last_host = last.tolist()
+    n_steps = min(max(last_host) + 1, ctx.steps)  # steps with a mask left: the loop's length
     if cache:  # a call only where a row changes
-        change_steps = torch.unique(at[at < ctx.steps])
+        B = len(z)
+        pairs = torch.unique((at * B + torch.arange(B, device=z.device)[:, None])[at < ctx.steps])  # by step, row
+        change_steps, counts = torch.unique_consecutive(pairs // B, return_counts=True)
+        change_steps = change_steps.tolist()
         if n_steps:  # the reference's cache: a whole-batch call after every step with any change
-            ctx.stats.whole_batch_calls += 1 + int((change_steps < n_steps - 1).sum())
-        for i in change_steps.tolist():
+            ctx.stats.whole_batch_calls += 1 + sum(i < n_steps - 1 for i in change_steps)
+        for i, rows in zip(change_steps, (pairs % B).split(counts.tolist()), strict=True):
             unmask = at == i
-            z[unmask] = ctx.draw(ctx.logits(z, times[i], unmask, unmask.any(1).nonzero()[:, 0]))
+            z.masked_scatter_(unmask, ctx.draw(ctx.logits(z, times[i], unmask, rows)))
     else:  # a call at every step for every row with a mask left, as the reference
         for i in range(n_steps):
             unmask = at == i
-            logits = ctx.logits(z, times[i], unmask, (last >= i).nonzero()[:, 0])
+            rows = None if min(last_host) >= i else (last >= i).nonzero()[:, 0]
+            logits = ctx.logits(z, times[i], unmask, rows)
             if logits.shape[0]:
-                z[unmask] = ctx.draw(logits)
+                z.masked_scatter_(unmask, ctx.draw(logits))
     return _finish(z, ctx, times[-1])
 
 
@@ -243,7 +250,7 @@ def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
         take = valid[:, cols]  # (B, <=k); order's positions are distinct within a row
         chosen = torch.zeros_like(masked).scatter_(1, order[:, cols], take)
         rows = None if first + k <= n_all else take[:, 0].nonzero()[:, 0]
-        z[chosen] = ctx.draw(ctx.logits(z, tau[:, first], chosen, rows))
+        z.masked_scatter_(chosen, ctx.draw(ctx.logits(z, tau[:, first], chosen, rows)))
     return z
 
 

@@ -231,8 +231,8 @@ class DiT(nn.Module):
             key_mask = attention_mask.bool()
         x, c = self.trunk(tokens, sigma, key_mask)
         if output_mask is not None:
-            rows = output_mask.nonzero()[:, 0]
-            return self.output_layer(x[output_mask], c[rows])  # (N, V)
+            rows, cols = output_mask.nonzero().unbind(1)  # the one host synchronisation: N varies
+            return self.output_layer(x[rows, cols], c[rows])  # (N, V)
         return self.output_layer(x, c)  # (B, L, V)
 
     def trunk(self, tokens: torch.Tensor, sigma: torch.Tensor,
