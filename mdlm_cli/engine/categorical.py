@@ -59,12 +59,16 @@ def reference_draw(weights: Tensor, *, generator: torch.Generator | None) -> Ten
     return (weights / (1e-10 - (u + 1e-10).log_())).argmax(dim=-1)
 
 
-def inverse_cdf_draw(weights: Tensor, *, generator: torch.Generator | None) -> Tensor:
+def inverse_cdf_draw(weights: Tensor, *, generator: torch.Generator | None, never: int | None = None) -> Tensor:
     """One draw per row from unnormalised weights (N, V): the first class whose float64
-    running sum (the CDF, unnormalised) reaches u times the row total, u ~ U(0, 1] in
-    float64. As u > 0 and the search is left-closed, a class of weight 0 (the mask) is
-    never drawn, not even at the extremes of u. One uniform per row, no division pass."""
+    running sum (the CDF, unnormalised) reaches v times the row total, v = 1 - u ~ U(0, 1]
+    in float64. As v > 0 and the search is left-closed, a class whose running sum does not
+    grow (weight 0) is never drawn, not even at the extremes of v. `never` names a class
+    of weight 0 whose running sum is pinned to its predecessor's, because a parallel scan
+    (CUDA) may round it an ulp apart. One uniform per row, no division pass."""
     cdf = weights.double().cumsum_(-1)
+    if never is not None:
+        cdf[:, never] = cdf[:, never - 1] if never else 0.0
     u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=torch.float64)
     target = u.neg_().add_(1.0).mul_(cdf[:, -1:])  # in (0, total]: cdf[j - 1] < target <= cdf[j]
     return torch.searchsorted(cdf, target)[:, 0]
@@ -81,5 +85,5 @@ def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | 
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p)
     if precision == "fp64":
-        return inverse_cdf_draw(weights, generator=generator)
+        return inverse_cdf_draw(weights, generator=generator, never=mask_id)
     return reference_draw(weights, generator=generator)

@@ -103,6 +103,12 @@ def _finish(z: Tensor, ctx: SamplerContext, t_last: Tensor) -> Tensor:
     return z
 
 
+def _rows_where(active: Tensor, count: int) -> Tensor | None:
+    """Indices of the True rows of `active` (B,), None when all are; `count` (how many are
+    True) is known on the host, so no synchronisation with the device is needed."""
+    return None if count == len(active) else torch.nonzero_static(active, size=count)[:, 0]
+
+
 def _unmask_steps(masked: Tensor, times: Tensor, ctx: SamplerContext) -> Tensor:
     """The step at which each masked position unmasks, drawn up front (len(times) - 1 where
     it does not unmask before the last time, and at unmasked positions).
@@ -140,7 +146,7 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
     at = _unmask_steps(masked, times, ctx)
     # Which rows to evaluate at which step is known now, so it is read to the host once:
     # the loop then synchronises with the device only where the network's output size
-    # (the number of positions unmasking) is data-dependent.
+    # (the number of positions unmasking) is data-dependent, once per call.
     last = at.masked_fill(~masked, -1).amax(1)  # a row holds a mask at the start of step i iff i <= last
     last_host = last.tolist()
     n_steps = min(max(last_host) + 1, ctx.steps)  # steps with a mask left: the loop's length
@@ -157,7 +163,7 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
     else:  # a call at every step for every row with a mask left, as the reference
         for i in range(n_steps):
             unmask = at == i
-            rows = None if min(last_host) >= i else (last >= i).nonzero()[:, 0]
+            rows = _rows_where(last >= i, sum(row_last >= i for row_last in last_host))
             logits = ctx.logits(z, times[i], unmask, rows)
             if logits.shape[0]:
                 z.masked_scatter_(unmask, ctx.draw(logits))
@@ -234,7 +240,8 @@ def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
     k = max(int(ctx.tokens_per_step), 1)
     masked = z == ctx.mask_id
     n0 = masked.sum(1)  # (B,)
-    N = int(n0.max())
+    n_host = n0.tolist()
+    N = max(n_host)
     if N == 0:
         return z
     order = ctx.rand((B, L), z.device).masked_fill(~masked, 2.0).argsort(dim=1)[:, :N]  # (B, N)
@@ -244,12 +251,11 @@ def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
     log_u = ctx.rand((B, N), z.device).clamp_min(torch.finfo(torch.float64).tiny).log()
     start = ctx.schedule.mask_rate(torch.ones(B, 1, dtype=torch.float64, device=z.device)).log()
     tau = ctx.schedule.inverse(1.0 - (start + (log_u / remaining).cumsum(1)).exp())  # (B, N)
-    n_all = int(n0.min())  # events every sequence has: no row selection needed
     for first in range(0, N, k):
         cols = slice(first, first + k)
         take = valid[:, cols]  # (B, <=k); order's positions are distinct within a row
         chosen = torch.zeros_like(masked).scatter_(1, order[:, cols], take)
-        rows = None if first + k <= n_all else take[:, 0].nonzero()[:, 0]
+        rows = _rows_where(take[:, 0], sum(n > first for n in n_host))
         z.masked_scatter_(chosen, ctx.draw(ctx.logits(z, tau[:, first], chosen, rows)))
     return z
 

@@ -69,16 +69,20 @@ def test_compiled_trunk_matches_eager():
 def test_fp64_samplers_synchronise_once_per_network_call(sampler):
     """The one host synchronisation a network call needs is the DiT's output gather (how
     many positions unmask is data-dependent); the rows to evaluate, the step lists and
-    the token writes stay on the device. A few more per batch set the loop up."""
+    the token writes stay on the device. A few more per batch set the loop up. The rows
+    hold different numbers of masks, so they finish at different steps."""
     den = DiffusionDenoiser(model(), LogLinear())
     g = torch.Generator(device="cuda").manual_seed(0)
+    prompt = torch.full((4, L), V - 1, device="cuda")
+    for r in range(4):
+        prompt[r, :8 * r] = r  # r x 8 fixed tokens
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
             _, stats = engine.sample(den, sampler=sampler, num_samples=4, length=L, mask_id=V - 1, steps=50,
-                                     generator=g, device="cuda", return_stats=True)
+                                     prompt=prompt, generator=g, device="cuda", return_stats=True)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     syncs = sum("synchroniz" in str(w.message) for w in caught)

@@ -159,11 +159,22 @@ def test_fp64_draw_keeps_rare_classes_of_a_large_vocabulary():
 @pytest.mark.parametrize("r, expected", [(0.0, 1), (1.0 - 2.0 ** -53, 0)])
 def test_fp64_draw_ends_on_classes_with_weight(monkeypatch, r, expected):
     """The extreme uniforms land on the last and the first class with weight, never on the
-    mask (the last column here) or on the padding of the partial block."""
+    classes of weight 0 after them (filtered out, and the mask, the last column here)."""
     logits = torch.full((1, 300), -math.inf)
     logits[0, :2] = 0.0
     fixed_uniform(monkeypatch, r)
     assert sample_tokens(logits, 299, generator=None).item() == expected
+
+
+def test_the_mask_keeps_no_interval_even_if_the_scan_rounds_it_one(monkeypatch):
+    """A parallel scan (CUDA) can round the mask's running sum an ulp above its
+    predecessor's; `never` pins it, so a target in that sliver goes to the next class."""
+    from mdlm_cli.engine.categorical import inverse_cdf_draw
+
+    weights = torch.tensor([[1.0, 1e-10, 1.0]], dtype=torch.float64)  # 1e-10: the rounding, exaggerated
+    fixed_uniform(monkeypatch, 1.0 - (1.0 + 0.5e-10) / (2.0 + 1e-10))  # the target falls in the sliver
+    assert inverse_cdf_draw(weights, generator=None).item() == 1
+    assert inverse_cdf_draw(weights, generator=None, never=1).item() == 2
 
 
 @pytest.mark.slow
