@@ -103,10 +103,11 @@ def _finish(z: Tensor, ctx: SamplerContext, t_last: Tensor) -> Tensor:
     return z
 
 
-def _rows_where(active: Tensor, count: int) -> Tensor | None:
-    """Indices of the True rows of `active` (B,), None when all are; `count` (how many are
-    True) is known on the host, so no synchronisation with the device is needed."""
-    return None if count == len(active) else torch.nonzero_static(active, size=count)[:, 0]
+def _rows_active(span: Tensor, span_host: list[int], i: int) -> Tensor | None:
+    """The rows b with i < span[b] (B,), None when all are. `span_host` (the same values,
+    read once) gives their number, so the device is not waited for at each step."""
+    count = sum(i < s for s in span_host)
+    return None if count == len(span_host) else torch.nonzero_static(span > i, size=count)[:, 0]
 
 
 def _unmask_steps(masked: Tensor, times: Tensor, ctx: SamplerContext) -> Tensor:
@@ -147,9 +148,9 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
     # Which rows to evaluate at which step is known now, so it is read to the host once:
     # the loop then synchronises with the device only where the network's output size
     # (the number of positions unmasking) is data-dependent, once per call.
-    last = at.masked_fill(~masked, -1).amax(1)  # a row holds a mask at the start of step i iff i <= last
-    last_host = last.tolist()
-    n_steps = min(max(last_host) + 1, ctx.steps)  # steps with a mask left: the loop's length
+    span = at.masked_fill(~masked, -1).amax(1) + 1  # a row holds a mask at the start of step i iff i < span
+    span_host = span.tolist()
+    n_steps = min(max(span_host), ctx.steps)  # steps with a mask left: the loop's length
     if cache:  # a call only where a row changes
         B = len(z)
         pairs = torch.unique((at * B + torch.arange(B, device=z.device)[:, None])[at < ctx.steps])  # by step, row
@@ -163,8 +164,7 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
     else:  # a call at every step for every row with a mask left, as the reference
         for i in range(n_steps):
             unmask = at == i
-            rows = _rows_where(last >= i, sum(row_last >= i for row_last in last_host))
-            logits = ctx.logits(z, times[i], unmask, rows)
+            logits = ctx.logits(z, times[i], unmask, _rows_active(span, span_host, i))
             if logits.shape[0]:
                 z.masked_scatter_(unmask, ctx.draw(logits))
     return _finish(z, ctx, times[-1])
@@ -255,7 +255,7 @@ def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
         cols = slice(first, first + k)
         take = valid[:, cols]  # (B, <=k); order's positions are distinct within a row
         chosen = torch.zeros_like(masked).scatter_(1, order[:, cols], take)
-        rows = _rows_where(take[:, 0], sum(n > first for n in n_host))
+        rows = _rows_active(n0, n_host, first)  # sequences with an event left
         z.masked_scatter_(chosen, ctx.draw(ctx.logits(z, tau[:, first], chosen, rows)))
     return z
 
