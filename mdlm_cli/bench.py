@@ -4,6 +4,8 @@ For every (precision, sampler, steps, batch size): seconds per sample (median an
 range over repeats after a warm-up), tokens/s, NFE, categorical draws, and the
 share of wall time spent outside the network forward (sampler overhead). The
 network is timed by wrapping the denoiser (with CUDA synchronisation on CUDA).
+For caching samplers it also gives the calls the reference's whole-batch cache
+would have made (`WholeBatchCount`, from the steps at which the batch changed).
 """
 
 from __future__ import annotations
@@ -17,29 +19,43 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import engine
-from .models import DiffusionDenoiser
 
 
 class TimedDenoiser:
-    """Wraps a denoiser and accumulates the seconds spent inside it."""
+    """Wraps the model callable a sampler takes (a denoiser or a causal LM) and accumulates
+    the seconds spent inside it; every other attribute is the inner one's."""
 
-    def __init__(self, inner: DiffusionDenoiser, device: torch.device):
+    def __init__(self, inner, device: torch.device):
         self.inner, self.device = inner, device
         self.seconds = 0.0
-        self.supports_output_mask = getattr(inner, "supports_output_mask", False)
-        self.time_conditioning = getattr(inner, "time_conditioning", True)
+
+    def __getattr__(self, name: str):  # supports_output_mask, time_agnostic, schedule, bos_id, new_cache...
+        return getattr(self.inner, name)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def __call__(self, z_t, t, **kwargs):
+    def __call__(self, *args, **kwargs):
         self._sync()
         t0 = time.perf_counter()
-        out = self.inner(z_t, t, **kwargs)
+        out = self.inner(*args, **kwargs)
         self._sync()
         self.seconds += time.perf_counter() - t0
         return out
+
+
+class WholeBatchCount:
+    """Batched calls the reference's cache would make: it recomputes the whole batch after
+    every step in which any sequence changed (and at the first step), while mdlm's
+    per-sequence cache calls only for the sequences that changed."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, change_steps: list[int], n_steps: int) -> None:
+        if n_steps:
+            self.calls += 1 + sum(i < n_steps - 1 for i in change_steps)
 
 
 @dataclass
@@ -85,68 +101,74 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_config(denoiser: DiffusionDenoiser, *, sampler: str, steps: int | None, batch_size: int,
-               precision: str, num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
-               device: torch.device, warmup: bool = True) -> BenchRow:
+def run_config(denoiser, *, sampler: str, steps: int | None, batch_size: int, precision: str,
+               num_samples: int, length: int, mask_id: int, repeats: int, seed: int, device: torch.device,
+               schedule=None, warmup: bool = True) -> BenchRow:
+    """One row: `repeats` timed runs of `num_samples` samples in batches (after a warm-up)."""
+    spec = engine.get_sampler(sampler)
     timed = TimedDenoiser(denoiser, device)
+    schedule = schedule if schedule is not None else getattr(denoiser, "schedule", "loglinear")
 
     def once(n: int, gen_seed: int):
         timed.seconds = 0.0
+        whole = WholeBatchCount() if spec.needs_time_agnostic else None
         _sync(device)
         t0 = time.perf_counter()
         _, stats = engine.sample(timed, sampler=sampler, num_samples=n, length=length, mask_id=mask_id,
-                                 steps=steps, schedule=denoiser.schedule, batch_size=batch_size,
-                                 precision=precision, device=device, return_stats=True,
+                                 steps=steps, schedule=schedule, batch_size=batch_size, precision=precision,
+                                 device=device, return_stats=True, on_changes=whole,
                                  generator=torch.Generator(device=device).manual_seed(gen_seed))
         _sync(device)
-        return time.perf_counter() - t0, timed.seconds, stats
+        return time.perf_counter() - t0, timed.seconds, stats, whole
 
     if warmup:  # allocator, kernels, compilation: one batch at the same shapes, a few calls
         few = torch.full((batch_size, length), mask_id, dtype=torch.long, device=device)
-        few[:, 4:] = int(mask_id == 0)  # a real token: 4 masked positions, so first-hitting makes 4 calls, not L
+        # a real token everywhere but the last 4 positions: first-hitting makes 4 calls, not L, and a
+        # left-to-right model has a prefix to continue
+        few[:, :length - 4] = int(mask_id == 0)
         engine.sample(denoiser, sampler=sampler, num_samples=batch_size, length=length, mask_id=mask_id,
-                      steps=min(steps or 1, 4), schedule=denoiser.schedule, precision=precision, device=device,
+                      steps=min(steps or 1, 4), schedule=schedule, precision=precision, device=device,
                       prompt=few, generator=torch.Generator(device=device).manual_seed(seed))
-    walls, shares, last = [], [], None
+    walls, shares, last, whole = [], [], None, None
     for r in range(repeats):
-        wall, network, stats = once(num_samples, seed + r)
+        wall, network, last, whole = once(num_samples, seed + r)
         walls.append(wall)
         shares.append(network / wall if wall > 0 else 0.0)
-        last = stats
     per_sample = [w / num_samples for w in walls]
     median = statistics.median(per_sample)
     share = statistics.median(shares)
     return BenchRow(
-        sampler=sampler, steps=None if sampler == "first-hitting" else steps, batch_size=batch_size,
+        sampler=sampler, steps=steps if spec.uses_steps else None, batch_size=batch_size,
         precision=precision, num_samples=num_samples, repeats=repeats, seconds_per_sample=median,
         seconds_per_sample_min=min(per_sample), seconds_per_sample_max=max(per_sample),
         tokens_per_second=length / median if median > 0 else float("inf"), nfe=last.nfe, ncs=last.ncs,
-        calls=last.calls, whole_batch_calls=last.whole_batch_calls if sampler == "ancestral-cache" else None,
-        nfe_whole_batch=last.whole_batch_calls * batch_size / num_samples if sampler == "ancestral-cache" else None,
+        calls=last.calls, whole_batch_calls=None if whole is None else whole.calls,
+        nfe_whole_batch=None if whole is None else whole.calls * batch_size / num_samples,
         network_share=share, overhead_share=1.0 - share)
 
 
 def grid(samplers: list[str], steps: list[int], batch_sizes: list[int],
          precisions: list[str]) -> list[tuple[str, int | None, int, str]]:
-    """Configurations to run; first-hitting does not depend on steps (one row per batch size)."""
+    """Configurations to run; a sampler that takes no steps has one row per batch size."""
     out = []
     for precision in precisions:
         for sampler in samplers:
             for b in batch_sizes:
-                for s in ([None] if sampler == "first-hitting" else steps):
+                for s in (steps if engine.get_sampler(sampler).uses_steps else [None]):
                     out.append((sampler, s, b, precision))
     return out
 
 
-def run_bench(denoiser: DiffusionDenoiser, *, samplers: list[str], steps: list[int], batch_sizes: list[int],
+def run_bench(denoiser, *, samplers: list[str], steps: list[int], batch_sizes: list[int],
               precisions: list[str], num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
-              device: torch.device, meta: dict,
+              device: torch.device, meta: dict, schedule=None,
               on_row: Callable[[BenchRow], None] | None = None) -> BenchReport:
     report = BenchReport(meta=meta)
     for sampler, s, b, precision in grid(samplers, steps, batch_sizes, precisions):
         n = max(num_samples - num_samples % b, b)  # whole batches only
         row = run_config(denoiser, sampler=sampler, steps=s, batch_size=b, precision=precision, num_samples=n,
-                         length=length, mask_id=mask_id, repeats=repeats, seed=seed, device=device)
+                         length=length, mask_id=mask_id, repeats=repeats, seed=seed, device=device,
+                         schedule=schedule)
         report.results.append(row)
         if on_row is not None:
             on_row(row)
@@ -166,7 +188,7 @@ def plot(report: BenchReport, path: str) -> None:
     for sampler, b, precision in keys:
         rows = [r for r in report.results if (r.sampler, r.batch_size, r.precision) == (sampler, b, precision)]
         label = f"{sampler} (batch {b}, {precision})"
-        if sampler == "first-hitting":
+        if not engine.get_sampler(sampler).uses_steps:
             ax.plot(steps, [rows[0].seconds_per_sample] * len(steps), "--", label=label)
         else:
             rows.sort(key=lambda r: r.steps)

@@ -9,10 +9,13 @@
         ema.safetensors        EMA weights (used by default for evaluation and sampling)
         optimizer.pt           optimizer state (tensors and numbers; loaded with weights_only=True)
         state.json             step, data position, metrics, versions
-        config.yaml            resolved config
-        model.json             backbone config (DiTConfig)
+        config.yaml            resolved config (the model section builds the backbone)
+        model.json             schema_version, backbone, vocabulary, causal attention
         data.json              prepared-data metadata (tokeniser, length, packing, source)
         tokenizer/             tokeniser files
+
+`schema_version` (model.json) is 2; folders written before it existed (version 1, whose
+model.json held the DiT's hyper-parameters) are upgraded when read (`upgrade_metadata`).
 
 Under torch.distributed, `save_checkpoint` and `load_training_state` are called by
 every rank: FSDP2 shards are gathered into full tensors and rank 0 writes the same
@@ -25,6 +28,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -36,9 +40,12 @@ from torch import nn
 from . import distributed
 from .config import Config, config_from_dict
 from .data.tokenizers import Tokenizer, load_tokenizer
-from .engine.schedules import get_schedule
 from .errors import MdlmError
-from .models import DiffusionDenoiser, DiT, DiTConfig
+from .models import build_model
+from .objectives import Objective, get_objective
+
+SCHEMA_VERSION = 2
+V1_MODEL_KEYS = ("hidden_size", "n_blocks", "n_heads", "cond_dim", "mlp_ratio", "dropout")
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -73,7 +80,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / "optimizer.pt")
         base = getattr(model, "_orig_mod", model)
-        (tmp / "model.json").write_text(json.dumps(base.config.to_dict(), indent=2))
+        (tmp / "model.json").write_text(json.dumps(model_metadata(base, cfg), indent=2))
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
         (tmp / "config.yaml").write_text(cfg.to_yaml())
         (tmp / "data.json").write_text(json.dumps(data_meta, indent=2))
@@ -89,6 +96,30 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
     _prune(run_dir, keep_last)
     distributed.barrier()
     return final
+
+
+def model_metadata(model: nn.Module, cfg: Config) -> dict:
+    """model.json: what config.yaml's model section does not say about the weights."""
+    return {"schema_version": SCHEMA_VERSION, "backbone": cfg.model.backbone, "vocab_size": model.vocab_size,
+            "causal": model.causal, "objective": cfg.diffusion.objective,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def upgrade_metadata(model_meta: dict, cfg_dict: dict) -> tuple[dict, dict]:
+    """Bring a checkpoint's model.json and config.yaml to the current schema.
+
+    Version 1 (no schema_version): model.json was the DiT's config (vocab_size, causal and
+    the hyper-parameters, mlp_ratio among them, which config.yaml's model section lacked).
+    """
+    version = model_meta.get("schema_version", 1)
+    if version > SCHEMA_VERSION:
+        raise ValueError(f"schema_version {version} is newer than this mdlm reads ({SCHEMA_VERSION}); upgrade mdlm")
+    if version == 1:
+        cfg_dict = {**cfg_dict, "model": {**(cfg_dict.get("model") or {}),
+                                          **{k: model_meta[k] for k in V1_MODEL_KEYS if k in model_meta}}}
+        model_meta = {"schema_version": 2, "backbone": "dit", "vocab_size": model_meta["vocab_size"],
+                      "causal": bool(model_meta.get("causal", False))}
+    return model_meta, cfg_dict
 
 
 def _prune(run_dir: Path, keep_last: int) -> None:
@@ -117,7 +148,7 @@ def resolve_checkpoint(path: str | Path, which: str = "latest") -> Path:
     raise MdlmError(f"{path} holds no mdlm checkpoint (no model.safetensors, no '{which}' pointer)")
 
 
-def _load_weights(path: Path) -> dict[str, torch.Tensor]:
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(path)
     except (SafetensorError, OSError) as e:
@@ -145,22 +176,20 @@ class LoadedModel:
     """A trained model ready for the engine."""
 
     path: Path
-    model: DiT
+    model: nn.Module
     config: Config
     tokenizer: Tokenizer
     data_meta: dict
     state: dict
 
-    def denoiser(self, dtype: torch.dtype | None = None) -> DiffusionDenoiser:
-        schedule = get_schedule(self.config.diffusion.schedule, self.config.diffusion.eps)
-        return DiffusionDenoiser(self.model, schedule,
-                                 time_conditioning=self.config.model.time_conditioning,
-                                 autocast_dtype=dtype)
+    @cached_property
+    def objective(self) -> Objective:
+        """What the model was trained to do: its loss, evaluation and samplers."""
+        return get_objective(self.config, self.tokenizer)
 
-    @property
-    def is_autoregressive(self) -> bool:
-        """The AR baseline (objective `ar`): causal, exact likelihood, no diffusion sampler."""
-        return self.config.diffusion.objective == "ar"
+    def denoiser(self, dtype: torch.dtype | None = None):
+        """The engine-facing callable of the objective (a denoiser, or a causal LM)."""
+        return self.objective.denoiser(self.model, dtype)
 
     @property
     def mask_id(self) -> int:
@@ -171,48 +200,43 @@ class LoadedModel:
         return self.data_meta["length"]
 
 
-def load_checkpoint(path: str | Path, *, ema: bool = True, device: torch.device | str = "cpu",
+def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device | str = "cpu",
                     which: str = "latest") -> LoadedModel:
-    """Load a model (EMA weights by default) with its config and tokeniser, in eval mode.
-
-    `path` is an mdlm run or step folder, or published weights (pretrained.py): a Hugging
-    Face hub id, a Hugging Face-style folder, or a reference Lightning `.ckpt`.
-    """
-    from .pretrained import load_pretrained, pretrained_source
-
-    source = pretrained_source(path, which)
-    if source is not None:
-        return load_pretrained(source, ema=ema, device=device)
+    """An mdlm run or step folder (EMA weights by default), in eval mode."""
     step_dir = resolve_checkpoint(path, which)
     try:
-        cfg = config_from_dict(yaml.safe_load((step_dir / "config.yaml").read_text()))
-        model_cfg = DiTConfig(**json.loads((step_dir / "model.json").read_text()))
+        model_meta, cfg_dict = upgrade_metadata(json.loads((step_dir / "model.json").read_text()),
+                                                yaml.safe_load((step_dir / "config.yaml").read_text()))
         data_meta = json.loads((step_dir / "data.json").read_text())
         state = json.loads((step_dir / "state.json").read_text())
-    except (OSError, json.JSONDecodeError, yaml.YAMLError, TypeError) as e:
+    except (OSError, json.JSONDecodeError, yaml.YAMLError, TypeError, KeyError, ValueError) as e:
         raise MdlmError(f"{step_dir} is incomplete or corrupted ({type(e).__name__}: {e})") from None
+    cfg = config_from_dict(cfg_dict)
     tokenizer = load_tokenizer(str(step_dir / "tokenizer"))
-    if tokenizer.vocab_size != model_cfg.vocab_size:
+    if tokenizer.vocab_size != model_meta["vocab_size"]:
         raise MdlmError(f"{step_dir}: tokenizer vocabulary {tokenizer.vocab_size} does not match "
-                        f"the model's {model_cfg.vocab_size}")
+                        f"the model's {model_meta['vocab_size']}")
+    causal = get_objective(cfg, tokenizer).causal
+    if model_meta["causal"] != causal:
+        raise MdlmError(f"{step_dir}: model.json says causal={model_meta['causal']}, but the {cfg.diffusion.objective} "
+                        "objective of its config.yaml needs the other; the checkpoint is inconsistent")
     weights_file = step_dir / ("ema.safetensors" if ema and (step_dir / "ema.safetensors").is_file()
                                else "model.safetensors")
-    model = DiT(model_cfg)
-    load_state_into(model, _load_weights(weights_file), weights_file)
-    model.to(device).eval()
-    return LoadedModel(step_dir, model, cfg, tokenizer, data_meta, state)
+    model = build_model(cfg.model, model_meta["vocab_size"], causal=causal)
+    load_state_into(model, load_weights(weights_file), weights_file)
+    return LoadedModel(step_dir, model.to(device).eval(), cfg, tokenizer, data_meta, state)
 
 
 def load_training_state(step_dir: Path, model: nn.Module, ema_model: nn.Module | None,
                         optimizer: torch.optim.Optimizer) -> dict:
     """Restore model, EMA and optimizer in place for --resume (on every rank, whatever
     the number of ranks that wrote the checkpoint); returns state.json."""
-    load_state_into(getattr(model, "_orig_mod", model), _load_weights(step_dir / "model.safetensors"),
+    load_state_into(getattr(model, "_orig_mod", model), load_weights(step_dir / "model.safetensors"),
                     step_dir / "model.safetensors")
     if ema_model is not None:
         ema_file = step_dir / "ema.safetensors"
         if ema_file.is_file():
-            load_state_into(ema_model, _load_weights(ema_file), ema_file)
+            load_state_into(ema_model, load_weights(ema_file), ema_file)
     try:
         opt_state = torch.load(step_dir / "optimizer.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - corrupted or tampered file

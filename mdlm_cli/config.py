@@ -16,7 +16,6 @@ import yaml
 from .errors import MdlmError
 
 PACKINGS = ("wrap", "pad", "chunk")
-OBJECTIVES = ("mdlm", "ar")  # ar: the autoregressive baseline (same blocks, causal)
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "bf16", "fp32")
 PARALLELS = ("ddp", "fsdp")
@@ -33,17 +32,22 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
+    """The backbone's hyper-parameters: the one model config of training, loading and export.
+    The vocabulary comes from the tokeniser and causal attention from the objective."""
+
+    backbone: str = "dit"  # models.BACKBONES
     hidden_size: int = 768
     n_blocks: int = 12
     n_heads: int = 12
     cond_dim: int = 128
+    mlp_ratio: int = 4
     dropout: float = 0.1
     time_conditioning: bool = False  # reference default; the paper's 23.21 used it on
 
 
 @dataclass
 class DiffusionConfig:
-    objective: str = "mdlm"  # mdlm | ar (autoregressive baseline: causal, no diffusion)
+    objective: str = "mdlm"  # objectives.OBJECTIVES: mdlm | ar (autoregressive baseline: causal, no diffusion)
     schedule: str = "loglinear"  # loglinear | cosine | cosine-squared | linear
     eps: float = 1e-3
     antithetic: bool = True  # low-discrepancy t over the global batch
@@ -245,10 +249,14 @@ def _choice(value: str, choices, where: str) -> None:
 
 
 def validate(cfg: Config) -> None:
+    """Checks common to every run; each objective adds its own (`Objective.validate`)."""
     from .engine.schedules import SCHEDULES
+    from .models import BACKBONES
+    from .objectives import OBJECTIVES
 
     _choice(cfg.data.packing, PACKINGS, "data.packing")
-    _choice(cfg.diffusion.objective, OBJECTIVES, "diffusion.objective")
+    _choice(cfg.diffusion.objective, list(OBJECTIVES), "diffusion.objective")
+    _choice(cfg.model.backbone, list(BACKBONES), "model.backbone")
     _choice(cfg.diffusion.schedule, list(SCHEDULES), "diffusion.schedule")
     _choice(cfg.optim.schedule, LR_SCHEDULES, "optim.schedule")
     _choice(cfg.train.precision, PRECISIONS, "train.precision")
@@ -256,7 +264,8 @@ def validate(cfg: Config) -> None:
     positive = {
         "data.length": cfg.data.length, "model.hidden_size": cfg.model.hidden_size,
         "model.n_blocks": cfg.model.n_blocks, "model.n_heads": cfg.model.n_heads,
-        "model.cond_dim": cfg.model.cond_dim, "train.global_batch_size": cfg.train.global_batch_size,
+        "model.cond_dim": cfg.model.cond_dim, "model.mlp_ratio": cfg.model.mlp_ratio,
+        "train.global_batch_size": cfg.train.global_batch_size,
         "train.micro_batch_size": cfg.train.micro_batch_size, "train.max_steps": cfg.train.max_steps,
         "train.log_every": cfg.train.log_every, "train.eval_every": cfg.train.eval_every,
         "train.save_every": cfg.train.save_every, "train.keep_last": cfg.train.keep_last,
@@ -280,9 +289,6 @@ def validate(cfg: Config) -> None:
         raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise MdlmError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
-    if cfg.diffusion.objective == "ar" and cfg.model.time_conditioning:
-        raise MdlmError("the autoregressive objective has no time input; set model.time_conditioning=false")
-    if cfg.diffusion.T < 0:
-        raise MdlmError(f"diffusion.T must be 0 (continuous) or a positive number of steps (got {cfg.diffusion.T})")
     if cfg.optim.lr <= 0:
         raise MdlmError(f"optim.lr must be positive (got {cfg.optim.lr})")
+    OBJECTIVES[cfg.diffusion.objective].validate(cfg)

@@ -108,10 +108,6 @@ class Dist:
         tdist.all_reduce(t)
         return t.tolist()
 
-    def barrier(self) -> None:
-        if self.enabled:
-            tdist.barrier()
-
     # ------------------------------------------------------------------ the model
 
     def wrap(self, model: nn.Module, ema_model: nn.Module | None, parallel: str = "ddp",

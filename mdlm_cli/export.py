@@ -24,9 +24,11 @@ import torch
 from safetensors.torch import save_file
 
 from . import __version__
-from .checkpoint import LoadedModel, load_checkpoint
+from .checkpoint import LoadedModel
 from .errors import MdlmError
-from .pretrained import INV_FREQ
+from .loading import load_checkpoint
+from .reference_format import hf_config as reference_config
+from .reference_format import reference_state_dict
 
 FORMAT = 1
 
@@ -38,25 +40,11 @@ def weights_kind(loaded: LoadedModel, ema: bool) -> str:
     return "ema" if ema and (loaded.path / "ema.safetensors").is_file() else "raw"
 
 
-def reference_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """mdlm's DiT weights under the reference's `MDLM` names."""
-    base = getattr(model, "_orig_mod", model)
-    out = {f"backbone.{k}": v.detach().to("cpu", torch.float32).contiguous() for k, v in base.state_dict().items()}
-    out[f"backbone.{INV_FREQ}"] = base.rotary_emb.inv_freq.detach().cpu().float().contiguous()
-    return out
-
-
 def hf_config(loaded: LoadedModel, weights: str) -> dict:
-    c = loaded.model.config
-    return {
-        "model_type": "mdlm", "architectures": ["MDLM"],
-        "vocab_size": c.vocab_size, "model_length": loaded.length, "hidden_dim": c.hidden_size,
-        "cond_dim": c.cond_dim, "n_blocks": c.n_blocks, "n_heads": c.n_heads, "dropout": c.dropout,
-        "time_conditioning": loaded.config.model.time_conditioning, "torch_dtype": "float32",
-        "mdlm": {"format": FORMAT, "version": __version__, "weights": weights, "mlp_ratio": c.mlp_ratio,
-                 "tokenizer": loaded.tokenizer.describe(), "config": loaded.config.to_dict(),
-                 "data": loaded.data_meta, "state": loaded.state},
-    }
+    """config.json: the reference's MDLMConfig fields, then everything mdlm needs to reload it."""
+    return reference_config(loaded, {"format": FORMAT, "version": __version__, "weights": weights,
+                                     "tokenizer": loaded.tokenizer.describe(), "config": loaded.config.to_dict(),
+                                     "data": loaded.data_meta, "state": loaded.state})
 
 
 def export_folder(loaded: LoadedModel, out: str | Path, *, weights: str, results: list[dict] | None = None,
@@ -94,7 +82,7 @@ def verify_export(loaded: LoadedModel, folder: Path, length: int = 64) -> float:
     if reloaded.tokenizer.fingerprint != loaded.tokenizer.fingerprint:
         raise MdlmError(f"{folder}: the exported tokenizer does not reload identically")
     gen = torch.Generator().manual_seed(0)
-    vocab = loaded.model.config.vocab_size
+    vocab = loaded.model.vocab_size
     x = torch.randint(0, vocab, (2, min(length, loaded.length)), generator=gen)
     x[:, ::3] = loaded.mask_id  # include masked positions, as the samplers do
     device = next(loaded.model.parameters()).device
@@ -133,7 +121,7 @@ def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: st
     rows = [
         ("backbone", f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, cond dim {c.cond_dim}, "
                      f"{millions:.1f}M parameters"),
-        ("vocabulary", f"{c.vocab_size} ({tok.name}, mask id {tok.mask_id})"),
+        ("vocabulary", f"{loaded.model.vocab_size} ({tok.name}, mask id {tok.mask_id})"),
         ("sequence length", f"{loaded.length} ({cfg.data.packing} packing)"),
         ("time conditioning", "on" if cfg.model.time_conditioning else "off"),
         ("schedule", f"{cfg.diffusion.schedule} (eps {cfg.diffusion.eps:g})"

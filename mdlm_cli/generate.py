@@ -66,32 +66,19 @@ def generate(loaded: LoadedModel, *, sampler: str, num_samples: int, batch_size:
              prompt: torch.Tensor | None = None, precision: str = "fp64", temperature: float = 1.0,
              top_p: float = 1.0, tokens_per_step: int = 1, final_denoise: bool = True,
              on_batch: Callable[[int], None] | None = None) -> tuple[list[SampleRecord], engine.SampleStats, float]:
-    """Sample in batches; returns the decoded records, the work counters and the seconds.
-
-    An autoregressive checkpoint ignores `sampler`, `steps`, `tokens_per_step` and
-    `final_denoise`: it generates left to right with a key/value cache.
-    """
+    """Sample in batches with one of the objective's samplers; returns the decoded records,
+    the work counters and the seconds."""
     length = length or loaded.length
+    if loaded.objective.causal and length > loaded.length:
+        raise MdlmError(f"a left-to-right model generates at most its training length "
+                        f"({loaded.length} tokens); got --length {length}")
     gen = torch.Generator(device=device).manual_seed(seed)
     t0 = time.perf_counter()
-    if loaded.is_autoregressive:
-        from . import ar
-
-        if length > loaded.length:
-            raise MdlmError(f"an autoregressive model generates at most its training length "
-                            f"({loaded.length} tokens); got --length {length}")
-        tokens, stats = ar.generate(
-            loaded.model, num_samples=num_samples, length=length, bos_id=loaded.tokenizer.bos_id,
-            mask_id=loaded.mask_id, generator=gen, prompt=ar.prompt_prefix(prompt, loaded.mask_id),
-            batch_size=batch_size, precision=precision, temperature=temperature, top_p=top_p,
-            device=device, autocast_dtype=dtype, on_batch=on_batch)
-    else:
-        denoiser = loaded.denoiser(dtype)
-        tokens, stats = engine.sample(
-            denoiser, sampler=sampler, num_samples=num_samples, length=length, mask_id=loaded.mask_id,
-            steps=steps, schedule=denoiser.schedule, generator=gen, prompt=prompt, batch_size=batch_size,
-            precision=precision, temperature=temperature, top_p=top_p, final_denoise=final_denoise,
-            tokens_per_step=tokens_per_step, device=device, return_stats=True, on_batch=on_batch)
+    tokens, stats = engine.sample(
+        loaded.denoiser(dtype), sampler=sampler, num_samples=num_samples, length=length, mask_id=loaded.mask_id,
+        steps=steps, schedule=loaded.objective.schedule, generator=gen, prompt=prompt, batch_size=batch_size,
+        precision=precision, temperature=temperature, top_p=top_p, final_denoise=final_denoise,
+        tokens_per_step=tokens_per_step, device=device, return_stats=True, on_batch=on_batch)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0

@@ -138,12 +138,9 @@ class MdlmARJudge:
     """An `mdlm` autoregressive checkpoint (objective `ar`): works offline."""
 
     def __init__(self, loaded, *, device: torch.device, context: int | None = None):
-        from .ar import next_token_logits
-
-        if loaded.config.diffusion.objective != "ar":
-            raise MdlmError(f"{loaded.path} is a diffusion model; a judge must be an autoregressive "
-                            "checkpoint (objective ar) or a Hugging Face causal LM")
-        self._next = next_token_logits
+        if not (loaded.objective.causal and loaded.objective.exact):
+            raise MdlmError(f"{loaded.path} is a {loaded.objective.name} model, not a left-to-right one; a judge "
+                            "must be an autoregressive checkpoint (objective ar) or a Hugging Face causal LM")
         self.loaded, self.model = loaded, loaded.model.to(device).eval()
         self.name, self.device = str(loaded.path), device
         self.context = min(context or loaded.length, loaded.length)
@@ -154,13 +151,15 @@ class MdlmARJudge:
 
     @torch.no_grad()
     def logits(self, ids, attention_mask):
+        from .objectives.ar import next_token_logits
+
         # right padding: with causal attention no real position sees it
-        return self._next(self.model(ids), self.loaded.mask_id)
+        return next_token_logits(self.model(ids), self.loaded.mask_id)
 
 
 def load_judge(spec: str, *, device: torch.device, context: int | None = None) -> Judge:
     """`smollm2`, a .gguf file, an mdlm checkpoint folder, an HF folder or an HF hub id."""
-    from .checkpoint import load_checkpoint
+    from .loading import load_checkpoint
 
     if spec == "smollm2":
         from .data.tokenizers import package_file

@@ -10,30 +10,28 @@ batch, so the run does not depend on the number of ranks.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
 import time
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from . import ar
 from .checkpoint import load_training_state, resolve_checkpoint, save_checkpoint
 from .config import Config
-from .data.store import PreparedData, prepare
+from .data.order import DataOrder
+from .data.store import PreparedData, TokenSplit, prepare
+from .data.tokenizers import Tokenizer
 from .distributed import Dist, StopSignals, clip_grad_norm, session, set_gradient_sync, wait_for_file
-from .engine.diffusion import nelbo_terms, sample_times, times_from_uniform
-from .engine.schedules import get_schedule
 from .errors import MdlmError
-from .evaluation import BoundResult, nelbo_bound
-from .models import DiffusionDenoiser, DiT, DiTConfig
+from .evaluation import BoundResult
+from .models import build_model
+from .objectives import Objective, get_objective
+from .optim import EMA, lr_at
 from .runtime import Runtime, derive_seed, generator
 
 
@@ -51,67 +49,6 @@ class TrainResult:
     stopped_by: str | None = None  # the signal that stopped the run early (checkpoint saved)
 
 
-def lr_at(step: int, cfg: Config) -> float:
-    """Linear warmup, then constant or cosine decay to min_lr_ratio * lr."""
-    o = cfg.optim
-    if o.warmup_steps and step < o.warmup_steps:
-        return o.lr * (step + 1) / o.warmup_steps
-    if o.schedule == "cosine":
-        span = max(cfg.train.max_steps - o.warmup_steps, 1)
-        progress = min((step - o.warmup_steps) / span, 1.0)
-        return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-    return o.lr
-
-
-class DataOrder:
-    """Stateless epoch-shuffled order: global sample i is row perm_{i // N}[i % N].
-
-    The position in the stream is just the number of samples consumed, so a run
-    resumed from a checkpoint (with any number of ranks) neither repeats nor skips data.
-    """
-
-    def __init__(self, num_rows: int, seed: int):
-        self.num_rows, self.seed = num_rows, seed
-        self._perm = lru_cache(maxsize=2)(self._permutation)
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        g = torch.Generator().manual_seed(derive_seed(self.seed, "epoch", epoch))
-        return torch.randperm(self.num_rows, generator=g).numpy()
-
-    def rows(self, start: int, count: int) -> np.ndarray:
-        idx = np.arange(start, start + count)
-        out = np.empty(count, dtype=np.int64)
-        for epoch in np.unique(idx // self.num_rows):
-            sel = idx // self.num_rows == epoch
-            out[sel] = self._perm(int(epoch))[idx[sel] % self.num_rows]
-        return out
-
-
-class EMA:
-    """Exponential moving average of the weights, with the reference's warmup
-    decay min(decay, (1 + n) / (10 + n))."""
-
-    def __init__(self, model: torch.nn.Module, decay: float):
-        self.decay = decay
-        self.model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.updates = 0
-
-    @torch.no_grad()
-    def update(self, model: torch.nn.Module) -> None:
-        self.updates += 1
-        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        ema_params = list(self.model.parameters())
-        params = [p.detach() for p in model.parameters()]
-        torch._foreach_lerp_(ema_params, params, 1.0 - decay)
-
-
-def build_model(cfg: Config, vocab_size: int) -> DiT:
-    m = cfg.model
-    return DiT(DiTConfig(vocab_size=vocab_size, hidden_size=m.hidden_size, n_blocks=m.n_blocks,
-                         n_heads=m.n_heads, cond_dim=m.cond_dim, dropout=m.dropout,
-                         causal=cfg.diffusion.objective == "ar"))
-
-
 def _prepare_data(cfg: Config, console: Console, load_dataset=None, wait: bool = False) -> PreparedData:
     from .data.store import prepared_folder
 
@@ -125,18 +62,51 @@ def _prepare_data(cfg: Config, console: Console, load_dataset=None, wait: bool =
     return prepare(cfg.data, load_dataset=load_dataset)
 
 
+@dataclass
+class Run:
+    """What a training run holds while it runs (one per process)."""
+
+    cfg: Config
+    dist: Dist
+    rt: Runtime
+    console: Console
+    data: PreparedData
+    tokenizer: Tokenizer
+    train_split: TokenSplit
+    valid_split: TokenSplit
+    objective: Objective
+    model: torch.nn.Module  # the module whose weights are saved (FSDP2: sharded in place)
+    net: torch.nn.Module  # what the loss calls: DDP / compiled wrappers around `model`
+    ema: EMA | None
+    optimizer: torch.optim.Optimizer
+    state: dict
+    accum: int  # micro-batches per rank per step
+    mine: slice  # this rank's share of every global batch
+    order: DataOrder
+    denoiser: object  # the objective's callable around `net` (what the loss calls)
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.cfg.out_dir
+
+    @property
+    def eval_model(self) -> torch.nn.Module:
+        return self.ema.model if self.ema is not None else self.model
+
+
 def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
           time_limit_s: float = 0.0, load_dataset=None) -> TrainResult:
     """Train as one process, or data-parallel over every rank when launched by torchrun.
     SIGTERM stops after the current step with a checkpoint (`TrainResult.stopped_by`)."""
     with session(cfg.train.device) as dist, StopSignals(dist) as stop:
-        return _train(cfg, dist, stop, resume=resume, console=console, time_limit_s=time_limit_s,
-                      load_dataset=load_dataset)
+        console = console if console is not None and dist.is_main else Console(stderr=True, quiet=not dist.is_main)
+        run = _set_up(cfg, dist, console, resume=resume, load_dataset=load_dataset)
+        return _loop(run, stop, time_limit_s)
 
 
-def _train(cfg: Config, dist: Dist, stop: StopSignals, *, resume: bool,
-           console: Console | None, time_limit_s: float, load_dataset) -> TrainResult:
-    console = console if console is not None and dist.is_main else Console(stderr=True, quiet=not dist.is_main)
+def _set_up(cfg: Config, dist: Dist, console: Console, *, resume: bool, load_dataset) -> Run:
+    """Data, objective, model, EMA, optimizer; the checkpoint to resume; the run folder."""
     rt = Runtime.create(str(dist.device), cfg.train.precision, cfg.train.threads)
     data = _prepare_data(cfg, console, load_dataset, wait=dist.local_rank != 0)
     tokenizer = data.tokenizer()
@@ -145,187 +115,220 @@ def _train(cfg: Config, dist: Dist, stop: StopSignals, *, resume: bool,
         raise MdlmError(f"the training split of {data.folder.name} is empty")
     tc = cfg.train
     accum = dist.accumulation_steps(tc.global_batch_size, tc.micro_batch_size)
-    mine = dist.batch_shard(tc.global_batch_size)  # this rank's share of every global batch
-    schedule = get_schedule(cfg.diffusion.schedule, cfg.diffusion.eps)
-    mask_id = tokenizer.mask_id
-
-    run_dir = cfg.out_dir
+    objective = get_objective(cfg, tokenizer)
     torch.manual_seed(tc.seed)
-    model = build_model(cfg, tokenizer.vocab_size)
+    model = build_model(cfg.model, tokenizer.vocab_size, causal=objective.causal)
     ema = EMA(model, tc.ema) if tc.ema > 0 else None
     net = dist.wrap(model, ema.model if ema else None, tc.parallel, rt.dtype)  # to the device; DDP / FSDP2
     net = torch.compile(net) if tc.compile else net
-    fused = rt.device.type == "cuda"
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
-                                  fused=fused or None)
-    state = {"step": 0, "samples_seen": 0, "tokens_seen": 0, "best_valid_nats": None,
-             "train_seconds": 0.0}
-    has_checkpoint = (run_dir / "latest").is_file()
-    if resume and has_checkpoint:
+                                  fused=(rt.device.type == "cuda") or None)
+    state = _restore(cfg, model, ema, optimizer, console, resume)
+    run = Run(cfg, dist, rt, console, data, tokenizer, train_split, valid_split, objective, model, net, ema,
+              optimizer, state, accum, dist.batch_shard(tc.global_batch_size), DataOrder(len(train_split), tc.seed),
+              objective.denoiser(net, rt.dtype))
+    if dist.is_main:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        _truncate_metrics(run.run_dir / "metrics.jsonl", run.state["step"])
+    _describe(run)
+    return run
+
+
+def _restore(cfg: Config, model, ema: EMA | None, optimizer, console: Console, resume: bool) -> dict:
+    """The training state: fresh, or the latest checkpoint's with --resume (weights restored in place)."""
+    run_dir = cfg.out_dir
+    state = {"step": 0, "samples_seen": 0, "tokens_seen": 0, "best_valid_nats": None, "train_seconds": 0.0}
+    if resume and (run_dir / "latest").is_file():
         step_dir = resolve_checkpoint(run_dir)
         state = load_training_state(step_dir, model, ema.model if ema else None, optimizer)
         if ema is not None:
             ema.updates = state["step"]
         console.print(f"Resumed from {step_dir} at step {state['step']}")
     elif not resume and (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").glob("step-*")):
-        raise MdlmError(f"{run_dir} already holds checkpoints; continue it with --resume, or "
-                        "choose another --out")
-    metrics_path = run_dir / "metrics.jsonl" if dist.is_main else Path(os.devnull)  # files: rank 0 only
-    if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(cfg.to_yaml())
-        _truncate_metrics(metrics_path, state["step"])
+        raise MdlmError(f"{run_dir} already holds checkpoints; continue it with --resume, or choose another --out")
+    return state
 
-    denoiser = DiffusionDenoiser(net, schedule, time_conditioning=cfg.model.time_conditioning,
-                                 autocast_dtype=rt.dtype)
-    eval_denoiser = DiffusionDenoiser(ema.model if ema else model, schedule,
-                                      time_conditioning=cfg.model.time_conditioning,
-                                      autocast_dtype=rt.dtype)
-    order = DataOrder(len(train_split), tc.seed)
-    unigram = data.meta.get("unigram_valid_nats")
-    n_params = model.num_parameters()
-    console.print(f"Model: DiT {cfg.model.n_blocks}x{cfg.model.hidden_size}, {n_params / 1e6:.1f}M "
-                  f"parameters; data: {data.folder.name} ({len(train_split)} train rows, "
-                  f"{len(valid_split)} valid rows); device: {rt.describe()}; {dist.describe(tc.parallel)}, "
-                  f"global batch {tc.global_batch_size} = {tc.micro_batch_size} x {accum} accumulation x "
-                  f"{dist.world_size} rank(s)")
+
+def _describe(run: Run) -> None:
+    cfg, tc, dist = run.cfg, run.cfg.train, run.dist
+    run.console.print(
+        f"Model: {type(run.model).__name__} {cfg.model.n_blocks}x{cfg.model.hidden_size}, "
+        f"{run.model.num_parameters() / 1e6:.1f}M parameters, objective {run.objective.name}; data: "
+        f"{run.data.folder.name} ({len(run.train_split)} train rows, {len(run.valid_split)} valid rows); device: "
+        f"{run.rt.describe()}; {dist.describe(tc.parallel)}, global batch {tc.global_batch_size} = "
+        f"{tc.micro_batch_size} x {run.accum} accumulation x {dist.world_size} rank(s)")
+    unigram = run.data.meta.get("unigram_valid_nats")
     if unigram is not None:
-        console.print(f"Unigram baseline on valid: {unigram:.3f} nats/token (PPL {math.exp(unigram):.1f})")
+        run.console.print(f"Unigram baseline on valid: {unigram:.3f} nats/token (PPL {math.exp(unigram):.1f})")
 
-    def evaluate(rows: int) -> BoundResult:
-        (ema.model if ema else model).eval()
-        if cfg.diffusion.objective == "ar":  # exact likelihood, not a bound
-            return ar.exact_nll(ema.model if ema else model, valid_split, bos_id=tokenizer.bos_id,
-                                mask_id=mask_id, batch_size=tc.micro_batch_size, device=rt.device,
-                                rows=rows, autocast_dtype=rt.dtype)
-        return nelbo_bound(eval_denoiser, valid_split, schedule=schedule, mask_id=mask_id,
-                           batch_size=2 * tc.micro_batch_size, device=rt.device,
-                           seed=derive_seed(tc.seed, "valid"), rows=rows, T=cfg.diffusion.T,
-                           antithetic=cfg.diffusion.antithetic, rank=dist.rank, world_size=dist.world_size)
 
-    def checkpoint(best: bool = False) -> Path:
-        return save_checkpoint(run_dir, state["step"], model=model, ema_model=ema.model if ema else None,
-                               optimizer=optimizer, cfg=cfg, state=state, tokenizer=tokenizer,
-                               data_meta=data.meta, keep_last=tc.keep_last, best=best)
+def _step(run: Run, step: int) -> tuple[float, int, float]:
+    """One optimisation step over the global batch: (this rank's loss share, tokens, lr).
+    Gradients are left in place; `_update` applies them after the ranks agree."""
+    cfg, tc, dist, device = run.cfg, run.cfg.train, run.dist, run.rt.device
+    lr = lr_at(step, cfg)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    rows = run.order.rows(run.state["samples_seen"], tc.global_batch_size)
+    n_tokens = int(run.train_split.lengths[rows].sum())
+    t = None
+    if run.objective.uses_time:  # stratified over the global batch, then this rank's share
+        draw = run.objective.draw_times(cfg.diffusion.T, cfg.diffusion.antithetic)
+        t = draw(tc.global_batch_size, generator(device, derive_seed(tc.seed, "step", step)))[run.mine]
+    rows = rows[run.mine]
+    loss_sum = 0.0
+    for i in range(run.accum):
+        sl = slice(i * tc.micro_batch_size, (i + 1) * tc.micro_batch_size)
+        micro = dist.rank * run.accum + i  # index in the global batch: draws independent of world size
+        gen = generator(device, derive_seed(tc.seed, "step", step, "micro", micro))
+        torch.manual_seed(derive_seed(tc.seed, "dropout", step, micro))
+        set_gradient_sync(run.net, i == run.accum - 1)
+        x0, attention_mask = run.train_split.batch(rows[sl], device)
+        terms = run.objective.loss_terms(run.denoiser, x0, None if t is None else t[sl], generator=gen,
+                                         attention_mask=attention_mask)
+        loss = terms.sum() / n_tokens
+        loss.backward()
+        loss_sum += loss.item()
+    return loss_sum, n_tokens, lr
 
-    losses: list[float] = []
-    window = {"loss": 0.0, "tokens": 0, "t0": time.perf_counter(), "steps": 0}
+
+def _update(run: Run, step: int, loss: float) -> float | None:
+    """Clip, apply and clear the gradients, update the EMA; returns the gradient norm."""
+    grad_clip = run.cfg.optim.grad_clip
+    grad_norm = clip_grad_norm(run.model.parameters(), grad_clip) if grad_clip > 0 else None
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    if run.ema is not None:
+        run.ema.update(run.model)
+    if not math.isfinite(loss):
+        raise MdlmError(f"the loss became {loss} at step {step}; lower optim.lr or check the data")
+    return None if grad_norm is None else float(grad_norm)
+
+
+def _evaluate(run: Run, rows: int) -> BoundResult:
+    """The validation bound (exact NLL for exact objectives) with the EMA weights, rank-sharded."""
+    tc = run.cfg.train
+    run.eval_model.eval()
+    result = run.objective.evaluate(run.objective.denoiser(run.eval_model, run.rt.dtype), run.valid_split,
+                                    seeds=[derive_seed(tc.seed, "valid")], batch_size=2 * tc.micro_batch_size,
+                                    device=run.rt.device, rows=rows, antithetic=run.cfg.diffusion.antithetic,
+                                    rank=run.dist.rank, world_size=run.dist.world_size)[0]
+    run.model.train()
+    return result
+
+
+def _checkpoint(run: Run, best: bool = False) -> Path:
+    return save_checkpoint(run.run_dir, run.state["step"], model=run.model,
+                           ema_model=run.ema.model if run.ema else None, optimizer=run.optimizer, cfg=run.cfg,
+                           state=run.state, tokenizer=run.tokenizer, data_meta=run.data.meta,
+                           keep_last=run.cfg.train.keep_last, best=best)
+
+
+class _Window:
+    """Running means between two log lines."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss, self.tokens, self.steps, self.t0 = 0.0, 0, 0, time.perf_counter()
+
+    def add(self, loss: float, tokens: int) -> None:
+        self.loss, self.tokens, self.steps = self.loss + loss, self.tokens + tokens, self.steps + 1
+
+
+def _log(run: Run, window: _Window, log, progress: Progress, task, *, lr: float, grad_norm: float | None,
+         elapsed_s: float) -> None:
+    """One JSONL record (means over the window), the progress line, and a text line every 10 logs."""
+    done = run.state["step"]
+    mean_loss = window.loss / window.steps
+    record = {"step": done, "loss": mean_loss, "ppl_bound": math.exp(min(mean_loss, 700)), "lr": lr,
+              "tokens": run.state["tokens_seen"],
+              "tokens_per_s": window.tokens / max(time.perf_counter() - window.t0, 1e-9),
+              "grad_norm": grad_norm, "elapsed_s": elapsed_s}
+    log.write(json.dumps(record) + "\n")
+    log.flush()
+    progress.update(task, info=f"loss {mean_loss:.3f}  ppl≤{record['ppl_bound']:.1f}  "
+                               f"{record['tokens_per_s']:.0f} tok/s")
+    if not run.console.is_terminal and done % (run.cfg.train.log_every * 10) == 0:
+        run.console.print(f"step {done}: loss {mean_loss:.4f} (ppl≤{record['ppl_bound']:.1f}), "
+                          f"{record['tokens_per_s']:.0f} tok/s")
+    window.reset()
+
+
+def _progress(run: Run) -> Progress:
+    return Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                    console=run.console, transient=True, disable=not (run.console.is_terminal and run.dist.is_main))
+
+
+def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
+    """Steps until max_steps (or a signal, or the time limit), with periodic logging,
+    validation and checkpoints; then the final validation and checkpoint."""
+    tc, state = run.cfg.train, run.state
+    metrics_path = run.run_dir / "metrics.jsonl" if run.dist.is_main else Path(os.devnull)  # files: rank 0 only
+    window, progress = _Window(), _progress(run)
     start_step, start_tokens, start_time = state["step"], state["tokens_seen"], time.perf_counter()
-    step_seconds = 0.0  # time in training steps only (no evaluation, no checkpointing)
-    preempted = 0.0  # > 0 once any rank has received SIGTERM (agreed on by all ranks each step)
-    progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                        console=console, transient=True, disable=not (console.is_terminal and dist.is_main))
+    step_seconds, preempted = 0.0, 0.0  # time in steps only; > 0 once any rank has received SIGTERM
     try:
         with progress, open(metrics_path, "a") as log:
             task = progress.add_task("train", total=tc.max_steps, completed=start_step, info="")
-            model.train()
+            run.model.train()
             while state["step"] < tc.max_steps:
-                step = state["step"]
-                step_t0 = time.perf_counter()
-                lr = lr_at(step, cfg)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                rows = order.rows(state["samples_seen"], tc.global_batch_size)
-                n_tokens = int(train_split.lengths[rows].sum())
-                gen = generator(rt.device, derive_seed(tc.seed, "step", step))
-                u = sample_times(tc.global_batch_size, generator=gen,
-                                 antithetic=cfg.diffusion.antithetic, device=rt.device)
-                t = times_from_uniform(u, schedule, cfg.diffusion.T)  # stratified over the global batch
-                rows, t = rows[mine], t[mine]
-                loss_sum = 0.0
-                for i in range(accum):
-                    sl = slice(i * tc.micro_batch_size, (i + 1) * tc.micro_batch_size)
-                    micro = dist.rank * accum + i  # index in the global batch: draws independent of world size
-                    gen = generator(rt.device, derive_seed(tc.seed, "step", step, "micro", micro))
-                    torch.manual_seed(derive_seed(tc.seed, "dropout", step, micro))
-                    set_gradient_sync(net, i == accum - 1)
-                    x0, attention_mask = train_split.batch(rows[sl], rt.device)
-                    if cfg.diffusion.objective == "ar":
-                        terms = ar.sequence_nll(net, x0, bos_id=tokenizer.bos_id, mask_id=mask_id,
-                                                attention_mask=attention_mask, autocast_dtype=rt.dtype)
-                    else:
-                        terms = nelbo_terms(denoiser, x0, t[sl], mask_id=mask_id, schedule=schedule,
-                                            generator=gen, attention_mask=attention_mask,
-                                            T=cfg.diffusion.T)
-                    loss = terms.sum() / n_tokens
-                    loss.backward()
-                    loss_sum += loss.item()
+                step, step_t0 = state["step"], time.perf_counter()
+                loss, n_tokens, lr = _step(run, step)
                 out_of_time = time_limit_s > 0 and time.perf_counter() - start_time > time_limit_s
                 # one reduction per step: the global loss, and whether any rank must stop
-                loss_sum, out_of_time, preempted = dist.all_sum(loss_sum, out_of_time, stop.requested)
-                grad_norm = (clip_grad_norm(model.parameters(), cfg.optim.grad_clip)
-                             if cfg.optim.grad_clip > 0 else None)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                if ema is not None:
-                    ema.update(model)
-                if not math.isfinite(loss_sum):
-                    raise MdlmError(f"the loss became {loss_sum} at step {step}; lower optim.lr or "
-                                    "check the data")
-                losses.append(loss_sum)
+                loss, out_of_time, preempted = run.dist.all_sum(loss, out_of_time, stop.requested)
+                grad_norm = _update(run, step, loss)
+                run.losses.append(loss)
                 step_seconds += time.perf_counter() - step_t0
-                state["step"] += 1
-                state["samples_seen"] += tc.global_batch_size
-                state["tokens_seen"] += n_tokens
-                window["loss"] += loss_sum
-                window["tokens"] += n_tokens
-                window["steps"] += 1
-
+                state.update(step=step + 1, samples_seen=state["samples_seen"] + tc.global_batch_size,
+                             tokens_seen=state["tokens_seen"] + n_tokens)
+                window.add(loss, n_tokens)
                 done = state["step"]
                 if done % tc.log_every == 0 or done == tc.max_steps:
-                    elapsed = time.perf_counter() - window["t0"]
-                    mean_loss = window["loss"] / window["steps"]
-                    record = {"step": done, "loss": mean_loss, "ppl_bound": math.exp(min(mean_loss, 700)),
-                              "lr": lr, "tokens": state["tokens_seen"],
-                              "tokens_per_s": window["tokens"] / max(elapsed, 1e-9),
-                              "grad_norm": None if grad_norm is None else float(grad_norm),
-                              "elapsed_s": state["train_seconds"] + time.perf_counter() - start_time}
-                    log.write(json.dumps(record) + "\n")
-                    log.flush()
-                    progress.update(task, info=f"loss {mean_loss:.3f}  ppl≤{record['ppl_bound']:.1f}  "
-                                               f"{record['tokens_per_s']:.0f} tok/s")
-                    if not console.is_terminal and done % (tc.log_every * 10) == 0:
-                        console.print(f"step {done}: loss {mean_loss:.4f} (ppl≤{record['ppl_bound']:.1f}), "
-                                      f"{record['tokens_per_s']:.0f} tok/s")
-                    window.update(loss=0.0, tokens=0, steps=0, t0=time.perf_counter())
+                    _log(run, window, log, progress, task, lr=lr, grad_norm=grad_norm,
+                         elapsed_s=state["train_seconds"] + time.perf_counter() - start_time)
                 progress.update(task, completed=done)
-
                 if preempted:
                     break
                 if done % tc.eval_every == 0 and done < tc.max_steps and not out_of_time:
-                    result = evaluate(tc.eval_rows)
-                    model.train()
-                    checkpoint(best=_record_eval(state, result, done, log, console))
+                    _checkpoint(run, best=_record_eval(state, _evaluate(run, tc.eval_rows), done, log, run.console))
                 elif done % tc.save_every == 0:
-                    checkpoint()
+                    _checkpoint(run)
                 if out_of_time:
-                    console.print(f"Time limit reached at step {done}")
+                    run.console.print(f"Time limit reached at step {done}")
                     break
     except KeyboardInterrupt:
         state["train_seconds"] += time.perf_counter() - start_time
-        path = checkpoint()
+        path = _checkpoint(run)
         raise MdlmError(f"interrupted at step {state['step']}; checkpoint saved to {path}; "
                         "continue with --resume") from None
-
     train_seconds = time.perf_counter() - start_time
     state["train_seconds"] += train_seconds
-    tokens_this_run = state["tokens_seen"] - start_tokens
+    speed = (state["tokens_seen"] - start_tokens) / max(step_seconds, 1e-9)
+    return _finish(run, stop, metrics_path, train_seconds, speed, preempted=bool(preempted))
+
+
+def _finish(run: Run, stop: StopSignals, metrics_path: Path, train_seconds: float, speed: float, *,
+            preempted: bool) -> TrainResult:
+    """Preempted: save now, no final validation. Otherwise the final validation, then the last checkpoint."""
+    state, unigram = run.state, run.data.meta.get("unigram_valid_nats")
     if preempted:
-        path = checkpoint()  # preemption: save now, no final validation
-        console.print(f"{stop.received or 'SIGTERM'} at step {state['step']}: checkpoint saved to {path}")
-        return TrainResult(run_dir, path, state["step"], state["tokens_seen"], train_seconds,
-                           tokens_this_run / max(step_seconds, 1e-9), None, unigram, losses,
-                           stopped_by=stop.received or "SIGTERM")
-    final = evaluate(0) if len(valid_split) else None
+        path = _checkpoint(run)
+        run.console.print(f"{stop.received or 'SIGTERM'} at step {state['step']}: checkpoint saved to {path}")
+        return TrainResult(run.run_dir, path, state["step"], state["tokens_seen"], train_seconds, speed, None,
+                           unigram, run.losses, stopped_by=stop.received or "SIGTERM")
+    final = _evaluate(run, 0) if len(run.valid_split) else None
     best = False
     if final is not None:
         with open(metrics_path, "a") as log:
-            best = _record_eval(state, final, state["step"], log, console, final=True)
-    last_ckpt = checkpoint(best=best)
-    return TrainResult(run_dir, last_ckpt, state["step"], state["tokens_seen"], train_seconds,
-                       tokens_this_run / max(step_seconds, 1e-9), final, unigram, losses)
+            best = _record_eval(state, final, state["step"], log, run.console, final=True)
+    return TrainResult(run.run_dir, _checkpoint(run, best=best), state["step"], state["tokens_seen"], train_seconds,
+                       speed, final, unigram, run.losses)
 
 
 def _record_eval(state: dict, result: BoundResult, step: int, log, console: Console,

@@ -13,7 +13,7 @@ import torch
 
 
 class AnalyticDenoiser:
-    time_conditioning = False  # exact conditionals do not depend on t
+    time_agnostic = True  # exact conditionals do not depend on t
 
     def __init__(self, probs: torch.Tensor, length: int, vocab: int):
         self.length, self.vocab = length, vocab

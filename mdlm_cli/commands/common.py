@@ -8,7 +8,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from ..engine.errors import EngineError
+from ..engine.sampling import SAMPLERS
 from ..errors import MdlmError
 
 app = typer.Typer(
@@ -34,12 +37,12 @@ def user_errors():
     """One red line and exit code 1 for user mistakes; tracebacks only with MDLM_DEBUG=1."""
     try:
         yield
-    except MdlmError as e:
+    except (MdlmError, EngineError) as e:
         if os.environ.get("MDLM_DEBUG"):
             raise
         rank = os.environ.get("RANK", "0")  # set by torchrun
         where = "" if rank == "0" else f"(rank {rank}) "
-        err_console.print(f"[bold red]error:[/] {where}{e}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(where + str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
@@ -49,13 +52,28 @@ def user_errors():
 CheckpointOpt = Annotated[str, typer.Option(
     "--checkpoint", "-c", help="Run folder (its latest checkpoint), step folder, Hugging Face hub id "
     "(e.g. kuleshov-group/mdlm-owt) or Hugging Face-style folder, or a reference Lightning .ckpt.")]
-SamplerOpt = Annotated[str, typer.Option(
-    help="ancestral | ancestral-cache | first-hitting (autoregressive checkpoints always sample left to right).")]
-AR_SAMPLER = "autoregressive-kv-cache"
+SamplerOpt = Annotated[str | None, typer.Option(
+    help="Sampler (default: the model's own: first-hitting for MDLM, left to right for AR; with --steps a "
+         "step-based one). " + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items()) + ".")]
+StepsOpt = Annotated[int | None, typer.Option(
+    help="Sampling steps, for the samplers that take steps (default 1000). Given without --sampler, it picks "
+         "the model's step-based sampler (ancestral-cache where the model ignores time, else ancestral).")]
+
+
+NumSamplesOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Sequences to draw.")]
+SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
+PromptOpt = Annotated[str | None, typer.Option(help="Text the samples start with.")]
+PrecisionOpt = Annotated[str, typer.Option(
+    help="Categorical sampling: fp64 (exact) or fp32 (the reference's truncated draw).")]
+TemperatureOpt = Annotated[float, typer.Option(help="Softmax temperature.")]
+TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass.")]
+OutOpt = Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")]
+DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
+RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]
 
 
 def load_for_command(checkpoint: str, device: str | None, raw_weights: bool):
-    from ..checkpoint import load_checkpoint
+    from ..loading import load_checkpoint
     from ..runtime import Runtime
 
     rt = Runtime.create(device or "auto")
@@ -63,13 +81,48 @@ def load_for_command(checkpoint: str, device: str | None, raw_weights: bool):
     return loaded, rt
 
 
-def check_sampler(sampler: str, precision: str) -> None:
-    from ..engine import PRECISIONS, SAMPLERS
+def warn(message: str) -> None:
+    err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
 
-    if sampler not in SAMPLERS:
-        raise MdlmError(f"unknown sampler {sampler!r}; choose one of: {', '.join(SAMPLERS)}")
+
+def check_sampling_flags(sampler: str | None, precision: str) -> None:
+    """Fail on a misspelt sampler or precision before anything is loaded."""
+    from ..engine import PRECISIONS, get_sampler
+
+    if sampler is not None:
+        get_sampler(sampler)
     if precision not in PRECISIONS:
         raise MdlmError(f"--precision must be one of: {', '.join(PRECISIONS)}")
+
+
+def resolve_sampler(objective, sampler: str | None, steps: int | None, options: dict | None = None):
+    """The sampler spec and steps a command runs, from the user's flags and the objective's
+    samplers; no flag is silently ignored (a warning says what does not apply).
+
+    `options`: sampler-specific flags the user set away from their default (name -> value).
+    """
+    from ..engine import get_sampler
+
+    served = objective.samplers
+    if sampler is None and steps is not None:  # `--steps N` means "a step-based sampler with N steps"
+        stepped = [s for s in served if s.uses_steps and (not objective.takes_time or not s.needs_time_agnostic)]
+        spec = max(stepped, key=lambda s: s.needs_time_agnostic) if stepped else get_sampler(objective.default_sampler)
+        if stepped:
+            err_console.print(f"[dim]--steps {steps}: sampling with {spec.name}[/]", highlight=False)
+    else:
+        spec = get_sampler(sampler or objective.default_sampler)
+    if spec not in served:
+        raise MdlmError(f"sampler {spec.name} does not serve {objective.name} models; choose one of: "
+                        f"{', '.join(s.name for s in served)}")
+    if spec.uses_steps:
+        steps = steps or spec.default_steps
+    elif steps is not None:
+        warn(f"{spec.name} takes no steps; --steps {steps} is ignored")
+        steps = None
+    for name, value in (options or {}).items():
+        if name not in spec.options:
+            warn(f"--{name.replace('_', '-')} {value} does not apply to {spec.name}; ignored")
+    return spec, steps
 
 
 def int_list(text: str, name: str) -> list[int]:

@@ -7,18 +7,25 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import MdlmError
 from .common import (
-    AR_SAMPLER,
     CheckpointOpt,
+    DeviceOpt,
+    NumSamplesOpt,
+    PrecisionOpt,
     SamplerOpt,
+    SeedOpt,
+    StepsOpt,
     app,
-    check_sampler,
+    check_sampling_flags,
     console,
     err_console,
     load_for_command,
+    resolve_sampler,
     user_errors,
+    warn,
 )
 
 
@@ -31,8 +38,9 @@ def eval_ppl_cmd(
     datasets: Annotated[str | None, typer.Option(
         help="Comma-separated data sets for one zero-shot table, e.g. wikitext2,ptb,lambada.")] = None,
     split: Annotated[str, typer.Option(help="test | valid | train (test falls back to valid where absent).")] = "test",
-    mc_samples: Annotated[int, typer.Option(
-        "--mc-samples", "-k", help="Independent Monte-Carlo passes (bound only); K >= 2 gives a standard error.")] = 4,
+    mc_samples: Annotated[int | None, typer.Option(
+        "--mc-samples", "-k", help="Independent Monte-Carlo passes of a bound (default 4); K >= 2 gives a "
+        "standard error. Exact likelihoods take one pass.")] = None,
     T: Annotated[int | None, typer.Option(
         "--T", help="0 = continuous-time bound, T > 0 = T-step discrete bound (default: as trained).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Rows per batch (default: the training micro-batch).")] = None,
@@ -61,7 +69,13 @@ def eval_ppl_cmd(
             raise MdlmError("give --datasets, or one --dataset / --data, not both")
         names = [d.strip() for d in datasets.split(",") if d.strip()] if datasets else [dataset]
         loaded, rt = load_for_command(checkpoint, str(dist.device), raw_weights)
-        options = {"split": split, "mc_samples": mc_samples, "T": T, "seed": seed, "rows": rows,
+        objective = loaded.objective
+        if objective.exact:
+            for flag, value in (("--mc-samples", mc_samples), ("--T", T)):
+                if value is not None:
+                    warn(f"{flag} {value} does not apply: the {objective.name} model's likelihood is exact")
+            mc_samples, T = 1, None
+        options = {"split": split, "mc_samples": mc_samples or 4, "T": T, "seed": seed, "rows": rows,
                    "batch_size": batch_size or loaded.config.train.micro_batch_size,
                    "rank": dist.rank, "world_size": dist.world_size}
         results = [_eval_one(loaded, rt, name, data, options) for name in names]
@@ -82,7 +96,7 @@ def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from ..distributed import is_main_process
-    from ..perplexity import evaluate, evaluation_data, pick_split
+    from ..evaluation import evaluate, evaluation_data, pick_split
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err_console, transient=True, disable=not is_main_process()) as progress:
@@ -96,9 +110,8 @@ def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
         label, prepared = evaluation_data(loaded, dataset=dataset, data=data, progress=on_docs)
         n_rows = prepared.meta["splits"][pick_split(prepared, options["split"])[0]]["rows"]
         n_rows = min(options["rows"], n_rows) if options["rows"] > 0 else n_rows
-        passes = 1 if loaded.is_autoregressive else options["mc_samples"]
-        task = progress.add_task(f"{label}: {'exact' if loaded.is_autoregressive else 'bound'}",
-                                 total=n_rows * passes)
+        exact = loaded.objective.exact
+        task = progress.add_task(f"{label}: {'exact' if exact else 'bound'}", total=n_rows * options["mc_samples"])
         result = evaluate(loaded, prepared, name=label, device=rt.device, dtype=rt.dtype,
                           on_batch=lambda n: progress.advance(task, n), **options)
     for note in result.notes:
@@ -120,8 +133,8 @@ def _print_ppl_table(results, loaded) -> None:
             row.append("" if r.bits_per_char is None else f"{rel} {r.bits_per_char:.4f}")
         table.add_row(*row)
     console.print(table)
-    if loaded.is_autoregressive:
-        console.print("[dim]= exact likelihood of the autoregressive model (every token of each row, "
+    if loaded.objective.exact:
+        console.print(f"[dim]= exact likelihood of the {loaded.objective.name} model (every token of each row, "
                       "the first given BOS)[/]")
     else:
         T = results[0].T if results else 0
@@ -130,25 +143,25 @@ def _print_ppl_table(results, loaded) -> None:
                       "SE = sd of the pass estimates / sqrt(K)[/]")
 
 
+SamplesOpt = Annotated[str | None, typer.Option(
+    help="JSONL from mdlm sample --out (written here with --sample-first).")]
+JudgeOpt = Annotated[str, typer.Option(
+    help="HF causal LM hub id or folder, a .gguf file, `smollm2`, or an mdlm AR checkpoint.")]
+ContextOpt = Annotated[int | None, typer.Option(help="Tokens per chunk (default: the judge's context).")]
+EosOpt = Annotated[str, typer.Option(help="EOS policy: keep | first (the reference's) | skip.")]
+SampleFirstOpt = Annotated[bool, typer.Option(help="Draw the samples from --checkpoint first, then score.")]
+ModelToSampleOpt = Annotated[str | None, typer.Option("--checkpoint", "-c", help="Model to sample (--sample-first).")]
+
+
 @app.command("gen-ppl")
 def gen_ppl_cmd(
-    samples: Annotated[str | None, typer.Option(
-        help="JSONL from mdlm sample --out (written here with --sample-first).")] = None,
-    judge: Annotated[str, typer.Option(
-        help="HF causal LM hub id or folder, a .gguf file, `smollm2`, or an mdlm AR checkpoint.")] = "gpt2-large",
+    samples: SamplesOpt = None, judge: JudgeOpt = "gpt2-large",
     batch_size: Annotated[int, typer.Option(help="Chunks per judge forward pass.")] = 8,
-    context: Annotated[int | None, typer.Option(help="Tokens per chunk (default: the judge's context).")] = None,
-    eos: Annotated[str, typer.Option(help="EOS policy: keep | first (the reference's) | skip.")] = "keep",
+    context: ContextOpt = None, eos: EosOpt = "keep",
     json_out: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
-    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")] = None,
-    sample_first: Annotated[bool, typer.Option(help="Draw the samples from --checkpoint first, then score.")] = False,
-    checkpoint: Annotated[str | None, typer.Option(
-        "--checkpoint", "-c", help="Model to sample (--sample-first).")] = None,
-    sampler: SamplerOpt = "first-hitting",
-    steps: Annotated[int, typer.Option(help="Ancestral steps (--sample-first).")] = 1000,
-    num_samples: Annotated[int, typer.Option("--num-samples", "-n", help="Samples to draw (--sample-first).")] = 32,
-    seed: Annotated[int, typer.Option(help="Sampling seed (--sample-first).")] = 0,
-    precision: Annotated[str, typer.Option(help="fp64 | fp32 categorical draws (--sample-first).")] = "fp64",
+    device: DeviceOpt = None, sample_first: SampleFirstOpt = False, checkpoint: ModelToSampleOpt = None,
+    sampler: SamplerOpt = None, steps: StepsOpt = None, num_samples: NumSamplesOpt = 32, seed: SeedOpt = 0,
+    precision: PrecisionOpt = "fp64",
 ) -> None:
     """Generative perplexity of samples under a judge LM, with their unigram entropy.
 
@@ -156,7 +169,8 @@ def gen_ppl_cmd(
     its context, each preceded by the judge's BOS (or EOS), so every token is scored;
     gen PPL is the token-weighted mean over all samples. The entropy is the mean over
     samples of the entropy of each sample's token frequencies: low gen PPL with low
-    entropy means a degenerate sampler.
+    entropy means a degenerate sampler. --checkpoint, --sampler, --steps, -n, --seed
+    and --precision apply with --sample-first.
 
     [dim]Examples:[/]
       mdlm sample -n 32 --out s.jsonl && mdlm gen-ppl --samples s.jsonl --judge gpt2-large
@@ -166,7 +180,7 @@ def gen_ppl_cmd(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ..genppl import EOS_DESCRIPTIONS, EOS_POLICIES, load_judge, read_samples, score_samples
+    from ..genppl import EOS_POLICIES, load_judge, read_samples, score_samples
     from ..runtime import Runtime
 
     with user_errors():
@@ -178,6 +192,10 @@ def gen_ppl_cmd(
             texts, tokens = _sample_for_judging(checkpoint, sampler, steps, num_samples, seed, precision,
                                                 device, samples)
         else:
+            given = [flag for flag, value in (("--checkpoint", checkpoint), ("--sampler", sampler), ("--steps", steps))
+                     if value is not None]
+            if given:
+                raise MdlmError(f"{', '.join(given)} only apply with --sample-first (draw samples, then score them)")
             if samples is None:
                 raise MdlmError("give --samples FILE.jsonl (from mdlm sample --out), "
                                 "or --sample-first --checkpoint DIR")
@@ -190,40 +208,46 @@ def gen_ppl_cmd(
             task = progress.add_task("scoring", total=None)
             result = score_samples(scorer, texts, sample_tokens=tokens, batch_size=batch_size, eos_policy=eos,
                                    on_chunks=lambda n: progress.advance(task, n))
-        table = Table("samples", "scored tokens", "chunks", "nats/token", "gen PPL", "entropy", "nats/char", box=None)
-        table.add_row(str(len(result.samples)), f"{result.tokens:,}", str(result.chunks),
-                      f"{result.nats_per_token:.4f}", f"{result.gen_ppl:.3f}", f"{result.entropy:.4f}",
-                      f"{result.nats_per_char:.4f}")
-        console.print(table)
-        console.print(f"[dim]judge {result.judge} (context {result.context}); EOS policy {eos}: "
-                      f"{EOS_DESCRIPTIONS[eos]}; entropy in nats over {result.entropy_of}; "
-                      f"{result.empty} empty samples; {result.seconds:.1f} s[/]", highlight=False)
+        _print_gen_ppl(result)
         if json_out:
             from pathlib import Path
 
             Path(json_out).write_text(json.dumps({"samples": samples, **result.to_dict()}, indent=2))
-            console.print(f"Wrote {json_out}")
+            console.print(f"Wrote {json_out}", markup=False)
 
 
-def _sample_for_judging(checkpoint: str, sampler: str, steps: int, num_samples: int, seed: int,
+def _print_gen_ppl(result) -> None:
+    from ..genppl import EOS_DESCRIPTIONS
+
+    table = Table("samples", "scored tokens", "chunks", "nats/token", "gen PPL", "entropy", "nats/char", box=None)
+    table.add_row(str(len(result.samples)), f"{result.tokens:,}", str(result.chunks),
+                  f"{result.nats_per_token:.4f}", f"{result.gen_ppl:.3f}", f"{result.entropy:.4f}",
+                  f"{result.nats_per_char:.4f}")
+    console.print(table)
+    console.print(Text(f"judge {result.judge} (context {result.context}); EOS policy {result.eos_policy}: "
+                       f"{EOS_DESCRIPTIONS[result.eos_policy]}; entropy in nats over {result.entropy_of}; "
+                       f"{result.empty} empty samples; {result.seconds:.1f} s", style="dim"))
+
+
+def _sample_for_judging(checkpoint: str, sampler: str | None, steps: int | None, num_samples: int, seed: int,
                         precision: str, device: str | None, out: str | None):
     from rich.progress import Progress
 
     from ..generate import generate, write_jsonl
 
-    check_sampler(sampler, precision)
+    check_sampling_flags(sampler, precision)
     loaded, rt = load_for_command(checkpoint, device, False)
-    if loaded.is_autoregressive:
-        sampler, steps = AR_SAMPLER, None
+    spec, steps = resolve_sampler(loaded.objective, sampler, steps)
     with Progress(console=err_console, transient=True) as progress:
-        task = progress.add_task(f"sampling ({sampler})", total=num_samples)
+        task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
         records, stats, seconds = generate(
-            loaded, sampler=sampler, num_samples=num_samples, batch_size=min(num_samples, 16), steps=steps,
+            loaded, sampler=spec.name, num_samples=num_samples, batch_size=min(num_samples, 16), steps=steps,
             seed=seed, device=rt.device, dtype=rt.dtype, precision=precision,
             on_batch=lambda n: progress.advance(task, n))
-    err_console.print(f"{sampler}: {num_samples} samples, {seconds / num_samples:.2f} s/sample, NFE {stats.nfe:.1f}")
+    err_console.print(f"{spec.name}: {num_samples} samples, {seconds / num_samples:.2f} s/sample, "
+                      f"NFE {stats.nfe:.1f}")
     if out:
-        extra = {"sampler": sampler, "steps": steps, "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
+        extra = {"sampler": spec.name, "steps": steps, "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
                  "precision": precision, "checkpoint": str(loaded.path), "seconds": seconds / num_samples}
         write_jsonl(out, [r.to_json(**extra) for r in records])
         err_console.print(f"Wrote {len(records)} samples to {out}")

@@ -7,49 +7,52 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from ..errors import MdlmError
 from .common import (
-    AR_SAMPLER,
     CheckpointOpt,
+    DeviceOpt,
+    NumSamplesOpt,
+    OutOpt,
+    PrecisionOpt,
+    PromptOpt,
+    RawWeightsOpt,
     SamplerOpt,
+    SeedOpt,
+    StepsOpt,
+    TemperatureOpt,
+    TopPOpt,
     app,
-    check_sampler,
+    check_sampling_flags,
     console,
     err_console,
     load_for_command,
+    resolve_sampler,
     user_errors,
 )
+
+InfillOpt = Annotated[str | None, typer.Option(help="Text with <mask> (one token) or <mask:N> spans to fill in.")]
+LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
+TokensPerStepOpt = Annotated[int, typer.Option(help="first-hitting: tokens revealed per network call (1 = exact).")]
+FinalDenoiseOpt = Annotated[bool, typer.Option(help="ancestral: argmax at masks left after the last step.")]
+QuietOpt = Annotated[bool, typer.Option(help="Do not print the samples.")]
 
 
 @app.command("sample")
 def sample_cmd(
-    checkpoint: CheckpointOpt = "runs/demo",
-    sampler: SamplerOpt = "first-hitting",
-    steps: Annotated[int, typer.Option(help="Ancestral steps (first-hitting takes one call per token).")] = 1000,
-    num_samples: Annotated[int, typer.Option("--num-samples", "-n", help="Sequences to draw.")] = 4,
-    batch_size: Annotated[int, typer.Option(help="Sequences per batch.")] = 4,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    prompt: Annotated[str | None, typer.Option(help="Text the samples start with.")] = None,
-    infill: Annotated[str | None, typer.Option(
-        help="Text with <mask> (one token) or <mask:N> spans to fill in.")] = None,
-    length: Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")] = None,
-    precision: Annotated[str, typer.Option(
-        help="Categorical sampling: fp64 (exact) or fp32 (the reference's truncated draw).")] = "fp64",
-    temperature: Annotated[float, typer.Option(help="Softmax temperature.")] = 1.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
-    tokens_per_step: Annotated[int, typer.Option(
-        help="first-hitting: tokens revealed per network call (1 = exact).")] = 1,
-    final_denoise: Annotated[bool, typer.Option(help="Argmax at masks left after the last step.")] = True,
-    out: Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")] = None,
-    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")] = None,
-    raw_weights: Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")] = False,
-    quiet: Annotated[bool, typer.Option(help="Do not print the samples.")] = False,
+    checkpoint: CheckpointOpt = "runs/demo", sampler: SamplerOpt = None, steps: StepsOpt = None,
+    num_samples: NumSamplesOpt = 4, batch_size: Annotated[int, typer.Option(help="Sequences per batch.")] = 4,
+    seed: SeedOpt = 0, prompt: PromptOpt = None, infill: InfillOpt = None, length: LengthOpt = None,
+    precision: PrecisionOpt = "fp64", temperature: TemperatureOpt = 1.0, top_p: TopPOpt = 1.0,
+    tokens_per_step: TokensPerStepOpt = 1, final_denoise: FinalDenoiseOpt = True, out: OutOpt = None,
+    device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, quiet: QuietOpt = False,
 ) -> None:
     """Draw samples from a trained model and print them.
 
     [dim]Examples:[/]
       mdlm sample                                     # 4 samples from runs/demo, first-hitting
+      mdlm sample --steps 1000                        # a step-based sampler (ancestral-cache here), 1000 steps
       mdlm sample --sampler ancestral-cache --steps 1000 -n 16 --out samples.jsonl
       mdlm sample --prompt "It was a dark night" --seed 3
       mdlm sample --infill "Holmes <mask:6> Watson <mask:12> the door."
@@ -61,33 +64,35 @@ def sample_cmd(
     from ..generate import generate, template, write_jsonl
 
     with user_errors():
-        check_sampler(sampler, precision)
+        check_sampling_flags(sampler, precision)
         if num_samples < 1 or batch_size < 1:
             raise MdlmError("--num-samples and --batch-size must be positive")
         loaded, rt = load_for_command(checkpoint, device, raw_weights)
-        if loaded.is_autoregressive:  # left to right with a KV cache; --sampler/--steps do not apply
-            sampler, steps = AR_SAMPLER, None
+        changed = {"tokens_per_step": tokens_per_step} if tokens_per_step != 1 else {}
+        spec, steps = resolve_sampler(loaded.objective, sampler, steps,
+                                      changed | ({"final_denoise": "off"} if not final_denoise else {}))
         length = length or loaded.length
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
-            task = progress.add_task(f"sampling ({sampler})", total=num_samples)
+            task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
             records, stats, seconds = generate(
-                loaded, sampler=sampler, num_samples=num_samples, batch_size=batch_size, steps=steps,
+                loaded, sampler=spec.name, num_samples=num_samples, batch_size=batch_size, steps=steps,
                 seed=seed, device=rt.device, dtype=rt.dtype, length=length, prompt=fixed,
                 precision=precision, temperature=temperature, top_p=top_p, tokens_per_step=tokens_per_step,
                 final_denoise=final_denoise, on_batch=lambda n: progress.advance(task, n))
+        if out:  # before anything is printed: the samples are on disk whatever the terminal makes of them
+            extra = {"sampler": spec.name, "steps": steps, "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
+                     "precision": precision, "temperature": temperature, "top_p": top_p,
+                     "checkpoint": str(loaded.path), "seconds": seconds / num_samples, "prompt": prompt,
+                     "infill": infill}
+            write_jsonl(out, [r.to_json(**extra) for r in records])
         if not quiet:
-            for r in records:
-                console.print(Panel(r.text, title=f"sample {r.index}", title_align="left"), highlight=False)
-        console.print(f"{sampler}: {seconds / num_samples:.2f} s/sample, NFE {stats.nfe:.1f}, "
+            for r in records:  # model text is never rich markup
+                console.print(Panel(Text(r.text), title=f"sample {r.index}", title_align="left"), highlight=False)
+        console.print(f"{spec.name}: {seconds / num_samples:.2f} s/sample, NFE {stats.nfe:.1f}, "
                       f"NCS {stats.ncs:.1f} per sample ({precision})")
         if out:
-            extra = {"sampler": sampler, "steps": steps if sampler.startswith("ancestral") else None,
-                     "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed, "precision": precision,
-                     "temperature": temperature, "top_p": top_p, "checkpoint": str(loaded.path),
-                     "seconds": seconds / num_samples, "prompt": prompt, "infill": infill}
-            write_jsonl(out, [r.to_json(**extra) for r in records])
-            console.print(f"Wrote {len(records)} samples to {out}")
+            console.print(f"Wrote {len(records)} samples to {out}", markup=False)
 
 
 @app.command("semi-ar")
@@ -95,18 +100,11 @@ def semi_ar_cmd(
     checkpoint: CheckpointOpt = "runs/demo",
     length: Annotated[int | None, typer.Option(help="Total tokens per sample (default: 2 windows).")] = None,
     stride: Annotated[int | None, typer.Option(help="New tokens per block L' (default: half the window).")] = None,
-    sampler: SamplerOpt = "first-hitting",
-    steps: Annotated[int, typer.Option(help="Ancestral steps per block.")] = 1000,
-    num_samples: Annotated[int, typer.Option("--num-samples", "-n")] = 1,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    sampler: SamplerOpt = None, steps: StepsOpt = None, num_samples: NumSamplesOpt = 1, seed: SeedOpt = 0,
     prompt: Annotated[str | None, typer.Option(help="Text the first window starts with.")] = None,
-    precision: Annotated[str, typer.Option(help="fp64 | fp32.")] = "fp64",
-    temperature: Annotated[float, typer.Option()] = 1.0,
-    top_p: Annotated[float, typer.Option()] = 1.0,
+    precision: PrecisionOpt = "fp64", temperature: TemperatureOpt = 1.0, top_p: TopPOpt = 1.0,
     stream: Annotated[bool, typer.Option(help="Print each block as it completes.")] = True,
-    out: Annotated[str | None, typer.Option(help="Write JSONL records here.")] = None,
-    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")] = None,
-    raw_weights: Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")] = False,
+    out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False,
 ) -> None:
     """Generate text longer than the model's window, block by block (MDLM §4.2).
 
@@ -124,37 +122,38 @@ def semi_ar_cmd(
     from ..generate import template, write_jsonl
 
     with user_errors():
-        check_sampler(sampler, precision)
+        check_sampling_flags(sampler, precision)
         loaded, rt = load_for_command(checkpoint, device, raw_weights)
-        if loaded.is_autoregressive:
-            raise MdlmError(f"{checkpoint} is an autoregressive model; it generates left to right up to "
+        if loaded.objective.causal:
+            raise MdlmError(f"{checkpoint} is a left-to-right ({loaded.objective.name}) model; it generates up to "
                             "its length with mdlm sample (semi-ar is for diffusion models)")
-        window = loaded.length
-        stride = stride or window // 2
-        length = length or 2 * window
+        spec, steps = resolve_sampler(loaded.objective, sampler, steps)
+        window, tok = loaded.length, loaded.tokenizer
+        stride, length = stride or window // 2, length or 2 * window
         if length < window:
             raise MdlmError(f"--length must be at least the window ({window})")
         start = template(loaded, window, prompt=prompt) if prompt else None
         start = None if start is None else start[start != loaded.mask_id]
-        tok = loaded.tokenizer
-        if start is not None and stream and num_samples == 1:
-            sys.stdout.write(tok.decode(start.tolist()))
-
-        def on_block(r: int, new: torch.Tensor) -> None:
-            if stream and num_samples == 1:
-                sys.stdout.write(tok.decode(new[0].tolist()))
-                sys.stdout.flush()
-
-        denoiser = loaded.denoiser(rt.dtype)
+        streaming = stream and num_samples == 1
+        if start is not None and streaming:
+            _write(tok.decode(start.tolist()))
         t0 = time.perf_counter()
         result = engine.semi_ar(
-            denoiser, sampler=sampler, num_samples=num_samples, window=window, stride=stride,
-            target_length=length, mask_id=loaded.mask_id, prompt=start, on_block=on_block, steps=steps,
-            schedule=denoiser.schedule, generator=torch.Generator(device=rt.device).manual_seed(seed),
+            loaded.denoiser(rt.dtype), sampler=spec.name, num_samples=num_samples, window=window, stride=stride,
+            target_length=length, mask_id=loaded.mask_id, prompt=start, steps=steps,
+            on_block=lambda r, new: streaming and _write(tok.decode(new[0].tolist())),
+            schedule=loaded.objective.schedule, generator=torch.Generator(device=rt.device).manual_seed(seed),
             precision=precision, temperature=temperature, top_p=top_p, device=rt.device)
         seconds = time.perf_counter() - t0
         texts = [tok.decode(row.tolist()) for row in result.tokens.cpu()]
-        if stream and num_samples == 1:
+        if out:
+            write_jsonl(out, [json.dumps({"index": i, "text": t, "tokens": row.tolist(), "sampler": spec.name,
+                                          "steps": steps, "window": window, "stride": stride, "seed": seed,
+                                          "precision": precision, "checkpoint": str(loaded.path),
+                                          "nfe": result.stats.nfe, "ncs": result.stats.ncs,
+                                          "seconds": seconds / num_samples})
+                              for i, (t, row) in enumerate(zip(texts, result.tokens.cpu(), strict=True))])
+        if streaming:
             sys.stdout.write("\n")
         else:
             for i, text in enumerate(texts):
@@ -162,9 +161,8 @@ def semi_ar_cmd(
                 console.print(text, highlight=False, markup=False)
         err_console.print(f"{result.tokens.shape[1]} tokens per sample (window {window}, stride {stride}), "
                           f"{seconds / num_samples:.2f} s/sample, NFE {result.stats.nfe:.1f}")
-        if out:
-            extra = {"sampler": sampler, "steps": steps, "window": window, "stride": stride, "seed": seed,
-                     "precision": precision, "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
-                     "ncs": result.stats.ncs, "seconds": seconds / num_samples}
-            write_jsonl(out, [json.dumps({"index": i, "text": t, "tokens": row.tolist(), **extra})
-                              for i, (t, row) in enumerate(zip(texts, result.tokens.cpu(), strict=True))])
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

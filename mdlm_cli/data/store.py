@@ -21,15 +21,18 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from ..config import DataConfig
 from ..errors import MdlmError
 from .packing import PACKERS
 from .sources import Source, get_source
 from .tokenizers import Tokenizer, default_cache_root, load_tokenizer
+
+if TYPE_CHECKING:
+    from ..config import DataConfig
 
 FORMAT_VERSION = 1
 

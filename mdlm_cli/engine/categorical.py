@@ -12,8 +12,10 @@ its probability down to float32's smallest normal number, ~1e-38 of the leading 
 The probabilities themselves are the float32 softmax of the network's float32 (or
 bf16) logits: their relative error (~1e-7) is below the logits' own rounding, and the
 float64 exponential would cost twice the time at V = 50k for no change a sampler
-could show. The running sum is where float32 would fail (a class below ~6e-8 of the
-total adds nothing to it), so it is float64.
+could show. Float64 logits are normalised in float64 (a cast first would lose
+what float32 cannot hold, e.g. logits offset by 2^24). The running sum is where
+float32 would fail (a class below ~6e-8 of the total adds nothing to it), so it is
+float64.
 `fp32` reproduces exactly the reference draw (probabilities / (-log(u + 1e-10)) in
 float32) for comparison.
 """
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from .errors import EngineError
 
 PRECISIONS = ("fp64", "fp32")
 
@@ -41,13 +45,16 @@ def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_p: float = 1.
 
 
 def token_weights(logits: Tensor, mask_id: int, *, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
-    """float32 weights (N, V) proportional to p_theta under SUBS, the mask's weight 0. Not
-    normalised: both draws are scale-free, and skipping the pass matters at V = 50k."""
+    """Weights (N, V) proportional to p_theta under SUBS, the mask's weight 0: float32, or
+    float64 for float64 logits (normalised in the logits' own precision, so nothing of a
+    float64 logit is lost to a cast first). Not normalised after the mask is dropped: both
+    draws are scale-free, and skipping the pass matters at V = 50k."""
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     if temperature == 1.0 and top_p == 1.0:  # one fused softmax, then the mask's share dropped
-        weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights = torch.softmax(logits, dim=-1, dtype=dtype)
         weights[:, mask_id] = 0.0
         return weights
-    logits = logits.to(torch.float32, copy=True)
+    logits = logits.to(dtype, copy=True)
     logits[:, mask_id] = float("-inf")
     return filter_logits(logits, temperature=temperature, top_p=top_p).softmax(-1)
 
@@ -82,7 +89,7 @@ def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | 
     reference's float32 race, truncation included.
     """
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise EngineError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p)
     if precision == "fp64":
         return inverse_cdf_draw(weights, generator=generator, never=mask_id)

@@ -1,11 +1,14 @@
 """Masked diffusion: forward masking, SUBS, the NELBO and its time sampler.
 
 A *denoiser* is any callable `denoiser(z_t (B, L) long, t (B,) float) -> logits
-(B, L, V)`, V including the mask token; the engine applies SUBS itself. A
-denoiser may also declare `supports_output_mask = True`, in which case it is
-called with `output_mask=` (B, L) bool and returns logits (N, V) only at those
-positions (the DiT does this: the loss needs only the masked positions). If an
-`attention_mask` is given it is passed on as a keyword argument.
+(B, L, V)`, V including the mask token; the engine applies SUBS itself. It may
+declare two attributes:
+- `time_agnostic = True`: its output does not depend on t (a model without time
+  conditioning); caching samplers need this, and nothing guesses it (default False);
+- `supports_output_mask = True`: it is called with `output_mask=` (B, L) bool and
+  returns logits (N, V) only at those positions (the DiT does this: the loss needs
+  only the masked positions).
+If an `attention_mask` is given it is passed on as a keyword argument.
 """
 
 from __future__ import annotations
@@ -70,13 +73,17 @@ def subs_log_probs(logits: Tensor, z_t: Tensor, mask_id: int) -> Tensor:
     """SUBS parameterisation (§3.2.3, eq. 7), out of place.
 
     The mask token is never an output (its logit is -inf) and every unmasked
-    position of z_t is a point mass on its observed token. Returns log-probs (B, L, V).
+    position of z_t is a point mass on its observed token. Returns float32 log-probs
+    (B, L, V), computed in one (B, L, V) buffer: a copy of the logits, normalised and
+    edited in place.
     """
-    logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device),
-                                       float("-inf"))
-    log_probs = logits.log_softmax(dim=-1)
-    point_mass = torch.full_like(log_probs, float("-inf")).scatter_(-1, z_t[..., None], 0.0)
-    return torch.where((z_t != mask_id)[..., None], point_mass, log_probs)
+    log_probs = logits.to(torch.float32, copy=True)
+    log_probs[..., mask_id] = float("-inf")
+    torch.log_softmax(log_probs, dim=-1, out=log_probs)
+    carried = (z_t != mask_id)[..., None]  # (B, L, 1)
+    log_probs.masked_fill_(carried, float("-inf"))
+    # point mass on the observed token; at masked positions z_t is the mask, whose entry is -inf already
+    return log_probs.scatter_(-1, z_t[..., None], torch.where(carried, 0.0, float("-inf")))
 
 
 def masked_nll(logits: Tensor, targets: Tensor, mask_id: int) -> Tensor:

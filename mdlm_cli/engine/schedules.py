@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
-from ..errors import MdlmError
+from .errors import EngineError
 
 
 class Schedule(ABC):
@@ -163,6 +163,6 @@ def get_schedule(schedule: str | Schedule, eps: float = 1e-3) -> Schedule:
     try:
         return SCHEDULES[schedule](eps=eps)
     except KeyError:
-        raise MdlmError(
+        raise EngineError(
             f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}"
         ) from None

@@ -14,45 +14,42 @@ adaLN_modulation}`) so that published checkpoints load with a key rename.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
 try:  # optional, CUDA only
     from flash_attn import flash_attn_func  # type: ignore[import-not-found]
 except Exception:  # noqa: BLE001 - any import failure means "not available"
     flash_attn_func = None
 
-# name -> (n_blocks, hidden_size, n_heads, cond_dim)
-SIZES: dict[str, tuple[int, int, int, int]] = {
-    "test": (2, 64, 2, 32),
-    "tiny": (8, 512, 8, 128),
-    "small": (12, 768, 12, 128),
-    "medium": (24, 1024, 16, 128),
-}
-
 
 @dataclass
-class DiTConfig:
-    vocab_size: int
-    hidden_size: int = 768
-    n_blocks: int = 12
-    n_heads: int = 12
-    cond_dim: int = 128
-    mlp_ratio: int = 4
-    dropout: float = 0.1
-    causal: bool = False  # True for the autoregressive baseline
+class KVCache:
+    """Keys and values of every block for causal decoding, (B, heads, max_len, head_dim)
+    each, filled up to `length`: `DiT.forward(tokens, kv_cache=cache)` processes only the
+    new tokens (as nanochat's `GPT.forward(..., kv_cache)`)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int = 0
 
     @classmethod
-    def from_size(cls, size: str, vocab_size: int, **overrides) -> DiTConfig:
-        n_blocks, hidden, heads, cond = SIZES[size]
-        return cls(vocab_size=vocab_size, hidden_size=hidden, n_blocks=n_blocks,
-                   n_heads=heads, cond_dim=cond, **overrides)
+    def empty(cls, model: DiT, batch: int, max_len: int, device: torch.device, dtype: torch.dtype) -> KVCache:
+        cfg = model.config
+        shape = (batch, cfg.n_heads, max_len, cfg.hidden_size // cfg.n_heads)
+        return cls([torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_blocks)],
+                   [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_blocks)])
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    @property
+    def max_len(self) -> int:
+        return self.keys[0].shape[2]
 
 
 class LayerNorm(nn.Module):
@@ -117,11 +114,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class DDiTBlock(nn.Module):
-    def __init__(self, cfg: DiTConfig):
+    def __init__(self, cfg: ModelConfig, causal: bool = False):
         super().__init__()
         dim = cfg.hidden_size
         self.n_heads = cfg.n_heads
-        self.causal = cfg.causal
+        self.causal = causal
         self.dropout = cfg.dropout
         self.norm1 = LayerNorm(dim)
         self.attn_qkv = nn.Linear(dim, 3 * dim, bias=False)
@@ -138,11 +135,13 @@ class DDiTBlock(nn.Module):
         nn.init.zeros_(self.adaLN_modulation.bias)
 
     def attention(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
-                  key_mask: torch.Tensor | None) -> torch.Tensor:
+                  key_mask: torch.Tensor | None, cache: tuple[KVCache, int] | None = None) -> torch.Tensor:
         B, L, _ = x.shape
         q, k, v = self.attn_qkv(x).view(B, L, 3, self.n_heads, -1).unbind(dim=2)  # (B, L, H, D)
         cos, sin = rotary
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            return self._cached_attention(q, k, v, *cache)
         if (flash_attn_func is not None and key_mask is None and x.is_cuda
                 and q.dtype in (torch.float16, torch.bfloat16)):
             out = flash_attn_func(q, k, v, causal=self.causal)  # (B, L, H, D)
@@ -158,12 +157,28 @@ class DDiTBlock(nn.Module):
         )  # (B, H, L, D)
         return out.transpose(1, 2).reshape(B, L, -1)
 
+    @staticmethod
+    def _cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
+                          index: int) -> torch.Tensor:
+        """Causal attention of n new positions (after `cache.length` cached ones) over the
+        cached keys and values and their own; the new keys and values are stored."""
+        B, n = q.shape[:2]
+        start, end = cache.length, cache.length + n
+        cache.keys[index][:, :, start:end] = k.transpose(1, 2).to(cache.keys[index].dtype)
+        cache.values[index][:, :, start:end] = v.transpose(1, 2).to(cache.values[index].dtype)
+        keys, values = cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
+        # query j (absolute position start + j) sees keys 0 .. start + j
+        causal = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype),
+                                             attn_mask=causal)  # (B, heads, n, D)
+        return out.transpose(1, 2).reshape(B, n, -1)
+
     def forward(self, x: torch.Tensor, rotary, c: torch.Tensor,
-                key_mask: torch.Tensor | None = None) -> torch.Tensor:
+                key_mask: torch.Tensor | None = None, cache: tuple[KVCache, int] | None = None) -> torch.Tensor:
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
             self.adaLN_modulation(c)[:, None].chunk(6, dim=2)
         )
-        h = self.attention(modulate(self.norm1(x), shift_msa, scale_msa), rotary, key_mask)
+        h = self.attention(modulate(self.norm1(x), shift_msa, scale_msa), rotary, key_mask, cache)
         x = x + gate_msa * F.dropout(self.attn_out(h), self.dropout, self.training)
         h = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
         return x + gate_mlp * F.dropout(h, self.dropout, self.training)
@@ -180,10 +195,10 @@ class EmbeddingLayer(nn.Module):
 
 
 class DDitFinalLayer(nn.Module):
-    def __init__(self, cfg: DiTConfig):
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.norm_final = LayerNorm(cfg.hidden_size)
-        self.linear = nn.Linear(cfg.hidden_size, cfg.vocab_size)
+        self.linear = nn.Linear(cfg.hidden_size, vocab_size)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
         self.adaLN_modulation = nn.Linear(cfg.cond_dim, 2 * cfg.hidden_size)
@@ -199,33 +214,39 @@ class DDitFinalLayer(nn.Module):
 
 
 class DiT(nn.Module):
-    """`DiT(cfg)(tokens (B, L), sigma (B,) | None, attention_mask (B, L) | None) -> logits (B, L, V)`.
+    """`DiT(cfg, vocab_size)(tokens (B, L), sigma (B,) | None, attention_mask (B, L) | None) -> logits (B, L, V)`.
 
     `sigma` is the noise level -log alpha(t) fed to the time embedding; None means
     no time conditioning, in which case the conditioning vector is the embedding
     of sigma = 0, a constant (as in the reference code, so its checkpoints load).
     `attention_mask` marks real tokens (True/1); padded keys are never attended.
+    `causal=True` makes every position attend only to itself and earlier ones (the
+    autoregressive baseline); with a `kv_cache` it then decodes incrementally.
     """
 
-    def __init__(self, cfg: DiTConfig):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, causal: bool = False):
         super().__init__()
         if cfg.hidden_size % cfg.n_heads:
             raise ValueError(f"hidden_size {cfg.hidden_size} is not divisible by n_heads {cfg.n_heads}")
-        self.config = cfg
-        self.vocab_embed = EmbeddingLayer(cfg.hidden_size, cfg.vocab_size)
+        self.config, self.vocab_size, self.causal = cfg, vocab_size, causal
+        self.vocab_embed = EmbeddingLayer(cfg.hidden_size, vocab_size)
         self.sigma_map = TimestepEmbedder(cfg.cond_dim)
         self.rotary_emb = Rotary(cfg.hidden_size // cfg.n_heads)
-        self.blocks = nn.ModuleList(DDiTBlock(cfg) for _ in range(cfg.n_blocks))
-        self.output_layer = DDitFinalLayer(cfg)
+        self.blocks = nn.ModuleList(DDiTBlock(cfg, causal) for _ in range(cfg.n_blocks))
+        self.output_layer = DDitFinalLayer(cfg, vocab_size)
 
     def forward(self, tokens: torch.Tensor, sigma: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
-                output_mask: torch.Tensor | None = None) -> torch.Tensor:
+                output_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
         """With `output_mask` (B, L) bool, return logits (N, V) only at its N True
         positions (row-major order): the loss needs only the masked positions, and
-        the output layer is most of the compute of a small model with a large vocab."""
+        the output layer is most of the compute of a small model with a large vocab.
+        With `kv_cache` (causal models), `tokens` (B, n) follow the cached positions:
+        logits (B, n, V) of the new positions, which are added to the cache."""
         if sigma is None:
             sigma = torch.zeros(tokens.shape[0], device=tokens.device)
+        if kv_cache is not None:
+            return self._decode(tokens, sigma, kv_cache)
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()
@@ -245,6 +266,21 @@ class DiT(nn.Module):
         for block in self.blocks:
             x = block(x, rotary, c, key_mask)
         return x, c
+
+    def _decode(self, tokens: torch.Tensor, sigma: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        if not self.causal:
+            raise ValueError("a key/value cache needs a causal model")
+        start, end = cache.length, cache.length + tokens.shape[1]
+        if end > cache.max_len:
+            raise ValueError(f"the key/value cache holds {cache.max_len} positions; {end} asked for")
+        x = self.vocab_embed(tokens)  # (B, n, H)
+        c = F.silu(self.sigma_map(sigma))  # (B, C)
+        cos, sin = self.rotary_emb(cache.max_len, tokens.device)
+        rotary = (cos[start:end], sin[start:end])
+        for i, block in enumerate(self.blocks):
+            x = block(x, rotary, c, None, (cache, i))
+        cache.length = end
+        return self.output_layer(x, c)  # (B, n, V)
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

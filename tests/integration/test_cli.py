@@ -91,3 +91,17 @@ def test_existing_run_is_not_overwritten(tmp_path):
 def test_presets_listing_and_show():
     assert "owt" in run("presets")
     assert "openwebtext" in run("presets", "owt")
+
+
+@pytest.mark.slow
+def test_flags_are_never_silently_ignored(trained):
+    full, _ = trained
+    base = ["sample", "--checkpoint", str(full), "-n", "2", "--quiet"]
+    assert "ancestral-cache: " in run(*base, "--steps", "5")  # --steps alone: a step-based sampler
+    assert "first-hitting takes no steps; --steps 5 is ignored" in run(*base, "--sampler", "first-hitting",
+                                                                        "--steps", "5")
+    out = run(*base, "--sampler", "ancestral", "--steps", "5", "--tokens-per-step", "2")
+    assert "--tokens-per-step 2 does not apply to ancestral" in out
+    result = runner.invoke(app, ["semi-ar", "--checkpoint", str(full), "--stride", "999"])
+    assert result.exit_code == 1 and "stride must be between" in result.output  # an engine error, one line
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1

@@ -21,8 +21,8 @@ import torch.distributed as tdist
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from mdlm_cli.checkpoint import load_checkpoint
 from mdlm_cli.cli import app
+from mdlm_cli.loading import load_checkpoint
 
 pytestmark = [
     pytest.mark.slow,
@@ -207,12 +207,53 @@ def _bound_worker(rank: int, world: int, store: str, out: str) -> None:
         tdist.destroy_process_group()
 
 
-def _bound_problem():
+def _objective_worker(rank: int, world: int, store: str, out: str) -> None:
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        Path(f"{out}.{rank}").write_text(json.dumps(_evaluate_every_objective(rank, world)))
+    finally:
+        tdist.destroy_process_group()
+
+
+def _evaluate_every_objective(rank: int = 0, world: int = 1) -> dict:
+    """Each objective's evaluation of the bound problem's rows (its own model: causal or not)."""
+    from types import SimpleNamespace
+
+    from mdlm_cli.config import resolve_config
+    from mdlm_cli.objectives import OBJECTIVES, get_objective
+
+    out = {}
+    for name in OBJECTIVES:
+        objective = get_objective(resolve_config("test", [f"diffusion.objective={name}"]),
+                                  SimpleNamespace(mask_id=MASK_ID, bos_id=0))
+        model, split = _bound_problem(causal=objective.causal)
+        result = objective.evaluate(objective.denoiser(model), split, seeds=[7], batch_size=4,
+                                    device=torch.device("cpu"), rank=rank, world_size=world)[0]
+        out[name] = [result.nats, result.tokens, result.sequences]
+    return out
+
+
+def test_every_objective_evaluates_rank_sharded(tmp_path):
+    """Every objective's evaluation (a bound, or the exact AR likelihood) splits its batches over
+    the ranks and all-reduces them to the one-process value."""
+    one = _evaluate_every_objective()
+    torch.multiprocessing.spawn(_objective_worker, args=(2, str(tmp_path / "store"), str(tmp_path / "r")), nprocs=2)
+    for rank in range(2):
+        got = json.loads((tmp_path / f"r.{rank}").read_text())
+        assert set(got) == set(one)
+        for name, (nats, tokens, sequences) in got.items():
+            assert (tokens, sequences) == tuple(one[name][1:]), name
+            assert nats == pytest.approx(one[name][0], rel=1e-6), name
+
+
+def _bound_problem(causal: bool = False):
+    from mdlm_cli.config import ModelConfig
     from mdlm_cli.data.store import TokenSplit
-    from mdlm_cli.models import DiT, DiTConfig
+    from mdlm_cli.models import DiT
 
     torch.manual_seed(0)
-    model = DiT(DiTConfig(vocab_size=12, hidden_size=32, n_blocks=2, n_heads=2, cond_dim=16, dropout=0.0)).eval()
+    model = DiT(ModelConfig(hidden_size=32, n_blocks=2, n_heads=2, cond_dim=16, dropout=0.0), 12, causal=causal).eval()
     for p in model.output_layer.parameters():  # non-zero logits so that the bound depends on the model
         torch.nn.init.normal_(p, std=0.5)
     rng = np.random.default_rng(0)

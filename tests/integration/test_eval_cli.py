@@ -79,3 +79,21 @@ def test_ar_sampling_and_gen_ppl_with_the_ar_judge(models, tmp_path):
     assert len((tmp_path / "sf.jsonl").read_text().splitlines()) == 4
     run("gen-ppl", "--samples", str(tmp_path / "m.jsonl"), "--judge", str(mdlm_run), code=1)  # not causal
     run("gen-ppl", code=1)
+
+
+@pytest.mark.slow
+def test_commands_ask_the_objective_which_samplers_apply(models, tmp_path):
+    ar_run, mdlm_run = models
+    out = run("sample", "-c", str(ar_run), "--sampler", "ancestral", code=1)
+    assert "sampler ancestral does not serve ar models; choose one of: autoregressive-kv-cache" in out
+    assert "takes no steps" in run("sample", "-c", str(ar_run), "-n", "1", "--steps", "10", "--quiet")
+    run("bench-sampler", "-c", str(ar_run), "--batch-size", "1,2", "-n", "2", "--repeats", "1",
+        "--json", str(tmp_path / "b.json"))
+    rows = json.loads((tmp_path / "b.json").read_text())["results"]
+    assert [r["sampler"] for r in rows] == ["autoregressive-kv-cache"] * 2 and rows[0]["nfe"] == 32
+    assert "does not serve ar models" in run("bench-sampler", "-c", str(ar_run), "--samplers", "first-hitting",
+                                             code=1)
+    assert "--mc-samples 3 does not apply" in run("eval-ppl", "-c", str(ar_run), "--rows", "8", "-k", "3")
+    (tmp_path / "s.jsonl").write_text('{"text": "the cat"}\n')
+    assert "only apply with --sample-first" in run("gen-ppl", "--samples", str(tmp_path / "s.jsonl"),
+                                                   "--judge", str(ar_run), "--steps", "10", code=1)

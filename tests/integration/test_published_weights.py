@@ -8,11 +8,12 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from mdlm_cli.checkpoint import load_checkpoint, save_checkpoint
+from mdlm_cli.checkpoint import save_checkpoint
 from mdlm_cli.cli import app
 from mdlm_cli.config import resolve_config
 from mdlm_cli.data.tokenizers import load_tokenizer
-from mdlm_cli.models import DiT, DiTConfig
+from mdlm_cli.loading import load_checkpoint
+from mdlm_cli.models import DiT
 
 from ..reference_weights import lightning_checkpoint, reference_hydra_config, reference_param_shapes, save_hf_folder
 
@@ -28,8 +29,7 @@ def run(*args, code=0) -> str:
 def random_dit(cfg, seed: int) -> DiT:
     torch.manual_seed(seed)
     m = cfg.model
-    model = DiT(DiTConfig(vocab_size=35, hidden_size=m.hidden_size, n_blocks=m.n_blocks, n_heads=m.n_heads,
-                          cond_dim=m.cond_dim, dropout=m.dropout))
+    model = DiT(m, 35)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.2)

@@ -1,28 +1,32 @@
 """The autoregressive baseline: exact likelihood, KV-cache generation, training dispatch."""
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from mdlm_cli import ar
-from mdlm_cli.config import resolve_config
+from mdlm_cli import engine
+from mdlm_cli.config import ModelConfig, resolve_config
 from mdlm_cli.data.store import TokenSplit
+from mdlm_cli.data.tokenizers import load_tokenizer
+from mdlm_cli.engine import EngineError
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.models import DiT, DiTConfig
-from mdlm_cli.train import build_model
+from mdlm_cli.models import DiT, KVCache, build_model
+from mdlm_cli.objectives import get_objective
+from mdlm_cli.objectives.ar import CausalLM, sequence_nll
 
 from .test_sampling import chi2_pvalue
 
+SAMPLER = "autoregressive-kv-cache"
 BOS, MASK = 3, 4  # real tokens 0..2, BOS 3 (a token the model may also emit), mask 4
 V = 5
 
 
 def tiny(scale: float = 0.1, seed: int = 0, vocab: int = V) -> DiT:
     torch.manual_seed(seed)
-    model = DiT(DiTConfig(vocab_size=vocab, hidden_size=32, n_blocks=2, n_heads=4, cond_dim=16,
-                          dropout=0.0, causal=True))
+    model = DiT(ModelConfig(hidden_size=32, n_blocks=2, n_heads=4, cond_dim=16, dropout=0.0), vocab, causal=True)
     with torch.no_grad():  # break adaLN-zero / zero output init so outputs depend on inputs
         for p in model.parameters():
             if p.abs().sum() == 0:
@@ -34,15 +38,15 @@ def test_kv_cache_matches_the_full_forward():
     model = tiny(vocab=11)
     x = torch.randint(0, 11, (3, 12))
     full = model(x)
-    cache = ar.KVCache.empty(model, 3, 12, torch.device("cpu"), torch.float32)
+    cache = KVCache.empty(model, 3, 12, torch.device("cpu"), torch.float32)
     pieces, start = [], 0
     for n in (4, 1, 1, 3, 1, 2):  # a prefill, then single tokens and short runs
-        pieces.append(ar.forward_cached(model, x[:, start:start + n], cache))
+        pieces.append(model(x[:, start:start + n], kv_cache=cache))
         start += n
     assert cache.length == 12
     assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)
-    with pytest.raises(MdlmError, match="cache holds 12"):
-        ar.forward_cached(model, x[:, :1], cache)
+    with pytest.raises(ValueError, match="cache holds 12"):
+        model(x[:, :1], kv_cache=cache)
 
 
 def test_sequence_nll_matches_a_hand_computation():
@@ -55,14 +59,14 @@ def test_sequence_nll_matches_a_hand_computation():
             logits = model(prefix)[0, -1].clone()
             logits[MASK] = float("-inf")
             expected[b] -= torch.log_softmax(logits, -1)[x0[b, pos]]
-    got = ar.sequence_nll(model, x0, bos_id=BOS, mask_id=MASK)
+    got = sequence_nll(model, x0, bos_id=BOS, mask_id=MASK)
     assert torch.allclose(got, expected, atol=1e-5)
     # padding at the end is neither scored nor seen
     am = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     padded = x0.clone()
     padded[0, 3:] = torch.tensor([1, 0])
-    got_pad = ar.sequence_nll(model, padded, bos_id=BOS, mask_id=MASK, attention_mask=am)
-    short = ar.sequence_nll(model, x0[:1, :3], bos_id=BOS, mask_id=MASK)
+    got_pad = sequence_nll(model, padded, bos_id=BOS, mask_id=MASK, attention_mask=am)
+    short = sequence_nll(model, x0[:1, :3], bos_id=BOS, mask_id=MASK)
     assert torch.allclose(got_pad[0], short[0], atol=1e-5)
 
 
@@ -71,9 +75,13 @@ def test_exact_nll_covers_every_row_and_token():
     rows = np.random.default_rng(0).integers(0, 3, size=(5, 6))
     lengths = np.array([6, 6, 6, 6, 4], dtype=np.int32)
     split = TokenSplit(rows, lengths)
-    result = ar.exact_nll(model, split, bos_id=BOS, mask_id=MASK, batch_size=2, device=torch.device("cpu"))
+    objective = get_objective(resolve_config("demo-ar"), SimpleNamespace(mask_id=MASK, bos_id=BOS))
+    results = objective.evaluate(objective.denoiser(model), split, seeds=[0, 1, 2], batch_size=2,
+                                 device=torch.device("cpu"))
+    assert len(results) == 1  # exact: one pass whatever the number of seeds
+    result = results[0]
     x0, am = split.batch(np.arange(5))
-    expected = ar.sequence_nll(model, x0, bos_id=BOS, mask_id=MASK, attention_mask=am).sum()
+    expected = sequence_nll(model, x0, bos_id=BOS, mask_id=MASK, attention_mask=am).sum()
     assert result.exact and result.sequences == 5 and result.tokens == 28  # the remainder batch counts
     assert result.nats == pytest.approx(expected.item(), rel=1e-5)
 
@@ -84,11 +92,12 @@ def test_generation_samples_the_model_distribution():
     model = tiny(scale=0.6, seed=3)
     L = 3
     configs = torch.tensor(list(itertools.product(range(MASK), repeat=L)))  # every non-mask sequence
-    probs = torch.exp(-ar.sequence_nll(model, configs, bos_id=BOS, mask_id=MASK)).double().detach()
+    probs = torch.exp(-sequence_nll(model, configs, bos_id=BOS, mask_id=MASK)).double().detach()
     assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
     n = 6000
-    tokens, stats = ar.generate(model, num_samples=n, length=L, bos_id=BOS, mask_id=MASK,
-                                generator=torch.Generator().manual_seed(0), batch_size=2000)
+    tokens, stats = engine.sample(CausalLM(model, bos_id=BOS, mask_id=MASK), sampler=SAMPLER, num_samples=n,
+                                  length=L, mask_id=MASK, generator=torch.Generator().manual_seed(0), batch_size=2000,
+                                  return_stats=True)
     assert not (tokens == MASK).any()
     index = (tokens * MASK ** torch.arange(L - 1, -1, -1)).sum(1)
     counts = torch.bincount(index, minlength=len(configs)).double()
@@ -98,21 +107,24 @@ def test_generation_samples_the_model_distribution():
 
 def test_prompt_is_continued_and_infill_refused():
     model = tiny(scale=0.5)
+    lm = CausalLM(model, bos_id=BOS, mask_id=MASK)
     template = torch.tensor([2, 0, MASK, MASK, MASK])
-    prefix = ar.prompt_prefix(template, MASK)
-    tokens, stats = ar.generate(model, num_samples=4, length=5, bos_id=BOS, mask_id=MASK, prompt=prefix,
-                                generator=torch.Generator().manual_seed(1))
+    tokens, stats = engine.sample(lm, sampler=SAMPLER, num_samples=4, length=5, mask_id=MASK, prompt=template,
+                                  generator=torch.Generator().manual_seed(1), return_stats=True)
     assert torch.equal(tokens[:, :2], torch.tensor([[2, 0]] * 4))
     assert stats.calls == 3  # one call per new token, the first also reads the prefix
-    with pytest.raises(MdlmError, match="only continue a prefix"):
-        ar.prompt_prefix(torch.tensor([2, MASK, 1, MASK]), MASK)
+    with pytest.raises(EngineError, match="only continue a prefix"):
+        engine.sample(lm, sampler=SAMPLER, num_samples=1, length=4, mask_id=MASK,
+                      prompt=torch.tensor([2, MASK, 1, MASK]))
 
 
 def test_ar_objective_builds_a_causal_model_without_time():
-    cfg = resolve_config("demo-ar")
+    cfg, tok = resolve_config("demo-ar"), load_tokenizer("char")
     assert cfg.diffusion.objective == "ar"
-    assert build_model(cfg, 35).config.causal
-    assert not build_model(resolve_config("demo"), 35).config.causal
+    objective = get_objective(cfg, tok)
+    assert objective.causal and not objective.takes_time and objective.exact
+    assert build_model(cfg.model, 35, causal=objective.causal).causal
+    assert not get_objective(resolve_config("demo"), tok).causal
     with pytest.raises(MdlmError, match="no time input"):
         resolve_config("demo-ar", ["model.time_conditioning=true"])
     for name in ("owt-ar", "lm1b-ar"):

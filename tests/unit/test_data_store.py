@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 
 from mdlm_cli.config import DataConfig
-from mdlm_cli.data import packing
 from mdlm_cli.data.sources import HubDataset, get_source, lm1b_detokenize
 from mdlm_cli.data.store import PreparedData, prepare, prepared_folder
 from mdlm_cli.errors import MdlmError
+
+from ..unpack import unpack
 
 
 def write_corpus(path, n_docs=30, seed=0):
@@ -30,7 +31,7 @@ def test_prepare_local_file_round_trips_to_text(tmp_path):
     got = []
     for split in ("train", "valid", "test"):
         s = data.split(split)
-        got += [tok.decode(d) for d in packing.unpack(np.asarray(s.tokens), np.asarray(s.lengths), "wrap",
+        got += [tok.decode(d) for d in unpack(np.asarray(s.tokens), np.asarray(s.lengths), "wrap",
                                                        bos=tok.bos_id, eos=tok.eos_id)]
     assert sorted(got) == sorted(docs)
     meta = json.loads((data.folder / "meta.json").read_text())

@@ -6,9 +6,9 @@ import signal
 import numpy as np
 import pytest
 
+from mdlm_cli.data.order import DataOrder
 from mdlm_cli.distributed import Dist, StopSignals
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.train import DataOrder
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

@@ -1,15 +1,17 @@
 import pytest
 import torch
 
+from mdlm_cli.config import ModelConfig
 from mdlm_cli.engine.schedules import LogLinear
-from mdlm_cli.models import DiffusionDenoiser, DiT, DiTConfig
+from mdlm_cli.models import DiffusionDenoiser, DiT
 
 V = 11
+SMALL = ModelConfig(hidden_size=768, n_blocks=12, n_heads=12, cond_dim=128)  # the paper's DiT small
 
 
-def tiny(**kw) -> DiT:
-    cfg = DiTConfig(vocab_size=V, hidden_size=32, n_blocks=2, n_heads=4, cond_dim=16, dropout=0.0, **kw)
-    model = DiT(cfg)
+def tiny(causal: bool = False) -> DiT:
+    cfg = ModelConfig(hidden_size=32, n_blocks=2, n_heads=4, cond_dim=16, dropout=0.0)
+    model = DiT(cfg, V, causal=causal)
     # break adaLN-zero / zero output init so outputs depend on inputs
     with torch.no_grad():
         for p in model.parameters():
@@ -19,7 +21,7 @@ def tiny(**kw) -> DiT:
 
 
 def test_reference_module_tree_and_shapes():
-    m = DiT(DiTConfig.from_size("small", vocab_size=50258))
+    m = DiT(SMALL, 50258)
     sd = m.state_dict()
     expected = {
         "vocab_embed.embedding": (50258, 768),
@@ -43,7 +45,7 @@ def test_reference_module_tree_and_shapes():
 
 
 def test_zero_initialised_output():
-    m = DiT(DiTConfig(vocab_size=V, hidden_size=32, n_blocks=1, n_heads=2, cond_dim=8))
+    m = DiT(ModelConfig(hidden_size=32, n_blocks=1, n_heads=2, cond_dim=8), V)
     out = m(torch.randint(0, V, (2, 5)))
     assert out.shape == (2, 5, V) and torch.all(out == 0)
 
@@ -78,7 +80,7 @@ def test_bidirectional_and_causal():
 
 
 def test_deterministic_in_eval_and_dropout_in_train():
-    m = DiT(DiTConfig(vocab_size=V, hidden_size=32, n_blocks=2, n_heads=4, cond_dim=16, dropout=0.5))
+    m = DiT(ModelConfig(hidden_size=32, n_blocks=2, n_heads=4, cond_dim=16, dropout=0.5), V)
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0, 0.1)
@@ -102,4 +104,4 @@ def test_time_conditioning_on_and_off():
 
 def test_bad_head_count():
     with pytest.raises(ValueError):
-        DiT(DiTConfig(vocab_size=V, hidden_size=30, n_heads=4))
+        DiT(ModelConfig(hidden_size=30, n_heads=4), V)

@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
 
-from mdlm_cli.data.packing import chunk_rows, pad_rows, unpack, wrap_rows
+from mdlm_cli.data.packing import chunk_rows, pad_rows, wrap_rows
+
+from ..unpack import unpack
 
 BOS, EOS, PAD = 100, 101, 102
 

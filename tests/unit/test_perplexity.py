@@ -8,7 +8,7 @@ import torch
 
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.engine.schedules import LogLinear
-from mdlm_cli.perplexity import PplResult, bound_passes
+from mdlm_cli.evaluation import PplResult, bound_passes
 
 from ..analytic import AnalyticDenoiser
 

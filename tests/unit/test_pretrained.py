@@ -9,10 +9,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mdlm_cli.checkpoint import load_checkpoint
+from mdlm_cli.config import ModelConfig
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.models import DiT, DiTConfig
-from mdlm_cli.pretrained import Source, hyper_from_reference, pretrained_source
+from mdlm_cli.loading import load_checkpoint
+from mdlm_cli.models import DiT
+from mdlm_cli.pretrained import Source, pretrained_source
+from mdlm_cli.reference_format import partial_from_hydra
 from mdlm_cli.safe_load import read_torch_file
 
 from ..reference_weights import (
@@ -28,7 +30,7 @@ from ..reference_weights import (
 def test_reference_names_and_shapes_cover_the_small_dit_exactly():
     """Shape-only check at the published size (12 x 768, GPT-2 vocabulary), on the meta device."""
     with torch.device("meta"):
-        model = DiT(DiTConfig.from_size("small", vocab_size=50258))
+        model = DiT(ModelConfig(hidden_size=768, n_blocks=12, n_heads=12, cond_dim=128), 50258)
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     assert ours == dict(reference_param_shapes(50258, 768, 128, 12))
     assert [n for n, _ in model.named_parameters()] == list(reference_param_shapes(50258, 768, 128, 12))
@@ -165,7 +167,7 @@ def test_ema_that_does_not_fit_is_named(tmp_path):
 ])
 def test_reference_configs_mdlm_cannot_serve_are_refused(change, message):
     with pytest.raises(MdlmError, match=message):
-        hyper_from_reference({**reference_hydra_config(), **change}, "x.ckpt")
+        partial_from_hydra({**reference_hydra_config(), **change}, "x.ckpt")
 
 
 def test_reference_config_interpolations_and_schedules():
@@ -173,8 +175,9 @@ def test_reference_config_interpolations_and_schedules():
     config["model"]["length"] = "${data.block}"
     config["data"]["block"] = 128
     config["noise"] = {"type": "cosinesqr"}
-    hyper = hyper_from_reference(config, "x.ckpt")
-    assert hyper.length == 128 and hyper.schedule == "cosine-squared" and hyper.tokenizer == "char"
+    partial = partial_from_hydra(config, "x.ckpt")
+    assert partial["data"]["length"] == 128 and partial["diffusion"]["schedule"] == "cosine-squared"
+    assert partial["data"]["tokenizer"] == "char"
 
 
 @pytest.mark.parametrize(("mutate", "message"), [

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from mdlm_cli import engine
+from mdlm_cli.bench import WholeBatchCount
+from mdlm_cli.engine import EngineError
 from mdlm_cli.engine.categorical import sample_tokens
-from mdlm_cli.errors import MdlmError
 
 from ..analytic import AnalyticDenoiser
 
@@ -46,8 +47,9 @@ def den():
 
 
 def draw(den, sampler, n=N, seed=0, **kw):
-    return engine.sample(den, sampler=sampler, num_samples=n, length=den.length, mask_id=den.mask_id,
-                         generator=torch.Generator().manual_seed(seed), return_stats=True, **kw)
+    kw = {"length": getattr(den, "length", None), "mask_id": getattr(den, "mask_id", None), **kw}
+    return engine.sample(den, sampler=sampler, num_samples=n, generator=torch.Generator().manual_seed(seed),
+                         return_stats=True, **kw)
 
 
 def test_first_hitting_reproduces_the_joint(den):
@@ -79,10 +81,11 @@ def test_ancestral_cache_matches_ancestral_with_fewer_calls(den):
 
 def test_ancestral_cache_counts_per_sequence_calls():
     den = AnalyticDenoiser.random(length=4, vocab=2, seed=3)
-    tokens, stats = draw(den, "ancestral-cache", n=8, steps=50)
+    whole = WholeBatchCount()
+    tokens, stats = draw(den, "ancestral-cache", n=8, steps=50, on_changes=whole)
     # every network evaluation of a sequence coincides with a step that changed it
     assert stats.sequence_evals <= 8 * den.length
-    assert stats.whole_batch_calls >= stats.calls
+    assert whole.calls >= stats.calls
 
 
 def test_prompted_sampling_reproduces_the_conditional(den):
@@ -95,11 +98,27 @@ def test_prompted_sampling_reproduces_the_conditional(den):
         assert chi2_pvalue(empirical(den, tokens), cond) > 1e-3, sampler
 
 
+def model_for(spec: engine.SamplerSpec, den: AnalyticDenoiser):
+    """A model each sampler can serve: the analytic denoiser, or a tiny random causal LM with
+    the same vocabulary (BOS 0, mask 3) for left-to-right samplers."""
+    if "mdlm" in spec.objectives:
+        return den
+    from mdlm_cli.config import ModelConfig
+    from mdlm_cli.models import DiT
+    from mdlm_cli.objectives.ar import CausalLM
+
+    torch.manual_seed(0)
+    model = DiT(ModelConfig(hidden_size=16, n_blocks=1, n_heads=2, cond_dim=8, dropout=0.0), den.vocab + 1, causal=True)
+    torch.nn.init.normal_(model.output_layer.linear.weight, std=1.0)
+    return CausalLM(model.eval(), bos_id=0, mask_id=den.mask_id)
+
+
 @pytest.mark.parametrize("sampler", list(engine.SAMPLERS))
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
 def test_no_mask_left_and_seed_determinism(den, sampler, precision):
-    a = draw(den, sampler, n=64, seed=5, steps=10, precision=precision)[0]
-    b = draw(den, sampler, n=64, seed=5, steps=10, precision=precision)[0]
+    model = model_for(engine.SAMPLERS[sampler], den)
+    a = draw(model, sampler, n=64, seed=5, steps=10, precision=precision, length=den.length, mask_id=den.mask_id)[0]
+    b = draw(model, sampler, n=64, seed=5, steps=10, precision=precision, length=den.length, mask_id=den.mask_id)[0]
     assert torch.equal(a, b)
     assert not (a == den.mask_id).any() and a.shape == (64, den.length)
 
@@ -188,7 +207,7 @@ def test_ancestral_fp32_truncates_rare_tokens_that_fp64_keeps():
 
     class Constant:
         supports_output_mask = True
-        time_conditioning = False
+        time_agnostic = True
 
         def __call__(self, z, t, output_mask=None):
             n = int(output_mask.sum()) if output_mask is not None else z.numel()
@@ -236,11 +255,11 @@ def test_semi_ar_target_length_and_prompt(den):
 
 
 def test_bad_arguments_are_user_errors(den):
-    with pytest.raises(MdlmError, match="unknown sampler"):
+    with pytest.raises(EngineError, match="unknown sampler"):
         engine.sample(den, sampler="nope", num_samples=1, length=3, mask_id=den.mask_id)
-    with pytest.raises(MdlmError, match="needs steps"):
+    with pytest.raises(EngineError, match="needs steps"):
         engine.sample(den, sampler="ancestral", num_samples=1, length=3, mask_id=den.mask_id)
-    with pytest.raises(MdlmError, match="prompt has shape"):
+    with pytest.raises(EngineError, match="prompt has shape"):
         engine.sample(den, sampler="first-hitting", num_samples=2, length=3, mask_id=den.mask_id,
                       prompt=torch.zeros(4, dtype=torch.long))
 
@@ -249,7 +268,7 @@ def test_cache_refuses_time_conditioned_models(den):
     def timed(z, t):
         return den(z, t)
 
-    timed.time_conditioning = True
+    timed.time_agnostic = False
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         engine.sample(timed, sampler="ancestral-cache", num_samples=4, length=3, mask_id=den.mask_id, steps=5)
@@ -259,7 +278,8 @@ def test_cache_refuses_time_conditioned_models(den):
 def test_unmask_steps_follow_the_per_step_bernoulli_law():
     """Drawn up front, the step at which a position unmasks has the law of one Bernoulli
     per step with probability (alpha_s - alpha_t) / (1 - alpha_t), the rest left to the end."""
-    from mdlm_cli.engine.sampling import SamplerContext, SampleStats, _unmask_steps
+    from mdlm_cli.engine.ancestral import _unmask_steps
+    from mdlm_cli.engine.context import SamplerContext, SampleStats
     from mdlm_cli.engine.schedules import get_schedule
 
     steps, n = 6, 300_000

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from mdlm_cli.engine import EngineError
 from mdlm_cli.engine.schedules import SCHEDULES, LogLinear, get_schedule
-from mdlm_cli.errors import MdlmError
 
 NAMES = list(SCHEDULES)
 
@@ -54,5 +54,5 @@ def test_unmask_probability_composes(name):
 
 
 def test_unknown_schedule_is_a_user_error():
-    with pytest.raises(MdlmError, match="unknown schedule"):
+    with pytest.raises(EngineError, match="unknown schedule"):
         get_schedule("nope")

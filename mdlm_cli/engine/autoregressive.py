@@ -1,0 +1,57 @@
+"""Left-to-right sampling of a causal language model with a key/value cache.
+
+The model contract (`CausalLM`): `lm.bos_id` (the start token put before every row),
+`lm.new_cache(batch, max_len, device)` and `lm(tokens (B, n), cache) -> logits (B, n, V)`
+for n new tokens after the cached ones. One network call per new token, each processing
+only that token (the reference AR sampler recomputes the whole prefix at every step and
+pre-allocates a B x L x V noise buffer).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from .context import SamplerContext
+from .errors import EngineError
+
+
+class CausalLM(Protocol):
+    bos_id: int
+
+    def new_cache(self, batch: int, max_len: int, device: torch.device) -> Any: ...
+
+    def __call__(self, tokens: Tensor, cache: Any) -> Tensor: ...
+
+
+def prefix_length(z: Tensor, mask_id: int) -> int:
+    """Length of the fixed prefix shared by every row of z (B, L); the rest must be free.
+    A left-to-right model can only continue a prefix: a fixed token after a free one is an infill."""
+    free = z == mask_id
+    n = int(free[0].long().argmax()) if bool(free[0].any()) else z.shape[1]
+    if bool(free[:, :n].any()) or not bool(free[:, n:].all()):
+        raise EngineError("an autoregressive model can only continue a prefix (the same length in every row); "
+                          "use --prompt, not --infill")
+    return n
+
+
+@torch.no_grad()
+def autoregressive(z: Tensor, ctx: SamplerContext) -> Tensor:
+    """Exact ancestral sampling token by token: one cached call and one draw per new token
+    (the first call also reads BOS and the prompt)."""
+    lm: CausalLM = ctx.denoiser
+    B, L = z.shape
+    n = prefix_length(z, ctx.mask_id)
+    if n == L:
+        return z
+    cache = lm.new_cache(B, L, z.device)
+    step_in = torch.cat([torch.full((B, 1), lm.bos_id, dtype=torch.long, device=z.device), z[:, :n]], 1)
+    for pos in range(n, L):
+        logits = lm(step_in, cache)[:, -1]  # (B, V)
+        ctx.stats.calls += 1
+        ctx.stats.sequence_evals += B
+        z[:, pos] = ctx.draw(logits)
+        step_in = z[:, pos:pos + 1]
+    return z

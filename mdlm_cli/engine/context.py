@@ -1,0 +1,89 @@
+"""What every sampler shares: the work counters and the per-run context."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch import Tensor
+
+from .categorical import sample_tokens
+from .diffusion import Denoiser, call_denoiser
+from .schedules import Schedule
+
+
+@dataclass
+class SampleStats:
+    """Work counters. NFE and NCS are per sequence (means over the samples)."""
+
+    num_sequences: int = 0
+    calls: int = 0  # batched denoiser invocations
+    sequence_evals: int = 0  # sequences evaluated, summed over calls
+    draws: int = 0  # categorical draws over the vocabulary (one per drawn position)
+
+    @property
+    def nfe(self) -> float:
+        return self.sequence_evals / max(self.num_sequences, 1)
+
+    @property
+    def ncs(self) -> float:
+        return self.draws / max(self.num_sequences, 1)
+
+    def merge(self, other: SampleStats) -> None:
+        """Add the work of `other` (more calls on the same sequences, e.g. a semi-AR block)."""
+        for f in fields(self):
+            if f.name != "num_sequences":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "nfe": self.nfe, "ncs": self.ncs}
+
+
+@dataclass
+class SamplerContext:
+    denoiser: Denoiser
+    schedule: Schedule
+    mask_id: int
+    generator: torch.Generator | None
+    stats: SampleStats
+    steps: int = 1000
+    precision: str = "fp64"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    final_denoise: bool = True
+    tokens_per_step: int = 1
+    eps: float = 1e-5  # last time of the ancestral grid, as the reference
+    # caching samplers report, per batch, the steps at which any sequence changed and the number
+    # of steps run with a mask left (for benchmarks: what a whole-batch cache would have cost)
+    on_changes: Callable[[list[int], int], None] | None = None
+
+    def logits(self, z: Tensor, t: Tensor, positions: Tensor | None, rows: Tensor | None = None) -> Tensor:
+        """Logits (N, V) at the True entries of `positions[rows]` (all positions if None) for
+        the sequences `rows` (all if None); t is one time for all or one per sequence."""
+        if rows is not None and len(rows) == len(z):
+            rows = None
+        n = len(z) if rows is None else len(rows)
+        self.stats.calls += 1
+        self.stats.sequence_evals += n
+        t = t.expand(len(z)) if t.dim() == 0 else t
+        if rows is not None:
+            z, t = z[rows], t[rows]
+            positions = None if positions is None else positions[rows]
+        with torch.no_grad():
+            return call_denoiser(self.denoiser, z, t.float(), output_mask=positions)
+
+    def draw(self, logits: Tensor) -> Tensor:
+        self.stats.draws += logits.shape[0]
+        return sample_tokens(logits, self.mask_id, generator=self.generator, precision=self.precision,
+                             temperature=self.temperature, top_p=self.top_p)
+
+    def rand(self, shape, device) -> Tensor:
+        return torch.rand(shape, generator=self.generator, device=device, dtype=torch.float64)
+
+
+def rows_active(span: Tensor, span_host: list[int], i: int) -> Tensor | None:
+    """The rows b with i < span[b] (B,), None when all are. `span_host` (the same values,
+    read once) gives their number, so the device is not waited for at each step."""
+    count = sum(i < s for s in span_host)
+    return None if count == len(span_host) else torch.nonzero_static(span > i, size=count)[:, 0]

@@ -1,0 +1,6 @@
+"""The engine's own error type: a bad argument to an engine function. A ValueError, so
+Python callers can catch it as one; the CLI prints it as its one-line user error."""
+
+
+class EngineError(ValueError):
+    """An engine function was called with arguments it cannot serve."""

@@ -1,0 +1,24 @@
+"""The objectives registry. Adding one is a module with an `Objective` subclass, one entry
+here and the samplers that serve it (their specs name it); the tests parametrised over
+`OBJECTIVES` then cover it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .ar import Autoregressive
+from .base import Objective
+from .mdlm import MDLM
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..data.tokenizers import Tokenizer
+
+OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (MDLM, Autoregressive)}
+
+__all__ = ["OBJECTIVES", "Objective", "get_objective"]
+
+
+def get_objective(cfg: Config, tokenizer: Tokenizer) -> Objective:
+    """The objective of a run (`diffusion.objective`), bound to its config and tokeniser."""
+    return OBJECTIVES[cfg.diffusion.objective](cfg, tokenizer)

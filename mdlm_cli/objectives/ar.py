@@ -1,0 +1,90 @@
+"""The autoregressive baseline: the DiT's blocks with causal attention and no time input.
+
+Every token of a row is predicted from the tokens before it, the first from a start
+token (BOS) put in front: inputs [BOS, x_0, ..., x_{L-2}], targets [x_0, ..., x_{L-1}].
+The AR model is therefore scored on exactly the tokens the diffusion bound covers
+(the reference predicts x[1:] from x[:-1] and never scores the first token), so its
+exact perplexity and a diffusion model's bound are comparable row for row.
+
+It samples with the engine's `autoregressive` sampler: one network call per new token
+through the DiT's key/value cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import MdlmError
+from ..models import KVCache, autocast_for
+from .base import Objective
+
+
+def shift_right(x0: Tensor, bos_id: int) -> Tensor:
+    """Inputs of the AR model: [BOS, x_0, ..., x_{L-2}] (B, L)."""
+    return torch.cat([torch.full_like(x0[:, :1], bos_id), x0[:, :-1]], dim=1)
+
+
+def next_token_logits(logits: Tensor, mask_id: int) -> Tensor:
+    """The mask token exists in the vocabulary (shared with the diffusion models) but is
+    never a real token: it gets probability zero, as under SUBS."""
+    return logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
+
+
+def sequence_nll(model: nn.Module, x0: Tensor, *, bos_id: int, mask_id: int,
+                 attention_mask: Tensor | None = None,
+                 autocast_dtype: torch.dtype | None = None) -> Tensor:
+    """Exact negative log-likelihood of each row, summed over its real tokens: nats (B,).
+
+    -log p(x) = sum_l -log p_theta(x_l | x_<l). Padding sits at the end of a row, so with
+    causal attention no real position ever sees it; it is only excluded from the sum.
+    """
+    with autocast_for(x0.device, autocast_dtype):
+        logits = model(shift_right(x0, bos_id))  # (B, L, V)
+    nll = F.cross_entropy(next_token_logits(logits, mask_id).transpose(1, 2), x0, reduction="none")  # (B, L)
+    if attention_mask is not None:
+        nll = nll * attention_mask.to(nll.dtype)
+    return nll.sum(dim=1)
+
+
+class CausalLM:
+    """The engine's causal-LM contract over a causal DiT (`engine.autoregressive`): BOS,
+    a key/value cache, and logits of the new tokens after the cached ones."""
+
+    def __init__(self, model: nn.Module, *, bos_id: int, mask_id: int, autocast_dtype: torch.dtype | None = None):
+        self.model, self.bos_id, self.mask_id, self.autocast_dtype = model, bos_id, mask_id, autocast_dtype
+
+    def new_cache(self, batch: int, max_len: int, device: torch.device) -> KVCache:
+        return KVCache.empty(self.model, batch, max_len, device, self.autocast_dtype or torch.float32)
+
+    def __call__(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        with autocast_for(tokens.device, self.autocast_dtype):
+            return self.model(tokens, kv_cache=cache)
+
+    def nll(self, x0: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return sequence_nll(self.model, x0, bos_id=self.bos_id, mask_id=self.mask_id,
+                            attention_mask=attention_mask, autocast_dtype=self.autocast_dtype)
+
+
+class Autoregressive(Objective):
+    name = "ar"
+    causal = True
+    exact = True
+    uses_time = False
+    default_sampler = "autoregressive-kv-cache"
+    description = "left-to-right baseline: causal blocks, no time input, exact likelihood"
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        if cfg.model.time_conditioning:
+            raise MdlmError("the autoregressive objective has no time input; set model.time_conditioning=false")
+        if cfg.diffusion.T:
+            raise MdlmError("diffusion.T does not apply to the autoregressive objective; leave it at 0")
+
+    def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> CausalLM:
+        return CausalLM(model, bos_id=self.bos_id, mask_id=self.mask_id, autocast_dtype=autocast_dtype)
+
+    def loss_terms(self, denoiser: CausalLM, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
+                   T: int | None = None) -> Tensor:
+        return denoiser.nll(x0, attention_mask)

@@ -1,0 +1,90 @@
+"""What an objective is: everything that follows from "what is this model trained to do"."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ..data.store import TokenSplit
+from ..engine.sampling import SAMPLERS, SamplerSpec
+from ..engine.schedules import get_schedule
+from ..evaluation import BoundResult, sharded_sum
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..data.tokenizers import Tokenizer
+
+
+class Objective(ABC):
+    """One training objective. The train loop, `eval-ppl`, `gen-ppl`, checkpoint loading and
+    every command ask the loaded objective instead of branching on its name.
+
+    Class attributes say what the objective is; an instance is bound to a run's config and
+    tokeniser (the mask and BOS ids).
+    """
+
+    name: ClassVar[str]
+    causal: ClassVar[bool] = False  # the backbone attends only to earlier positions
+    exact: ClassVar[bool] = False  # evaluation is an exact likelihood, not a bound (one pass is enough)
+    uses_time: ClassVar[bool] = True  # training and evaluation draw a diffusion time per sequence
+    default_sampler: ClassVar[str]
+    description: ClassVar[str]
+
+    def __init__(self, cfg: Config, tokenizer: Tokenizer):
+        self.cfg = cfg
+        self.mask_id, self.bos_id = tokenizer.mask_id, tokenizer.bos_id
+        self.schedule = get_schedule(cfg.diffusion.schedule, cfg.diffusion.eps)
+
+    @classmethod  # noqa: B027 - optional: most objectives add checks, some need none
+    def validate(cls, cfg: Config) -> None:
+        """Config checks of this objective (a one-line MdlmError naming the key)."""
+
+    @property
+    def takes_time(self) -> bool:
+        """Whether the backbone is given the diffusion time (time conditioning)."""
+        return False
+
+    @property
+    def samplers(self) -> list[SamplerSpec]:
+        """The samplers that serve this objective's models (from their specs)."""
+        return [spec for spec in SAMPLERS.values() if self.name in spec.objectives]
+
+    @abstractmethod
+    def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> Any:
+        """The callable the engine's losses and samplers take (a denoiser or a causal LM)."""
+
+    @abstractmethod
+    def loss_terms(self, denoiser: Any, x0: Tensor, t: Tensor | None, *, generator: torch.Generator | None,
+                   attention_mask: Tensor | None, T: int | None = None) -> Tensor:
+        """Training loss of a batch x0 (B, L) at times t (B,): nats per sequence (B,). The train
+        loop divides their sum by the number of tokens of the global batch. `T` overrides
+        the configured number of discrete steps (evaluation at another T)."""
+
+    def eval_T(self, T: int | None) -> int:
+        """The discrete-time T of an evaluation (None: as trained); 0 for continuous time."""
+        return 0
+
+    def draw_times(self, T: int, antithetic: bool = True) -> Callable[[int, torch.Generator], Tensor] | None:
+        """`draw(n, generator)`: one time per sequence of a global batch or an evaluation set,
+        stratified over it (antithetic); None for objectives without time."""
+        return None
+
+    def evaluate(self, denoiser: Any, split: TokenSplit, *, seeds: list[int], batch_size: int,
+                 device: torch.device, rows: int = 0, T: int | None = None, antithetic: bool = True,
+                 on_batch: Callable[[int], None] | None = None, rank: int = 0,
+                 world_size: int = 1) -> list[BoundResult]:
+        """One result per seed (a Monte-Carlo pass each), or one result for an exact objective:
+        the loss summed over the first `rows` rows of `split` (0 = all), rank-sharded."""
+        T = self.eval_T(T)
+
+        def terms(x0, t, gen, attention_mask):
+            return self.loss_terms(denoiser, x0, t, generator=gen, attention_mask=attention_mask, T=T)
+
+        return [sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
+                            draw_times=self.draw_times(T, antithetic), exact=self.exact, T=T, on_batch=on_batch,
+                            rank=rank, world_size=world_size)
+                for seed in (seeds[:1] if self.exact else seeds)]

@@ -1,0 +1,50 @@
+"""MDLM (Sahoo et al. 2024): masked diffusion with SUBS and the continuous-time NELBO.
+
+The loss and the bound are `engine.diffusion.nelbo_terms` (eq. 10/11, or the T-step
+discrete bound of Table 8 "w/o continuous time"); the samplers are the engine's
+ancestral, cached and first-hitting samplers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..engine.diffusion import nelbo_terms
+from ..errors import MdlmError
+from ..evaluation import diffusion_times
+from ..models import DiffusionDenoiser
+from .base import Objective
+
+
+class MDLM(Objective):
+    name = "mdlm"
+    default_sampler = "first-hitting"
+    description = "masked diffusion, SUBS, continuous-time NELBO (a bound on the NLL)"
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        if cfg.diffusion.T < 0:
+            raise MdlmError(f"diffusion.T must be 0 (continuous) or a positive number of steps (got {cfg.diffusion.T})")
+
+    @property
+    def takes_time(self) -> bool:
+        return self.cfg.model.time_conditioning
+
+    def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> DiffusionDenoiser:
+        return DiffusionDenoiser(model, self.schedule, time_conditioning=self.takes_time,
+                                 autocast_dtype=autocast_dtype)
+
+    def loss_terms(self, denoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
+                   T: int | None = None) -> Tensor:
+        return nelbo_terms(denoiser, x0, t, mask_id=self.mask_id, schedule=self.schedule, generator=generator,
+                           attention_mask=attention_mask, T=self.cfg.diffusion.T if T is None else T)
+
+    def eval_T(self, T: int | None) -> int:
+        T = self.cfg.diffusion.T if T is None else T
+        if T < 0:
+            raise MdlmError(f"--T must be 0 (continuous time) or a number of steps (got {T})")
+        return T
+
+    def draw_times(self, T: int, antithetic: bool = True):
+        return diffusion_times(self.schedule, T, antithetic)
