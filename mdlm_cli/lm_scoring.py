@@ -131,12 +131,14 @@ class ConditionalScorer:
         return self.length - len(self.start) - 1
 
     @torch.no_grad()
-    def score(self, pairs: list[Pair], on_done: Callable[[int], None] | None = None) -> list[Scored]:
+    def score(self, pairs: list[Pair], on_done: Callable[[int], None] | None = None,
+              greedy: bool = True) -> list[Scored]:
         """Each pair's -log p(continuation | context) (bound for diffusion), K passes with
         times stratified over [0, 1) per pair, and `greedy`: whether the model's argmax at
         every continuation position is the continuation's token, the argmax read in one call
         with the whole continuation masked and the context clean (diffusion), or given the
-        true tokens before it (AR: greedy decoding). Longest rows first, in batches."""
+        true tokens before it (AR: greedy decoding; `greedy=False` skips that call and says
+        False). Longest rows first, in batches."""
         built = [build_row(self.start, c, x, self.length) for c, x in pairs]
         out: list[Scored | None] = [None] * len(pairs)
         todo = [i for i, (_, x) in enumerate(pairs) if x]
@@ -147,14 +149,14 @@ class ConditionalScorer:
             idx = todo[b:b + self.batch_size]
             rows = [built[i][0] for i in idx]
             n_cont = [len(pairs[i][1]) for i in idx]
-            passes, greedy = self._score_batch(rows, n_cont)
+            passes, is_greedy = self._score_batch(rows, n_cont, greedy)
             for j, i in enumerate(idx):
-                out[i] = Scored(passes[:, j].tolist(), bool(greedy[j]), n_cont[j], self.exact, built[i][1])
+                out[i] = Scored(passes[:, j].tolist(), bool(is_greedy[j]), n_cont[j], self.exact, built[i][1])
             if on_done is not None:
                 on_done(len(idx))
         return out  # type: ignore[return-value]
 
-    def _score_batch(self, rows: list[list[int]], n_cont: list[int]) -> tuple[Tensor, Tensor]:
+    def _score_batch(self, rows: list[list[int]], n_cont: list[int], greedy: bool) -> tuple[Tensor, Tensor]:
         """Rows right-padded (padding neither attended nor scored): nats (K, B), greedy (B,)."""
         B, width = len(rows), max(map(len, rows))
         x0 = torch.full((B, width), self.pad_id, dtype=torch.long)
@@ -174,21 +176,22 @@ class ConditionalScorer:
             self.objective.loss_terms(self.denoiser, x0, None if t is None else t[:, k], generator=gen,
                                       attention_mask=attention_mask, T=self.T, targets=targets).double()
             for k in range(self.mc_samples)])
+        if not greedy:
+            return passes.cpu(), torch.zeros(B, dtype=torch.bool)
         best = self.objective.greedy_tokens(self.denoiser, x0, targets, attention_mask)
-        greedy = ((best == x0) | ~targets).all(dim=1)
-        return passes.cpu(), greedy.cpu()
+        return passes.cpu(), ((best == x0) | ~targets).all(dim=1).cpu()
 
     def score_rolling(self, documents: list[list[int]],
                       on_done: Callable[[int], None] | None = None) -> list[Scored]:
         """Each document's -log p (bound for diffusion) over its rolling windows. Pass k of a
         document is the sum of pass k of its windows (the windows' draws are independent)."""
         windows = [rolling_windows(doc, self.rolling_max_len) for doc in documents]
-        flat = self.score([w for ws in windows for w in ws], on_done)
+        flat = self.score([w for ws in windows for w in ws], on_done, greedy=False)
         out, pos = [], 0
         for ws in windows:
             parts, pos = flat[pos:pos + len(ws)], pos + len(ws)
             passes = [sum(p.passes[k] for p in parts) for k in range(self.mc_samples)] if parts else [0.0]
-            out.append(Scored(passes, all(p.greedy for p in parts), sum(p.tokens for p in parts), self.exact))
+            out.append(Scored(passes, False, sum(p.tokens for p in parts), self.exact))
         return out
 
 

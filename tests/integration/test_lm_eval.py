@@ -59,6 +59,7 @@ def run(*args, code=0):
 def setup(tmp_path_factory):
     """Test-size MDLM and AR checkpoints (`mdlm train --preset test --max-steps 4`) and a
     folder of local tasks over a JSONL file."""
+    pytest.importorskip("lm_eval")
     root = tmp_path_factory.mktemp("lm-eval")
     base = ["train", "--preset", "test", "--no-print-config", "--max-steps", "4", "--set", "train.eval_rows=8"]
     run(*base, "--out", str(root / "mdlm"))
@@ -81,7 +82,6 @@ def test_without_lm_eval_the_command_says_how_to_install_it(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mdlm", "ar"])
 def test_every_output_type_through_mdlm_lm_eval(setup, name, tmp_path, monkeypatch):
-    pytest.importorskip("lm_eval")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     sampler = ["--steps", "4", "--sampler", "ancestral"] if name == "mdlm" else []
     out = run("lm-eval", "-c", str(setup / name), "--tasks", ",".join(TASKS), "--include-path",
@@ -108,7 +108,6 @@ def test_every_output_type_through_mdlm_lm_eval(setup, name, tmp_path, monkeypat
 def test_the_registered_model_through_simple_evaluate_is_exact_for_ar(setup, monkeypatch):
     """`lm_eval.simple_evaluate(model="mdlm", ...)` once the adapter is imported; the AR
     model's per-document log-likelihoods are the scorer's exact values."""
-    pytest.importorskip("lm_eval")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     import lm_eval
     from lm_eval.tasks import TaskManager
