@@ -78,7 +78,10 @@ def lm_eval_cmd(
             warn(f"--mc-samples {mc_samples} does not apply: the {objective.name} model's likelihood is exact")
         if objective.causal and stride is not None:
             warn(f"--stride {stride} does not apply: the {objective.name} model generates left to right")
-        lm = _model(loaded, checkpoint, mc_samples or 4, batch_size, device, seed, sampler, steps, stride)
+        if limit is not None and limit <= 0:
+            raise MdlmError(f"--limit must be a positive count or fraction (got {limit})")
+        lm = _model(loaded, checkpoint, 4 if mc_samples is None else mc_samples, batch_size, device, seed, sampler,
+                    steps, stride)
         results = _evaluate(lm, names, include_path, num_fewshot, limit, bootstrap_iters)
         summary = {task: _task_summary(scores) for task, scores in lm.scores.items()}
         _print(results["results"], summary, lm)
