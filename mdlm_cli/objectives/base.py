@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.store import TokenSplit
+from ..engine.diffusion import call_denoiser
 from ..engine.sampling import SAMPLERS, SamplerSpec
 from ..engine.schedules import get_schedule
 from ..evaluation import BoundResult, sharded_sum
@@ -59,10 +60,27 @@ class Objective(ABC):
 
     @abstractmethod
     def loss_terms(self, denoiser: Any, x0: Tensor, t: Tensor | None, *, generator: torch.Generator | None,
-                   attention_mask: Tensor | None, T: int | None = None) -> Tensor:
+                   attention_mask: Tensor | None, T: int | None = None, targets: Tensor | None = None) -> Tensor:
         """Training loss of a batch x0 (B, L) at times t (B,): nats per sequence (B,). The train
         loop divides their sum by the number of tokens of the global batch. `T` overrides
-        the configured number of discrete steps (evaluation at another T)."""
+        the configured number of discrete steps (evaluation at another T).
+
+        `targets` (B, L) bool: the positions whose likelihood the terms cover (None: every
+        real token). The other real positions are clean context: never noised, never
+        scored, but attended (the conditional bound, or the exact conditional NLL, of the
+        targets given the context; what `mdlm lm-eval` scores)."""
+
+    def greedy_tokens(self, denoiser: Any, x0: Tensor, targets: Tensor,
+                      attention_mask: Tensor | None = None) -> Tensor:
+        """The model's most likely token at each target position in one call, (B, L) (x0
+        elsewhere): for a diffusion model, its argmax with every target masked and the context
+        clean (the fully masked continuation, t = 1). Causal objectives override it."""
+        targets = targets.bool()
+        z = x0.masked_fill(targets, self.mask_id)
+        t = torch.ones(x0.shape[0], device=x0.device)
+        logits = call_denoiser(denoiser, z, t, output_mask=targets, attention_mask=attention_mask)  # (N, V)
+        best = logits.float().index_fill(-1, torch.tensor([self.mask_id], device=x0.device), float("-inf"))
+        return x0.masked_scatter(targets, best.argmax(-1))
 
     def eval_T(self, T: int | None) -> int:
         """The discrete-time T of an evaluation (None: as trained); 0 for continuous time."""
