@@ -135,6 +135,11 @@ class Tokenizer:
         return self.hf.decode(ids)
 
     @property
+    def named_tokens(self) -> int:
+        """Ids with a token behind them (DNA: 12 of the 16 in the model's vocabulary)."""
+        return len(self._itos) if self.char_level else len(self.hf)
+
+    @property
     def is_character_level(self) -> bool:
         return self.char_level
 

@@ -97,6 +97,10 @@ class Mamba(nn.Module):
             hidden = hidden[output_mask]
         return F.linear(hidden, self.lm_head.weight).float()
 
+    def features(self, tokens: Tensor, sigma: Tensor | None = None) -> Tensor:
+        """Final hidden states (B, L, d) (what `mdlm classify` pools)."""
+        return self._trunk(tokens, None)
+
     def _trunk(self, tokens: Tensor, states: list[MixerState] | None) -> Tensor:
         hs, residual = self.backbone.embedding(tokens), None
         for i, layer in enumerate(self.backbone.layers):

@@ -37,3 +37,23 @@ def _fill_aliases(module: nn.Module, state_dict: dict, prefix: str, *args) -> No
 def store_tied_once(module: nn.Module) -> None:
     module.register_state_dict_post_hook(_drop_aliases)
     module.register_load_state_dict_pre_hook(_fill_aliases)
+
+
+def canonical_state(module: nn.Module, weights: dict, source: str = "") -> dict:
+    """`weights` with each tied group under the name `module.state_dict()` uses (its first), taken
+    from whichever name of the group the file stores (a released checkpoint may keep another)."""
+    from ..errors import MdlmError
+
+    weights = dict(weights)
+    for group in tied_groups(module):
+        present = [name for name in group if name in weights]
+        if not present:
+            continue
+        value = weights[present[0]]
+        for name in present[1:]:
+            if weights[name].shape != value.shape or not bool((weights[name] == value).all()):
+                raise MdlmError(f"{source}: {name} should be tied to {present[0]} but holds other values")
+            del weights[name]
+        if present[0] != group[0]:
+            weights[group[0]] = weights.pop(present[0])
+    return weights
