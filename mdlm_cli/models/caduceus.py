@@ -63,11 +63,12 @@ class RMSNorm(nn.Module):
             self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
+        f = torch.promote_types(x.dtype, torch.float32)
+        xf = x.to(f)
         if self.rms:
-            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.to(f)
         else:
-            y = F.layer_norm(xf, (x.shape[-1],), self.weight.float(), self.bias.float(), self.eps)
+            y = F.layer_norm(xf, (x.shape[-1],), self.weight.to(f), self.bias.to(f), self.eps)
         return y.to(x.dtype)
 
 
@@ -256,7 +257,8 @@ class Caduceus(nn.Module):
         hidden = self.features(tokens, sigma)
         if output_mask is not None:
             hidden = hidden[output_mask]
-        return self.head(hidden).float()
+        logits = self.head(hidden)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 autocast -> float32
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

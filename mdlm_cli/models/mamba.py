@@ -38,6 +38,11 @@ class MambaCache:
     length: int = 0
 
 
+def _logits(hidden: Tensor, weight: Tensor) -> Tensor:
+    logits = F.linear(hidden, weight)
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 autocast -> float32
+
+
 class Layer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -118,7 +123,7 @@ class Mamba(nn.Module):
             outs = [self._step(tokens[:, j:j + 1], cache.states) for j in range(n)]
             hidden = torch.cat(outs, dim=1)
         cache.length += n
-        return F.linear(hidden, self.lm_head.weight).float()
+        return _logits(hidden, self.lm_head.weight)
 
     def _step(self, token: Tensor, states: list[MixerState]) -> Tensor:
         hs, residual = self.backbone.embedding(token), None

@@ -70,6 +70,10 @@ def torch_scan(deltaA: Tensor, BX: Tensor) -> Tensor:
     return pscan(deltaA, BX)
 
 
+def _scan_dtype(x: Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 class MambaMixer(nn.Module):
     """`MambaMixer(d_model)(x (B, L, d_model)) -> (B, L, d_model)`; mamba-ssm's defaults
     (d_state 16, d_conv 4, expand 2, dt_rank ceil(d/16), dt in [1e-3, 0.1], S4D-real A)."""
@@ -104,7 +108,7 @@ class MambaMixer(nn.Module):
                              else xs[:, -self.d_conv:].transpose(1, 2))
         xs = F.silu(self.conv1d(xs.transpose(1, 2))[..., :L]).transpose(1, 2)  # causal depthwise conv
         dt, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        A = -torch.exp(self.A_log.float())  # (E, N)
+        A = -torch.exp(self.A_log.to(_scan_dtype(x)))  # (E, N)
         if resolve_mixer(self.impl, x.device) == "cuda" and state is None:
             y = self._cuda_scan(xs, dt, A, B, C, z)
         else:
@@ -112,14 +116,15 @@ class MambaMixer(nn.Module):
         return self.out_proj(y)
 
     def _torch_scan(self, xs, dt, A, B, C, z, state: MixerState | None) -> Tensor:
-        delta = F.softplus(self.dt_proj(dt)).float()  # (B, L, E)
-        deltaA = torch.exp(delta[..., None] * A)  # (B, L, E, N)
-        BX = delta[..., None] * B.float()[:, :, None, :] * xs.float()[..., None]  # (B, L, E, N)
+        f = _scan_dtype(xs)  # the scan in float32 at least (bf16 autocast), float64 for float64 models
+        delta = F.softplus(self.dt_proj(dt)).to(f)  # (B, L, E)
+        deltaA = torch.exp(delta[..., None] * A.to(f))  # (B, L, E, N)
+        BX = delta[..., None] * B.to(f)[:, :, None, :] * xs.to(f)[..., None]  # (B, L, E, N)
         h = torch_scan(deltaA, BX)
         if state is not None:
             state.ssm.copy_(h[:, -1])
-        y = (h @ C.float()[..., None]).squeeze(-1) + self.D.float() * xs.float()  # (B, L, E)
-        return (y * F.silu(z.float())).to(xs.dtype)
+        y = (h @ C.to(f)[..., None]).squeeze(-1) + self.D.to(f) * xs.to(f)  # (B, L, E)
+        return (y * F.silu(z.to(f))).to(xs.dtype)
 
     def _cuda_scan(self, xs, dt, A, B, C, z) -> Tensor:
         from mamba_ssm.ops.selective_scan_interface import selective_scan_fn  # type: ignore[import-not-found]
@@ -133,7 +138,8 @@ class MambaMixer(nn.Module):
 
     def new_state(self, batch: int, device: torch.device, dtype: torch.dtype = torch.float32) -> MixerState:
         return MixerState(torch.zeros(batch, self.d_inner, self.d_conv, device=device, dtype=dtype),
-                          torch.zeros(batch, self.d_inner, self.d_state, device=device, dtype=torch.float32))
+                          torch.zeros(batch, self.d_inner, self.d_state, device=device,
+                                      dtype=torch.promote_types(dtype, torch.float32)))
 
     def step(self, x: Tensor, state: MixerState) -> Tensor:
         """One new position x (B, 1, d_model) after those `state` summarises; updates `state`."""
@@ -141,9 +147,10 @@ class MambaMixer(nn.Module):
         state.conv.copy_(torch.cat([state.conv[..., 1:], xs[..., None].to(state.conv.dtype)], dim=-1))
         xs = F.silu((state.conv * self.conv1d.weight[:, 0]).sum(-1) + self.conv1d.bias).to(x.dtype)
         dt, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        delta = F.softplus(self.dt_proj(dt)).float()  # (B, E)
-        A = -torch.exp(self.A_log.float())
+        f = _scan_dtype(xs)
+        delta = F.softplus(self.dt_proj(dt)).to(f)  # (B, E)
+        A = -torch.exp(self.A_log.to(f))
         state.ssm.copy_(torch.exp(delta[..., None] * A) * state.ssm
-                        + delta[..., None] * B.float()[:, None, :] * xs.float()[..., None])
-        y = (state.ssm @ C.float()[..., None]).squeeze(-1) + self.D.float() * xs.float()
-        return self.out_proj((y * F.silu(z.float())).to(x.dtype))[:, None]
+                        + delta[..., None] * B.to(f)[:, None, :] * xs.to(f)[..., None])
+        y = (state.ssm.to(f) @ C.to(f)[..., None]).squeeze(-1) + self.D.to(f) * xs.to(f)
+        return self.out_proj((y * F.silu(z.to(f))).to(x.dtype))[:, None]
