@@ -189,6 +189,27 @@ def write_synthetic_genome(folder: Path, *, chromosomes: int = 3, length: int = 
     return folder
 
 
+def write_motif_task(folder: str | Path, *, n_train: int = 200, n_test: int = 100, seed: int = 0) -> Path:
+    """A two-class task in the Genomic Benchmarks layout (CPU smoke runs of `mdlm classify`):
+    uniform random sequences of 50-70 bases; class `motif` carries GATTACAGGCTA on either
+    strand at a random place, class `plain` does not."""
+    import random
+
+    rng, folder = random.Random(seed), Path(folder)
+    motif = "GATTACAGGCTA"
+    strands = (motif, motif[::-1].translate(str.maketrans("ACGT", "TGCA")))
+    for split, n in (("train", n_train), ("test", n_test)):
+        for cls in ("motif", "plain"):
+            (folder / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(n // 2):
+                seq = [rng.choice("ACGT") for _ in range(rng.randint(50, 70))]
+                if cls == "motif":
+                    p = rng.randint(0, len(seq) - len(motif))
+                    seq[p:p + len(motif)] = rng.choice(strands)
+                (folder / split / cls / f"{i}.txt").write_text("".join(seq))
+    return folder
+
+
 # ----------------------------------------------------------------------------- reverse complement
 
 def reverse_complement(tokens: Tensor, complement: Tensor) -> Tensor:
