@@ -234,3 +234,27 @@ def test_backbones_honour_the_denoiser_contract():
     assert z.shape == (2, 8) and not (z == 3).any()
     with torch.no_grad():
         assert math.isfinite(float(F.log_softmax(model(x0), -1).sum()))
+
+
+def test_init_from_a_checkpoint_without_time_input_keeps_its_function(tmp_path):
+    from mdlm_cli.checkpoint import save_checkpoint
+    from mdlm_cli.config import resolve_config
+    from mdlm_cli.data.tokenizers import load_tokenizer
+    from mdlm_cli.errors import MdlmError
+    from mdlm_cli.init_from import initialise_from
+
+    tok = load_tokenizer("dna")
+    cfg = resolve_config("dna-tiny", ["diffusion.objective=mlm", "model.hidden_size=8", "model.n_blocks=1"])
+    torch.manual_seed(0)
+    source = build_model(cfg.model, 16).eval()
+    data_meta = {"length": 128, "packing": "window", "tokenizer": tok.describe(), "source": {"name": "dna-synthetic"}}
+    save_checkpoint(tmp_path / "mlm", 1, model=source, ema_model=None, optimizer=None, cfg=cfg, state={"step": 1},
+                    tokenizer=tok, data_meta=data_meta)
+    timed = resolve_config("dna-tiny", ["model.hidden_size=8", "model.n_blocks=1", "model.time_conditioning=true"])
+    target = build_model(timed.model, 16).eval()
+    assert "mlm model" in initialise_from(target, str(tmp_path / "mlm"), tok)
+    x = dna()
+    assert torch.equal(target(x, torch.tensor([0.5, 3.0])), source(x))
+    wider = build_model(resolve_config("dna-tiny", ["model.hidden_size=16", "model.n_blocks=1"]).model, 16)
+    with pytest.raises(MdlmError, match="has shape"):
+        initialise_from(wider, str(tmp_path / "mlm"), tok)
