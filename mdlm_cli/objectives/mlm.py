@@ -58,7 +58,7 @@ class MaskedLM(Objective):
 
     def __init__(self, cfg, tokenizer):
         super().__init__(cfg, tokenizer)
-        self.n_tokens = tokenizer.named_tokens
+        self.n_tokens = getattr(tokenizer, "named_tokens", None)  # else the model's vocabulary
 
     @classmethod
     def validate(cls, cfg) -> None:
@@ -72,7 +72,8 @@ class MaskedLM(Objective):
 
     def loss_terms(self, denoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
                    T: int | None = None) -> Tensor:
-        z, selected = bert_corruption(x0, mask_id=self.mask_id, n_tokens=self.n_tokens, generator=generator,
+        n_tokens = self.n_tokens or denoiser.model.vocab_size
+        z, selected = bert_corruption(x0, mask_id=self.mask_id, n_tokens=n_tokens, generator=generator,
                                       attention_mask=attention_mask)
         logits = call_denoiser(denoiser, z, torch.zeros(x0.shape[0], device=x0.device), output_mask=selected,
                                attention_mask=attention_mask)  # (N, V)
