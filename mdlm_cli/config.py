@@ -15,7 +15,7 @@ import yaml
 
 from .errors import MdlmError
 
-PACKINGS = ("wrap", "pad", "chunk")
+PACKINGS = ("wrap", "pad", "chunk", "window")
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "bf16", "fp32")
 PARALLELS = ("ddp", "fsdp")
@@ -26,8 +26,9 @@ class DataConfig:
     dataset: str = "bigtxt"  # registry name (`mdlm prepare-data --help`) or a local text/jsonl path
     tokenizer: str = "gpt2"  # gpt2 | bert-base-uncased | char | local tokenizer folder | hub id
     length: int = 128  # tokens per row (L)
-    packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8)
+    packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | window (DNA)
     cache_dir: str = ""  # "" = $MDLM_CACHE or ~/.cache/mdlm
+    rc_augment: bool = False  # DNA: each training row reverse-complemented with probability 1/2
 
 
 @dataclass
@@ -43,6 +44,18 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.1
     time_conditioning: bool = False  # reference default; the paper's 23.21 used it on
+    # Mamba-based DNA backbones (caduceus, mamba; models.MAMBA_KEYS): hidden_size is d_model,
+    # n_blocks the number of layers; the DiT does not take these
+    mixer: str = "auto"  # selective scan: auto | cuda (mamba-ssm) | torch (mambapy)
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    rcps: bool = False  # caduceus: Caduceus-PS (reverse-complement equivariant) instead of Ph
+    fused_add_norm: bool = True  # caduceus PS layout: true = the released checkpoints' (halves swapped per block)
+    bidirectional_strategy: str = "add"  # caduceus: add | ew_multiply
+    bidirectional_weight_tie: bool = True  # caduceus: mamba_rev shares mamba_fwd's in/out projections
+    rms_norm: bool = True  # RMSNorm (else LayerNorm)
+    norm_epsilon: float = 1e-5
 
 
 @dataclass
@@ -84,6 +97,7 @@ class TrainConfig:
     save_every: int = 10_000
     keep_last: int = 2
     out_dir: str = "runs/{name}"
+    init_from: str = ""  # start from these weights: an mdlm checkpoint, or a Caduceus hub id / folder
 
 
 @dataclass
@@ -251,7 +265,7 @@ def _choice(value: str, choices, where: str) -> None:
 def validate(cfg: Config) -> None:
     """Checks common to every run; each objective adds its own (`Objective.validate`)."""
     from .engine.schedules import SCHEDULES
-    from .models import BACKBONES
+    from .models import BACKBONES, check_backbone
     from .objectives import OBJECTIVES
 
     _choice(cfg.data.packing, PACKINGS, "data.packing")
@@ -275,11 +289,13 @@ def validate(cfg: Config) -> None:
             raise MdlmError(f"{where} must be positive (got {value})")
     if cfg.data.length < 4:
         raise MdlmError(f"data.length must be at least 4 (got {cfg.data.length})")
-    if cfg.model.hidden_size % cfg.model.n_heads or (cfg.model.hidden_size // cfg.model.n_heads) % 2:
-        raise MdlmError(
-            f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by model.n_heads "
-            f"({cfg.model.n_heads}) with an even head size"
-        )
+    check_backbone(cfg.model)
+    causal, needs = OBJECTIVES[cfg.diffusion.objective].causal, getattr(BACKBONES[cfg.model.backbone],
+                                                                         "requires_causal", None)
+    if needs is not None and needs != causal:
+        raise MdlmError(f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; the "
+                        f"{cfg.diffusion.objective} objective needs a {'causal' if causal else 'bidirectional'} one "
+                        f"({'mamba' if causal else 'caduceus'} on DNA)")
     if cfg.train.global_batch_size % cfg.train.micro_batch_size:
         raise MdlmError(
             f"train.global_batch_size ({cfg.train.global_batch_size}) must be a multiple of "

@@ -51,6 +51,11 @@ def export_folder(loaded: LoadedModel, out: str | Path, *, weights: str, results
                   overwrite: bool = False, hub_id: str | None = None) -> Path:
     """Write the folder atomically (a temporary sibling renamed into place); `hub_id` is where
     it will be pushed, for the model card's usage line."""
+    from .models import DiT
+
+    if not isinstance(loaded.model, DiT):  # the reference format holds a DiT; other backbones keep their run folder
+        raise MdlmError(f"mdlm export writes the reference DiT format; a {loaded.config.model.backbone} model is "
+                        "shared as its run folder (safetensors, config.yaml, tokenizer files)")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not overwrite:

@@ -23,6 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from .checkpoint import load_training_state, resolve_checkpoint, save_checkpoint
 from .config import Config
+from .data.dna import rc_augment
 from .data.order import DataOrder
 from .data.store import PreparedData, TokenSplit, prepare
 from .data.tokenizers import Tokenizer
@@ -118,6 +119,12 @@ def _set_up(cfg: Config, dist: Dist, console: Console, *, resume: bool, load_dat
     objective = get_objective(cfg, tokenizer)
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, tokenizer.vocab_size, causal=objective.causal)
+    if cfg.data.rc_augment and tokenizer.complement is None:
+        raise MdlmError(f"data.rc_augment needs a DNA tokenizer (data.tokenizer=dna); {tokenizer.name} has none")
+    if tc.init_from and not (resume and (cfg.out_dir / "latest").is_file()):
+        from .init_from import initialise_from
+
+        console.print(f"Initialised from {initialise_from(model, tc.init_from, tokenizer)}")
     ema = EMA(model, tc.ema) if tc.ema > 0 else None
     net = dist.wrap(model, ema.model if ema else None, tc.parallel, rt.dtype)  # to the device; DDP / FSDP2
     net = torch.compile(net) if tc.compile else net
@@ -172,7 +179,7 @@ def _step(run: Run, step: int) -> tuple[float, int, float]:
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     rows = run.order.rows(run.state["samples_seen"], tc.global_batch_size)
-    n_tokens = int(run.train_split.lengths[rows].sum())
+    n_tokens = run.train_split.count(rows)
     t = None
     if run.objective.uses_time:  # stratified over the global batch, then this rank's share
         draw = run.objective.draw_times(cfg.diffusion.T, cfg.diffusion.antithetic)
@@ -186,6 +193,9 @@ def _step(run: Run, step: int) -> tuple[float, int, float]:
         torch.manual_seed(derive_seed(tc.seed, "dropout", step, micro))
         set_gradient_sync(run.net, i == run.accum - 1)
         x0, attention_mask = run.train_split.batch(rows[sl], device)
+        if cfg.data.rc_augment:  # its own stream: the other draws are those of a run without it
+            x0, attention_mask = rc_augment(x0, attention_mask, run.tokenizer.complement,
+                                            generator(device, derive_seed(tc.seed, "rc", step, micro)))
         terms = run.objective.loss_terms(run.denoiser, x0, None if t is None else t[sl], generator=gen,
                                          attention_mask=attention_mask)
         loss = terms.sum() / n_tokens
@@ -343,7 +353,7 @@ def _record_eval(state: dict, result: BoundResult, step: int, log, console: Cons
     log.write(json.dumps(record) + "\n")
     log.flush()
     label = "final validation" if final else "validation"
-    kind, rel = ("exact NLL", "=") if result.exact else ("bound", "≤")
+    kind, rel = ("exact NLL", "=") if result.exact else (result.kind or "bound", result.relation)
     console.print(f"step {step}: {label} {kind} {nats:.4f} nats/token, PPL {rel} {result.perplexity:.2f} "
                   f"({result.tokens} tokens, EMA weights)")
     return best

@@ -104,6 +104,8 @@ def resolve_sampler(objective, sampler: str | None, steps: int | None, options: 
     from ..engine import get_sampler
 
     served = objective.samplers
+    if not served:
+        raise MdlmError(f"{objective.name} models have no sampler ({objective.description})")
     if sampler is None and steps is not None:  # `--steps N` means "a step-based sampler with N steps"
         stepped = [s for s in served if s.uses_steps and (not objective.takes_time or not s.needs_time_agnostic)]
         spec = max(stepped, key=lambda s: s.needs_time_agnostic) if stepped else get_sampler(objective.default_sampler)

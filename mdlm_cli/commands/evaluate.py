@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import MdlmError
+from ..evaluation import relation
 from .common import (
     CheckpointOpt,
     DeviceOpt,
@@ -111,7 +112,8 @@ def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
         n_rows = prepared.meta["splits"][pick_split(prepared, options["split"])[0]]["rows"]
         n_rows = min(options["rows"], n_rows) if options["rows"] > 0 else n_rows
         exact = loaded.objective.exact
-        task = progress.add_task(f"{label}: {'exact' if exact else 'bound'}", total=n_rows * options["mc_samples"])
+        kind = "exact" if exact else loaded.objective.kind or "bound"
+        task = progress.add_task(f"{label}: {kind}", total=n_rows * options["mc_samples"])
         result = evaluate(loaded, prepared, name=label, device=rt.device, dtype=rt.dtype,
                           on_batch=lambda n: progress.advance(task, n), **options)
     for note in result.notes:
@@ -124,7 +126,7 @@ def _print_ppl_table(results, loaded) -> None:
     table = Table("data set", "split", "tokens", "K", "nats/tok", "SE", "1-pass sd", "PPL",
                   *(["bits/char"] if char else []), box=None)
     for r in results:
-        rel = "=" if r.exact else "≤"
+        rel = relation(r.exact, r.kind)
         se = "exact" if r.exact else ("n/a" if r.standard_error is None else f"{r.standard_error:.4f}")
         sd = "" if r.exact or r.pass_std is None else f"{r.pass_std:.4f}"
         row = [r.dataset, r.split, f"{r.tokens:,}", "-" if r.exact else str(len(r.passes)),
@@ -133,7 +135,10 @@ def _print_ppl_table(results, loaded) -> None:
             row.append("" if r.bits_per_char is None else f"{rel} {r.bits_per_char:.4f}")
         table.add_row(*row)
     console.print(table)
-    if loaded.objective.exact:
+    if loaded.objective.kind == "masked-token":
+        console.print(f"[dim]~ masked-token perplexity of the {loaded.objective.name} model: exp of the mean "
+                      "cross-entropy at the 15% selected positions (80/10/10 corruption); not a bound[/]")
+    elif loaded.objective.exact:
         console.print(f"[dim]= exact likelihood of the {loaded.objective.name} model (every token of each row, "
                       "the first given BOS)[/]")
     else:

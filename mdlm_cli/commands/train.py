@@ -57,7 +57,8 @@ def train_cmd(
         console.print(f"[bold green]Done[/]: {result.step} steps, {result.tokens_seen:,} tokens, "
                       f"{result.train_seconds / 60:.1f} min, {result.tokens_per_second:,.0f} tokens/s")
         if result.final_valid is not None:
-            kind, rel = ("exact NLL", "=") if result.final_valid.exact else ("bound", "≤")
+            final = result.final_valid
+            kind, rel = ("exact NLL", "=") if final.exact else (final.kind or "bound", final.relation)
             line = (f"Validation {kind}: {result.final_valid.nats_per_token:.4f} nats/token, "
                     f"PPL {rel} {result.final_valid.perplexity:.2f}")
             if result.unigram_nats is not None:

@@ -1,4 +1,5 @@
-"""The autoregressive baseline: the DiT's blocks with causal attention and no time input.
+"""The autoregressive baseline: the DiT's blocks with causal attention and no time input
+(or a causal backbone such as Mamba, on DNA).
 
 Every token of a row is predicted from the tokens before it, the first from a start
 token (BOS) put in front: inputs [BOS, x_0, ..., x_{L-2}], targets [x_0, ..., x_{L-1}].
@@ -59,8 +60,13 @@ class CausalLM:
     def __init__(self, model: nn.Module, *, bos_id: int, mask_id: int, autocast_dtype: torch.dtype | None = None):
         self.model, self.bos_id, self.mask_id, self.autocast_dtype = model, bos_id, mask_id, autocast_dtype
 
-    def new_cache(self, batch: int, max_len: int, device: torch.device) -> KVCache:
-        return KVCache.empty(self.model, batch, max_len, device, self.autocast_dtype or torch.float32)
+    def new_cache(self, batch: int, max_len: int, device: torch.device):
+        """The DiT's key/value cache, or the backbone's own (`model.new_cache`, e.g. Mamba's recurrent state)."""
+        dtype = self.autocast_dtype or torch.float32
+        make = getattr(getattr(self.model, "_orig_mod", self.model), "new_cache", None)
+        if make is not None:
+            return make(batch, max_len, device, dtype)
+        return KVCache.empty(self.model, batch, max_len, device, dtype)
 
     def __call__(self, tokens: Tensor, cache: KVCache) -> Tensor:
         with autocast_for(tokens.device, self.autocast_dtype):

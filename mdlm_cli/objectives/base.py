@@ -32,8 +32,9 @@ class Objective(ABC):
     causal: ClassVar[bool] = False  # the backbone attends only to earlier positions
     exact: ClassVar[bool] = False  # evaluation is an exact likelihood, not a bound (one pass is enough)
     uses_time: ClassVar[bool] = True  # training and evaluation draw a diffusion time per sequence
-    default_sampler: ClassVar[str]
+    default_sampler: ClassVar[str]  # "" for an objective without samplers (mlm)
     description: ClassVar[str]
+    kind: ClassVar[str] = ""  # what `evaluate` gives: "" = exact or bound as `exact` says; "masked-token" (mlm)
 
     def __init__(self, cfg: Config, tokenizer: Tokenizer):
         self.cfg = cfg
@@ -102,7 +103,10 @@ class Objective(ABC):
         def terms(x0, t, gen, attention_mask):
             return self.loss_terms(denoiser, x0, t, generator=gen, attention_mask=attention_mask, T=T)
 
-        return [sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
-                            draw_times=self.draw_times(T, antithetic), exact=self.exact, T=T, on_batch=on_batch,
-                            rank=rank, world_size=world_size)
-                for seed in (seeds[:1] if self.exact else seeds)]
+        results = [sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
+                               draw_times=self.draw_times(T, antithetic), exact=self.exact, T=T, on_batch=on_batch,
+                               rank=rank, world_size=world_size)
+                   for seed in (seeds[:1] if self.exact else seeds)]
+        for r in results:
+            r.kind = self.kind or r.kind
+        return results
