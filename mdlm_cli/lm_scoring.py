@@ -116,6 +116,9 @@ class ConditionalScorer:
         if mc_samples < 1 or batch_size < 1:
             raise MdlmError(f"--mc-samples and --batch-size must be at least 1 (got {mc_samples}, {batch_size})")
         self.objective, self.denoiser = loaded.objective, loaded.denoiser(dtype)
+        if not self.objective.scores_targets:
+            raise MdlmError(f"{loaded.path} is a {self.objective.name} model, which gives no likelihood of a "
+                            "continuation; score an mdlm, sedd, d3pm or ar checkpoint")
         self.exact = self.objective.exact
         self.mc_samples = 1 if self.exact else mc_samples
         self.T = self.objective.eval_T(None)

@@ -32,6 +32,7 @@ class Objective(ABC):
     causal: ClassVar[bool] = False  # the backbone attends only to earlier positions
     exact: ClassVar[bool] = False  # evaluation is an exact likelihood, not a bound (one pass is enough)
     uses_time: ClassVar[bool] = True  # training and evaluation draw a diffusion time per sequence
+    scores_targets: ClassVar[bool] = True  # loss_terms(..., targets=) is a likelihood of the targets (lm-eval)
     default_sampler: ClassVar[str]  # "" for an objective without samplers (mlm)
     description: ClassVar[str]
     kind: ClassVar[str] = ""  # what `evaluate` gives: "" = exact or bound as `exact` says; "masked-token" (mlm)

@@ -52,6 +52,7 @@ def bert_corruption(x0: Tensor, *, mask_id: int, n_tokens: int, generator: torch
 class MaskedLM(Objective):
     name = "mlm"
     uses_time = False
+    scores_targets = False  # no likelihood of chosen positions: its loss is a masked-token estimate
     default_sampler = ""  # none: an MLM is not a generative model
     kind = "masked-token"
     description = "BERT-style masked LM (15%, 80/10/10; Caduceus's pretraining): masked-token perplexity, no bound"
@@ -71,7 +72,10 @@ class MaskedLM(Objective):
         return DiffusionDenoiser(model, self.schedule, time_conditioning=False, autocast_dtype=autocast_dtype)
 
     def loss_terms(self, denoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
-                   T: int | None = None) -> Tensor:
+                   T: int | None = None, targets: Tensor | None = None) -> Tensor:
+        if targets is not None:
+            raise MdlmError("the mlm objective defines no likelihood of chosen positions (it scores a random 15% of "
+                            "tokens); conditional scoring (mdlm lm-eval) needs an mdlm, sedd, d3pm or ar checkpoint")
         n_tokens = self.n_tokens or denoiser.model.vocab_size
         z, selected = bert_corruption(x0, mask_id=self.mask_id, n_tokens=n_tokens, generator=generator,
                                       attention_mask=attention_mask)

@@ -72,6 +72,10 @@ def test_loss_terms_targets_cover_only_the_target_positions(name):
             return objective.loss_terms(den, x, t, generator=torch.Generator().manual_seed(2), attention_mask=None,
                                         targets=targets)
 
+    if not objective.scores_targets:  # declared: a one-line refusal, never a wrong number
+        with pytest.raises(MdlmError, match="no likelihood of chosen positions"):
+            terms(x0, targets)
+        return
     assert torch.equal(terms(x0, None), terms(x0, torch.ones_like(targets)))
     assert torch.equal(terms(x0, torch.zeros_like(targets)), torch.zeros(3))
     scored = terms(x0, targets)
