@@ -146,14 +146,15 @@ def is_whole(step_dir: Path) -> bool:
     return step_dir.is_dir() and all((step_dir / name).exists() for name in STEP_FILES)
 
 
-def _whole_steps(run_dir: Path) -> list[Path]:
-    """Whole step folders, oldest first, including one an interrupted re-save left aside."""
+def _whole_steps(run_dir: Path) -> list[tuple[str, Path]]:
+    """(step name, folder) of the whole checkpoints, oldest first, including a step folder
+    that an interrupted re-save left aside under a temporary name."""
     root = run_dir / "checkpoints"
     found = {p.name: p for p in root.glob("step-*") if is_whole(p)} if root.is_dir() else {}
     for name, path in stale_old_folders(root):
         if name.startswith("step-") and is_whole(path):
             found.setdefault(name, path)
-    return [found[name] for name in sorted(found)]
+    return [(name, found[name]) for name in sorted(found)]
 
 
 def resolve_checkpoint(path: str | Path, which: str = "latest") -> Path:
@@ -177,9 +178,11 @@ def resolve_checkpoint(path: str | Path, which: str = "latest") -> Path:
     if not whole:
         raise MdlmError(f"{problem}, and no other whole checkpoint is there (a save was interrupted before any "
                         "completed)")
-    warnings.warn(f"{problem} (a save was interrupted); using {whole[-1].name}, the newest whole checkpoint",
+    name, folder = whole[-1]
+    where = "" if folder.name == name else f" (its whole copy {folder.name}, left by the interrupted save)"
+    warnings.warn(f"{problem} (a save was interrupted); using {name}{where}, the newest whole checkpoint",
                   MdlmWarning, stacklevel=2)
-    return whole[-1]
+    return folder
 
 
 def saved_config(step_dir: Path) -> Config:

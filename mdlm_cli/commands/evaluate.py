@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -66,7 +67,7 @@ def eval_ppl_cmd(
       mdlm eval-ppl --checkpoint runs/owt --datasets wikitext103,ptb,lm1b,lambada,ag_news,pubmed,arxiv
     """
     from ..distributed import session
-    from ..files import check_writable
+    from ..files import check_writable, write_text_atomic
 
     with user_errors(), session(device or "auto") as dist:  # under torchrun: the batches split over ranks
         if datasets and (dataset or data):
@@ -89,11 +90,9 @@ def eval_ppl_cmd(
             return
         _print_ppl_table(results, loaded)
         if json_out:
-            from pathlib import Path
-
-            Path(json_out).write_text(json.dumps({"checkpoint": str(loaded.path),
-                                                  "weights": "raw" if raw_weights else "ema",
-                                                  "results": [r.to_dict() for r in results]}, indent=2))
+            record = {"checkpoint": str(loaded.path), "weights": "raw" if raw_weights else "ema",
+                      "results": [r.to_dict() for r in results]}
+            write_text_atomic(Path(json_out), json.dumps(record, indent=2))
             console.print(f"Wrote {json_out}", markup=False)
 
 
@@ -188,7 +187,7 @@ def gen_ppl_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from ..files import check_writable
-    from ..genppl import EOS_POLICIES, load_judge, read_samples, score_samples
+    from ..genppl import EOS_POLICIES, load_judge, score_samples
     from ..runtime import Runtime
 
     with user_errors():
@@ -203,14 +202,7 @@ def gen_ppl_cmd(
             texts, tokens = _sample_for_judging(checkpoint, sampler, steps, num_samples, seed, precision,
                                                 device, samples, threads)
         else:
-            given = [flag for flag, value in (("--checkpoint", checkpoint), ("--sampler", sampler), ("--steps", steps))
-                     if value is not None]
-            if given:
-                raise MdlmError(f"{', '.join(given)} only apply with --sample-first (draw samples, then score them)")
-            if samples is None:
-                raise MdlmError("give --samples FILE.jsonl (from mdlm sample --out), "
-                                "or --sample-first --checkpoint DIR")
-            texts, tokens = read_samples(samples)
+            texts, tokens = _given_samples(samples, checkpoint=checkpoint, sampler=sampler, steps=steps)
         rt = Runtime.create(device or "auto", threads=threads or 0)
         with err_console.status(Text(f"loading judge {judge}")):
             scorer = load_judge(judge, device=rt.device, context=context)
@@ -221,10 +213,20 @@ def gen_ppl_cmd(
                                    on_chunks=lambda n: progress.advance(task, n))
         _print_gen_ppl(result)
         if json_out:
-            from pathlib import Path
-
             Path(json_out).write_text(json.dumps({"samples": samples, **result.to_dict()}, indent=2))
             console.print(f"Wrote {json_out}", markup=False)
+
+
+def _given_samples(samples: str | None, **sampling_flags):
+    """Texts and token ids of --samples; the sampling flags, which only --sample-first reads, are refused."""
+    from ..genppl import read_samples
+
+    given = [f"--{name}" for name, value in sampling_flags.items() if value is not None]
+    if given:
+        raise MdlmError(f"{', '.join(given)} only apply with --sample-first (draw samples, then score them)")
+    if samples is None:
+        raise MdlmError("give --samples FILE.jsonl (from mdlm sample --out), or --sample-first --checkpoint DIR")
+    return read_samples(samples)
 
 
 def _print_gen_ppl(result) -> None:

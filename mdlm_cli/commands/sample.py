@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated
 
@@ -125,7 +124,7 @@ def semi_ar_cmd(
 
     from .. import engine
     from ..files import check_writable
-    from ..generate import template, write_jsonl
+    from ..generate import SampleRecord, template, write_jsonl
 
     with user_errors():
         check_sampling_flags(sampler, precision)
@@ -138,8 +137,7 @@ def semi_ar_cmd(
                             "its length with mdlm sample (semi-ar is for diffusion models)")
         spec, steps = resolve_sampler(loaded.objective, sampler, steps)
         window, tok = loaded.length, loaded.tokenizer
-        stride = window // 2 if stride is None else stride
-        length = 2 * window if length is None else length
+        stride, length = window // 2 if stride is None else stride, 2 * window if length is None else length
         if length < window:
             raise MdlmError(f"--length must be at least the window ({window})")
         start = template(loaded, window, prompt=prompt) if prompt else None
@@ -156,21 +154,25 @@ def semi_ar_cmd(
             precision=precision, temperature=temperature, top_p=top_p, device=rt.device)
         seconds = time.perf_counter() - t0
         texts = [tok.decode(row.tolist()) for row in result.tokens.cpu()]
-        if out:
-            write_jsonl(out, [json.dumps({"index": i, "text": t, "tokens": row.tolist(), "sampler": spec.name,
-                                          "steps": steps, "window": window, "stride": stride, "seed": seed,
-                                          "precision": precision, "checkpoint": str(loaded.path),
-                                          "nfe": result.stats.nfe, "ncs": result.stats.ncs,
-                                          "seconds": seconds / num_samples})
+        if out:  # before anything is printed
+            extra = {"sampler": spec.name, "steps": steps, "window": window, "stride": stride, "seed": seed,
+                     "precision": precision, "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
+                     "ncs": result.stats.ncs, "seconds": seconds / num_samples}
+            write_jsonl(out, [SampleRecord(i, t, row.tolist()).to_json(**extra)
                               for i, (t, row) in enumerate(zip(texts, result.tokens.cpu(), strict=True))])
-        if streaming:
-            sys.stdout.write("\n")
-        else:
-            for i, text in enumerate(texts):
-                console.rule(f"sample {i}")
-                console.print(text, highlight=False, markup=False)
+        _show(texts, streamed=streaming)
         err_console.print(f"{result.tokens.shape[1]} tokens per sample (window {window}, stride {stride}), "
                           f"{seconds / num_samples:.2f} s/sample, NFE {result.stats.nfe:.1f}")
+
+
+def _show(texts: list[str], *, streamed: bool) -> None:
+    """The samples as plain text (never markup); a streamed one only needs its last newline."""
+    if streamed:
+        sys.stdout.write("\n")
+        return
+    for i, text in enumerate(texts):
+        console.rule(f"sample {i}")
+        console.print(text, highlight=False, markup=False)
 
 
 def _write(text: str) -> None:

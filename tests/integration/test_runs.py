@@ -11,8 +11,6 @@ import time
 
 import pytest
 
-from mdlm_cli.run_lock import RunLock
-
 from .conftest import invoke, one_line_error
 from .test_nothing_lost import ROOT, child_env, tree
 
@@ -39,6 +37,8 @@ def dead_pid() -> int:
 
 
 def test_a_second_trainer_is_refused_while_one_holds_the_run(run_copy, train_args):
+    from mdlm_cli.run_lock import RunLock
+
     before = tree(run_copy)
     with RunLock(run_copy):
         message = one_line_error(*train_args, "--out", run_copy, "--max-steps", "6", "--resume")
