@@ -60,9 +60,9 @@ TORCH_THREADS = torch.get_num_threads()  # torch's default (physical cores), bef
 def default_threads() -> int | None:
     """CPU threads when none are asked for: None (torch's own) where OMP_NUM_THREADS or
     MKL_NUM_THREADS says, else torch's default less the cores the machine's load already
-    keeps busy, at least 1. Measured on a shared 2-core machine (BENCHMARKS.md): at load
-    5-13, 2 threads sampled 10-20x slower than 1 (threads spin at every barrier while
-    others hold the cores), while on idle cores the extra thread helps."""
+    keeps busy, at least 1. Measured on a shared 2-core machine at load 11-15 (BENCHMARKS.md,
+    table 6): 2 threads sampled 10.8x and trained 3.4x slower than 1, each parallel region
+    waiting at its barrier for a thread that is not running."""
     if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
         return None
     cores = TORCH_THREADS

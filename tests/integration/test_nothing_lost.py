@@ -162,6 +162,15 @@ def test_folders_that_ask_to_run_their_code_are_refused(answer, tmp_path):
         assert not marker.exists()
 
 
+def test_a_checkpoint_whose_config_names_its_modelling_code_still_loads_without_it(tmp_path):
+    """As kuleshov-group/mdlm-owt: config.json has auto_map, mdlm reads it itself, no tokeniser files."""
+    marker = tmp_path / "ran"
+    folder = evil_folder(tmp_path / "published", marker)
+    (folder / "tokenizer_config.json").unlink()
+    assert "NFE" in invoke("sample", "-c", folder, "-n", "1", "--quiet", input="y\n")
+    assert not marker.exists()
+
+
 def test_transformers_is_told_never_to_run_remote_code(tmp_path, monkeypatch):
     """Without mdlm's own check, transformers (trust_remote_code=False) still refuses: no prompt."""
     monkeypatch.setattr("mdlm_cli.safe_load.refuse_remote_code", lambda *a, **k: None)
@@ -178,35 +187,31 @@ def test_transformers_is_told_never_to_run_remote_code(tmp_path, monkeypatch):
 
 def test_sample_text_that_looks_like_markup_is_printed_and_saved(gpt2_run, tmp_path):
     out = tmp_path / "s.jsonl"
-    text = invoke("sample", "-c", gpt2_run, "--prompt", "[/] hello", "--length", "16", "-n", "1", "--out", out)
-    assert "[/] hello" in text and json.loads(out.read_text())["text"].startswith("[/] hello")
-    text = invoke("sample", "-c", gpt2_run, "--prompt", "[bold red]x[/bold red]", "--length", "16", "-n", "1")
-    assert "[bold red]x[/bold red]" in text
+    prompt = "[/] hello [bold red]x[/bold red]"
+    text = invoke("sample", "-c", gpt2_run, "--prompt", prompt, "--length", "20", "-n", "1", "--out", out)
+    assert prompt in text and json.loads(out.read_text())["text"].startswith(prompt)
     for stream in ("--stream", "--no-stream"):
-        text = invoke("semi-ar", "-c", gpt2_run, "--prompt", "[/] hello", "--length", "40", "--stride", "8", stream)
-        assert "[/] hello" in text
+        text = invoke("semi-ar", "-c", gpt2_run, "--prompt", prompt, "--length", "40", "--stride", "8", stream)
+        assert prompt in text
 
 
-def test_paths_and_names_that_look_like_markup(gpt2_run, train_args, small_corpus, tmp_path, monkeypatch):
+def test_paths_and_names_that_look_like_markup(train_args, small_corpus, tmp_path, monkeypatch):
     from mdlm_cli.hub import hub_offline
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub_offline.cache_clear()
     odd = tmp_path / "x["
     odd.mkdir()
-    doc = odd / "]doc.txt"  # the path reads x[/]doc.txt
-    shutil.copy(small_corpus, doc)
-    assert "Prepared" in invoke("prepare-data", "--dataset", doc, "--tokenizer", "gpt2", "--length", "32")
-    table = invoke("eval-ppl", "-c", gpt2_run, "--dataset", doc, "--rows", "2", "-k", "1")
-    assert "]doc" in table
-    run = odd / "]run"
+    run = odd / "]run"  # the path reads x[/]run
     assert "Checkpoint:" in invoke(*train_args, "--out", run, "--max-steps", "1")
+    doc = odd / "]doc.txt"
+    shutil.copy(small_corpus, doc)
+    assert "Prepared" in invoke("prepare-data", "--dataset", doc, "--tokenizer", "char", "--length", "32")
+    assert "]doc" in invoke("eval-ppl", "-c", run, "--dataset", doc, "--rows", "2", "-k", "1")
     samples = tmp_path / "s.jsonl"
     samples.write_text(json.dumps({"text": "[bold red]x[/bold red] and [/] y"}) + "\n")
-    judge = odd / "]judge"
-    text = one_line_error("gen-ppl", "--samples", samples, "--judge", judge)  # the status line, then one error
-    assert "]judge" in text
+    assert "]judge" in one_line_error("gen-ppl", "--samples", samples, "--judge", odd / "]judge")  # after its status
     exported = odd / "]export"
-    assert "Exported" in invoke("export", "-c", gpt2_run, "--out", exported)
+    assert "Exported" in invoke("export", "-c", run, "--out", exported)
     assert "ancestral" in invoke("bench-sampler", "-c", exported, "--steps", "2", "-n", "1", "--batch-size", "1",
                                  "--repeats", "1", "--length", "8", "--samplers", "ancestral")

@@ -152,3 +152,19 @@ def test_text_files_refuse_binary_data_but_keep_stray_bytes(tmp_path):
     nul.write_bytes(b"text\x00more")
     with pytest.raises(MdlmError, match="NUL bytes"):
         read_text_file(nul)
+
+
+def test_every_from_pretrained_passes_trust_remote_code_false():
+    import ast
+    from pathlib import Path
+
+    import mdlm_cli
+
+    calls = []
+    for path in Path(mdlm_cli.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "from_pretrained":
+                flag = [k.value for k in node.keywords if k.arg == "trust_remote_code"]
+                calls.append((path.name, node.lineno, flag))
+    assert len(calls) >= 4 and all(flag and isinstance(flag[0], ast.Constant) and flag[0].value is False
+                                   for _, _, flag in calls), calls
