@@ -108,6 +108,8 @@ def no_space(e: BaseException) -> bool:
 def os_error_message(e: OSError) -> str:
     """One line for an operating-system error, naming the file."""
     where = e.filename if e.filename is not None else "a file"
+    if e.errno == errno.EPIPE:
+        return "the output was closed before everything was written (broken pipe)"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"no space left on the device holding {where}"
     if e.errno == errno.EROFS:
