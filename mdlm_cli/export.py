@@ -94,7 +94,7 @@ def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None
     source = loaded.path.resolve()
     run = source.parent.parent if source.parent.name == "checkpoints" else source
     target = out.resolve()
-    for protected, what in ((source, "the checkpoint being exported"), (run, "the run being exported")):
+    for protected, what in ((run, "the run being exported"), (source, "the checkpoint being exported")):
         if target == protected or target in protected.parents or protected in target.parents:
             raise MdlmError(f"--out {out} overlaps {what} ({protected}); choose a folder outside it")
     if not out.exists() and not out.is_symlink():
