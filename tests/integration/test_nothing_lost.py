@@ -163,7 +163,7 @@ def test_folders_that_ask_to_run_their_code_are_refused(answer, tmp_path):
 
 
 def test_a_checkpoint_whose_config_names_its_modelling_code_still_loads_without_it(tmp_path):
-    """As kuleshov-group/mdlm-owt: config.json has auto_map, mdlm reads it itself, no tokeniser files."""
+    """config.json names code of its own (auto_map), no tokeniser files: mdlm reads the config itself."""
     marker = tmp_path / "ran"
     folder = evil_folder(tmp_path / "published", marker)
     (folder / "tokenizer_config.json").unlink()
