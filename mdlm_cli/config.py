@@ -240,7 +240,11 @@ def apply_override(data: dict, assignment: str) -> None:
     section, name = parts
     if section not in SECTIONS:
         raise MdlmError(f"unknown config section {section!r} in --set; valid sections: {', '.join(SECTIONS)}")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:  # a python tag (!!python/...) or broken YAML: plain values only
+        reason = str(e).strip().splitlines()[0]
+        raise MdlmError(f"--set {key.strip()}: {raw.strip()!r} is not a plain YAML value ({reason})") from None
     data.setdefault(section, {})[name] = value
 
 
@@ -251,9 +255,9 @@ def resolve_config(preset: str | None, overrides: typing.Sequence[str] = (),
     for assignment in overrides:
         apply_override(data, assignment)
     for key, value in (flags or {}).items():
-        if value is not None:
-            apply_override(data, f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
-                           if not isinstance(value, str) else f"{key}={value}")
+        if value is not None:  # a flag's value is taken as it is: a path like 'x[1].txt' is not YAML
+            section, name = key.split(".")
+            data.setdefault(section, {})[name] = value
     return config_from_dict(data)
 
 
@@ -305,6 +309,43 @@ def validate(cfg: Config) -> None:
         raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise MdlmError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
-    if cfg.optim.lr <= 0:
-        raise MdlmError(f"optim.lr must be positive (got {cfg.optim.lr})")
+    _check_optim(cfg.optim)
+    if cfg.train.threads < 0:
+        raise MdlmError(f"train.threads must be 0 (the default choice) or a positive count (got {cfg.train.threads})")
+    try:
+        cfg.train.out_dir.format(name=cfg.name)
+    except (KeyError, IndexError, ValueError, AttributeError):
+        raise MdlmError(f"train.out_dir may contain {{name}} (the config's name) and no other {{...}} field "
+                        f"(got {cfg.train.out_dir!r}); write {{{{ and }}}} for literal braces") from None
     OBJECTIVES[cfg.diffusion.objective].validate(cfg)
+
+
+def _check_optim(o: OptimConfig) -> None:
+    """The ranges AdamW and the schedule accept, checked before anything runs."""
+    if o.lr <= 0:
+        raise MdlmError(f"optim.lr must be positive (got {o.lr})")
+    if not all(0.0 <= b < 1.0 for b in o.betas):
+        raise MdlmError(f"optim.betas must both be in [0, 1) (got {list(o.betas)})")
+    for where, value in (("optim.eps", o.eps), ("optim.weight_decay", o.weight_decay),
+                         ("optim.warmup_steps", o.warmup_steps), ("optim.grad_clip", o.grad_clip)):
+        if value < 0 or (where == "optim.eps" and value == 0):
+            raise MdlmError(f"{where} must be {'positive' if where == 'optim.eps' else 'at least 0'} (got {value})")
+    if not 0.0 <= o.min_lr_ratio <= 1.0:
+        raise MdlmError(f"optim.min_lr_ratio must be in [0, 1] (got {o.min_lr_ratio})")
+
+
+# What a resumed run must share with the checkpoint it continues: the data, objective, model,
+# optimisation and batch. Everything else (max_steps, cadences, device, threads, compile,
+# precision, parallelism, micro-batch size, output folder) may change between sessions.
+RESUME_KEYS = {"data": ("dataset", "tokenizer", "length", "packing"), "model": None, "diffusion": None,
+               "optim": None, "train": ("global_batch_size", "seed", "ema")}
+
+
+def resume_differences(saved: Config, new: Config) -> dict[str, list]:
+    """{"section.key": [saved value, new value]} for every RESUME_KEYS key that differs."""
+    old_d, new_d, out = saved.to_dict(), new.to_dict(), {}
+    for section, keys in RESUME_KEYS.items():
+        for key in keys or new_d[section]:
+            if old_d[section].get(key) != new_d[section][key]:
+                out[f"{section}.{key}"] = [old_d[section].get(key), new_d[section][key]]
+    return out

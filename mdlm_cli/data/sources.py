@@ -169,21 +169,51 @@ class LocalFiles(Source):
     def all_documents(self) -> list[str]:
         p = self.path
         if p.is_dir():
-            return [f.read_text(encoding="utf-8", errors="replace") for f in sorted(p.rglob("*.txt"))]
-        if p.suffix == ".jsonl":
-            docs = []
-            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-                if line.strip():
-                    try:
-                        docs.append(json.loads(line)["text"])
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        raise MdlmError(f"{p}:{n} is not a JSON object with a 'text' field") from None
-            return docs
-        text = p.read_text(encoding="utf-8", errors="replace")
-        return [d.strip() for d in re.split(r"\n\s*\n", text) if d.strip()]
+            files = sorted(p.rglob("*.txt"))
+            if not files:
+                raise MdlmError(f"{p} holds no .txt files")
+            docs = [read_text_file(f) for f in files]
+        elif p.suffix == ".jsonl":
+            docs = _jsonl_documents(p)
+        else:
+            docs = [d.strip() for d in re.split(r"\n\s*\n", read_text_file(p)) if d.strip()]
+        if not any(d.strip() for d in docs):
+            raise MdlmError(f"{p} holds no text (no documents); give a non-empty UTF-8 file")
+        return docs
 
     def documents(self, split, load_dataset=None):
         return _split_documents(self.all_documents(), split)
+
+
+def read_text_file(path: Path) -> str:
+    """A local text file as str; binary data (NUL bytes, or mostly not UTF-8) is refused
+    instead of being tokenised into noise. A few stray bytes in real text are replaced."""
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise MdlmError(f"{path} is not text (it holds NUL bytes: a binary file?); give UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        text = data.decode("utf-8", errors="replace")
+        invalid = text.count("\ufffd")
+        if invalid > max(8, len(text) // 1000):
+            raise MdlmError(f"{path} is not UTF-8 text ({invalid} invalid characters, the first at byte {e.start}); "
+                            "convert it to UTF-8") from None
+        return text
+
+
+def _jsonl_documents(path: Path) -> list[str]:
+    docs = []
+    for n, line in enumerate(read_text_file(path).splitlines(), 1):
+        if line.strip():
+            try:
+                text = json.loads(line)["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise MdlmError(f"{path}:{n} is not a JSON object with a 'text' field") from None
+            if not isinstance(text, str):
+                raise MdlmError(f"{path}:{n}: 'text' must be a string (got {type(text).__name__})")
+            docs.append(text)
+    return docs
 
 
 @dataclass

@@ -225,16 +225,24 @@ def _gpt2_folder(cache_root: Path) -> Path:
 
 
 def _hf_from_pretrained(name: str, **kwargs):
+    """A transformers tokeniser, never running code from the folder or repository."""
     from transformers import AutoTokenizer
 
-    if not Path(name).is_dir():
+    from ..safe_load import refuse_remote_code, remote_code_refusal
+
+    if Path(name).is_dir():
+        refuse_remote_code(name, model=False)
+    else:
         from ..hub import hub_offline
 
         hub_offline()  # fail fast (or use the local HF cache) without a network
     try:
-        return AutoTokenizer.from_pretrained(name, **kwargs)
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=False, **kwargs)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        refusal = remote_code_refusal(e, name)
+        if refusal is not None:
+            raise refusal from None
+        first = " ".join(str(e).split())[:300] or type(e).__name__  # transformers' messages span lines
         raise MdlmError(
             f"could not load tokenizer {name!r} (no network for the Hugging Face Hub, or not a "
             f"tokenizer folder): {first}"
@@ -267,7 +275,7 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
         from transformers import GPT2TokenizerFast
 
         try:
-            hf = GPT2TokenizerFast.from_pretrained(str(_gpt2_folder(cache_root)))
+            hf = GPT2TokenizerFast.from_pretrained(str(_gpt2_folder(cache_root)), trust_remote_code=False)
         except FileNotFoundError:
             hf = None
         if hf is None:
