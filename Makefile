@@ -26,6 +26,7 @@ demo: setup
 	$(BIN)/mdlm prepare-data --preset demo
 	$(BIN)/mdlm train --preset demo --out runs/demo --resume --no-print-config
 	$(BIN)/mdlm sample --checkpoint runs/demo --num-samples 3 --sampler first-hitting
+	@echo "mdlm is installed in $(VENV)/, not on your PATH: run 'source $(VENV)/bin/activate' (or call $(BIN)/mdlm) for the commands in the README"
 
 test: setup
 	$(BIN)/python -m pytest -q

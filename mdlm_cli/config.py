@@ -15,7 +15,7 @@ import yaml
 
 from .errors import MdlmError
 
-PACKINGS = ("wrap", "pad", "chunk")
+PACKINGS = ("wrap", "pad", "chunk", "window")
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "bf16", "fp32")
 PARALLELS = ("ddp", "fsdp")
@@ -26,8 +26,9 @@ class DataConfig:
     dataset: str = "bigtxt"  # registry name (`mdlm prepare-data --help`) or a local text/jsonl path
     tokenizer: str = "gpt2"  # gpt2 | bert-base-uncased | char | local tokenizer folder | hub id
     length: int = 128  # tokens per row (L)
-    packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8)
+    packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | window (DNA)
     cache_dir: str = ""  # "" = $MDLM_CACHE or ~/.cache/mdlm
+    rc_augment: bool = False  # DNA: each training row reverse-complemented with probability 1/2
 
 
 @dataclass
@@ -43,6 +44,18 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.1
     time_conditioning: bool = False  # reference default; the paper's 23.21 used it on
+    # Mamba-based DNA backbones (caduceus, mamba; models.MAMBA_KEYS): hidden_size is d_model,
+    # n_blocks the number of layers; the DiT does not take these
+    mixer: str = "auto"  # selective scan: auto | cuda (mamba-ssm) | torch (mambapy)
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    rcps: bool = False  # caduceus: Caduceus-PS (reverse-complement equivariant) instead of Ph
+    fused_add_norm: bool = True  # caduceus PS layout: true = the released checkpoints' (halves swapped per block)
+    bidirectional_strategy: str = "add"  # caduceus: add | ew_multiply
+    bidirectional_weight_tie: bool = True  # caduceus: mamba_rev shares mamba_fwd's in/out projections
+    rms_norm: bool = True  # RMSNorm (else LayerNorm)
+    norm_epsilon: float = 1e-5
 
 
 @dataclass
@@ -84,6 +97,7 @@ class TrainConfig:
     save_every: int = 10_000
     keep_last: int = 2
     out_dir: str = "runs/{name}"
+    init_from: str = ""  # start from these weights: an mdlm checkpoint, or a Caduceus hub id / folder
 
 
 @dataclass
@@ -226,7 +240,11 @@ def apply_override(data: dict, assignment: str) -> None:
     section, name = parts
     if section not in SECTIONS:
         raise MdlmError(f"unknown config section {section!r} in --set; valid sections: {', '.join(SECTIONS)}")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:  # a python tag (!!python/...) or broken YAML: plain values only
+        reason = str(e).strip().splitlines()[0]
+        raise MdlmError(f"--set {key.strip()}: {raw.strip()!r} is not a plain YAML value ({reason})") from None
     data.setdefault(section, {})[name] = value
 
 
@@ -237,9 +255,9 @@ def resolve_config(preset: str | None, overrides: typing.Sequence[str] = (),
     for assignment in overrides:
         apply_override(data, assignment)
     for key, value in (flags or {}).items():
-        if value is not None:
-            apply_override(data, f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
-                           if not isinstance(value, str) else f"{key}={value}")
+        if value is not None:  # a flag's value is taken as it is: a path like 'x[1].txt' is not YAML
+            section, name = key.split(".")
+            data.setdefault(section, {})[name] = value
     return config_from_dict(data)
 
 
@@ -251,7 +269,7 @@ def _choice(value: str, choices, where: str) -> None:
 def validate(cfg: Config) -> None:
     """Checks common to every run; each objective adds its own (`Objective.validate`)."""
     from .engine.schedules import SCHEDULES
-    from .models import BACKBONES
+    from .models import BACKBONES, check_backbone
     from .objectives import OBJECTIVES
 
     _choice(cfg.data.packing, PACKINGS, "data.packing")
@@ -275,11 +293,13 @@ def validate(cfg: Config) -> None:
             raise MdlmError(f"{where} must be positive (got {value})")
     if cfg.data.length < 4:
         raise MdlmError(f"data.length must be at least 4 (got {cfg.data.length})")
-    if cfg.model.hidden_size % cfg.model.n_heads or (cfg.model.hidden_size // cfg.model.n_heads) % 2:
-        raise MdlmError(
-            f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by model.n_heads "
-            f"({cfg.model.n_heads}) with an even head size"
-        )
+    check_backbone(cfg.model)
+    causal, needs = OBJECTIVES[cfg.diffusion.objective].causal, getattr(BACKBONES[cfg.model.backbone],
+                                                                         "requires_causal", None)
+    if needs is not None and needs != causal:
+        raise MdlmError(f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; the "
+                        f"{cfg.diffusion.objective} objective needs a {'causal' if causal else 'bidirectional'} one "
+                        f"({'mamba' if causal else 'caduceus'} on DNA)")
     if cfg.train.global_batch_size % cfg.train.micro_batch_size:
         raise MdlmError(
             f"train.global_batch_size ({cfg.train.global_batch_size}) must be a multiple of "
@@ -289,6 +309,43 @@ def validate(cfg: Config) -> None:
         raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise MdlmError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
-    if cfg.optim.lr <= 0:
-        raise MdlmError(f"optim.lr must be positive (got {cfg.optim.lr})")
+    _check_optim(cfg.optim)
+    if cfg.train.threads < 0:
+        raise MdlmError(f"train.threads must be 0 (the default choice) or a positive count (got {cfg.train.threads})")
+    try:
+        cfg.train.out_dir.format(name=cfg.name)
+    except (KeyError, IndexError, ValueError, AttributeError):
+        raise MdlmError(f"train.out_dir may contain {{name}} (the config's name) and no other {{...}} field "
+                        f"(got {cfg.train.out_dir!r}); write {{{{ and }}}} for literal braces") from None
     OBJECTIVES[cfg.diffusion.objective].validate(cfg)
+
+
+def _check_optim(o: OptimConfig) -> None:
+    """The ranges AdamW and the schedule accept, checked before anything runs."""
+    if o.lr <= 0:
+        raise MdlmError(f"optim.lr must be positive (got {o.lr})")
+    if not all(0.0 <= b < 1.0 for b in o.betas):
+        raise MdlmError(f"optim.betas must both be in [0, 1) (got {list(o.betas)})")
+    for where, value in (("optim.eps", o.eps), ("optim.weight_decay", o.weight_decay),
+                         ("optim.warmup_steps", o.warmup_steps), ("optim.grad_clip", o.grad_clip)):
+        if value < 0 or (where == "optim.eps" and value == 0):
+            raise MdlmError(f"{where} must be {'positive' if where == 'optim.eps' else 'at least 0'} (got {value})")
+    if not 0.0 <= o.min_lr_ratio <= 1.0:
+        raise MdlmError(f"optim.min_lr_ratio must be in [0, 1] (got {o.min_lr_ratio})")
+
+
+# What a resumed run must share with the checkpoint it continues: the data, objective, model,
+# optimisation and batch. Everything else (max_steps, cadences, device, threads, compile,
+# precision, parallelism, micro-batch size, output folder) may change between sessions.
+RESUME_KEYS = {"data": ("dataset", "tokenizer", "length", "packing"), "model": None, "diffusion": None,
+               "optim": None, "train": ("global_batch_size", "seed", "ema")}
+
+
+def resume_differences(saved: Config, new: Config) -> dict[str, list]:
+    """{"section.key": [saved value, new value]} for every RESUME_KEYS key that differs."""
+    old_d, new_d, out = saved.to_dict(), new.to_dict(), {}
+    for section, keys in RESUME_KEYS.items():
+        for key in keys or new_d[section]:
+            if old_d[section].get(key) != new_d[section][key]:
+                out[f"{section}.{key}"] = [old_d[section].get(key), new_d[section][key]]
+    return out

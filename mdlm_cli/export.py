@@ -10,13 +10,16 @@
       README.md          model card: architecture, usage, evaluation results, training config
 
 No Python code is written: loading needs no trust_remote_code.
+
+config.json's "mdlm" section (with its "format" and the list of "files") marks the folder as
+an mdlm export: `--overwrite` replaces only such a folder, never the source checkpoint or
+its run, and swaps the new folder in so that a kill leaves one whole version.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from safetensors.torch import save_file
 from . import __version__
 from .checkpoint import LoadedModel
 from .errors import MdlmError
+from .files import remove_stale_temporaries, swap_folder, temporary
 from .loading import load_checkpoint
 from .reference_format import hf_config as reference_config
 from .reference_format import reference_state_dict
@@ -49,30 +53,71 @@ def hf_config(loaded: LoadedModel, weights: str) -> dict:
 
 def export_folder(loaded: LoadedModel, out: str | Path, *, weights: str, results: list[dict] | None = None,
                   overwrite: bool = False, hub_id: str | None = None) -> Path:
-    """Write the folder atomically (a temporary sibling renamed into place); `hub_id` is where
+    """Write the folder beside `out`, then swap it in (files.swap_folder); `hub_id` is where
     it will be pushed, for the model card's usage line."""
+    from .models import DiT
+
+    if not isinstance(loaded.model, DiT):  # the reference format holds a DiT; other backbones keep their run folder
+        raise MdlmError(f"mdlm export writes the reference DiT format; a {loaded.config.model.backbone} model is "
+                        "shared as its run folder (safetensors, config.yaml, tokenizer files)")
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not overwrite:
-            raise MdlmError(f"{out} already exists and is not empty; choose another --out or pass --overwrite")
-        if not out.is_dir():
-            raise MdlmError(f"{out} is a file; choose a folder for --out")
+    check_export_target(loaded, out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    remove_stale_temporaries(out.parent, name=out.name)
+    tmp = temporary(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         save_file(reference_state_dict(loaded.model), tmp / "model.safetensors", metadata={"format": "pt"})
         config = hf_config(loaded, weights)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         loaded.tokenizer.save(tmp)
         (tmp / "README.md").write_text(model_card(loaded, config, results or [], hub_id or str(out)))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        config["mdlm"]["files"] = sorted(["config.json", *(p.name for p in tmp.iterdir())])
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        swap_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def export_files(folder: Path) -> list[str] | None:
+    """The files an mdlm export wrote (its marker: config.json's "mdlm" section), or None
+    when `folder` is not an mdlm export."""
+    try:
+        meta = json.loads((folder / "config.json").read_text()).get("mdlm")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(meta, dict) or "format" not in meta:
+        return None
+    files = meta.get("files")
+    return [str(f) for f in files] if isinstance(files, list) else [p.name for p in folder.iterdir()]
+
+
+def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None:
+    """Refuse (in one line) any --out whose replacement could lose something: the source
+    checkpoint, its run, a folder holding either, a file, or a folder mdlm did not export."""
+    source = loaded.path.resolve()
+    run = source.parent.parent if source.parent.name == "checkpoints" else source
+    target = out.resolve()
+    for protected, what in ((run, "the run being exported"), (source, "the checkpoint being exported")):
+        if target == protected or target in protected.parents or protected in target.parents:
+            raise MdlmError(f"--out {out} overlaps {what} ({protected}); choose a folder outside it")
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise MdlmError(f"{out} is a file or a link; choose a folder for --out")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise MdlmError(f"{out} already exists and is not empty; choose another --out or pass --overwrite")
+    written = export_files(out)
+    if written is None:
+        raise MdlmError(f"{out} is not a folder mdlm export wrote (no 'mdlm' section in its config.json); "
+                        "--overwrite replaces only an earlier export, so choose another --out")
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in written)
+    if foreign:
+        raise MdlmError(f"{out} holds files the earlier export did not write ({', '.join(foreign[:3])}); "
+                        "move them away or choose another --out")
 
 
 @torch.no_grad()

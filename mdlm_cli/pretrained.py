@@ -127,6 +127,10 @@ def _from_hf_folder(folder: Path, *, label: str, device) -> LoadedModel:
         raise MdlmError(f"{config_file} is not readable JSON ({_first_line(e)}); the checkpoint is corrupted") from None
     if not isinstance(raw, dict):
         raise MdlmError(f"{config_file} must hold a JSON object")
+    if raw.get("model_type") == "caduceus":  # a released Caduceus: mdlm's own caduceus backbone, no remote code
+        from .pretrained_dna import caduceus_from_hf
+
+        return caduceus_from_hf(folder, raw, _read_hf_weights(folder)[1], label=label, device=device)
     if raw.get("model_type") not in (None, "mdlm"):
         raise MdlmError(f"{folder} holds a {raw['model_type']!r} model; mdlm loads MDLM (model_type 'mdlm')")
     mdlm_meta = raw.get("mdlm") if isinstance(raw.get("mdlm"), dict) else {}

@@ -89,6 +89,7 @@ class Source(ABC):
     name: str
     description: str
     splits: tuple[str, ...] = SPLITS
+    unscored: str = ""  # characters stored as the tokeniser's pad, never masked nor scored (DNA's N)
 
     @property
     @abstractmethod
@@ -168,21 +169,51 @@ class LocalFiles(Source):
     def all_documents(self) -> list[str]:
         p = self.path
         if p.is_dir():
-            return [f.read_text(encoding="utf-8", errors="replace") for f in sorted(p.rglob("*.txt"))]
-        if p.suffix == ".jsonl":
-            docs = []
-            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-                if line.strip():
-                    try:
-                        docs.append(json.loads(line)["text"])
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        raise MdlmError(f"{p}:{n} is not a JSON object with a 'text' field") from None
-            return docs
-        text = p.read_text(encoding="utf-8", errors="replace")
-        return [d.strip() for d in re.split(r"\n\s*\n", text) if d.strip()]
+            files = sorted(p.rglob("*.txt"))
+            if not files:
+                raise MdlmError(f"{p} holds no .txt files")
+            docs = [read_text_file(f) for f in files]
+        elif p.suffix == ".jsonl":
+            docs = _jsonl_documents(p)
+        else:
+            docs = [d.strip() for d in re.split(r"\n\s*\n", read_text_file(p)) if d.strip()]
+        if not any(d.strip() for d in docs):
+            raise MdlmError(f"{p} holds no text (no documents); give a non-empty UTF-8 file")
+        return docs
 
     def documents(self, split, load_dataset=None):
         return _split_documents(self.all_documents(), split)
+
+
+def read_text_file(path: Path) -> str:
+    """A local text file as str; binary data (NUL bytes, or mostly not UTF-8) is refused
+    instead of being tokenised into noise. A few stray bytes in real text are replaced."""
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise MdlmError(f"{path} is not text (it holds NUL bytes: a binary file?); give UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        text = data.decode("utf-8", errors="replace")
+        invalid = text.count("\ufffd")
+        if invalid > max(8, len(text) // 1000):
+            raise MdlmError(f"{path} is not UTF-8 text ({invalid} invalid characters, the first at byte {e.start}); "
+                            "convert it to UTF-8") from None
+        return text
+
+
+def _jsonl_documents(path: Path) -> list[str]:
+    docs = []
+    for n, line in enumerate(read_text_file(path).splitlines(), 1):
+        if line.strip():
+            try:
+                text = json.loads(line)["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise MdlmError(f"{path}:{n} is not a JSON object with a 'text' field") from None
+            if not isinstance(text, str):
+                raise MdlmError(f"{path}:{n}: 'text' must be a string (got {type(text).__name__})")
+            docs.append(text)
+    return docs
 
 
 @dataclass
@@ -242,10 +273,65 @@ class Text8(HubDataset):
         return iter([[chunk]] if chunk else []), 1 if chunk else 0
 
 
+@dataclass
+class HG38(Source):
+    """The human reference genome with HyenaDNA's train/valid/test intervals (data/dna.py)."""
+
+    name: str = "hg38"
+    description: str = ("human genome hg38, HyenaDNA's BED intervals (hg38.ml.fa + sequences_human.bed in "
+                        "hg38:FOLDER, $MDLM_HG38 or <cache>/hg38); N excluded from the loss")
+    unscored: str = "N"
+    spec: str = "hg38"
+    extend: int = 2 ** 20  # every BED interval -> [start, start + extend)
+
+    @property
+    def files(self):
+        from .dna import HG38Files, hg38_folder
+
+        return HG38Files(hg38_folder(self.spec))
+
+    @property
+    def fingerprint(self) -> str:
+        return f"hg38:{self.files.fingerprint()}:union-{self.extend}-pieces-v1"
+
+    def documents(self, split, load_dataset=None):
+        from .dna import hg38_pieces
+
+        return hg38_pieces(self.files, split, extend=self.extend), None
+
+
+@dataclass
+class SyntheticDNA(HG38):
+    """A generated 900 kb genome in HG38's file layout (`data/dna.py`): offline DNA demos and tests."""
+
+    name: str = "dna-synthetic"
+    description: str = ("synthetic genome: 3 x 300 kb, order-3 Markov chain, motifs on both strands, N runs; "
+                        "offline")
+    extend: int = 4096
+
+    @property
+    def files(self):
+        from .dna import SYNTHETIC_VERSION, HG38Files, write_synthetic_genome
+        from .tokenizers import default_cache_root
+
+        folder = default_cache_root() / f"dna-synthetic-v{SYNTHETIC_VERSION}"
+        if not (folder / "sequences_human.bed").is_file():
+            write_synthetic_genome(folder)
+        return HG38Files(folder)
+
+    @property
+    def fingerprint(self) -> str:
+        from .dna import SYNTHETIC_VERSION
+
+        return f"dna-synthetic:v{SYNTHETIC_VERSION}:{self.extend}"
+
+
 def _registry() -> dict[str, Source]:
     owt_valid = "train[-100000:]"
     sources: list[Source] = [
         BigTxt(),
+        HG38(),
+        SyntheticDNA(),
         HubDataset("openwebtext", "OpenWebText; last 100k documents are the validation split",
                    ("train", "valid"), hub_id="Skylion007/openwebtext",
                    split_specs={"train": "train[:-100000]", "valid": owt_valid}),
@@ -294,6 +380,8 @@ SOURCES = _registry()
 def get_source(name_or_path: str) -> Source:
     if name_or_path in SOURCES:
         return SOURCES[name_or_path]
+    if name_or_path.startswith("hg38:"):
+        return HG38(spec=name_or_path)
     path = Path(name_or_path)
     if path.exists():
         return LocalFiles(name=path.stem or "local", description=f"local files {path}", path=path)

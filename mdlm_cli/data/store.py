@@ -4,6 +4,8 @@ Layout of a prepared data set (one folder per cache key):
     meta.json                 tokeniser, vocab, mask id, length, packing, counts, source
     {split}.tokens.bin        uint16/uint32 (rows, L), row-major
     {split}.lengths.bin       int32 (rows,): real tokens per row, the rest is padding
+    {split}.scored.bin        int32 (rows,): tokens of each row that count (DNA: N is stored as
+                              the pad token inside rows too, and meta.json says `pad_anywhere`)
     tokenizer/                the tokeniser's own files
 
 The cache key hashes everything that changes the content (source fingerprint,
@@ -54,24 +56,33 @@ class TokenSplit:
 
     tokens: np.ndarray  # (rows, L)
     lengths: np.ndarray  # (rows,)
+    pad_id: int | None = None  # set: this token is excluded wherever it stands (DNA's N), not only at the end
+    scored: np.ndarray | None = None  # (rows,) tokens that count per row, when pad_id is set
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
     @property
     def num_tokens(self) -> int:
-        return int(self.lengths.sum())
+        return self.count(slice(None))
+
+    def count(self, rows) -> int:
+        """Tokens that count (enter the masking and the loss) in these rows."""
+        return int((self.lengths if self.scored is None else self.scored)[rows].sum())
 
     def batch(self, rows, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor | None]:
         """x0 (B, L) long and an attention mask (B, L) bool, or None when nothing is padded."""
         rows = np.asarray(rows)
-        x0 = torch.from_numpy(self.tokens[rows].astype(np.int64)).to(device)
+        x0 = torch.from_numpy(self.tokens[rows].astype(np.int64))
         lengths = self.lengths[rows]
-        if (lengths == self.tokens.shape[1]).all():
-            return x0, None
+        inner = self.pad_id is not None and bool((x0 == self.pad_id).any())
+        if (lengths == self.tokens.shape[1]).all() and not inner:
+            return x0.to(device), None
         positions = torch.arange(self.tokens.shape[1])
         mask = positions[None, :] < torch.from_numpy(lengths.astype(np.int64))[:, None]
-        return x0, mask.to(device)
+        if inner:
+            mask &= x0 != self.pad_id
+        return x0.to(device), mask.to(device)
 
 
 class PreparedData:
@@ -107,10 +118,14 @@ class PreparedData:
                                    mode="r", shape=shape)
                 lengths = np.memmap(self.folder / f"{name}.lengths.bin", dtype=np.int32, mode="r",
                                     shape=(info["rows"],))
+            if not self.meta.get("pad_anywhere"):
+                return TokenSplit(tokens, lengths)
+            scored = (np.zeros(0, dtype=np.int32) if info["rows"] == 0 else
+                      np.memmap(self.folder / f"{name}.scored.bin", dtype=np.int32, mode="r", shape=(info["rows"],)))
         except (OSError, ValueError) as e:
             raise MdlmError(f"{self.folder}/{name}.*.bin is missing or truncated ({e}); "
                             f"delete {self.folder} and run mdlm prepare-data again") from None
-        return TokenSplit(tokens, lengths)
+        return TokenSplit(tokens, lengths, pad_id=self.meta["tokenizer"]["pad_id"], scored=scored)
 
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(str(self.folder / "tokenizer"))
@@ -120,13 +135,19 @@ def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
                  cfg: DataConfig, dtype, load_dataset, progress) -> dict:
     batches, total_docs = source.documents(split, load_dataset)
     counts = {"docs": 0}
+    unscored = [tokenizer.encode(c)[0] for c in source.unscored]
 
     def tokenized():
         for docs in batches:
             counts["docs"] += len(docs)
             if progress is not None:
                 progress(split, len(docs), total_docs)
-            yield tokenizer.encode_batch(docs)
+            arrays = cfg.packing == "window" and tokenizer.kind == "dna"  # genome pieces: arrays, not lists
+            ids = [tokenizer.encode_array(d) for d in docs] if arrays else tokenizer.encode_batch(docs)
+            if unscored:  # stored as the pad token, which the attention mask then excludes anywhere
+                ids = [np.where(np.isin(np.asarray(d), unscored), tokenizer.pad_id, np.asarray(d)) for d in ids]
+                ids = ids if arrays else [d.tolist() for d in ids]
+            yield ids
 
     packer = PACKERS[cfg.packing]
     if cfg.packing == "chunk":
@@ -136,12 +157,19 @@ def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
         rows_iter = packer(tokenized(), cfg.length, bos=tokenizer.bos_id, eos=tokenizer.eos_id,
                            pad=tokenizer.pad_id)
     n_rows = n_tokens = 0
+    scored_file = open(folder / f"{split}.scored.bin", "wb") if unscored else None
     with open(folder / f"{split}.tokens.bin", "wb") as ft, open(folder / f"{split}.lengths.bin", "wb") as fl:
         for rows, lengths in rows_iter:
             ft.write(rows.astype(dtype).tobytes())
             fl.write(lengths.astype(np.int32).tobytes())
             n_rows += len(rows)
+            if scored_file is not None:
+                inside = np.arange(rows.shape[1])[None, :] < lengths[:, None]
+                lengths = (inside & (rows != tokenizer.pad_id)).sum(1)
+                scored_file.write(lengths.astype(np.int32).tobytes())
             n_tokens += int(lengths.sum())
+    if scored_file is not None:
+        scored_file.close()
     return {"rows": n_rows, "tokens": n_tokens, "docs": counts["docs"]}
 
 
@@ -158,7 +186,8 @@ def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
         c = np.zeros(vocab_size, dtype=np.int64)
         for start in range(0, len(split), 4096):
             toks, lens = split.tokens[start:start + 4096], split.lengths[start:start + 4096]
-            real = toks[np.arange(toks.shape[1])[None, :] < lens[:, None]]
+            inside = np.arange(toks.shape[1])[None, :] < lens[:, None]
+            real = toks[inside if split.pad_id is None else inside & (toks != split.pad_id)]
             c += np.bincount(real.astype(np.int64), minlength=vocab_size)[:vocab_size]
         return c
 
@@ -203,7 +232,7 @@ def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = 
             "source": {"name": source.name, "description": source.description,
                        "fingerprint": source.fingerprint},
             "tokenizer": tokenizer.describe(), "length": cfg.length, "packing": cfg.packing,
-            "dtype": np.dtype(dtype).name, "splits": splits,
+            "dtype": np.dtype(dtype).name, "splits": splits, **({"pad_anywhere": True} if source.unscored else {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))

@@ -9,15 +9,59 @@ import torch
 from torch import Tensor, nn
 
 from ..engine.schedules import Schedule
+from ..errors import MdlmError
+from .caduceus import Caduceus, check_caduceus
 from .dit import DiT, KVCache
+from .mamba import Mamba, check_mamba
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
 
-# model.backbone -> the module class; each is built as cls(model_cfg, vocab_size, causal=...)
-BACKBONES: dict[str, type[nn.Module]] = {"dit": DiT}
+# model.backbone -> the module class; each is built as cls(model_cfg, vocab_size, causal=...).
+# A class may set `requires_causal` (True/False) when it serves only one kind of objective.
+BACKBONES: dict[str, type[nn.Module]] = {"dit": DiT, "caduceus": Caduceus, "mamba": Mamba}
 
-__all__ = ["BACKBONES", "DiT", "DiffusionDenoiser", "KVCache", "autocast_for", "build_model"]
+# ModelConfig keys of the Mamba-based backbones only (the DiT's are hidden_size, n_blocks, n_heads,
+# cond_dim, mlp_ratio, dropout, time_conditioning)
+MAMBA_KEYS = ("mixer", "d_state", "d_conv", "expand", "rcps", "fused_add_norm", "bidirectional_strategy",
+              "bidirectional_weight_tie", "rms_norm", "norm_epsilon")
+CADUCEUS_ONLY = ("rcps", "fused_add_norm", "bidirectional_strategy", "bidirectional_weight_tie")
+
+__all__ = ["BACKBONES", "Caduceus", "DiT", "DiffusionDenoiser", "KVCache", "Mamba", "autocast_for", "build_model",
+           "check_backbone"]
+
+
+def _unchanged(cfg: ModelConfig, keys: tuple[str, ...], backbone: str) -> None:
+    """No key of another backbone is silently ignored."""
+    from dataclasses import fields
+
+    defaults = {f.name: f.default for f in fields(cfg)}
+    for key in keys:
+        if getattr(cfg, key) != defaults[key]:
+            raise MdlmError(f"model.{key} does not apply to the {backbone} backbone; leave it at {defaults[key]!r}")
+
+
+def check_dit(cfg: ModelConfig) -> None:
+    """Config checks of the dit backbone."""
+    if cfg.hidden_size % cfg.n_heads or (cfg.hidden_size // cfg.n_heads) % 2:
+        raise MdlmError(
+            f"model.hidden_size ({cfg.hidden_size}) must be divisible by model.n_heads "
+            f"({cfg.n_heads}) with an even head size"
+        )
+    _unchanged(cfg, MAMBA_KEYS, "dit")
+
+
+def _check_mamba(cfg: ModelConfig) -> None:
+    check_mamba(cfg)
+    _unchanged(cfg, CADUCEUS_ONLY, "mamba")
+
+
+# model.backbone -> its config checks (each a one-line MdlmError naming the key)
+BACKBONE_CHECKS = {"dit": check_dit, "caduceus": check_caduceus, "mamba": _check_mamba}
+
+
+def check_backbone(cfg: ModelConfig) -> None:
+    BACKBONE_CHECKS[cfg.backbone](cfg)
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, *, causal: bool = False) -> nn.Module:
