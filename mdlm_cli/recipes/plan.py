@@ -20,9 +20,10 @@ TINY_MODEL = ["model.hidden_size=64", "model.n_blocks=2", "model.n_heads=2", "mo
               "train.save_every=1000", "train.eval_rows=32", "optim.warmup_steps=2"]
 TINY_STEPS = 6
 TINY_ARGS = {"eval-ppl": {"rows": 32}, "gen-ppl": {"num-samples": 2}, "sample": {"num-samples": 2},
-             "semi-ar": {"num-samples": 1}, "bench-sampler": {"num-samples": 1, "repeats": 1, "batch-size": "1"}}
+             "semi-ar": {"num-samples": 1}, "bench-sampler": {"num-samples": 1, "repeats": 1, "batch-size": "1"},
+             "classify": {"seeds": "1", "epochs": 1}}
 OUTPUT_FLAG = {"eval-ppl": ("json", ".json"), "gen-ppl": ("json", ".json"), "bench-sampler": ("json", ".json"),
-               "sample": ("out", ".jsonl"), "semi-ar": ("out", ".jsonl")}
+               "sample": ("out", ".jsonl"), "semi-ar": ("out", ".jsonl"), "classify": ("json", ".json")}
 
 
 @dataclass

@@ -42,6 +42,10 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
         return record.get("gen_ppl"), None, f"entropy {record.get('entropy_mean', float('nan')):.3f}"
     if m == "seconds":
         return record.get("seconds_per_sample"), None, f"NFE {record.get('nfe', float('nan')):.0f}"
+    if m == "accuracy":  # mdlm classify: the best setting's test accuracy, mean and max - min over the seeds
+        best = record.get("best", {})
+        spread = best.get("test_accuracy_max_minus_min")
+        return best.get("test_accuracy_mean"), None, "" if spread is None else f"± {spread:.3f} (max - min)"
     if m == "variance":
         value = record.get("per_datapoint_variance")
         return value, None, f"PPL {'≤' if record.get('kind') == 'bound' else '='} {record.get('perplexity', 0):.2f}"

@@ -16,7 +16,7 @@ from mdlm_cli.recipes.schema import command_flags
 
 runner = CliRunner()
 TABLES = ["demo", "table1", "table2", "table3", "table5", "table8", "table9", "table10", "table11", "table12",
-          "mc-samples", "text8"]
+          "mc-samples", "text8", "table6", "table7"]
 
 
 def test_every_paper_table_named_by_the_issue_has_a_recipe():
