@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from ..data.store import TokenSplit
 from ..engine.sampling import SAMPLERS, SamplerSpec
 from ..engine.schedules import get_schedule
+from ..errors import MdlmError
 from ..evaluation import BoundResult, sharded_sum
 
 if TYPE_CHECKING:
@@ -59,10 +60,27 @@ class Objective(ABC):
 
     @abstractmethod
     def loss_terms(self, denoiser: Any, x0: Tensor, t: Tensor | None, *, generator: torch.Generator | None,
-                   attention_mask: Tensor | None, T: int | None = None) -> Tensor:
+                   attention_mask: Tensor | None, T: int | None = None, targets: Tensor | None = None) -> Tensor:
         """Training loss of a batch x0 (B, L) at times t (B,): nats per sequence (B,). The train
         loop divides their sum by the number of tokens of the global batch. `T` overrides
-        the configured number of discrete steps (evaluation at another T)."""
+        the configured number of discrete steps (evaluation at another T). `targets` (B, L)
+        bool: the positions whose likelihood the terms cover (None: every real token); the
+        others are clean context that is never noised."""
+
+    def sampling_steps(self, spec: SamplerSpec) -> int:
+        """Steps of a step-based sampler when none are asked for."""
+        return spec.default_steps
+
+    @classmethod
+    def refuse_unused(cls, cfg: Config, *keys: str) -> None:
+        """A one-line error for a `diffusion.KEY` switch moved from its default that this
+        objective does not read (no flag is silently ignored)."""
+        from ..config import DiffusionConfig
+
+        for key in keys:
+            if getattr(cfg.diffusion, key) != getattr(DiffusionConfig, key):
+                raise MdlmError(f"diffusion.{key} does not apply to the {cls.name} objective; leave it at "
+                                f"{getattr(DiffusionConfig, key)}")
 
     def eval_T(self, T: int | None) -> int:
         """The discrete-time T of an evaluation (None: as trained); 0 for continuous time."""
@@ -75,10 +93,11 @@ class Objective(ABC):
 
     def evaluate(self, denoiser: Any, split: TokenSplit, *, seeds: list[int], batch_size: int,
                  device: torch.device, rows: int = 0, T: int | None = None, antithetic: bool = True,
-                 on_batch: Callable[[int], None] | None = None, rank: int = 0,
-                 world_size: int = 1) -> list[BoundResult]:
+                 on_batch: Callable[[int], None] | None = None, rank: int = 0, world_size: int = 1,
+                 per_sequence: bool = False) -> list[BoundResult]:
         """One result per seed (a Monte-Carlo pass each), or one result for an exact objective:
-        the loss summed over the first `rows` rows of `split` (0 = all), rank-sharded."""
+        the loss summed over the first `rows` rows of `split` (0 = all), rank-sharded; with
+        `per_sequence` each result also holds every row's value."""
         T = self.eval_T(T)
 
         def terms(x0, t, gen, attention_mask):
@@ -86,5 +105,5 @@ class Objective(ABC):
 
         return [sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
                             draw_times=self.draw_times(T, antithetic), exact=self.exact, T=T, on_batch=on_batch,
-                            rank=rank, world_size=world_size)
+                            rank=rank, world_size=world_size, per_sequence=per_sequence)
                 for seed in (seeds[:1] if self.exact else seeds)]
