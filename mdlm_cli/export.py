@@ -121,6 +121,7 @@ def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: st
     rows = [
         ("backbone", f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, cond dim {c.cond_dim}, "
                      f"{millions:.1f}M parameters"),
+        ("objective", f"{cfg.diffusion.objective} ({loaded.objective.description})"),
         ("vocabulary", f"{loaded.model.vocab_size} ({tok.name}, mask id {tok.mask_id})"),
         ("sequence length", f"{loaded.length} ({cfg.data.packing} packing)"),
         ("time conditioning", "on" if cfg.model.time_conditioning else "off"),

@@ -12,7 +12,10 @@ folder to `load_pretrained`, so all commands accept:
   `hidden_dim`, `cond_dim`, `n_blocks`, `n_heads`, `dropout`, `time_conditioning`) and
   `model.safetensors` (or a sharded index, or `pytorch_model.bin` read with
   weights_only=True) holding the reference's `backbone.*` keys;
-- a reference Lightning checkpoint (`.ckpt`): `state_dict` with `backbone.*` keys, the EMA
+- SEDD's published models (`louaaron/sedd-small`, sedd_format.py): SEDD's Hydra config in
+  config.json and its DiT's weights under bare names, loaded into the sedd objective;
+- a reference Lightning checkpoint (`.ckpt`; parameterization subs, sedd or d3pm): `state_dict`
+  with `backbone.*` keys, the EMA
   in `ema.shadow_params` (a list in parameter order, as the reference's models/ema.py
   stores it) and the hyper-parameters of the pickled Hydra config, read as inert data
   (safe_load.py).
@@ -34,6 +37,7 @@ from pathlib import Path
 import torch
 
 from . import reference_format as ref
+from . import sedd_format
 from .checkpoint import LoadedModel, load_state_into, load_weights
 from .config import Config, TrainConfig, config_from_dict
 from .data.tokenizers import Tokenizer, load_tokenizer
@@ -130,7 +134,10 @@ def _from_hf_folder(folder: Path, *, label: str, device) -> LoadedModel:
     if raw.get("model_type") not in (None, "mdlm"):
         raise MdlmError(f"{folder} holds a {raw['model_type']!r} model; mdlm loads MDLM (model_type 'mdlm')")
     mdlm_meta = raw.get("mdlm") if isinstance(raw.get("mdlm"), dict) else {}
-    if isinstance(raw.get("config"), dict) and isinstance(raw["config"].get("model"), dict):
+    sedd = sedd_format.sedd_config(raw)
+    if sedd is not None:  # SEDD's own hub format (louaaron/sedd-small)
+        partial = sedd_format.partial_from_sedd_config(sedd, config_file)
+    elif isinstance(raw.get("config"), dict) and isinstance(raw["config"].get("model"), dict):
         partial = ref.partial_from_hydra(raw["config"], config_file)  # a DiT pushed with PyTorchModelHubMixin
     else:
         partial = ref.partial_from_hf_config(raw, config_file)
@@ -202,6 +209,9 @@ def _assemble(weights: dict[str, torch.Tensor], partial: dict, *, source: str, p
     if tokenizer.vocab_size != vocab:
         raise MdlmError(f"{source}: the tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens (mask "
                         f"included) but the model's vocabulary is {vocab}; they do not belong together")
+    if partial["mask_id"] is not None and tokenizer.mask_id != partial["mask_id"]:
+        raise MdlmError(f"{source}: the model's mask (absorbing state) is id {partial['mask_id']}, but the tokenizer "
+                        f"{tokenizer.name!r} masks with id {tokenizer.mask_id}; they do not belong together")
     config = mdlm_config(model_cfg, partial, tokenizer, mdlm_meta, label)
     model = build_model(model_cfg, vocab, causal=get_objective(config, tokenizer).causal)
     if shadow is not None:
