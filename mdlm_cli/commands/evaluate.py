@@ -6,6 +6,7 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -121,15 +122,14 @@ def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
 
 def _print_ppl_table(results, loaded) -> None:
     char = any(r.char_level for r in results)
-    table = Table("data set", "split", "tokens", "K", "nats/tok", "SE", "1-pass sd", "seq sd", "PPL",
+    table = Table("data set", "split", "tokens", "K", "nats/tok", "SE", "1-pass sd", "PPL",
                   *(["bits/char"] if char else []), box=None)
     for r in results:
         rel = "=" if r.exact else "≤"
         se = "exact" if r.exact else ("n/a" if r.standard_error is None else f"{r.standard_error:.4f}")
         sd = "" if r.exact or r.pass_std is None else f"{r.pass_std:.4f}"
-        seq_sd = "" if r.sequence_sd is None else f"{r.sequence_sd:.4f}"
         row = [r.dataset, r.split, f"{r.tokens:,}", "-" if r.exact else str(len(r.passes)),
-               f"{r.nats_per_token:.4f}", se, sd, seq_sd, f"{rel} {r.perplexity:.3f}"]
+               f"{r.nats_per_token:.4f}", se, sd, f"{rel} {r.perplexity:.3f}"]
         if char:
             row.append("" if r.bits_per_char is None else f"{rel} {r.bits_per_char:.4f}")
         table.add_row(*row)
@@ -141,8 +141,12 @@ def _print_ppl_table(results, loaded) -> None:
         T = results[0].T if results else 0
         kind = "continuous-time NELBO" if T == 0 else f"{T}-step discrete-time NELBO"
         console.print(f"[dim]≤ upper bound ({loaded.objective.name}): {kind}, one antithetic t per sequence per pass, "
-                      "K passes; SE = sd of the pass estimates / sqrt(K); seq sd = each sequence's sd over the passes "
-                      "(nats/token), averaged over sequences (Table 9's per-datapoint spread)[/]")
+                      "K passes; SE = sd of the pass estimates / sqrt(K)[/]")
+        for r in results:
+            if r.sequence_sd is not None:
+                console.print(f"[dim]{escape(r.dataset)}: per-datapoint sd of a one-pass bound {r.sequence_sd:.4f} "
+                              f"nats/token (variance {r.sequence_var:.4f}; each sequence's spread over the K passes, "
+                              "averaged over sequences: Table 9)[/]", highlight=False)
 
 
 SamplesOpt = Annotated[str | None, typer.Option(

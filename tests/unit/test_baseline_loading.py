@@ -59,7 +59,7 @@ def test_reference_configs_the_baselines_cannot_use_are_refused(tmp_path):
 
 # ----------------------------------------------------------------------------- SEDD's hub format
 
-def sedd_hub_folder(folder, *, tokens=50257, hidden=32, cond=16, n_blocks=2, n_heads=4, nested=False, **changes):
+def sedd_hub_folder(folder, *, tokens=50257, hidden=16, cond=8, n_blocks=2, n_heads=2, nested=False, **changes):
     """What `SEDD.save_pretrained` writes for SEDD's own repository: its Hydra config as config.json
     and the `SEDD` module's state dict under bare names (persistent rotary buffer included)."""
     config = {"ngpus": 8, "tokens": tokens, "training": {"batch_size": 512, "ema": 0.9999},
