@@ -50,6 +50,7 @@ from .safe_load import plain, read_torch_file
 HUB_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
              "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
              "mdlm_tokenizer.json"]
+PICKLED_WEIGHTS = "pytorch_model.bin"  # fetched only where a repo has no safetensors (read with weights_only=True)
 TOKENIZER_FILES = ("mdlm_tokenizer.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt")
 # The reference tokenisers by model vocabulary (mask included), with the data they imply.
 KNOWN_VOCABS = {50258: "gpt2", 30522: "bert-base-uncased", 35: "char"}
@@ -105,7 +106,10 @@ def download(repo_id: str) -> Path:
 
     hub_offline()  # without a network: switch to the local Hugging Face cache at once
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+        folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+        if not any(folder.glob("*.safetensors")):  # an upload without safetensors: its state dict, read weights_only
+            folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES + [PICKLED_WEIGHTS]))
+        return folder
     except LocalEntryNotFoundError:
         raise MdlmError(
             f"checkpoint {repo_id!r} does not exist locally, and the Hugging Face Hub cannot be reached to "

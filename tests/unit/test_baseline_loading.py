@@ -104,3 +104,27 @@ def test_sedd_models_mdlm_cannot_serve_are_refused(tmp_path, change, message):
     folder, _ = sedd_hub_folder(tmp_path / "sedd", tokens=tokens, **change)
     with pytest.raises(MdlmError, match=message):
         load_checkpoint(folder)
+
+
+def test_sedd_hub_id_without_safetensors_fetches_the_state_dict_only(tmp_path, monkeypatch):
+    """A hub upload with `pytorch_model.bin` only: fetched in a second call, read weights_only."""
+    import huggingface_hub
+
+    import mdlm_cli.hub
+
+    folder, state = sedd_hub_folder(tmp_path / "snapshot")
+    (folder / "model.safetensors").unlink()
+    torch.save(dict(state), folder / "pytorch_model.bin")
+    calls = []
+
+    def fake_snapshot_download(repo_id, allow_patterns):
+        calls.append(list(allow_patterns))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.setattr(mdlm_cli.hub, "hub_offline", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    loaded = load_checkpoint("louaaron/sedd-small")
+    assert loaded.objective.name == "sedd" and loaded.state["source"] == "louaaron/sedd-small"
+    assert len(calls) == 2 and "pytorch_model.bin" not in calls[0] and "pytorch_model.bin" in calls[1]
+    assert not any(p.endswith(".py") or p in ("*", "*.*") for p in calls[1])
