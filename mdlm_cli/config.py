@@ -28,14 +28,19 @@ class DataConfig:
     length: int = 128  # tokens per row (L)
     packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8)
     cache_dir: str = ""  # "" = $MDLM_CACHE or ~/.cache/mdlm
+    max_rows: int = 0  # rows of the train split to prepare, 0 = all (a streamed source stops reading there)
+    max_eval_rows: int = 0  # rows of each evaluation split (valid, test), 0 = all
 
 
 @dataclass
 class ModelConfig:
     """The backbone's hyper-parameters: the one model config of training, loading and export.
-    The vocabulary comes from the tokeniser and causal attention from the objective."""
+    The vocabulary comes from the tokeniser and causal attention from the objective. Each
+    backbone reads only its own keys (`config_keys` of its class in models.BACKBONES); giving
+    one it does not read is an error, and only its own keys are saved."""
 
     backbone: str = "dit"  # models.BACKBONES
+    hf_model: str = ""  # hf-mlm: a Hugging Face masked LM (hub id, folder, or a pip-packaged model)
     hidden_size: int = 768
     n_blocks: int = 12
     n_heads: int = 12
@@ -43,6 +48,21 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.1
     time_conditioning: bool = False  # reference default; the paper's 23.21 used it on
+
+    def to_dict(self) -> dict:
+        """The keys the backbone reads (`backbone` first)."""
+        keys = backbone_keys(self.backbone)
+        return {k: v for k, v in dataclasses.asdict(self).items() if k in keys}
+
+
+def backbone_keys(backbone: str) -> tuple[str, ...]:
+    """The model.* keys a backbone reads; every key for an unknown one (validation names it)."""
+    from .models import BACKBONES
+
+    cls = BACKBONES.get(backbone)
+    if cls is None:
+        return tuple(f.name for f in dataclasses.fields(ModelConfig))
+    return ("backbone", *cls.config_keys)
 
 
 @dataclass
@@ -99,6 +119,7 @@ class Config:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["optim"]["betas"] = list(d["optim"]["betas"])
+        d["model"] = self.model.to_dict()
         return d
 
     def to_yaml(self) -> str:
@@ -213,8 +234,18 @@ def config_from_dict(data: dict) -> Config:
             raise MdlmError(f"config section {section!r} must be a mapping")
         cfg_kwargs[section] = _section_from_dict(SECTIONS[section], values, section)
     cfg = Config(**cfg_kwargs)
+    _check_model_keys(cfg.model.backbone, data.get("model") or {})
     validate(cfg)
     return cfg
+
+
+def _check_model_keys(backbone: str, given: dict) -> None:
+    """No model key is silently ignored: each one given must be read by the backbone."""
+    keys = backbone_keys(backbone)
+    unread = [k for k in given if k not in keys]
+    if unread:
+        raise MdlmError(f"model.{unread[0]} does not apply to the {backbone} backbone (it reads: "
+                        f"{', '.join(k for k in keys if k != 'backbone')}); remove it")
 
 
 def apply_override(data: dict, assignment: str) -> None:
@@ -262,9 +293,7 @@ def validate(cfg: Config) -> None:
     _choice(cfg.train.precision, PRECISIONS, "train.precision")
     _choice(cfg.train.parallel, PARALLELS, "train.parallel")
     positive = {
-        "data.length": cfg.data.length, "model.hidden_size": cfg.model.hidden_size,
-        "model.n_blocks": cfg.model.n_blocks, "model.n_heads": cfg.model.n_heads,
-        "model.cond_dim": cfg.model.cond_dim, "model.mlp_ratio": cfg.model.mlp_ratio,
+        "data.length": cfg.data.length,
         "train.global_batch_size": cfg.train.global_batch_size,
         "train.micro_batch_size": cfg.train.micro_batch_size, "train.max_steps": cfg.train.max_steps,
         "train.log_every": cfg.train.log_every, "train.eval_every": cfg.train.eval_every,
@@ -275,11 +304,9 @@ def validate(cfg: Config) -> None:
             raise MdlmError(f"{where} must be positive (got {value})")
     if cfg.data.length < 4:
         raise MdlmError(f"data.length must be at least 4 (got {cfg.data.length})")
-    if cfg.model.hidden_size % cfg.model.n_heads or (cfg.model.hidden_size // cfg.model.n_heads) % 2:
-        raise MdlmError(
-            f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by model.n_heads "
-            f"({cfg.model.n_heads}) with an even head size"
-        )
+    for where, value in (("data.max_rows", cfg.data.max_rows), ("data.max_eval_rows", cfg.data.max_eval_rows)):
+        if value < 0:
+            raise MdlmError(f"{where} must be 0 (all rows) or a number of rows (got {value})")
     if cfg.train.global_batch_size % cfg.train.micro_batch_size:
         raise MdlmError(
             f"train.global_batch_size ({cfg.train.global_batch_size}) must be a multiple of "
@@ -287,8 +314,7 @@ def validate(cfg: Config) -> None:
         )
     if not 0.0 <= cfg.train.ema < 1.0:
         raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
-    if not 0.0 <= cfg.model.dropout < 1.0:
-        raise MdlmError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
     if cfg.optim.lr <= 0:
         raise MdlmError(f"optim.lr must be positive (got {cfg.optim.lr})")
+    BACKBONES[cfg.model.backbone].validate_config(cfg)
     OBJECTIVES[cfg.diffusion.objective].validate(cfg)

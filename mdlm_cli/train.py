@@ -29,7 +29,7 @@ from .data.tokenizers import Tokenizer
 from .distributed import Dist, StopSignals, clip_grad_norm, session, set_gradient_sync, wait_for_file
 from .errors import MdlmError
 from .evaluation import BoundResult
-from .models import build_model
+from .models import build_model, check_data
 from .objectives import Objective, get_objective
 from .optim import EMA, lr_at
 from .runtime import Runtime, derive_seed, generator
@@ -108,6 +108,7 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
 def _set_up(cfg: Config, dist: Dist, console: Console, *, resume: bool, load_dataset) -> Run:
     """Data, objective, model, EMA, optimizer; the checkpoint to resume; the run folder."""
     rt = Runtime.create(str(dist.device), cfg.train.precision, cfg.train.threads)
+    check_data(cfg)  # the backbone's checks of the data config, before any data is prepared
     data = _prepare_data(cfg, console, load_dataset, wait=dist.local_rank != 0)
     tokenizer = data.tokenizer()
     train_split, valid_split = data.split("train"), data.split("valid")
@@ -152,13 +153,15 @@ def _restore(cfg: Config, model, ema: EMA | None, optimizer, console: Console, r
 
 
 def _describe(run: Run) -> None:
-    cfg, tc, dist = run.cfg, run.cfg.train, run.dist
+    tc, dist = run.cfg.train, run.dist
     run.console.print(
-        f"Model: {type(run.model).__name__} {cfg.model.n_blocks}x{cfg.model.hidden_size}, "
+        f"Model: {run.model.describe()}, "
         f"{run.model.num_parameters() / 1e6:.1f}M parameters, objective {run.objective.name}; data: "
         f"{run.data.folder.name} ({len(run.train_split)} train rows, {len(run.valid_split)} valid rows); device: "
         f"{run.rt.describe()}; {dist.describe(tc.parallel)}, global batch {tc.global_batch_size} = "
         f"{tc.micro_batch_size} x {run.accum} accumulation x {dist.world_size} rank(s)")
+    for note in getattr(run.model, "notes", []):
+        run.console.print(f"[yellow]note:[/] {note}", highlight=False)
     unigram = run.data.meta.get("unigram_valid_nats")
     if unigram is not None:
         run.console.print(f"Unigram baseline on valid: {unigram:.3f} nats/token (PPL {math.exp(unigram):.1f})")

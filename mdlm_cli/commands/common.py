@@ -78,6 +78,8 @@ def load_for_command(checkpoint: str, device: str | None, raw_weights: bool):
 
     rt = Runtime.create(device or "auto")
     loaded = load_checkpoint(checkpoint, ema=not raw_weights, device=rt.device)
+    for note in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     return loaded, rt
 
 
