@@ -46,7 +46,7 @@ class GlueRecipe:
 class Encoder:
     """What a classifier is built from: the HF config, the encoder's weights, the tokeniser."""
 
-    name: str
+    name: str  # where it was loaded from, and what it is
     config: object  # transformers.PretrainedConfig
     weights: dict[str, torch.Tensor]  # the base model's state dict (no MLM head)
     tokenizer: object  # a transformers tokeniser
@@ -69,7 +69,7 @@ def load_encoder(checkpoint: str) -> Encoder:
                         "encoder: an hf-mlm checkpoint or a Hugging Face masked LM")
     hf = loaded.model.hf
     weights = {k: v.detach().clone() for k, v in hf.base_model.state_dict().items()}
-    return Encoder(loaded.model.source, hf.config, weights, loaded.tokenizer.hf)
+    return Encoder(f"{loaded.path}: {loaded.model.describe()}", hf.config, weights, loaded.tokenizer.hf)
 
 
 def build_classifier(encoder: Encoder, task: GlueTask, seed: int) -> nn.Module:

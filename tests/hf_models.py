@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = ["the", "and", "of", "to", "a", "in", "was", "he", "it", "that", "his", "is", "with", "i", "as", "had"]
+WORDS = ["the", "and", "of", "to", "in", "was", "he", "it", "that", "his", "is", "with", "as", "had"]
 VOCAB = (SPECIALS + list(string.ascii_lowercase) + [f"##{c}" for c in string.ascii_lowercase]
          + list(".,;:!?'\"-") + WORDS)  # every lowercase word tokenises, letter by letter at worst
 TEXT = ("it was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
@@ -21,17 +21,18 @@ def tiny_config(arch: str = "bert", vocab: int = len(VOCAB), positions: int = 64
 
     if arch == "bert":
         return BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=64, max_position_embeddings=positions)
+                          intermediate_size=64, max_position_embeddings=positions, initializer_range=0.2)
     if arch == "distilbert":
         return DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
-                                max_position_embeddings=positions)
+                                max_position_embeddings=positions, initializer_range=0.2)
     return RobertaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=positions + 2, pad_token_id=0)
+                         intermediate_size=64, max_position_embeddings=positions + 2, pad_token_id=0,
+                         initializer_range=0.2)
 
 
 def tiny_mlm(arch: str = "bert", **kwargs) -> torch.nn.Module:
-    """A randomly initialised masked LM (seed 0) whose output layer is not tied (so that a
-    wrong key mapping cannot hide behind the embeddings)."""
+    """A randomly initialised masked LM (seed 0; weights 10x the usual scale, so that every
+    input visibly changes the output)."""
     from transformers import AutoModelForMaskedLM
 
     torch.manual_seed(0)

@@ -53,8 +53,7 @@ def glue_cmd(
         recipe = GlueRecipe(batch_size=batch_size, epochs=epochs, lr=lr, max_length=max_length, seed=seed)
         rt = Runtime.create(device or "auto", "fp32", threads)
         encoder = load_encoder(checkpoint)
-        err_console.print(f"Encoder: {encoder.name} ({type(encoder.config).__name__}); device {rt.describe()}",
-                          highlight=False, markup=False)
+        err_console.print(f"Encoder: {encoder.name}; device {rt.describe()}", highlight=False, markup=False)
         records = [_run_one(encoder, task, recipe, rt, data, max_train_rows, max_eval_rows) for task in chosen]
         _print_table(records)
         if json_out:

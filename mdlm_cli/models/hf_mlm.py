@@ -181,6 +181,11 @@ class HFMaskedLM(nn.Module):
         if cfg.model.time_conditioning:
             raise MdlmError("the hf-mlm backbone takes no time input (MDLM needs none); "
                             "set model.time_conditioning=false")
+        from ..objectives import OBJECTIVES
+
+        if OBJECTIVES[cfg.diffusion.objective].causal:
+            raise MdlmError(f"the hf-mlm backbone is a bidirectional encoder; the {cfg.diffusion.objective} "
+                            "objective needs causal attention (use the dit backbone)")
 
     @classmethod
     def check_data(cls, cfg: Config, tokenizer: Tokenizer) -> None:
@@ -258,7 +263,8 @@ class HFMaskedLM(nn.Module):
 
     def save_pretrained_folder(self, folder: Path) -> dict:
         """The HF model's own folder (config.json, model.safetensors); returns config.json's content."""
-        self.hf.save_pretrained(folder)
+        with quiet_transformers():
+            self.hf.save_pretrained(folder)
         return read_config(folder)
 
 
