@@ -12,6 +12,10 @@ folder to `load_pretrained`, so all commands accept:
   `hidden_dim`, `cond_dim`, `n_blocks`, `n_heads`, `dropout`, `time_conditioning`) and
   `model.safetensors` (or a sharded index, or `pytorch_model.bin` read with
   weights_only=True) holding the reference's `backbone.*` keys;
+- a Hugging Face masked LM that transformers implements (config.json with model_type `bert`,
+  `roberta`, ...: an `mdlm export` of an hf-mlm run, or any pretrained MLM such as
+  `google-bert/bert-base-uncased`, or a pip-packaged one such as
+  `sentence-transformers/all-MiniLM-L6-v2`, packaged.py): the hf-mlm backbone around it;
 - a reference Lightning checkpoint (`.ckpt`): `state_dict` with `backbone.*` keys, the EMA
   in `ema.shadow_params` (a list in parameter order, as the reference's models/ema.py
   stores it) and the hyper-parameters of the pickled Hydra config, read as inert data
@@ -53,6 +57,7 @@ KNOWN_VOCABS = {50258: "gpt2", 30522: "bert-base-uncased", 35: "char"}
 TOKENIZER_DEFAULTS = {  # name -> (dataset, packing, length) of the reference's runs
     "gpt2": ("openwebtext", "wrap", 1024), "bert-base-uncased": ("lm1b", "pad", 128), "char": ("text8", "chunk", 256),
 }
+PLAIN_MLM_ROWS = 100_000  # rows per split a plain masked LM's evaluation data keeps (bert-ft's validation too)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 RUN_ROOT = TrainConfig.out_dir.split("/")[0]  # "runs": `runs/NAME` is always a local run folder
 
@@ -153,7 +158,7 @@ def _from_hf_mlm_folder(folder: Path, raw: dict, mdlm_meta: dict, *, label: str,
     """A masked LM that transformers implements, as an MDLM denoiser (the hf-mlm backbone): an
     `mdlm export` of an hf-mlm run (its "mdlm" section gives the config it was trained with), or
     any MLM, which gets the defaults of an encoder to fine-tune: C4, L = 128 (at most its
-    positions), wrap packing."""
+    positions), wrap packing, the first PLAIN_MLM_ROWS rows of each split (C4 is streamed)."""
     from .models.hf_mlm import HFMaskedLM, check_native
 
     check_native(raw, str(folder))
@@ -166,7 +171,8 @@ def _from_hf_mlm_folder(folder: Path, raw: dict, mdlm_meta: dict, *, label: str,
         length = min(128, raw.get("max_position_embeddings") or 128)
         config = config_from_dict({
             "name": label.rstrip("/").split("/")[-1], "description": f"imported from {label}",
-            "data": {"dataset": "c4", "tokenizer": label, "length": length, "packing": "wrap"},
+            "data": {"dataset": "c4", "tokenizer": label, "length": length, "packing": "wrap",
+                     "max_rows": PLAIN_MLM_ROWS, "max_eval_rows": PLAIN_MLM_ROWS},
             "model": model_section})
     model = HFMaskedLM(config.model, tokenizer.vocab_size, folder=folder)
     data_meta = dict(mdlm_meta.get("data") or {})
