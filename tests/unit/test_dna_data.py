@@ -153,6 +153,6 @@ def test_dna_objective_backbone_pairs_are_checked():
         resolve_config("dna-tiny", ["model.backbone=mamba"])
     with pytest.raises(MdlmError, match="model.rcps does not apply to the dit backbone"):
         resolve_config("test", ["model.rcps=true"])
-    with pytest.raises(MdlmError, match="has no dropout"):
+    with pytest.raises(MdlmError, match="model.dropout does not apply to the caduceus backbone"):
         resolve_config("dna-tiny", ["model.dropout=0.1"])
     assert dataclasses.asdict(resolve_config("dna-mamba-ar-1k").model)["backbone"] == "mamba"
