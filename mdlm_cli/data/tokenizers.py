@@ -11,7 +11,6 @@ pickle) so that a checkpoint carries its tokeniser.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MdlmError
+from ..packaged import package_file, sha256_file
 
 META_FILE = "mdlm_tokenizer.json"
 
@@ -48,23 +48,6 @@ def dna_complement() -> list[int]:
     itos = DNA_SPECIALS + list(DNA_ALPHABET)
     stoi = {s: i for i, s in enumerate(itos)}
     return [stoi[DNA_PAIRS[s]] if s in DNA_PAIRS else i for i, s in enumerate(itos)] + list(range(len(itos), DNA_VOCAB))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def package_file(package: str, relative: str) -> Path | None:
-    """Path of a data file inside an installed package, found without importing it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / relative
-    return path if path.is_file() else None
 
 
 def normalize_text8(text: str) -> str:

@@ -189,13 +189,7 @@ class MambaBackbone:
 
     @classmethod
     def validate_config(cls, cfg: Config) -> None:
-        from ..objectives import OBJECTIVES
-
-        m, causal = cfg.model, OBJECTIVES[cfg.diffusion.objective].causal
-        if causal != cls.requires_causal:
-            raise MdlmError(f"the {m.backbone} backbone is {'causal' if cls.requires_causal else 'bidirectional'}; the "
-                            f"{cfg.diffusion.objective} objective needs a {'causal' if causal else 'bidirectional'} "
-                            f"one ({'mamba' if causal else 'caduceus'} on DNA)")
+        m = cfg.model
         if m.mixer not in MIXERS:
             raise MdlmError(f"model.mixer must be one of: {', '.join(MIXERS)} (got {m.mixer!r})")
         for key in ("hidden_size", "n_blocks", "cond_dim", "d_state", "d_conv", "expand"):

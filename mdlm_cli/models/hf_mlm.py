@@ -77,7 +77,7 @@ def model_folder(name: str) -> Path:
             raise MdlmError(f"{path} has no config.json: model.hf_model must be a Hugging Face model folder, "
                             "hub id or packaged model")
         return path
-    from ..pretrained import download
+    from ..hub import download
 
     return download(name)
 
@@ -145,6 +145,7 @@ class HFMaskedLM(nn.Module):
     """
 
     config_keys = ("hf_model", "time_conditioning")
+    requires_causal = False  # a bidirectional encoder
     causal = False
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, causal: bool = False, *, hf: nn.Module | None = None,
@@ -181,11 +182,6 @@ class HFMaskedLM(nn.Module):
         if cfg.model.time_conditioning:
             raise MdlmError("the hf-mlm backbone takes no time input (MDLM needs none); "
                             "set model.time_conditioning=false")
-        from ..objectives import OBJECTIVES
-
-        if OBJECTIVES[cfg.diffusion.objective].causal:
-            raise MdlmError(f"the hf-mlm backbone is a bidirectional encoder; the {cfg.diffusion.objective} "
-                            "objective needs causal attention (use the dit backbone)")
 
     @classmethod
     def check_data(cls, cfg: Config, tokenizer: Tokenizer) -> None:

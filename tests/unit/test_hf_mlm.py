@@ -210,7 +210,7 @@ def test_config_keys_apply_per_backbone(tmp_path):
         resolve_config("test", ["model.hf_model=bert-base-uncased"])
     with pytest.raises(MdlmError, match="takes no time input"):
         config_from_dict({**base, "model": {**base["model"], "time_conditioning": True}})
-    with pytest.raises(MdlmError, match="needs causal attention"):
+    with pytest.raises(MdlmError, match="hf-mlm backbone is bidirectional; the ar objective needs causal attention"):
         config_from_dict({**base, "diffusion": {"objective": "ar"}})
     with pytest.raises(MdlmError, match="model.hf_model must name"):
         config_from_dict({**base, "model": {"backbone": "hf-mlm"}})
