@@ -46,10 +46,15 @@ class BoundResult:
     exact: bool = False  # True: an exact likelihood, not a bound
     T: int = 0  # 0 = continuous-time bound, else the T-step discrete bound
     per_sequence: np.ndarray | None = None  # each row's value (nats), when asked for
+    kind: str = ""  # "masked-token": an MLM's masked-token cross-entropy, neither exact nor a bound
 
     @property
     def nats_per_token(self) -> float:
         return self.nats / max(self.tokens, 1)
+
+    @property
+    def relation(self) -> str:
+        return relation(self.exact, self.kind)
 
     @property
     def perplexity(self) -> float:
@@ -97,7 +102,7 @@ def sharded_sum(terms: TermsFn, split: TokenSplit, *, batch_size: int, device: t
         tdist.all_reduce(total)
         if each is not None:
             tdist.all_reduce(each)
-    return BoundResult(float(total), int(split.lengths[:n].sum()), n, exact=exact, T=T,
+    return BoundResult(float(total), split.count(slice(0, n)), n, exact=exact, T=T,
                        per_sequence=None if each is None else each.cpu().numpy())
 
 
@@ -138,6 +143,11 @@ def bound_passes(denoiser: Denoiser, split: TokenSplit, *, schedule: Schedule, m
 
 # ----------------------------------------------------------------------------- mdlm eval-ppl
 
+def relation(exact: bool, kind: str = "") -> str:
+    """How a perplexity relates to the true one: = exact, ≤ a bound, ~ neither (an MLM's masked-token value)."""
+    return "=" if exact else "~" if kind == "masked-token" else "≤"
+
+
 @dataclass
 class PplResult:
     dataset: str
@@ -154,6 +164,7 @@ class PplResult:
     # K passes, in nats/token of that sequence, averaged over the sequences (K >= 2, bounds only)
     sequence_sd: float | None = None
     sequence_var: float | None = None
+    kind: str = ""  # "masked-token" for an MLM (neither exact nor a bound)
 
     @property
     def nats_per_token(self) -> float:
@@ -182,7 +193,7 @@ class PplResult:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d.update(kind="exact" if self.exact else "bound", nats_per_token=self.nats_per_token,
+        d.update(kind="exact" if self.exact else (self.kind or "bound"), nats_per_token=self.nats_per_token,
                  perplexity=self.perplexity, standard_error=self.standard_error,
                  pass_std=self.pass_std, bits_per_char=self.bits_per_char, mc_samples=len(self.passes))
         return d
@@ -239,7 +250,7 @@ def evaluate(loaded: LoadedModel, prepared: PreparedData, *, name: str, split: s
     return PplResult(name, split_name, first.tokens, first.sequences, [r.nats_per_token for r in results],
                      exact=first.exact, T=first.T, char_level=loaded.tokenizer.is_character_level,
                      seconds=time.perf_counter() - t0, notes=[note] if note else [],
-                     sequence_sd=spread[0], sequence_var=spread[1])
+                     sequence_sd=spread[0], sequence_var=spread[1], kind=first.kind)
 
 
 def sequence_spread(results: list[BoundResult], lengths: np.ndarray) -> tuple[float | None, float | None]:

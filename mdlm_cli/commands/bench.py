@@ -10,10 +10,22 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..config import resolve_config
 from ..errors import MdlmError
-from .common import SetOpt, app, console, err_console, int_list, load_for_command, user_errors, warn
+from .common import (
+    SetOpt,
+    ThreadsOpt,
+    app,
+    check_positive,
+    console,
+    err_console,
+    int_list,
+    load_for_command,
+    user_errors,
+    warn,
+)
 
 CheckpointOpt = Annotated[str | None, typer.Option(
     "--checkpoint", "-c", help="A trained model (default: runs/demo if present, else --preset).")]
@@ -43,7 +55,7 @@ def bench_sampler_cmd(
     length: LengthOpt = None, precision: PrecisionsOpt = "fp64", repeats: RepeatsOpt = 3,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")] = None,
-    compile: CompileOpt = False, json_out: JsonOpt = None, plot_out: PlotOpt = None,
+    compile: CompileOpt = False, json_out: JsonOpt = None, plot_out: PlotOpt = None, threads: ThreadsOpt = None,
 ) -> None:
     """Time the samplers: seconds per sample, tokens/s, NFE, categorical draws, sampler overhead.
 
@@ -55,16 +67,21 @@ def bench_sampler_cmd(
     """
     from ..bench import environment, plot, run_bench
     from ..engine import get_sampler
+    from ..files import check_writable
 
     with user_errors():
         precisions, steps_list, batch_list = _check_flags(precision, steps, batch_size, repeats, num_samples, plot_out)
+        check_positive(length=length)
+        for path in (json_out, plot_out):
+            if path:
+                check_writable(path)
         if checkpoint is None and preset is None:
             checkpoint = "runs/demo" if Path("runs/demo/latest").is_file() else None
             preset = None if checkpoint else "demo"
         if checkpoint is not None and overrides:
             raise MdlmError("--set applies to --preset models; a checkpoint carries its own config")
         objective, model, mask_id, model_length, source, rt = _bench_model(checkpoint, preset, overrides or [],
-                                                                           device, compile)
+                                                                           device, compile, threads)
         sampler_list = _samplers(objective, samplers)
         if steps is not None and not any(get_sampler(name).uses_steps for name in sampler_list):
             warn(f"none of {', '.join(sampler_list)} takes steps; --steps {steps} is ignored")
@@ -74,7 +91,7 @@ def bench_sampler_cmd(
                 "vocab_size": model.vocab_size, "command": "mdlm " + " ".join(sys.argv[1:])}
         err_console.print(f"Benchmarking {source} at L={length} on {meta['device_name']} ({meta['dtype']}, "
                           f"{meta['threads']} threads, torch {meta['torch']})", highlight=False, markup=False)
-        table = Table(*COLUMNS, title=f"{source}, L={length}, {meta['device_name']}")
+        table = Table(*COLUMNS, title=Text(f"{source}, L={length}, {meta['device_name']}"))  # a path, not markup
         report = run_bench(objective.denoiser(model, rt.dtype), samplers=sampler_list, steps=steps_list,
                            batch_sizes=batch_list, precisions=precisions, num_samples=num_samples, length=length,
                            mask_id=mask_id, repeats=repeats, seed=seed, device=rt.device, meta=meta,
@@ -82,10 +99,10 @@ def bench_sampler_cmd(
         (console if console.is_terminal else Console(width=140)).print(table)
         if json_out:
             Path(json_out).write_text(json.dumps(report.to_dict(), indent=2))
-            console.print(f"Wrote {json_out}")
+            console.print(f"Wrote {json_out}", markup=False)
         if plot_out:
             plot(report, plot_out)
-            console.print(f"Wrote {plot_out}")
+            console.print(f"Wrote {plot_out}", markup=False)
 
 
 def _check_flags(precision: str, steps: str | None, batch_size: str, repeats: int, num_samples: int,
@@ -113,7 +130,7 @@ def _add_row(table: Table, r) -> None:
            f"{r.nfe:.1f}", "-" if r.nfe_whole_batch is None else f"{r.nfe_whole_batch:.1f}", f"{r.ncs:.1f}",
            f"{100 * r.overhead_share:.1f}%")
     table.add_row(*row)
-    err_console.print("  " + "  ".join(row), highlight=False)
+    err_console.print("  " + "  ".join(row), highlight=False, markup=False)
 
 
 def _samplers(objective, names: str | None) -> list[str]:
@@ -129,7 +146,7 @@ def _samplers(objective, names: str | None) -> list[str]:
 
 
 def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str], device: str | None,
-                 compile: bool):
+                 compile: bool, threads: int | None):
     """(objective, model, mask id, length, description, runtime) of a checkpoint or a random preset model."""
     import torch
 
@@ -138,14 +155,14 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
     from ..runtime import Runtime
 
     if checkpoint is not None:
-        loaded, rt = load_for_command(checkpoint, device, raw_weights=False)
+        loaded, rt = load_for_command(checkpoint, device, raw_weights=False, threads=threads)
         objective, model, mask_id, length = loaded.objective, loaded.model, loaded.mask_id, loaded.length
         source = str(loaded.path)
     else:
         from ..data.tokenizers import load_tokenizer
 
         cfg = resolve_config(preset, overrides)
-        rt = Runtime.create(device or "auto")
+        rt = Runtime.create(device or "auto", threads=threads or 0)
         tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.cache_dir or None)
         objective = get_objective(cfg, tokenizer)
         torch.manual_seed(0)
@@ -153,5 +170,7 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
         mask_id, length = tokenizer.mask_id, cfg.data.length
         source = f"preset {cfg.name} (random weights, vocab {tokenizer.vocab_size})"
     if compile:
+        if not hasattr(model, "trunk"):
+            raise MdlmError(f"--compile captures the DiT's trunk; {model.describe()} has none")
         model.trunk = torch.compile(model.trunk, mode="reduce-overhead" if rt.device.type == "cuda" else None)
     return objective, model, mask_id, length, source, rt

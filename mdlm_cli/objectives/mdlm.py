@@ -42,14 +42,15 @@ class MDLM(Objective):
                                  autocast_dtype=autocast_dtype)
 
     def loss_terms(self, denoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
-                   T: int | None = None) -> Tensor:
+                   T: int | None = None, targets: Tensor | None = None) -> Tensor:
         terms = nelbo_terms(denoiser, x0, t, mask_id=self.mask_id, schedule=self.schedule, generator=generator,
-                            attention_mask=attention_mask, T=self.cfg.diffusion.T if T is None else T)
+                            attention_mask=attention_mask, T=self.cfg.diffusion.T if T is None else T,
+                            targets=targets)
         if self.cfg.diffusion.carry_over:  # SUBS: the reconstruction term is exactly 0 (§3.3)
             return terms
         return terms + reconstruction_terms(denoiser, x0, mask_id=self.mask_id, schedule=self.schedule,
                                             carry_over=False, zero_masking=True, generator=generator,
-                                            attention_mask=attention_mask)
+                                            attention_mask=attention_mask, targets=targets)
 
     def eval_T(self, T: int | None) -> int:
         T = self.cfg.diffusion.T if T is None else T
