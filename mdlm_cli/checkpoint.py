@@ -11,6 +11,7 @@
         state.json             step, data position, metrics, versions
         config.yaml            resolved config (the model section builds the backbone)
         model.json             schema_version, backbone, vocabulary, causal attention
+        hf_config.json         hf-mlm only: the Hugging Face config that rebuilds the model offline
         data.json              prepared-data metadata (tokeniser, length, packing, source)
         tokenizer/             tokeniser files
 
@@ -83,6 +84,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / "optimizer.pt")
         base = getattr(model, "_orig_mod", model)
+        base.save_checkpoint_files(tmp)  # what the backbone needs beside the weights (hf-mlm: its HF config)
         (tmp / "model.json").write_text(json.dumps(model_metadata(base, cfg), indent=2))
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
         (tmp / "config.yaml").write_text(cfg.to_yaml())
@@ -269,7 +271,7 @@ def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device 
                         "objective of its config.yaml needs the other; the checkpoint is inconsistent")
     weights_file = step_dir / ("ema.safetensors" if ema and (step_dir / "ema.safetensors").is_file()
                                else "model.safetensors")
-    model = build_model(cfg.model, model_meta["vocab_size"], causal=causal)
+    model = build_model(cfg.model, model_meta["vocab_size"], causal=causal, folder=step_dir)
     load_state_into(model, load_weights(weights_file), weights_file)
     return LoadedModel(step_dir, model.to(device).eval(), cfg, tokenizer, data_meta, state)
 

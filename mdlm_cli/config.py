@@ -29,14 +29,19 @@ class DataConfig:
     packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | window (DNA)
     cache_dir: str = ""  # "" = $MDLM_CACHE or ~/.cache/mdlm
     rc_augment: bool = False  # DNA: each training row reverse-complemented with probability 1/2
+    max_rows: int = 0  # rows of the train split to prepare, 0 = all (a streamed source stops reading there)
+    max_eval_rows: int = 0  # rows of each evaluation split (valid, test), 0 = all
 
 
 @dataclass
 class ModelConfig:
     """The backbone's hyper-parameters: the one model config of training, loading and export.
-    The vocabulary comes from the tokeniser and causal attention from the objective."""
+    The vocabulary comes from the tokeniser and causal attention from the objective. Each
+    backbone reads only its own keys (`config_keys` of its class in models.BACKBONES); giving
+    one it does not read is an error, and only its own keys are saved."""
 
     backbone: str = "dit"  # models.BACKBONES
+    hf_model: str = ""  # hf-mlm: a Hugging Face masked LM (hub id, folder, or a pip-packaged model)
     hidden_size: int = 768
     n_blocks: int = 12
     n_heads: int = 12
@@ -44,7 +49,7 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.1
     time_conditioning: bool = False  # reference default; the paper's 23.21 used it on
-    # Mamba-based DNA backbones (caduceus, mamba; models.MAMBA_KEYS): hidden_size is d_model,
+    # Mamba-based DNA backbones (caduceus, mamba; models.caduceus.MAMBA_KEYS): hidden_size is d_model,
     # n_blocks the number of layers; the DiT does not take these
     mixer: str = "auto"  # selective scan: auto | cuda (mamba-ssm) | torch (mambapy)
     d_state: int = 16
@@ -57,14 +62,32 @@ class ModelConfig:
     rms_norm: bool = True  # RMSNorm (else LayerNorm)
     norm_epsilon: float = 1e-5
 
+    def to_dict(self) -> dict:
+        """The keys the backbone reads (`backbone` first)."""
+        keys = backbone_keys(self.backbone)
+        return {k: v for k, v in dataclasses.asdict(self).items() if k in keys}
+
+
+def backbone_keys(backbone: str) -> tuple[str, ...]:
+    """The model.* keys a backbone reads; every key for an unknown one (validation names it)."""
+    from .models import BACKBONES
+
+    cls = BACKBONES.get(backbone)
+    if cls is None:
+        return tuple(f.name for f in dataclasses.fields(ModelConfig))
+    return ("backbone", *cls.config_keys)
+
 
 @dataclass
 class DiffusionConfig:
-    objective: str = "mdlm"  # objectives.OBJECTIVES: mdlm | ar (autoregressive baseline: causal, no diffusion)
-    schedule: str = "loglinear"  # loglinear | cosine | cosine-squared | linear
+    objective: str = "mdlm"  # objectives.OBJECTIVES: mdlm | sedd | d3pm | ar (autoregressive baseline)
+    schedule: str = "loglinear"  # loglinear | cosine | cosine-squared | linear | geometric
     eps: float = 1e-3
     antithetic: bool = True  # low-discrepancy t over the global batch
-    T: int = 0  # 0 = continuous time; T > 0 = discrete-time bound (Table 8)
+    T: int = 0  # 0 = continuous time; T > 0 = discrete-time bound (Table 8); d3pm needs T > 0
+    # The two halves of SUBS (§3.2.3), switches of the Table 8 ablation (mdlm, d3pm):
+    zero_masking: bool = True  # the model gives the mask token probability 0 (d3pm: the reference's subs_masking)
+    carry_over: bool = True  # unmasked tokens are copied; off adds the t = 0 reconstruction term
 
 
 @dataclass
@@ -113,6 +136,7 @@ class Config:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["optim"]["betas"] = list(d["optim"]["betas"])
+        d["model"] = self.model.to_dict()
         return d
 
     def to_yaml(self) -> str:
@@ -227,8 +251,18 @@ def config_from_dict(data: dict) -> Config:
             raise MdlmError(f"config section {section!r} must be a mapping")
         cfg_kwargs[section] = _section_from_dict(SECTIONS[section], values, section)
     cfg = Config(**cfg_kwargs)
+    _check_model_keys(cfg.model.backbone, data.get("model") or {})
     validate(cfg)
     return cfg
+
+
+def _check_model_keys(backbone: str, given: dict) -> None:
+    """No model key is silently ignored: each one given must be read by the backbone."""
+    keys = backbone_keys(backbone)
+    unread = [k for k in given if k not in keys]
+    if unread:
+        raise MdlmError(f"model.{unread[0]} does not apply to the {backbone} backbone (it reads: "
+                        f"{', '.join(k for k in keys if k != 'backbone')}); remove it")
 
 
 def apply_override(data: dict, assignment: str) -> None:
@@ -269,7 +303,7 @@ def _choice(value: str, choices, where: str) -> None:
 def validate(cfg: Config) -> None:
     """Checks common to every run; each objective adds its own (`Objective.validate`)."""
     from .engine.schedules import SCHEDULES
-    from .models import BACKBONES, check_backbone
+    from .models import BACKBONES
     from .objectives import OBJECTIVES
 
     _choice(cfg.data.packing, PACKINGS, "data.packing")
@@ -280,9 +314,7 @@ def validate(cfg: Config) -> None:
     _choice(cfg.train.precision, PRECISIONS, "train.precision")
     _choice(cfg.train.parallel, PARALLELS, "train.parallel")
     positive = {
-        "data.length": cfg.data.length, "model.hidden_size": cfg.model.hidden_size,
-        "model.n_blocks": cfg.model.n_blocks, "model.n_heads": cfg.model.n_heads,
-        "model.cond_dim": cfg.model.cond_dim, "model.mlp_ratio": cfg.model.mlp_ratio,
+        "data.length": cfg.data.length,
         "train.global_batch_size": cfg.train.global_batch_size,
         "train.micro_batch_size": cfg.train.micro_batch_size, "train.max_steps": cfg.train.max_steps,
         "train.log_every": cfg.train.log_every, "train.eval_every": cfg.train.eval_every,
@@ -293,13 +325,9 @@ def validate(cfg: Config) -> None:
             raise MdlmError(f"{where} must be positive (got {value})")
     if cfg.data.length < 4:
         raise MdlmError(f"data.length must be at least 4 (got {cfg.data.length})")
-    check_backbone(cfg.model)
-    causal, needs = OBJECTIVES[cfg.diffusion.objective].causal, getattr(BACKBONES[cfg.model.backbone],
-                                                                         "requires_causal", None)
-    if needs is not None and needs != causal:
-        raise MdlmError(f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; the "
-                        f"{cfg.diffusion.objective} objective needs a {'causal' if causal else 'bidirectional'} one "
-                        f"({'mamba' if causal else 'caduceus'} on DNA)")
+    for where, value in (("data.max_rows", cfg.data.max_rows), ("data.max_eval_rows", cfg.data.max_eval_rows)):
+        if value < 0:
+            raise MdlmError(f"{where} must be 0 (all rows) or a number of rows (got {value})")
     if cfg.train.global_batch_size % cfg.train.micro_batch_size:
         raise MdlmError(
             f"train.global_batch_size ({cfg.train.global_batch_size}) must be a multiple of "
@@ -307,8 +335,6 @@ def validate(cfg: Config) -> None:
         )
     if not 0.0 <= cfg.train.ema < 1.0:
         raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
-    if not 0.0 <= cfg.model.dropout < 1.0:
-        raise MdlmError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
     _check_optim(cfg.optim)
     if cfg.train.threads < 0:
         raise MdlmError(f"train.threads must be 0 (the default choice) or a positive count (got {cfg.train.threads})")
@@ -317,7 +343,24 @@ def validate(cfg: Config) -> None:
     except (KeyError, IndexError, ValueError, AttributeError):
         raise MdlmError(f"train.out_dir may contain {{name}} (the config's name) and no other {{...}} field "
                         f"(got {cfg.train.out_dir!r}); write {{{{ and }}}} for literal braces") from None
+    _check_attention(cfg, BACKBONES[cfg.model.backbone], OBJECTIVES[cfg.diffusion.objective])
+    BACKBONES[cfg.model.backbone].validate_config(cfg)
     OBJECTIVES[cfg.diffusion.objective].validate(cfg)
+
+
+# a backbone that only attends one way, and the objectives it then cannot serve
+CAUSAL_ALTERNATIVE = {True: "the dit backbone, or mamba on DNA", False: "the dit backbone, or caduceus on DNA"}
+
+
+def _check_attention(cfg: Config, backbone, objective) -> None:
+    """A backbone's `requires_causal` (True: causal only, False: bidirectional only, None: either)
+    against the objective's need."""
+    needs = getattr(backbone, "requires_causal", None)
+    if needs is not None and needs != objective.causal:
+        kind = "causal" if objective.causal else "bidirectional"
+        raise MdlmError(f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; the "
+                        f"{cfg.diffusion.objective} objective needs {kind} attention "
+                        f"({CAUSAL_ALTERNATIVE[objective.causal]})")
 
 
 def _check_optim(o: OptimConfig) -> None:

@@ -31,6 +31,7 @@ from .checkpoint import LoadedModel
 from .errors import MdlmError
 from .files import remove_stale_temporaries, swap_folder, temporary
 from .loading import load_checkpoint
+from .models import HFMaskedLM
 from .reference_format import hf_config as reference_config
 from .reference_format import reference_state_dict
 
@@ -51,15 +52,30 @@ def hf_config(loaded: LoadedModel, weights: str) -> dict:
                                      "data": loaded.data_meta, "state": loaded.state})
 
 
+def write_model_files(loaded: LoadedModel, folder: Path, weights: str) -> dict:
+    """model.safetensors and config.json; returns config.json's content. A DiT under the
+    reference's names and fields; an hf-mlm model as the Hugging Face model's own folder
+    (transformers loads it as it is), with mdlm's section added to its config.json."""
+    if isinstance(loaded.model, HFMaskedLM):
+        config = loaded.model.save_pretrained_folder(folder)
+        config["mdlm"] = hf_config(loaded, weights)["mdlm"]
+    else:
+        save_file(reference_state_dict(loaded.model), folder / "model.safetensors", metadata={"format": "pt"})
+        config = hf_config(loaded, weights)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return config
+
+
 def export_folder(loaded: LoadedModel, out: str | Path, *, weights: str, results: list[dict] | None = None,
                   overwrite: bool = False, hub_id: str | None = None) -> Path:
     """Write the folder beside `out`, then swap it in (files.swap_folder); `hub_id` is where
     it will be pushed, for the model card's usage line."""
     from .models import DiT
 
-    if not isinstance(loaded.model, DiT):  # the reference format holds a DiT; other backbones keep their run folder
-        raise MdlmError(f"mdlm export writes the reference DiT format; a {loaded.config.model.backbone} model is "
-                        "shared as its run folder (safetensors, config.yaml, tokenizer files)")
+    if not isinstance(loaded.model, DiT | HFMaskedLM):  # the formats export writes: the reference's, or HF's own
+        raise MdlmError(f"mdlm export writes the reference DiT format or a Hugging Face masked LM's; a "
+                        f"{loaded.config.model.backbone} model is shared as its run folder (safetensors, config.yaml, "
+                        "tokenizer files)")
     out = Path(out)
     check_export_target(loaded, out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -68,8 +84,7 @@ def export_folder(loaded: LoadedModel, out: str | Path, *, weights: str, results
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_file(reference_state_dict(loaded.model), tmp / "model.safetensors", metadata={"format": "pt"})
-        config = hf_config(loaded, weights)
+        config = write_model_files(loaded, tmp, weights)
         loaded.tokenizer.save(tmp)
         (tmp / "README.md").write_text(model_card(loaded, config, results or [], hub_id or str(out)))
         config["mdlm"]["files"] = sorted(["config.json", *(p.name for p in tmp.iterdir())])
@@ -160,12 +175,19 @@ def read_results(paths: list[str]) -> list[dict]:
 
 
 def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: str) -> str:
-    c, cfg, state, tok = loaded.model.config, loaded.config, loaded.state, loaded.tokenizer
+    cfg, state, tok = loaded.config, loaded.state, loaded.tokenizer
     millions = loaded.model.num_parameters() / 1e6
     dataset = cfg.data.dataset if not Path(cfg.data.dataset).suffix else Path(cfg.data.dataset).name
+    hf = isinstance(loaded.model, HFMaskedLM)
+    if hf:
+        backbone = f"{loaded.model.describe()}, {millions:.1f}M parameters"
+    else:
+        c = loaded.model.config
+        backbone = (f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, cond dim {c.cond_dim}, "
+                    f"{millions:.1f}M parameters")
     rows = [
-        ("backbone", f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, cond dim {c.cond_dim}, "
-                     f"{millions:.1f}M parameters"),
+        ("backbone", backbone),
+        ("objective", f"{cfg.diffusion.objective} ({loaded.objective.description})"),
         ("vocabulary", f"{loaded.model.vocab_size} ({tok.name}, mask id {tok.mask_id})"),
         ("sequence length", f"{loaded.length} ({cfg.data.packing} packing)"),
         ("time conditioning", "on" if cfg.model.time_conditioning else "off"),
@@ -185,9 +207,12 @@ def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: st
              f"`mdlm` {__version__}.", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     lines += ["", "## Use", "", "```bash", f"mdlm sample --checkpoint {where} --sampler first-hitting -n 4", "```", "",
-              "`config.json` carries the reference implementation's `MDLMConfig` fields and "
-              "`model.safetensors` its parameter names (`backbone.*`); there is no Python code in this "
-              "folder, so nothing needs `trust_remote_code`. The tokenizer files sit next to them.", "",
+              ("This is the Hugging Face masked LM's own folder (`AutoModelForMaskedLM.from_pretrained` loads "
+               "it as it is), fine-tuned with MDLM; `config.json` also holds mdlm's section; "
+               if hf else "`config.json` carries the reference implementation's `MDLMConfig` fields and "
+               "`model.safetensors` its parameter names (`backbone.*`); ")
+              + "there is no Python code in this folder, so nothing needs `trust_remote_code`. The tokenizer files "
+              "sit next to them.", "",
               "## Evaluation results", ""]
     evals = []
     for key, label in (("best_valid_nats", "best validation bound"), ("valid_nats", "last validation bound")):

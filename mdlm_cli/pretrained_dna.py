@@ -30,7 +30,7 @@ def caduceus_model_config(raw: dict, source: str) -> dict:
             raise MdlmError(f"{source}: ssm_cfg.{key}={ssm[key]!r} is not supported (mdlm's mixer has {expected!r})")
     try:
         return {"backbone": "caduceus", "hidden_size": int(raw["d_model"]), "n_blocks": int(raw["n_layer"]),
-                "dropout": 0.0, "d_state": int(ssm.get("d_state", 16)), "d_conv": int(ssm.get("d_conv", 4)),
+                "d_state": int(ssm.get("d_state", 16)), "d_conv": int(ssm.get("d_conv", 4)),
                 "expand": int(ssm.get("expand", 2)), "rcps": bool(raw.get("rcps", False)),
                 "fused_add_norm": bool(raw.get("fused_add_norm", True)),
                 "bidirectional_strategy": raw.get("bidirectional_strategy") or "add",

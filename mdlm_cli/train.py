@@ -32,7 +32,7 @@ from .distributed import Dist, StopSignals, clip_grad_norm, session, set_gradien
 from .errors import MdlmError
 from .evaluation import BoundResult
 from .files import write_text_atomic
-from .models import build_model
+from .models import build_model, check_data
 from .objectives import Objective, get_objective
 from .optim import EMA, lr_at
 from .run_folder import ResumePoint, finished, locked, log_config_change, resume_point, truncate_metrics
@@ -138,6 +138,7 @@ def _set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *, lo
     # a resumed run keeps the CPU threads it chose (gradients can round differently with another count)
     threads = cfg.train.threads or (0 if os.environ.get("OMP_NUM_THREADS") else start.state.get("threads", 0))
     rt = Runtime.create(str(dist.device), cfg.train.precision, threads)
+    check_data(cfg)  # the backbone's checks of the data config, before any data is prepared
     data = _prepare_data(cfg, console, load_dataset, wait=dist.local_rank != 0)
     tokenizer = data.tokenizer()
     train_split, valid_split = data.split("train"), data.split("valid")
@@ -187,14 +188,16 @@ def _restore(model, ema: EMA | None, optimizer, console: Console, step_dir: Path
 
 
 def _describe(run: Run) -> None:
-    cfg, tc, dist = run.cfg, run.cfg.train, run.dist
+    tc, dist = run.cfg.train, run.dist
     run.console.print(
-        f"Model: {type(run.model).__name__} {cfg.model.n_blocks}x{cfg.model.hidden_size}, "
+        f"Model: {run.model.describe()}, "
         f"{run.model.num_parameters() / 1e6:.1f}M parameters, objective {run.objective.name}; data: "
         f"{escape(run.data.folder.name)} ({len(run.train_split)} train rows, {len(run.valid_split)} valid rows); "
         f"device: "
         f"{run.rt.describe()}; {dist.describe(tc.parallel)}, global batch {tc.global_batch_size} = "
         f"{tc.micro_batch_size} x {run.accum} accumulation x {dist.world_size} rank(s)")
+    for note in getattr(run.model, "notes", []):
+        run.console.print(f"[yellow]note:[/] {note}", highlight=False)
     unigram = run.data.meta.get("unigram_valid_nats")
     if unigram is not None:
         run.console.print(f"Unigram baseline on valid: {nats_text(unigram, run.tokenizer.is_character_level)} "

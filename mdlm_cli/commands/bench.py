@@ -170,5 +170,7 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
         mask_id, length = tokenizer.mask_id, cfg.data.length
         source = f"preset {cfg.name} (random weights, vocab {tokenizer.vocab_size})"
     if compile:
+        if not hasattr(model, "trunk"):
+            raise MdlmError(f"--compile captures the DiT's trunk; {model.describe()} has none")
         model.trunk = torch.compile(model.trunk, mode="reduce-overhead" if rt.device.type == "cuda" else None)
     return objective, model, mask_id, length, source, rt

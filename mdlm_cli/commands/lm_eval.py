@@ -72,30 +72,42 @@ def lm_eval_cmd(
         names = [t.strip() for t in tasks.split(",") if t.strip()]
         if not names:
             raise MdlmError("--tasks needs at least one task name")
-        loaded, _ = load_for_command(checkpoint, device, raw_weights)
-        objective = loaded.objective
-        if objective.exact and mc_samples is not None:
-            warn(f"--mc-samples {mc_samples} does not apply: the {objective.name} model's likelihood is exact")
-        if objective.causal and stride is not None:
-            warn(f"--stride {stride} does not apply: the {objective.name} model generates left to right")
         if limit is not None and limit <= 0:
             raise MdlmError(f"--limit must be a positive count or fraction (got {limit})")
+        loaded, _ = load_for_command(checkpoint, device, raw_weights)
+        objective = loaded.objective
+        _warn_unused(objective, mc_samples, stride)
         lm = _model(loaded, checkpoint, 4 if mc_samples is None else mc_samples, batch_size, device, seed, sampler,
                     steps, stride)
         results = _evaluate(lm, names, include_path, num_fewshot, limit, bootstrap_iters)
         summary = {task: _task_summary(scores) for task, scores in lm.scores.items()}
         _print(results["results"], summary, lm)
         if json_out:
-            from pathlib import Path
+            _write_json(json_out, loaded, lm, results, summary, raw_weights=raw_weights, batch_size=batch_size,
+                        seed=seed)
 
-            record = {"checkpoint": str(loaded.path), "objective": objective.name, "exact": objective.exact,
-                      "kind": "exact" if objective.exact else "bound", "weights": "raw" if raw_weights else "ema",
-                      "mc_samples": lm.mc_samples, "batch_size": batch_size, "seed": seed,
-                      "sampler": lm.generation.sampler, "results": results["results"], "mdlm": summary,
-                      "n-samples": results.get("n-samples"), "versions": results.get("versions"),
-                      "lm_eval_version": lm_eval.__version__}
-            Path(json_out).write_text(json.dumps(record, indent=2, default=str))
-            console.print(f"Wrote {json_out}", markup=False)
+
+def _warn_unused(objective, mc_samples: int | None, stride: int | None) -> None:
+    if objective.exact and mc_samples is not None:
+        warn(f"--mc-samples {mc_samples} does not apply: the {objective.name} model's likelihood is exact")
+    if objective.causal and stride is not None:
+        warn(f"--stride {stride} does not apply: the {objective.name} model generates left to right")
+
+
+def _write_json(path: str, loaded, lm, results: dict, summary: dict, *, raw_weights: bool, batch_size: int,
+                seed: int) -> None:
+    from pathlib import Path
+
+    import lm_eval
+
+    objective = loaded.objective
+    record = {"checkpoint": str(loaded.path), "objective": objective.name, "exact": objective.exact,
+              "kind": "exact" if objective.exact else "bound", "weights": "raw" if raw_weights else "ema",
+              "mc_samples": lm.mc_samples, "batch_size": batch_size, "seed": seed, "sampler": lm.generation.sampler,
+              "results": results["results"], "mdlm": summary, "n-samples": results.get("n-samples"),
+              "versions": results.get("versions"), "lm_eval_version": lm_eval.__version__}
+    Path(path).write_text(json.dumps(record, indent=2, default=str))
+    console.print(f"Wrote {path}", markup=False)
 
 
 def _model(loaded, checkpoint, mc_samples, batch_size, device, seed, sampler, steps, stride):

@@ -132,14 +132,9 @@ def semi_ar_cmd(
         if out:
             check_writable(out)
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
-        if loaded.objective.causal:
-            raise MdlmError(f"{checkpoint} is a left-to-right ({loaded.objective.name}) model; it generates up to "
-                            "its length with mdlm sample (semi-ar is for diffusion models)")
         spec, steps = resolve_sampler(loaded.objective, sampler, steps)
         window, tok = loaded.length, loaded.tokenizer
-        stride, length = window // 2 if stride is None else stride, 2 * window if length is None else length
-        if length < window:
-            raise MdlmError(f"--length must be at least the window ({window})")
+        stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length)
         start = template(loaded, window, prompt=prompt) if prompt else None
         start = None if start is None else start[start != loaded.mask_id]
         streaming = stream and num_samples == 1
@@ -163,6 +158,18 @@ def semi_ar_cmd(
         _show(texts, streamed=streaming)
         err_console.print(f"{result.tokens.shape[1]} tokens per sample (window {window}, stride {stride}), "
                           f"{seconds / num_samples:.2f} s/sample, NFE {result.stats.nfe:.1f}")
+
+
+def _semi_ar_lengths(loaded, checkpoint: str, stride: int | None, length: int | None) -> tuple[int, int]:
+    """(stride, total length) for a diffusion model's window; left-to-right models are refused."""
+    if loaded.objective.causal:
+        raise MdlmError(f"{checkpoint} is a left-to-right ({loaded.objective.name}) model; it generates up to "
+                        "its length with mdlm sample (semi-ar is for diffusion models)")
+    window = loaded.length
+    stride, length = window // 2 if stride is None else stride, 2 * window if length is None else length
+    if length < window:
+        raise MdlmError(f"--length must be at least the window ({window})")
+    return stride, length
 
 
 def _show(texts: list[str], *, streamed: bool) -> None:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MdlmError
-from .tokenizers import package_file, sha256_file
+from ..packaged import package_file, sha256_file
+from .detokenize import lambada_detokenize, lm1b_detokenize, papers_detokenize, ptb_detokenize, wikitext_detokenize
 
 DocBatches = Iterator[list[str]]
 
@@ -30,56 +31,6 @@ def split_of(index: int, n: int) -> str:
         return "valid" if index == n - 1 else "test" if index == n - 2 and n >= 3 else "train"
     block = (index // (10 if n >= 400 else 1)) % 20
     return "valid" if block == 18 else "test" if block == 19 else "train"
-
-
-# ------------------------------------------------------------------- detokenisers
-# Undo the whitespace tokenisation of the zero-shot sets before BPE, as the paper's code.
-
-def wikitext_detokenize(x: str) -> str:
-    for a, b in ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), ("s '", "s'"),
-                 (" : ", ": "), (" ; ", "; "), (" . ", ". "), (" ! ", "! "), (" ? ", "? "),
-                 (" , ", ", "), ("= = = =", "===="), ("= = =", "==="), ("= =", "=="),
-                 (" \n", "\n"), ("\n ", "\n"), (" N ", " 1 "), (" 's", "'s")):
-        x = x.replace(a, b)
-    x = re.sub(r"\(\s*([^)]*?)\s*\)", r"(\1)", x)
-    x = re.sub(r"\[\s*([^\]]*?)\s*\]", r"[\1]", x)
-    x = re.sub(r"{\s*([^}]*?)\s*}", r"{\1}", x)
-    x = re.sub(r'"\s*([^"]*?)\s*"', r'"\1"', x)
-    return x
-
-
-def ptb_detokenize(x: str) -> str:
-    for a, b in ((" 's", "'s"), ("s ' ", "s' "), (" n't", "n't"), (" \n ", "\n"), ("\\/", "/"),
-                 ("$ 1", "$1"), ("# 1", "#1"), ("<unk>", "?")):
-        x = x.replace(a, b)
-    while " N " in x:
-        x = x.replace(" N ", " 1 ")
-    return x
-
-
-def lm1b_detokenize(x: str) -> str:
-    x = x.replace("http : / / ", "http://").replace("https : / / ", "https://")
-    x = re.sub(r" '(\w+)", r"'\1", x)
-    x = re.sub(r" (\w+) \. ", r" \1. ", x)
-    x = re.sub(r" (\w+) \.$", r" \1.", x)
-    for p in "?!":
-        x = x.replace(f" {p} ", f"{p} ")
-        x = re.sub(rf" \{p}$", p, x)
-    for a, b in ((" , ", ", "), (" : ", ": "), (" ; ", "; "), (" / ", "/"), ("$ ", "$"), ("£ ", "£")):
-        x = x.replace(a, b)
-    x = re.sub(r'" ([^"]+) "', r'"\1"', x)
-    x = re.sub(r"' ([^']+) '", r"'\1'", x)
-    x = re.sub(r"\( ([^()]+) \)", r"(\1)", x)
-    x = re.sub(r"\[ ([^\[\]]+) \]", r"[\1]", x)
-    return x
-
-
-def lambada_detokenize(x: str) -> str:
-    return "\n" + x.replace("\u201c", '"').replace("\u201d", '"').strip()
-
-
-def papers_detokenize(x: str) -> str:
-    return lm1b_detokenize(wikitext_detokenize(x))
 
 
 # ------------------------------------------------------------------- sources
@@ -232,7 +183,7 @@ class HubDataset(Source):
         detok = self.detokenize.__name__ if self.detokenize else "none"
         return f"hub:{self.hub_id}:{self.config}:{self.revision}:{self.split_specs}:{detok}"
 
-    def load(self, split: str, load_dataset: Callable | None):
+    def load(self, split: str, load_dataset: Callable | None, **kwargs):
         if load_dataset is None:
             from datasets import load_dataset
 
@@ -241,13 +192,14 @@ class HubDataset(Source):
             hub_offline()  # fail fast (or use the local datasets cache) without a network
         try:
             return load_dataset(self.hub_id, self.config, split=self.split_specs[split],
-                                revision=self.revision)
+                                revision=self.revision, **kwargs)
         except Exception as e:  # noqa: BLE001 - any failure here is "could not load"
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise MdlmError(
-                f"could not load data set {self.hub_id!r} ({self.name}, split {split}) from the "
-                f"Hugging Face Hub (no network?): {first}. Use --dataset PATH for local files."
-            ) from None
+            raise self._unreachable(split, e) from None
+
+    def _unreachable(self, split: str, e: BaseException) -> MdlmError:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        return MdlmError(f"could not load data set {self.hub_id!r} ({self.name}, split {split}) from the "
+                         f"Hugging Face Hub (no network?): {first}. Use --dataset PATH for local files.")
 
     def documents(self, split, load_dataset=None):
         ds = self.load(split, load_dataset)
@@ -326,6 +278,41 @@ class SyntheticDNA(HG38):
         return f"dna-synthetic:v{SYNTHETIC_VERSION}:{self.extend}"
 
 
+@dataclass
+class StreamedHubDataset(HubDataset):
+    """A Hugging Face data set read with `datasets` streaming: only the documents read are
+    downloaded, and reading stops where the split's row limit is reached (data.max_rows,
+    data.max_eval_rows; the store records where it stopped). For corpora too large to
+    download whole (C4 en: 365M documents)."""
+
+    batch_size: int = 1000
+
+    @property
+    def fingerprint(self) -> str:
+        return super().fingerprint + ":streamed"
+
+    def documents(self, split, load_dataset=None):
+        stream = self.load(split, load_dataset, streaming=True)
+        detok = self.detokenize or (lambda x: x)
+
+        def batches():
+            batch = []
+            try:
+                for record in stream:
+                    batch.append(detok(record[self.text_field]))
+                    if len(batch) == self.batch_size:
+                        yield batch
+                        batch = []
+            except MdlmError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a stream can fail at any record
+                raise self._unreachable(split, e) from None
+            if batch:
+                yield batch
+
+        return batches(), None
+
+
 def _registry() -> dict[str, Source]:
     owt_valid = "train[-100000:]"
     sources: list[Source] = [
@@ -341,6 +328,9 @@ def _registry() -> dict[str, Source]:
                    split_specs={"train": "train", "valid": "test", "test": "test"},
                    detokenize=lm1b_detokenize),
         Text8("text8", "text8 characters, 90M/5M/5M", hub_id="afmck/text8"),
+        StreamedHubDataset("c4", "C4 English (allenai/c4 en), streamed up to data.max_rows; validation split",
+                           ("train", "valid"), hub_id="allenai/c4", config="en",
+                           split_specs={"train": "train", "valid": "validation"}),
         HubDataset("wikitext103", "WikiText-103 (zero-shot)", ("train", "valid", "test"),
                    hub_id="Salesforce/wikitext", config="wikitext-103-raw-v1",
                    split_specs={"train": "train", "valid": "validation", "test": "test"},

@@ -39,11 +39,20 @@ if TYPE_CHECKING:
 FORMAT_VERSION = 1
 
 
-def cache_key(source: Source, tokenizer: Tokenizer, length: int, packing: str) -> str:
-    payload = json.dumps({"format": FORMAT_VERSION, "source": source.fingerprint,
-                          "tokenizer": tokenizer.fingerprint, "length": length,
-                          "packing": packing}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()
+def cache_key(source: Source, tokenizer: Tokenizer, length: int, packing: str, limits: dict | None = None) -> str:
+    """`limits`: the row limits per split ({} or None when every row is kept: the key of every
+    data set prepared before limits existed)."""
+    payload = {"format": FORMAT_VERSION, "source": source.fingerprint, "tokenizer": tokenizer.fingerprint,
+               "length": length, "packing": packing}
+    if limits:
+        payload["row_limits"] = limits
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def row_limits(cfg: DataConfig, splits) -> dict[str, int]:
+    """Rows to keep per split (data.max_rows for train, data.max_eval_rows for the others); unlimited ones left out."""
+    limits = {split: cfg.max_rows if split == "train" else cfg.max_eval_rows for split in splits}
+    return {split: n for split, n in limits.items() if n > 0}
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -132,7 +141,8 @@ class PreparedData:
 
 
 def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
-                 cfg: DataConfig, dtype, load_dataset, progress) -> dict:
+                 cfg: DataConfig, dtype, load_dataset, progress, limit: int | None = None) -> dict:
+    """Tokenise and pack one split; with `limit`, stop reading the source once that many rows are written."""
     batches, total_docs = source.documents(split, load_dataset)
     counts = {"docs": 0}
     unscored = [tokenizer.encode(c)[0] for c in source.unscored]
@@ -160,6 +170,8 @@ def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
     scored_file = open(folder / f"{split}.scored.bin", "wb") if unscored else None
     with open(folder / f"{split}.tokens.bin", "wb") as ft, open(folder / f"{split}.lengths.bin", "wb") as fl:
         for rows, lengths in rows_iter:
+            if limit is not None:
+                rows, lengths = rows[: limit - n_rows], lengths[: limit - n_rows]
             ft.write(rows.astype(dtype).tobytes())
             fl.write(lengths.astype(np.int32).tobytes())
             n_rows += len(rows)
@@ -168,9 +180,14 @@ def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
                 lengths = (inside & (rows != tokenizer.pad_id)).sum(1)
                 scored_file.write(lengths.astype(np.int32).tobytes())
             n_tokens += int(lengths.sum())
+            if limit is not None and n_rows >= limit:
+                break  # a streamed source is read no further
     if scored_file is not None:
         scored_file.close()
-    return {"rows": n_rows, "tokens": n_tokens, "docs": counts["docs"]}
+    info = {"rows": n_rows, "tokens": n_tokens, "docs": counts["docs"]}
+    if limit is not None:  # docs = documents read up to the limit
+        info.update(row_limit=limit, stopped_at_limit=n_rows >= limit)
+    return info
 
 
 def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
@@ -201,7 +218,7 @@ def prepared_folder(cfg: DataConfig) -> tuple[Path, Source, Tokenizer]:
     root = cache_root(cfg)
     source = get_source(cfg.dataset)
     tokenizer = load_tokenizer(cfg.tokenizer, root)
-    key = cache_key(source, tokenizer, cfg.length, cfg.packing)
+    key = cache_key(source, tokenizer, cfg.length, cfg.packing, row_limits(cfg, source.splits))
     name = f"{source.name}-{tokenizer.name.replace('/', '_')}-{cfg.packing}{cfg.length}-{key[:12]}"
     return root / "data" / name, source, tokenizer
 
@@ -223,12 +240,12 @@ def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = 
     try:
         dtype = np.uint16 if tokenizer.vocab_size <= 65536 else np.uint32
         tokenizer.save(tmp / "tokenizer")
-        splits = {}
+        splits, limits = {}, row_limits(cfg, source.splits)
         for split in source.splits:
             splits[split] = _write_split(tmp, split, source, tokenizer, cfg, dtype,
-                                         load_dataset, progress)
+                                         load_dataset, progress, limits.get(split))
         meta = {
-            "format": FORMAT_VERSION, "key": cache_key(source, tokenizer, cfg.length, cfg.packing),
+            "format": FORMAT_VERSION, "key": cache_key(source, tokenizer, cfg.length, cfg.packing, limits),
             "source": {"name": source.name, "description": source.description,
                        "fingerprint": source.fingerprint},
             "tokenizer": tokenizer.describe(), "length": cfg.length, "packing": cfg.packing,

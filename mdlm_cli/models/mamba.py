@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import MdlmError
-from .caduceus import RMSNorm, check_mamba_keys, rescale_out_proj
+from .caduceus import MAMBA_KEYS, MambaBackbone, RMSNorm, rescale_out_proj
 from .mamba_mixer import MambaMixer, MixerState
 from .tied import store_tied_once
 
 if TYPE_CHECKING:
-    from ..config import ModelConfig
+    from ..config import Config, ModelConfig
 
 
 @dataclass
@@ -60,19 +60,22 @@ class Backbone(nn.Module):
         self.norm_f = RMSNorm(cfg.hidden_size, cfg.norm_epsilon, cfg.rms_norm)
 
 
-def check_mamba(cfg: ModelConfig) -> None:
-    """Config checks of the mamba backbone."""
-    check_mamba_keys(cfg, "mamba")
-    if cfg.time_conditioning:
-        raise MdlmError("the mamba backbone is the autoregressive baseline and takes no time; "
-                        "set model.time_conditioning=false")
-
-
-class Mamba(nn.Module):
+class Mamba(MambaBackbone, nn.Module):
     """`Mamba(cfg, vocab_size, causal=True)(tokens (B, L)) -> logits (B, L, V)`, position l
     seeing positions <= l only."""
 
     requires_causal = True
+    config_keys = MAMBA_KEYS
+
+    @classmethod
+    def validate_config(cls, cfg: Config) -> None:
+        super().validate_config(cfg)
+        if cfg.model.time_conditioning:
+            raise MdlmError("the mamba backbone is the autoregressive baseline and takes no time; "
+                            "set model.time_conditioning=false")
+
+    def describe(self) -> str:
+        return f"Mamba {self.config.n_blocks}x{self.config.hidden_size}"
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, causal: bool = True):
         super().__init__()

@@ -77,7 +77,7 @@ def test_cli_end_to_end_json_schema(tmp_path):
     out = tmp_path / "b.json"
     result = CliRunner().invoke(app, ["bench-sampler", "--preset", "test", "--steps", "5,10", "-n", "2",
                                       "--batch-size", "1,2", "--repeats", "1", "--precision", "fp64,fp32",
-                                      "--json", str(out)])
+                                      "--samplers", "ancestral,ancestral-cache,first-hitting", "--json", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert {"device", "dtype", "threads", "torch", "seed", "length", "vocab_size", "command"} <= set(data["meta"])
@@ -92,3 +92,11 @@ def test_cli_end_to_end_json_schema(tmp_path):
 def test_cli_rejects_bad_lists():
     result = CliRunner().invoke(app, ["bench-sampler", "--preset", "test", "--steps", "ten"])
     assert result.exit_code == 1 and "comma-separated integers" in result.output
+
+
+def test_default_rows_are_every_sampler_of_the_objective():
+    """MDLM's rows include SEDD's analytic sampler (through the SUBS -> score conversion): Table 10."""
+    result = CliRunner().invoke(app, ["bench-sampler", "--preset", "test", "--steps", "3", "-n", "1",
+                                      "--batch-size", "1", "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    assert all(name in result.output for name in ("ancestral-cache", "first-hitting", "analytic"))

@@ -149,10 +149,10 @@ def test_classify_fine_tunes_a_tiny_checkpoint_on_a_two_class_folder(tmp_path):
 def test_dna_objective_backbone_pairs_are_checked():
     from mdlm_cli.config import resolve_config
 
-    with pytest.raises(MdlmError, match="causal; the mdlm objective needs a bidirectional"):
+    with pytest.raises(MdlmError, match="causal; the mdlm objective needs bidirectional attention"):
         resolve_config("dna-tiny", ["model.backbone=mamba"])
     with pytest.raises(MdlmError, match="model.rcps does not apply to the dit backbone"):
         resolve_config("test", ["model.rcps=true"])
-    with pytest.raises(MdlmError, match="has no dropout"):
+    with pytest.raises(MdlmError, match="model.dropout does not apply to the caduceus backbone"):
         resolve_config("dna-tiny", ["model.dropout=0.1"])
     assert dataclasses.asdict(resolve_config("dna-mamba-ar-1k").model)["backbone"] == "mamba"
