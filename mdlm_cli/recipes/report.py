@@ -47,7 +47,7 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
         spread = best.get("test_accuracy_max_minus_min")
         return best.get("test_accuracy_mean"), None, "" if spread is None else f"± {spread:.3f} (max - min)"
     if m == "variance":
-        value = record.get("per_datapoint_variance")
+        value = record.get("sequence_var")  # eval-ppl: the mean over sequences of their variance across the K passes
         return value, None, f"PPL {'≤' if record.get('kind') == 'bound' else '='} {record.get('perplexity', 0):.2f}"
     exact = record.get("kind") == "exact"
     se = None if exact else record.get("standard_error")
