@@ -81,8 +81,11 @@ def _training(recipe: Recipe, row: Row, runs: Path, scale: str, jobs_log: dict) 
         state = json.loads((folder / "checkpoints" / latest / "state.json").read_text())
         steps = f"{state['step']:,} steps / {state['tokens_seen']:,} tokens"
     except (OSError, KeyError, json.JSONDecodeError):
-        steps = "not trained"
-    return steps, jobs_log.get(model.key, "")
+        return "not trained", jobs_log.get(model.key, "")
+    # a run trained outside `mdlm reproduce` (or by an earlier one) still says how long it took
+    seconds = state.get("train_seconds")
+    fallback = f"{seconds / 60:.1f} min (the run's own record)" if seconds else ""
+    return steps, jobs_log.get(model.key, fallback)
 
 
 def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[ReportRow]:

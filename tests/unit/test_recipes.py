@@ -142,7 +142,7 @@ def test_demo_recipe_at_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     report = (tmp_path / "o" / "report.md").read_text()
-    assert report.count("| done |") == 4 and "NOT the paper's setting" in report
+    assert report.count("| done |") == 5 and "NOT the paper's setting" in report
     assert (tmp_path / "o" / "report.png").is_file() or "matplotlib" in result.output
     again = runner.invoke(app, args)
-    assert again.exit_code == 0 and "8 of 8 jobs already done; running 0" in again.output
+    assert again.exit_code == 0 and "9 of 9 jobs already done; running 0" in again.output
