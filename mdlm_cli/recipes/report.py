@@ -38,8 +38,10 @@ def _records(path: Path) -> list[dict]:
 def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float | None, str]:
     """(value, standard error, extra) of one output record, in the recipe's metric."""
     m = recipe.metric
-    if m == "gen_ppl":
-        return record.get("gen_ppl"), None, f"entropy {record.get('entropy_mean', float('nan')):.3f}"
+    if m == "gen_ppl":  # a gen-ppl record, or a bench-sampler row with --judge (its "quality")
+        quality = record.get("quality") or record
+        entropy = quality.get("entropy_mean", quality.get("entropy", float("nan")))
+        return quality.get("gen_ppl"), None, f"entropy {entropy:.3f}"
     if m == "seconds":
         return record.get("seconds_per_sample"), None, f"NFE {record.get('nfe', float('nan')):.0f}"
     if m == "accuracy":  # mdlm classify: the best setting's test accuracy, mean and max - min over the seeds
