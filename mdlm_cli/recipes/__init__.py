@@ -1,0 +1,8 @@
+"""Paper tables as recipes (`presets/tables/*.yaml`): which models to train, which commands to
+run on them, and the paper's numbers; `mdlm reproduce` plans, runs and reports them."""
+
+from .plan import Job, plan
+from .report import report_rows
+from .schema import Recipe, list_recipes, load_recipe
+
+__all__ = ["Job", "Recipe", "list_recipes", "load_recipe", "plan", "report_rows"]

@@ -1,0 +1,184 @@
+"""`mdlm reproduce --report`: the paper's numbers beside ours, read from the steps' outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .plan import result_file, run_dir
+from .schema import Recipe, Row
+
+
+@dataclass
+class ReportRow:
+    name: str
+    label: str
+    paper: float | None
+    paper_source: str
+    ours: float | None
+    ours_se: float | None
+    extra: str  # e.g. the entropy next to a gen PPL
+    status: str  # done | pending | quoted (not run)
+    steps: str  # training steps / tokens of the model
+    hardware: str
+
+    @property
+    def difference(self) -> float | None:
+        return None if self.paper is None or self.ours is None else self.ours - self.paper
+
+
+def _records(path: Path) -> list[dict]:
+    """The records of a step's JSON output: eval-ppl and bench-sampler hold a `results` list."""
+    data = json.loads(path.read_text())
+    return data["results"] if isinstance(data.get("results"), list) else [data]
+
+
+def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float | None, str]:
+    """(value, standard error, extra) of one output record, in the recipe's metric."""
+    m = recipe.metric
+    if m == "gen_ppl":  # a gen-ppl record, or a bench-sampler row with --judge (its "quality")
+        quality = record.get("quality") or record
+        entropy = quality.get("entropy_mean", quality.get("entropy", float("nan")))
+        return quality.get("gen_ppl"), None, f"entropy {entropy:.3f}"
+    if m == "seconds":
+        return record.get("seconds_per_sample"), None, f"NFE {record.get('nfe', float('nan')):.0f}"
+    if m == "accuracy":  # mdlm classify: the best setting's test accuracy, mean and max - min over the seeds
+        best = record.get("best", {})
+        spread = best.get("test_accuracy_max_minus_min")
+        return best.get("test_accuracy_mean"), None, "" if spread is None else f"± {spread:.3f} (max - min)"
+    if m == "variance":
+        value = record.get("sequence_var")  # eval-ppl: the mean over sequences of their variance across the K passes
+        return value, None, f"PPL {'≤' if record.get('kind') == 'bound' else '='} {record.get('perplexity', 0):.2f}"
+    exact = record.get("kind") == "exact"
+    se = None if exact else record.get("standard_error")
+    if exact:
+        return _in_metric(m, record), None, "exact"
+    if m == "bpc":
+        return record.get("bits_per_char"), None if se is None else se / math.log(2), ""
+    if m == "nats":
+        return record.get("nats_per_token"), se, ""
+    ppl = record.get("perplexity")
+    return ppl, None if se is None or ppl is None else ppl * se, ""  # d exp(x) = exp(x) dx
+
+
+def _in_metric(metric: str, record: dict) -> float | None:
+    key = {"bpc": "bits_per_char", "nats": "nats_per_token"}.get(metric, "perplexity")
+    return record.get(key)
+
+
+def _pick(records: list[dict], pick: dict) -> dict | None:
+    chosen = [r for r in records if all(str(r.get(k)) == str(v) for k, v in pick.items())]
+    return chosen[0] if chosen else None
+
+
+def _training(recipe: Recipe, row: Row, runs: Path, scale: str, jobs_log: dict) -> tuple[str, str]:
+    model = recipe.models[row.model]
+    folder = Path(run_dir(model, runs, scale))
+    if model.checkpoint is not None:
+        return f"published {model.checkpoint}", ""
+    try:
+        latest = (folder / "latest").read_text().strip()
+        state = json.loads((folder / "checkpoints" / latest / "state.json").read_text())
+        steps = f"{state['step']:,} steps / {state['tokens_seen']:,} tokens"
+    except (OSError, KeyError, json.JSONDecodeError):
+        return "not trained", jobs_log.get(model.key, "")
+    # a run trained outside `mdlm reproduce` (or by an earlier one) still says how long it took
+    seconds = state.get("train_seconds")
+    fallback = f"{seconds / 60:.1f} min (the run's own record)" if seconds else ""
+    return steps, jobs_log.get(model.key, fallback)
+
+
+def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[ReportRow]:
+    jobs_log = _hardware(out)
+    rows = []
+    for row in recipe.rows:
+        paper = row.paper.get("value")
+        source = str(row.paper.get("source", ""))
+        if row.paper_only:
+            rows.append(ReportRow(row.name, row.label, paper, source, None, None, "", "quoted (not run)", "", ""))
+            continue
+        steps, hardware = _training(recipe, row, runs, scale, jobs_log)
+        path = result_file(recipe, row, out=out, runs=runs, scale=scale)
+        record = _pick(_records(path), row.pick) if path.is_file() else None
+        if record is None:
+            rows.append(ReportRow(row.name, row.label, paper, source, None, None, "", "pending", steps, hardware))
+            continue
+        value, se, extra = _value(recipe, row, record)
+        rows.append(ReportRow(row.name, row.label, paper, source, value, se, extra, "done", steps, hardware))
+    return rows
+
+
+def _hardware(out: Path) -> dict[str, str]:
+    """Model key -> where and how long its training ran, from the jobs log of `mdlm reproduce`."""
+    found = {}
+    log = out / "jobs.jsonl"
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            try:
+                job = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if job.get("kind") == "train" and job.get("returncode") == 0:
+                found[job["name"]] = f"{job.get('device', '?')}, {job.get('seconds', 0) / 60:.1f} min"
+    return found
+
+
+def _fmt(value: float | None, se: float | None = None) -> str:
+    if value is None:
+        return ""
+    text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return text + (f" ± {se:.2g}" if se is not None else "")
+
+
+def markdown(recipe: Recipe, rows: list[ReportRow], scale_text: str) -> str:
+    lines = [f"# {recipe.title}", "", f"Paper numbers: {recipe.source}. Ours: {scale_text}; metric `{recipe.metric}`"
+             + (" (diffusion values are upper bounds)" if recipe.metric in ("ppl", "bpc", "nats") else "") + ".", "",
+             "| row | paper | ours | difference | | training | hardware | status |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.label} | {_fmt(r.paper)} | {_fmt(r.ours, r.ours_se)} | {_fmt(r.difference)} | {r.extra} "
+                     f"| {r.steps} | {r.hardware} | {r.status} |")
+    sources = sorted({r.paper_source for r in rows if r.paper_source})
+    lines += ["", "Sources of the paper's numbers: " + "; ".join(sources) + "." if sources else ""]
+    if recipe.notes:
+        lines += ["", recipe.notes.strip()]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def plot(recipe: Recipe, rows: list[ReportRow], path: Path, *, runs: Path, scale: str) -> bool:
+    """A PNG for the tables that are curves; False when the recipe has none or nothing to draw."""
+    if recipe.plot is None:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    if recipe.plot == "loss":
+        for key, model in recipe.models.items():
+            metrics = Path(run_dir(model, runs, scale)) / "metrics.jsonl"
+            if metrics.is_file():
+                records = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+                points = [(r["tokens"], r["loss"]) for r in records if "loss" in r]
+                if points:
+                    ax.plot(*zip(*points, strict=True), label=key)
+        ax.set_xlabel("training tokens")
+        ax.set_ylabel("training loss (nats/token)")
+    else:
+        by_row = {r.name: r for r in rows}
+        for series in sorted({row.series or "" for row in recipe.rows}):
+            members = sorted((row for row in recipe.rows if (row.series or "") == series and row.x is not None),
+                             key=lambda row: row.x)
+            points = [(row.x, by_row[row.name].ours) for row in members if by_row[row.name].ours is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), "o-", label=series or recipe.metric)
+        ax.set_xscale("log")
+        ax.set_ylabel(recipe.metric)
+    ax.set_title(recipe.title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True

@@ -1,0 +1,182 @@
+"""The recipe format, loaded and validated against the config dataclasses and the CLI.
+
+    title: "Table 8: ..."
+    source: "where the paper's numbers come from"
+    metric: ppl            # what a row reports: ppl | bpc | nats | gen_ppl | seconds | variance | accuracy
+    plot: loss             # optional: loss (training curves) | series (rows' values against `x`)
+    needs: "network for LM1B; judges: none"
+    models:                # training runs (or published checkpoints) the rows evaluate
+      mdlm: {preset: lm1b, set: [diffusion.T=1000], max_steps: 1000000}
+      published: {checkpoint: kuleshov-group/mdlm-owt}
+    rows:
+      - name: mdlm
+        label: "MDLM"
+        model: mdlm
+        steps:             # commands run on the model, in order; the last one's output is the row's result
+          - eval-ppl: {mc-samples: 1}
+        pick: {dataset: lambada}     # optional: which record of the output (eval-ppl, bench-sampler)
+        paper: {value: 27.04, source: "Tab. 8, MDLM"}
+      - {name: ssd, label: "SSD-LM", paper_only: true, paper: {value: 35.43, source: "Tab. 5"}}
+
+Step arguments are the command's own flags without the dashes; `{run}` is the row's model's run
+folder (or checkpoint), `{runs[KEY]}` any model's, `{out}` the table's output folder, `{row}` the
+row's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..config import load_preset, preset_dir, resolve_config
+from ..errors import MdlmError
+
+METRICS = ("ppl", "bpc", "nats", "gen_ppl", "seconds", "variance", "accuracy")
+PLOTS = ("loss", "series")
+# commands a step may run; the runner adds --checkpoint and the output file where they take one
+STEP_COMMANDS = ("eval-ppl", "gen-ppl", "sample", "semi-ar", "bench-sampler", "classify")
+
+
+@dataclass
+class Model:
+    key: str
+    preset: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    max_steps: int | None = None
+    checkpoint: str | None = None  # a published model instead of a training run
+
+
+@dataclass
+class Step:
+    command: str
+    args: dict
+
+
+@dataclass
+class Row:
+    name: str
+    label: str
+    model: str | None
+    steps: list[Step]
+    paper: dict
+    pick: dict = field(default_factory=dict)
+    paper_only: bool = False
+    x: float | None = None  # for `plot: series`
+    series: str | None = None
+
+
+@dataclass
+class Recipe:
+    name: str
+    title: str
+    source: str
+    metric: str
+    needs: str
+    models: dict[str, Model]
+    rows: list[Row]
+    plot: str | None = None
+    notes: str = ""
+
+
+def tables_dir() -> Path:
+    return preset_dir() / "tables"
+
+
+def list_recipes() -> dict[str, Recipe]:
+    return {path.stem: load_recipe(path.stem) for path in sorted(tables_dir().glob("*.yaml"))}
+
+
+def load_recipe(name_or_path: str) -> Recipe:
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        path = tables_dir() / f"{name_or_path}.yaml"
+    if not path.is_file():
+        names = ", ".join(p.stem for p in sorted(tables_dir().glob("*.yaml")))
+        raise MdlmError(f"unknown table {name_or_path!r}; choose one of: {names} (see mdlm reproduce --list)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise MdlmError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    return _recipe(path.stem, _mapping(data, str(path)), str(path))
+
+
+def _mapping(value, where: str, keys: tuple[str, ...] | None = None) -> dict:
+    if not isinstance(value, dict):
+        raise MdlmError(f"{where} must be a mapping")
+    if keys is not None and set(value) - set(keys):
+        raise MdlmError(f"{where}: unknown key {sorted(set(value) - set(keys))[0]!r}; valid keys: {', '.join(keys)}")
+    return value
+
+
+def _recipe(name: str, data: dict, where: str) -> Recipe:
+    _mapping(data, where, ("title", "source", "metric", "plot", "needs", "models", "rows", "notes"))
+    metric = data.get("metric", "ppl")
+    if metric not in METRICS or data.get("plot") not in (None, *PLOTS):
+        raise MdlmError(f"{where}: metric must be one of {', '.join(METRICS)}, plot one of {', '.join(PLOTS)}")
+    models = {key: _model(key, value, f"{where}: models.{key}")
+              for key, value in _mapping(data.get("models") or {}, f"{where}: models").items()}
+    rows = [_row(value, models, f"{where}: rows[{i}]") for i, value in enumerate(data.get("rows") or [])]
+    if not rows:
+        raise MdlmError(f"{where} has no rows")
+    if len({r.name for r in rows}) != len(rows):
+        raise MdlmError(f"{where}: row names must be unique")
+    return Recipe(name, str(data.get("title", name)), str(data.get("source", "")), metric, str(data.get("needs", "")),
+                  models, rows, data.get("plot"), str(data.get("notes", "")))
+
+
+def _model(key: str, value, where: str) -> Model:
+    value = _mapping(value, where, ("preset", "set", "max_steps", "checkpoint"))
+    if ("preset" in value) == ("checkpoint" in value):
+        raise MdlmError(f"{where} needs exactly one of preset (a training run) or checkpoint (a published model)")
+    model = Model(key, value.get("preset"), [str(s) for s in value.get("set") or []], value.get("max_steps"),
+                  value.get("checkpoint"))
+    if model.preset is not None:
+        load_preset(model.preset)  # unknown presets are errors
+        resolve_config(model.preset, model.overrides)  # so are unknown keys and bad values
+    return model
+
+
+def _row(value, models: dict[str, Model], where: str) -> Row:
+    value = _mapping(value, where, ("name", "label", "model", "steps", "paper", "pick", "paper_only", "x", "series"))
+    if "name" not in value:
+        raise MdlmError(f"{where} needs a name")
+    paper = _mapping(value.get("paper") or {}, f"{where}.paper", ("value", "source", "se", "note"))
+    row = Row(str(value["name"]), str(value.get("label", value["name"])), value.get("model"),
+              [_step(s, f"{where}.steps[{i}]") for i, s in enumerate(value.get("steps") or [])], paper,
+              _mapping(value.get("pick") or {}, f"{where}.pick"), bool(value.get("paper_only", False)),
+              value.get("x"), value.get("series"))
+    if not row.paper_only and (row.model not in models or not row.steps):
+        raise MdlmError(f"{where} ({row.name}) needs a model (one of: {', '.join(models)}) and steps, "
+                        "or paper_only: true")
+    return row
+
+
+def _step(value, where: str) -> Step:
+    if not (isinstance(value, dict) and len(value) == 1):
+        raise MdlmError(f"{where} must be one mapping {{command: {{flag: value}}}}")
+    (command, args), = value.items()
+    if command not in STEP_COMMANDS:
+        raise MdlmError(f"{where}: unknown command {command!r}; steps run: {', '.join(STEP_COMMANDS)}")
+    args = _mapping(args or {}, where)
+    valid = command_flags(command)
+    for flag in args:
+        if flag not in valid:
+            raise MdlmError(f"{where}: mdlm {command} has no option --{flag}")
+    return Step(command, dict(args))
+
+
+def command_flags(command: str) -> set[str]:
+    """The option names of an mdlm command (without dashes; `no-x` for a boolean's off switch)."""
+    import typer
+
+    from ..cli import app
+
+    click_command = typer.main.get_command(app).commands[command]
+    names = set()
+    for param in click_command.params:
+        for opt in [*param.opts, *getattr(param, "secondary_opts", [])]:
+            if opt.startswith("--"):
+                names.add(opt[2:])
+    return names

@@ -1,0 +1,148 @@
+"""Table recipes: every shipped one loads against the config and the CLI, plans the commands a
+GPU user would run, and reports; the demo recipe runs end to end at --scale tiny (slow)."""
+
+import json
+import shlex
+
+import pytest
+from typer.testing import CliRunner
+
+from mdlm_cli.cli import app
+from mdlm_cli.errors import MdlmError
+from mdlm_cli.recipes import list_recipes, load_recipe, plan
+from mdlm_cli.recipes.plan import TINY_STEPS
+from mdlm_cli.recipes.report import report_rows
+from mdlm_cli.recipes.schema import command_flags
+
+runner = CliRunner()
+TABLES = ["demo", "table1", "table2", "table3", "table5", "table8", "table9", "table10", "table11", "table12",
+          "mc-samples", "text8", "table6", "table7"]
+
+
+def test_every_paper_table_named_by_the_issue_has_a_recipe():
+    assert set(TABLES) <= set(list_recipes())
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_each_recipe_plans_commands_the_cli_accepts(name, tmp_path):
+    recipe = load_recipe(name)
+    jobs = plan(recipe, out=tmp_path / "out", runs=tmp_path / "runs")
+    assert jobs and all(j.kind == "train" for j in jobs[:len([j for j in jobs if j.kind == "train"])])
+    for job in jobs:  # every flag of every planned command exists (click parses it)
+        command, *args = job.argv
+        flags = {a[2:] for a in args if a.startswith("--")}
+        assert flags <= command_flags(command), (name, job.argv)
+    trained = {j.name for j in jobs if j.kind == "train"}
+    assert trained == {k for k, m in recipe.models.items() if m.preset is not None
+                       and any(r.model == k and not r.paper_only for r in recipe.rows)}
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+BASE = """title: t
+models:
+  m: {preset: test}
+rows:
+  - {name: a, model: m, steps: [{eval-ppl: {mc-samples: 2}}], paper: {value: 1.0, source: s}}
+"""
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (("preset: test", "preset: nope"), "unknown preset 'nope'"),
+    (("{mc-samples: 2}", "{mc-sample: 2}"), "mdlm eval-ppl has no option --mc-sample"),
+    (("eval-ppl:", "train:"), "unknown command 'train'"),
+    (("model: m,", "model: x,"), "needs a model"),
+    (("title: t", "title: t\nmetrik: ppl"), "unknown key 'metrik'"),
+    (("{preset: test}", "{preset: test, set: [optim.learnrate=1]}"), "unknown key optim.learnrate"),
+])
+def test_bad_recipes_are_one_line_errors(tmp_path, change, message):
+    with pytest.raises(MdlmError, match=message):
+        load_recipe(write(tmp_path, BASE.replace(*change)))
+
+
+def test_dry_run_of_table2_prints_the_gpu_commands_in_order():
+    out = runner.invoke(app, ["reproduce", "table2", "--dry-run", "--launcher",
+                              "torchrun --nproc-per-node 8 -m mdlm_cli"]).output
+    lines = [x for x in out.splitlines() if not x.startswith("#")]
+    assert [shlex.split(x)[:4] for x in lines[:3]] == [
+        ["torchrun", "--nproc-per-node", "8", "-m"]] * 3
+    presets = [shlex.split(x)[shlex.split(x).index("--preset") + 1] for x in lines[:3]]
+    assert presets == ["owt-ar", "owt-sedd", "owt-tc"]
+    evals = [shlex.split(x) for x in lines[3:]]
+    assert [e[:2] for e in evals] == [["mdlm", "eval-ppl"]] * 3
+    assert all("--split" in e and e[e.index("--split") + 1] == "valid" for e in evals)
+    assert all("--max-steps" in shlex.split(x) and "1000000" in x for x in lines[:3])
+
+
+def test_dry_run_of_table8_names_the_ablation_presets_and_passes():
+    out = runner.invoke(app, ["reproduce", "table8", "--dry-run"]).output
+    lines = [shlex.split(x) for x in out.splitlines() if not x.startswith("#")]
+    assert [x[x.index("--preset") + 1] for x in lines if x[1] == "train"] == ["lm1b", "lm1b-T1000", "lm1b-d3pm",
+                                                                               "lm1b-sedd"]
+    assert all(x[x.index("--mc-samples") + 1] == "5" for x in lines if x[1] == "eval-ppl")
+
+
+def test_shared_models_train_once_and_shared_steps_run_once(tmp_path):
+    recipe = load_recipe("table10")
+    jobs = plan(recipe, out=tmp_path / "o", runs=tmp_path / "r")
+    bench = [j for j in jobs if j.argv[0] == "bench-sampler"]
+    assert len(bench) == 2 and len(bench[0].rows) == 5  # one MDLM benchmark serves five rows
+    assert len(plan(load_recipe("table3"), out=tmp_path / "o", runs=tmp_path / "r")) == 3 + 21
+
+
+def test_report_of_pending_quoted_and_done_rows(tmp_path):
+    recipe = load_recipe("table5")
+    out, runs = tmp_path / "o", tmp_path / "r"
+    rows = {r.name: r for r in report_rows(recipe, out=out, runs=runs, scale="paper")}
+    assert rows["mdlm"].status == "pending" and rows["ssd-lm"].status == "quoted (not run)"
+    (out).mkdir()
+    (out / "mdlm.1.gen-ppl.json").write_text(json.dumps({"gen_ppl": 30.0, "entropy_mean": 5.5}))
+    rows = {r.name: r for r in report_rows(recipe, out=out, runs=runs, scale="paper")}
+    assert rows["mdlm"].status == "done" and rows["mdlm"].ours == 30.0
+    assert rows["mdlm"].difference == pytest.approx(30.0 - 27.18) and "entropy 5.500" in rows["mdlm"].extra
+
+
+def test_scale_is_labelled_and_never_mixed(tmp_path):
+    jobs = plan(load_recipe("demo"), out=tmp_path / "o", runs=tmp_path / "r", scale="tiny")
+    assert all(f"--max-steps {TINY_STEPS}" in " ".join(j.argv) for j in jobs if j.kind == "train")
+    assert "NOT the paper's setting" in runner.invoke(app, ["reproduce", "demo", "--dry-run", "--scale", "0.1"]).output
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "scale.txt").write_text("tiny\n")
+    result = runner.invoke(app, ["reproduce", "demo", "--out", str(tmp_path / "o"), "--runs", str(tmp_path / "r")])
+    assert result.exit_code == 1 and "holds results at scale tiny" in result.output
+    assert runner.invoke(app, ["reproduce", "demo", "--scale", "2"]).exit_code == 1
+
+
+def test_list_covers_every_table():
+    out = runner.invoke(app, ["reproduce", "--list"], env={"COLUMNS": "250"}).output
+    for name in TABLES:
+        assert name in out
+    assert "A100-days" in out
+
+
+def test_slurm_scripts_chain_evaluations_after_training(tmp_path):
+    result = runner.invoke(app, ["reproduce", "table8", "--emit", "slurm", "--out", str(tmp_path / "t8"),
+                                 "--runs", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "t8" / "slurm"
+    submit = (folder / "submit.sh").read_text()
+    assert submit.count("sbatch --parsable train-") == 4 and submit.count("--dependency=afterok:$train_") == 4
+    train = (folder / "train-mdlm.sbatch").read_text()
+    assert "#SBATCH --signal=TERM@120" in train and "--requeue" in train and "--resume" in train
+    assert "torchrun" in train and "--preset lm1b " in train
+
+
+@pytest.mark.slow
+def test_demo_recipe_at_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
+    args = ["reproduce", "demo", "--scale", "tiny", "--out", str(tmp_path / "o"), "--runs", str(tmp_path / "r")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "o" / "report.md").read_text()
+    assert report.count("| done |") == 5 and "NOT the paper's setting" in report
+    assert (tmp_path / "o" / "report.png").is_file() or "matplotlib" in result.output
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "9 of 9 jobs already done; running 0" in again.output
