@@ -1,6 +1,8 @@
 """Speed-ups at equal quality from `mdlm bench-sampler --judge --reference-text --json` output.
 
-    python benchmarks/speedups.py benchmarks/frontier-demo.json
+    python benchmarks/speedups.py benchmarks/frontier-demo.json             # the speed-ups
+    python benchmarks/speedups.py benchmarks/frontier-demo.json --markdown  # the table, as in BENCHMARKS.md
+    python benchmarks/speedups.py benchmarks/frontier-demo.json --plot out.png [nfe]  # the frontier plot again
 
 For each sampler other than the anchor (first-hitting, one token per call, fp64) it finds
 the fastest setting (fewest NFE) whose gen PPL and entropy stay within
@@ -58,5 +60,39 @@ def main(path: str) -> None:
                   f"  gen PPL {best['quality']['gen_ppl']:.2f}  entropy {best['quality']['entropy']:.3f}")
 
 
+def markdown(path: str) -> None:
+    report = json.loads(open(path).read())
+    print("| precision | sampler | setting | NFE | NCS | s/sample | gen PPL | nats/char | entropy |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in report["results"]:
+        q = r["quality"]
+        print(f"| {r['precision']} | {r['sampler']} | {setting(r)} | {r['nfe']:.1f} | {r['ncs']:,.0f} | "
+              f"{r['seconds_per_sample']:.2f} | {q['gen_ppl']:.2f} | {q['nats_per_char']:.3f} | "
+              f"{q['entropy']:.3f} ± {q['entropy_se']:.3f} |")
+    ref = report.get("reference")
+    if ref:
+        q, band = ref["quality"], ref["band"]
+        print(f"| | real text ({ref['split']}) | {ref['groups']} sets of {ref['per_group']} | | | | "
+              f"{q['gen_ppl']:.2f} ({band['gen_ppl'][0]:.2f}-{band['gen_ppl'][1]:.2f}) | {q['nats_per_char']:.3f} | "
+              f"{q['entropy']:.3f} ({band['entropy'][0]:.3f}-{band['entropy'][1]:.3f}) |")
+
+
+def replot(path: str, out: str, x: str = "seconds") -> None:
+    """The frontier plot of a saved JSON (what `--plot` draws), e.g. after the plot changed."""
+    from mdlm_cli.bench import BenchReport, BenchRow
+    from mdlm_cli.frontier import Quality, Reference, plot_frontier
+
+    report = json.loads(open(path).read())
+    rows = [BenchRow(**{**r, "quality": Quality(**r["quality"])}) for r in report["results"]]
+    ref = report.get("reference")
+    if ref is not None:
+        ref = Reference(**{**ref, "quality": Quality(**ref["quality"]),
+                           "band": {k: tuple(v) for k, v in ref["band"].items()}})
+    plot_frontier(BenchReport(report["meta"], rows, ref), out, x=x)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if "--plot" in sys.argv[2:]:
+        replot(sys.argv[1], *sys.argv[sys.argv.index("--plot") + 1:])
+    else:
+        (markdown if "--markdown" in sys.argv[2:] else main)(sys.argv[1])

@@ -124,7 +124,8 @@ X_AXES = {"seconds": ("seconds_per_sample", "seconds per sample"),
 def plot_frontier(report, path: str, x: str = "seconds") -> None:
     """Gen PPL (left) and entropy (right) against seconds per sample or NFE: one line per
     sampler (and precision, batch size, options other than steps), points labelled by their
-    steps or options; real text as a horizontal line with its band shaded."""
+    steps or options, with one standard error over the samples; real text as a horizontal
+    line with its band shaded."""
     import matplotlib
     import matplotlib.ticker
 
@@ -149,6 +150,8 @@ def plot_frontier(report, path: str, x: str = "seconds") -> None:
         for ax, name in ((ax_ppl, "gen_ppl"), (ax_ent, "entropy")):
             ys = [getattr(r.quality, name) for r in points]
             (handle,) = ax.plot(xs, ys, "o-" if len(xs) > 1 else "o", label=label, markersize=4)
+            ax.errorbar(xs, ys, yerr=_error_bars(points, name), fmt="none", ecolor=handle.get_color(),
+                        elinewidth=0.8, capsize=2)
             for r, xv, yv in zip(points, xs, ys, strict=True):
                 text = str(r.steps) if r.steps is not None else " ".join(f"{v}" for _, v in sorted(r.options.items()))
                 ax.annotate(text, (xv, yv), fontsize=6, xytext=(3, 3), textcoords="offset points",
@@ -171,6 +174,22 @@ def plot_frontier(report, path: str, x: str = "seconds") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _error_bars(rows, name: str) -> list[list[float]]:
+    """One standard error below and above: of the entropy, or of nats/token mapped to gen PPL."""
+    lo, hi = [], []
+    for r in rows:
+        q = r.quality
+        if name == "entropy":
+            se = q.entropy_se or 0.0
+            lo.append(se)
+            hi.append(se)
+        else:
+            se = q.nats_per_token_se or 0.0
+            lo.append(q.gen_ppl * (1 - math.exp(-se)))
+            hi.append(q.gen_ppl * (math.exp(se) - 1))
+    return [lo, hi]
 
 
 class RowScorer:
