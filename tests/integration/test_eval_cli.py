@@ -106,7 +106,8 @@ def test_bench_quality_columns_are_gen_ppl_of_the_same_samples(models, tmp_path)
     ar_run, mdlm_run = models
     run("bench-sampler", "-c", str(mdlm_run), "--samplers", "first-hitting,threshold", "--threshold", "0,0.5",
         "-n", "4", "--batch-size", "2", "--repeats", "1", "--judge", str(ar_run), "--reference-text", "test",
-        "--save-samples", str(tmp_path / "s"), "--json", str(tmp_path / "b.json"))
+        "--save-samples", str(tmp_path / "s"), "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "f.png"))
+    assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"  # the frontier plot of the run
     bench = json.loads((tmp_path / "b.json").read_text())
     assert len(bench["results"]) == 3
     for row, name in zip(bench["results"], ["first-hitting-default", "threshold-threshold0.0",

@@ -415,3 +415,26 @@ def test_remdm_keeps_the_forward_marginals(remdm_schedule, eta):
     n = z.numel()
     assert stats.draws > n - sum(left)  # tokens were remasked and drawn again (the rest: argmax at the end)
     assert abs(sum(left) / n - 0.5) < 4 * math.sqrt(0.25 / n)
+
+
+@pytest.mark.parametrize("sampler, kw, nfe", [("confidence", {"steps": 2}, 2), ("confidence", {"steps": 5}, 3),
+                                              ("threshold", {"threshold": 0.5}, None),
+                                              ("remdm", {"steps": 30, "eta": 0.2}, None)])
+def test_inexact_samplers_count_the_calls_they_make(den, sampler, kw, nfe):
+    """The stats' calls and NFE are the invocations and sequences the denoiser saw; confidence
+    makes min(steps, masked positions) calls per sequence, threshold at most one per position,
+    remdm at most one per step and the final one."""
+    seen = []
+
+    def counted(z, t, **k):
+        seen.append(len(z))
+        return den(z, t, **k)
+
+    tokens, stats = draw(counted, sampler, n=200, length=den.length, mask_id=den.mask_id, **kw)
+    assert not (tokens == den.mask_id).any()
+    assert stats.calls == len(seen) and stats.sequence_evals == sum(seen) and stats.num_sequences == 200
+    if nfe is not None:
+        assert stats.nfe == nfe
+    limit = {"threshold": den.length, "remdm": kw.get("steps", 0) + 1}.get(sampler)
+    if limit is not None:
+        assert 1 <= stats.nfe <= limit
