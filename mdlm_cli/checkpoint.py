@@ -11,8 +11,14 @@
         state.json             step, data position, metrics, versions
         config.yaml            resolved config (the model section builds the backbone)
         model.json             schema_version, backbone, vocabulary, causal attention
+        hf_config.json         hf-mlm only: the Hugging Face config that rebuilds the model offline
         data.json              prepared-data metadata (tokeniser, length, packing, source)
         tokenizer/             tokeniser files
+
+A re-save of an existing step moves the old folder aside before the new one takes its name
+(files.swap_folder), so a kill at any instant leaves one whole copy; the loader falls back
+to the newest whole checkpoint (with a warning) when `latest` names a missing one, and the
+next save or resume puts an orphaned copy back and removes dead processes' temporaries.
 
 `schema_version` (model.json) is 2; folders written before it existed (version 1, whose
 model.json held the DiT's hyper-parameters) are upgraded when read (`upgrade_metadata`).
@@ -25,8 +31,8 @@ files as a single process, so any number of ranks (or `mdlm sample`) can load th
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -40,18 +46,15 @@ from torch import nn
 from . import distributed
 from .config import Config, config_from_dict
 from .data.tokenizers import Tokenizer, load_tokenizer
-from .errors import MdlmError
+from .errors import MdlmError, MdlmWarning
+from .files import remove_stale_temporaries, stale_old_folders, swap_folder, temporary, write_failure, write_text_atomic
 from .models import build_model
 from .objectives import Objective, get_objective
 
 SCHEMA_VERSION = 2
 V1_MODEL_KEYS = ("hidden_size", "n_blocks", "n_heads", "cond_dim", "mlp_ratio", "dropout")
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+# what every whole step folder holds (written into a temporary folder first, renamed when complete)
+STEP_FILES = ("model.safetensors", "model.json", "state.json", "config.yaml", "data.json", "tokenizer")
 
 
 def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn.Module | None,
@@ -70,29 +73,31 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
         distributed.barrier()  # until rank 0 has written it
         return final
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt_root / f".{final.name}.tmp-{os.getpid()}"
+    recover_run_folder(run_dir)
+    tmp = temporary(final)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         save_file(weights, tmp / "model.safetensors")
         if ema_weights is not None:
             save_file(ema_weights, tmp / "ema.safetensors")
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / "optimizer.pt")
         base = getattr(model, "_orig_mod", model)
+        base.save_checkpoint_files(tmp)  # what the backbone needs beside the weights (hf-mlm: its HF config)
         (tmp / "model.json").write_text(json.dumps(model_metadata(base, cfg), indent=2))
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
         (tmp / "config.yaml").write_text(cfg.to_yaml())
         (tmp / "data.json").write_text(json.dumps(data_meta, indent=2))
         tokenizer.save(tmp / "tokenizer")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        swap_folder(tmp, final)
+        write_text_atomic(run_dir / "latest", final.name + "\n")
+        if best:
+            write_text_atomic(run_dir / "best", final.name + "\n")
+    except (OSError, RuntimeError, SafetensorError) as e:  # disk full, read-only: one line, nothing lost
+        raise write_failure(e, run_dir, f"the checkpoint of step {step}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _atomic_write_text(run_dir / "latest", final.name + "\n")
-    if best:
-        _atomic_write_text(run_dir / "best", final.name + "\n")
     _prune(run_dir, keep_last)
     distributed.barrier()
     return final
@@ -133,19 +138,63 @@ def _prune(run_dir: Path, keep_last: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def recover_run_folder(run_dir: Path) -> list[str]:
+    """Undo what a killed save left in a run folder: a step folder set aside during its
+    re-save goes back in place, dead processes' temporaries go; returns what was done."""
+    return remove_stale_temporaries(run_dir / "checkpoints") + remove_stale_temporaries(run_dir)
+
+
+def is_whole(step_dir: Path) -> bool:
+    return step_dir.is_dir() and all((step_dir / name).exists() for name in STEP_FILES)
+
+
+def _whole_steps(run_dir: Path) -> list[tuple[str, Path]]:
+    """(step name, folder) of the whole checkpoints, oldest first, including a step folder
+    that an interrupted re-save left aside under a temporary name."""
+    root = run_dir / "checkpoints"
+    found = {p.name: p for p in root.glob("step-*") if is_whole(p)} if root.is_dir() else {}
+    for name, path in stale_old_folders(root):
+        if name.startswith("step-") and is_whole(path):
+            found.setdefault(name, path)
+    return [(name, found[name]) for name in sorted(found)]
+
+
 def resolve_checkpoint(path: str | Path, which: str = "latest") -> Path:
-    """A step folder from a step folder, or from a run folder via its `latest`/`best` pointer."""
+    """A step folder from a step folder, or from a run folder via its `latest`/`best` pointer.
+    A pointer to a missing or partial folder (a save killed half-way) falls back to the
+    newest whole checkpoint, with a warning."""
     path = Path(path)
     if (path / "model.safetensors").is_file():
         return path
-    pointer = path / which
-    if pointer.is_file():
-        step_dir = path / "checkpoints" / pointer.read_text().strip()
-        if (step_dir / "model.safetensors").is_file():
-            return step_dir
     if not path.exists():
         raise MdlmError(f"checkpoint {str(path)!r} does not exist")
-    raise MdlmError(f"{path} holds no mdlm checkpoint (no model.safetensors, no '{which}' pointer)")
+    pointer = path / which
+    named = pointer.read_text().strip() if pointer.is_file() else None
+    if named is not None and is_whole(path / "checkpoints" / named):
+        return path / "checkpoints" / named
+    whole = _whole_steps(path)
+    if named is None and not whole:
+        raise MdlmError(f"{path} holds no mdlm checkpoint (no model.safetensors, no '{which}' pointer)")
+    problem = (f"{pointer} names {named}, which is missing or incomplete in {path / 'checkpoints'}"
+               if named is not None else f"{path} has no '{which}' pointer")
+    if not whole:
+        raise MdlmError(f"{problem}, and no other whole checkpoint is there (a save was interrupted before any "
+                        "completed)")
+    name, folder = whole[-1]
+    where = "" if folder.name == name else f" (its whole copy {folder.name}, left by the interrupted save)"
+    warnings.warn(f"{problem} (a save was interrupted); using {name}{where}, the newest whole checkpoint",
+                  MdlmWarning, stacklevel=2)
+    return folder
+
+
+def saved_config(step_dir: Path) -> Config:
+    """The typed config a step folder was trained with (older schemas upgraded)."""
+    try:
+        _, cfg_dict = upgrade_metadata(json.loads((step_dir / "model.json").read_text()),
+                                       yaml.safe_load((step_dir / "config.yaml").read_text()))
+    except (OSError, json.JSONDecodeError, yaml.YAMLError, TypeError, KeyError, ValueError) as e:
+        raise MdlmError(f"{step_dir} is incomplete or corrupted ({type(e).__name__}: {e})") from None
+    return config_from_dict(cfg_dict)
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -222,7 +271,7 @@ def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device 
                         "objective of its config.yaml needs the other; the checkpoint is inconsistent")
     weights_file = step_dir / ("ema.safetensors" if ema and (step_dir / "ema.safetensors").is_file()
                                else "model.safetensors")
-    model = build_model(cfg.model, model_meta["vocab_size"], causal=causal)
+    model = build_model(cfg.model, model_meta["vocab_size"], causal=causal, folder=step_dir)
     load_state_into(model, load_weights(weights_file), weights_file)
     return LoadedModel(step_dir, model.to(device).eval(), cfg, tokenizer, data_meta, state)
 

@@ -15,7 +15,7 @@ import yaml
 
 from .errors import MdlmError
 
-PACKINGS = ("wrap", "pad", "chunk")
+PACKINGS = ("wrap", "pad", "chunk", "window")
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "bf16", "fp32")
 PARALLELS = ("ddp", "fsdp")
@@ -26,16 +26,22 @@ class DataConfig:
     dataset: str = "bigtxt"  # registry name (`mdlm prepare-data --help`) or a local text/jsonl path
     tokenizer: str = "gpt2"  # gpt2 | bert-base-uncased | char | local tokenizer folder | hub id
     length: int = 128  # tokens per row (L)
-    packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8)
+    packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | window (DNA)
     cache_dir: str = ""  # "" = $MDLM_CACHE or ~/.cache/mdlm
+    rc_augment: bool = False  # DNA: each training row reverse-complemented with probability 1/2
+    max_rows: int = 0  # rows of the train split to prepare, 0 = all (a streamed source stops reading there)
+    max_eval_rows: int = 0  # rows of each evaluation split (valid, test), 0 = all
 
 
 @dataclass
 class ModelConfig:
     """The backbone's hyper-parameters: the one model config of training, loading and export.
-    The vocabulary comes from the tokeniser and causal attention from the objective."""
+    The vocabulary comes from the tokeniser and causal attention from the objective. Each
+    backbone reads only its own keys (`config_keys` of its class in models.BACKBONES); giving
+    one it does not read is an error, and only its own keys are saved."""
 
     backbone: str = "dit"  # models.BACKBONES
+    hf_model: str = ""  # hf-mlm: a Hugging Face masked LM (hub id, folder, or a pip-packaged model)
     hidden_size: int = 768
     n_blocks: int = 12
     n_heads: int = 12
@@ -43,6 +49,33 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.1
     time_conditioning: bool = False  # reference default; the paper's 23.21 used it on
+    # Mamba-based DNA backbones (caduceus, mamba; models.caduceus.MAMBA_KEYS): hidden_size is d_model,
+    # n_blocks the number of layers; the DiT does not take these
+    mixer: str = "auto"  # selective scan: auto | cuda (mamba-ssm) | torch (mambapy)
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    rcps: bool = False  # caduceus: Caduceus-PS (reverse-complement equivariant) instead of Ph
+    fused_add_norm: bool = True  # caduceus PS layout: true = the released checkpoints' (halves swapped per block)
+    bidirectional_strategy: str = "add"  # caduceus: add | ew_multiply
+    bidirectional_weight_tie: bool = True  # caduceus: mamba_rev shares mamba_fwd's in/out projections
+    rms_norm: bool = True  # RMSNorm (else LayerNorm)
+    norm_epsilon: float = 1e-5
+
+    def to_dict(self) -> dict:
+        """The keys the backbone reads (`backbone` first)."""
+        keys = backbone_keys(self.backbone)
+        return {k: v for k, v in dataclasses.asdict(self).items() if k in keys}
+
+
+def backbone_keys(backbone: str) -> tuple[str, ...]:
+    """The model.* keys a backbone reads; every key for an unknown one (validation names it)."""
+    from .models import BACKBONES
+
+    cls = BACKBONES.get(backbone)
+    if cls is None:
+        return tuple(f.name for f in dataclasses.fields(ModelConfig))
+    return ("backbone", *cls.config_keys)
 
 
 @dataclass
@@ -84,6 +117,7 @@ class TrainConfig:
     save_every: int = 10_000
     keep_last: int = 2
     out_dir: str = "runs/{name}"
+    init_from: str = ""  # start from these weights: an mdlm checkpoint, or a Caduceus hub id / folder
 
 
 @dataclass
@@ -99,6 +133,7 @@ class Config:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["optim"]["betas"] = list(d["optim"]["betas"])
+        d["model"] = self.model.to_dict()
         return d
 
     def to_yaml(self) -> str:
@@ -213,8 +248,18 @@ def config_from_dict(data: dict) -> Config:
             raise MdlmError(f"config section {section!r} must be a mapping")
         cfg_kwargs[section] = _section_from_dict(SECTIONS[section], values, section)
     cfg = Config(**cfg_kwargs)
+    _check_model_keys(cfg.model.backbone, data.get("model") or {})
     validate(cfg)
     return cfg
+
+
+def _check_model_keys(backbone: str, given: dict) -> None:
+    """No model key is silently ignored: each one given must be read by the backbone."""
+    keys = backbone_keys(backbone)
+    unread = [k for k in given if k not in keys]
+    if unread:
+        raise MdlmError(f"model.{unread[0]} does not apply to the {backbone} backbone (it reads: "
+                        f"{', '.join(k for k in keys if k != 'backbone')}); remove it")
 
 
 def apply_override(data: dict, assignment: str) -> None:
@@ -226,7 +271,11 @@ def apply_override(data: dict, assignment: str) -> None:
     section, name = parts
     if section not in SECTIONS:
         raise MdlmError(f"unknown config section {section!r} in --set; valid sections: {', '.join(SECTIONS)}")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:  # a python tag (!!python/...) or broken YAML: plain values only
+        reason = str(e).strip().splitlines()[0]
+        raise MdlmError(f"--set {key.strip()}: {raw.strip()!r} is not a plain YAML value ({reason})") from None
     data.setdefault(section, {})[name] = value
 
 
@@ -237,9 +286,9 @@ def resolve_config(preset: str | None, overrides: typing.Sequence[str] = (),
     for assignment in overrides:
         apply_override(data, assignment)
     for key, value in (flags or {}).items():
-        if value is not None:
-            apply_override(data, f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
-                           if not isinstance(value, str) else f"{key}={value}")
+        if value is not None:  # a flag's value is taken as it is: a path like 'x[1].txt' is not YAML
+            section, name = key.split(".")
+            data.setdefault(section, {})[name] = value
     return config_from_dict(data)
 
 
@@ -262,9 +311,7 @@ def validate(cfg: Config) -> None:
     _choice(cfg.train.precision, PRECISIONS, "train.precision")
     _choice(cfg.train.parallel, PARALLELS, "train.parallel")
     positive = {
-        "data.length": cfg.data.length, "model.hidden_size": cfg.model.hidden_size,
-        "model.n_blocks": cfg.model.n_blocks, "model.n_heads": cfg.model.n_heads,
-        "model.cond_dim": cfg.model.cond_dim, "model.mlp_ratio": cfg.model.mlp_ratio,
+        "data.length": cfg.data.length,
         "train.global_batch_size": cfg.train.global_batch_size,
         "train.micro_batch_size": cfg.train.micro_batch_size, "train.max_steps": cfg.train.max_steps,
         "train.log_every": cfg.train.log_every, "train.eval_every": cfg.train.eval_every,
@@ -275,11 +322,9 @@ def validate(cfg: Config) -> None:
             raise MdlmError(f"{where} must be positive (got {value})")
     if cfg.data.length < 4:
         raise MdlmError(f"data.length must be at least 4 (got {cfg.data.length})")
-    if cfg.model.hidden_size % cfg.model.n_heads or (cfg.model.hidden_size // cfg.model.n_heads) % 2:
-        raise MdlmError(
-            f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by model.n_heads "
-            f"({cfg.model.n_heads}) with an even head size"
-        )
+    for where, value in (("data.max_rows", cfg.data.max_rows), ("data.max_eval_rows", cfg.data.max_eval_rows)):
+        if value < 0:
+            raise MdlmError(f"{where} must be 0 (all rows) or a number of rows (got {value})")
     if cfg.train.global_batch_size % cfg.train.micro_batch_size:
         raise MdlmError(
             f"train.global_batch_size ({cfg.train.global_batch_size}) must be a multiple of "
@@ -287,8 +332,60 @@ def validate(cfg: Config) -> None:
         )
     if not 0.0 <= cfg.train.ema < 1.0:
         raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
-    if not 0.0 <= cfg.model.dropout < 1.0:
-        raise MdlmError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
-    if cfg.optim.lr <= 0:
-        raise MdlmError(f"optim.lr must be positive (got {cfg.optim.lr})")
+    _check_optim(cfg.optim)
+    if cfg.train.threads < 0:
+        raise MdlmError(f"train.threads must be 0 (the default choice) or a positive count (got {cfg.train.threads})")
+    try:
+        cfg.train.out_dir.format(name=cfg.name)
+    except (KeyError, IndexError, ValueError, AttributeError):
+        raise MdlmError(f"train.out_dir may contain {{name}} (the config's name) and no other {{...}} field "
+                        f"(got {cfg.train.out_dir!r}); write {{{{ and }}}} for literal braces") from None
+    _check_attention(cfg, BACKBONES[cfg.model.backbone], OBJECTIVES[cfg.diffusion.objective])
+    BACKBONES[cfg.model.backbone].validate_config(cfg)
     OBJECTIVES[cfg.diffusion.objective].validate(cfg)
+
+
+# a backbone that only attends one way, and the objectives it then cannot serve
+CAUSAL_ALTERNATIVE = {True: "the dit backbone, or mamba on DNA", False: "the dit backbone, or caduceus on DNA"}
+
+
+def _check_attention(cfg: Config, backbone, objective) -> None:
+    """A backbone's `requires_causal` (True: causal only, False: bidirectional only, None: either)
+    against the objective's need."""
+    needs = getattr(backbone, "requires_causal", None)
+    if needs is not None and needs != objective.causal:
+        kind = "causal" if objective.causal else "bidirectional"
+        raise MdlmError(f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; the "
+                        f"{cfg.diffusion.objective} objective needs {kind} attention "
+                        f"({CAUSAL_ALTERNATIVE[objective.causal]})")
+
+
+def _check_optim(o: OptimConfig) -> None:
+    """The ranges AdamW and the schedule accept, checked before anything runs."""
+    if o.lr <= 0:
+        raise MdlmError(f"optim.lr must be positive (got {o.lr})")
+    if not all(0.0 <= b < 1.0 for b in o.betas):
+        raise MdlmError(f"optim.betas must both be in [0, 1) (got {list(o.betas)})")
+    for where, value in (("optim.eps", o.eps), ("optim.weight_decay", o.weight_decay),
+                         ("optim.warmup_steps", o.warmup_steps), ("optim.grad_clip", o.grad_clip)):
+        if value < 0 or (where == "optim.eps" and value == 0):
+            raise MdlmError(f"{where} must be {'positive' if where == 'optim.eps' else 'at least 0'} (got {value})")
+    if not 0.0 <= o.min_lr_ratio <= 1.0:
+        raise MdlmError(f"optim.min_lr_ratio must be in [0, 1] (got {o.min_lr_ratio})")
+
+
+# What a resumed run must share with the checkpoint it continues: the data, objective, model,
+# optimisation and batch. Everything else (max_steps, cadences, device, threads, compile,
+# precision, parallelism, micro-batch size, output folder) may change between sessions.
+RESUME_KEYS = {"data": ("dataset", "tokenizer", "length", "packing"), "model": None, "diffusion": None,
+               "optim": None, "train": ("global_batch_size", "seed", "ema")}
+
+
+def resume_differences(saved: Config, new: Config) -> dict[str, list]:
+    """{"section.key": [saved value, new value]} for every RESUME_KEYS key that differs."""
+    old_d, new_d, out = saved.to_dict(), new.to_dict(), {}
+    for section, keys in RESUME_KEYS.items():
+        for key in keys or new_d[section]:
+            if old_d[section].get(key) != new_d[section][key]:
+                out[f"{section}.{key}"] = [old_d[section].get(key), new_d[section][key]]
+    return out

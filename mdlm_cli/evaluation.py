@@ -45,10 +45,15 @@ class BoundResult:
     sequences: int
     exact: bool = False  # True: an exact likelihood, not a bound
     T: int = 0  # 0 = continuous-time bound, else the T-step discrete bound
+    kind: str = ""  # "masked-token": an MLM's masked-token cross-entropy, neither exact nor a bound
 
     @property
     def nats_per_token(self) -> float:
         return self.nats / max(self.tokens, 1)
+
+    @property
+    def relation(self) -> str:
+        return relation(self.exact, self.kind)
 
     @property
     def perplexity(self) -> float:
@@ -89,7 +94,7 @@ def sharded_sum(terms: TermsFn, split: TokenSplit, *, batch_size: int, device: t
             on_batch(min((r + 1) * world_size * batch_size, n) - r * world_size * batch_size)
     if world_size > 1:
         tdist.all_reduce(total)
-    return BoundResult(float(total), int(split.lengths[:n].sum()), n, exact=exact, T=T)
+    return BoundResult(float(total), split.count(slice(0, n)), n, exact=exact, T=T)
 
 
 def diffusion_times(schedule: Schedule, T: int = 0, antithetic: bool = True):
@@ -129,6 +134,11 @@ def bound_passes(denoiser: Denoiser, split: TokenSplit, *, schedule: Schedule, m
 
 # ----------------------------------------------------------------------------- mdlm eval-ppl
 
+def relation(exact: bool, kind: str = "") -> str:
+    """How a perplexity relates to the true one: = exact, ≤ a bound, ~ neither (an MLM's masked-token value)."""
+    return "=" if exact else "~" if kind == "masked-token" else "≤"
+
+
 @dataclass
 class PplResult:
     dataset: str
@@ -141,6 +151,7 @@ class PplResult:
     char_level: bool = False
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    kind: str = ""  # "masked-token" for an MLM (neither exact nor a bound)
 
     @property
     def nats_per_token(self) -> float:
@@ -169,7 +180,7 @@ class PplResult:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d.update(kind="exact" if self.exact else "bound", nats_per_token=self.nats_per_token,
+        d.update(kind="exact" if self.exact else (self.kind or "bound"), nats_per_token=self.nats_per_token,
                  perplexity=self.perplexity, standard_error=self.standard_error,
                  pass_std=self.pass_std, bits_per_char=self.bits_per_char, mc_samples=len(self.passes))
         return d
@@ -224,4 +235,4 @@ def evaluate(loaded: LoadedModel, prepared: PreparedData, *, name: str, split: s
     first = results[0]
     return PplResult(name, split_name, first.tokens, first.sequences, [r.nats_per_token for r in results],
                      exact=first.exact, T=first.T, char_level=loaded.tokenizer.is_character_level,
-                     seconds=time.perf_counter() - t0, notes=[note] if note else [])
+                     seconds=time.perf_counter() - t0, notes=[note] if note else [], kind=first.kind)

@@ -10,13 +10,16 @@
       README.md          model card: architecture, usage, evaluation results, training config
 
 No Python code is written: loading needs no trust_remote_code.
+
+config.json's "mdlm" section (with its "format" and the list of "files") marks the folder as
+an mdlm export: `--overwrite` replaces only such a folder, never the source checkpoint or
+its run, and swaps the new folder in so that a kill leaves one whole version.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 
@@ -26,7 +29,9 @@ from safetensors.torch import save_file
 from . import __version__
 from .checkpoint import LoadedModel
 from .errors import MdlmError
+from .files import remove_stale_temporaries, swap_folder, temporary
 from .loading import load_checkpoint
+from .models import HFMaskedLM
 from .reference_format import hf_config as reference_config
 from .reference_format import reference_state_dict
 
@@ -47,32 +52,87 @@ def hf_config(loaded: LoadedModel, weights: str) -> dict:
                                      "data": loaded.data_meta, "state": loaded.state})
 
 
+def write_model_files(loaded: LoadedModel, folder: Path, weights: str) -> dict:
+    """model.safetensors and config.json; returns config.json's content. A DiT under the
+    reference's names and fields; an hf-mlm model as the Hugging Face model's own folder
+    (transformers loads it as it is), with mdlm's section added to its config.json."""
+    if isinstance(loaded.model, HFMaskedLM):
+        config = loaded.model.save_pretrained_folder(folder)
+        config["mdlm"] = hf_config(loaded, weights)["mdlm"]
+    else:
+        save_file(reference_state_dict(loaded.model), folder / "model.safetensors", metadata={"format": "pt"})
+        config = hf_config(loaded, weights)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return config
+
+
 def export_folder(loaded: LoadedModel, out: str | Path, *, weights: str, results: list[dict] | None = None,
                   overwrite: bool = False, hub_id: str | None = None) -> Path:
-    """Write the folder atomically (a temporary sibling renamed into place); `hub_id` is where
+    """Write the folder beside `out`, then swap it in (files.swap_folder); `hub_id` is where
     it will be pushed, for the model card's usage line."""
+    from .models import DiT
+
+    if not isinstance(loaded.model, DiT | HFMaskedLM):  # the formats export writes: the reference's, or HF's own
+        raise MdlmError(f"mdlm export writes the reference DiT format or a Hugging Face masked LM's; a "
+                        f"{loaded.config.model.backbone} model is shared as its run folder (safetensors, config.yaml, "
+                        "tokenizer files)")
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not overwrite:
-            raise MdlmError(f"{out} already exists and is not empty; choose another --out or pass --overwrite")
-        if not out.is_dir():
-            raise MdlmError(f"{out} is a file; choose a folder for --out")
+    check_export_target(loaded, out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    remove_stale_temporaries(out.parent, name=out.name)
+    tmp = temporary(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_file(reference_state_dict(loaded.model), tmp / "model.safetensors", metadata={"format": "pt"})
-        config = hf_config(loaded, weights)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        config = write_model_files(loaded, tmp, weights)
         loaded.tokenizer.save(tmp)
         (tmp / "README.md").write_text(model_card(loaded, config, results or [], hub_id or str(out)))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        config["mdlm"]["files"] = sorted(["config.json", *(p.name for p in tmp.iterdir())])
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        swap_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def export_files(folder: Path) -> list[str] | None:
+    """The files an mdlm export wrote (its marker: config.json's "mdlm" section), or None
+    when `folder` is not an mdlm export."""
+    try:
+        meta = json.loads((folder / "config.json").read_text()).get("mdlm")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(meta, dict) or "format" not in meta:
+        return None
+    files = meta.get("files")
+    return [str(f) for f in files] if isinstance(files, list) else [p.name for p in folder.iterdir()]
+
+
+def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None:
+    """Refuse (in one line) any --out whose replacement could lose something: the source
+    checkpoint, its run, a folder holding either, a file, or a folder mdlm did not export."""
+    source = loaded.path.resolve()
+    run = source.parent.parent if source.parent.name == "checkpoints" else source
+    target = out.resolve()
+    for protected, what in ((run, "the run being exported"), (source, "the checkpoint being exported")):
+        if target == protected or target in protected.parents or protected in target.parents:
+            raise MdlmError(f"--out {out} overlaps {what} ({protected}); choose a folder outside it")
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise MdlmError(f"{out} is a file or a link; choose a folder for --out")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise MdlmError(f"{out} already exists and is not empty; choose another --out or pass --overwrite")
+    written = export_files(out)
+    if written is None:
+        raise MdlmError(f"{out} is not a folder mdlm export wrote (no 'mdlm' section in its config.json); "
+                        "--overwrite replaces only an earlier export, so choose another --out")
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in written)
+    if foreign:
+        raise MdlmError(f"{out} holds files the earlier export did not write ({', '.join(foreign[:3])}); "
+                        "move them away or choose another --out")
 
 
 @torch.no_grad()
@@ -115,12 +175,18 @@ def read_results(paths: list[str]) -> list[dict]:
 
 
 def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: str) -> str:
-    c, cfg, state, tok = loaded.model.config, loaded.config, loaded.state, loaded.tokenizer
+    cfg, state, tok = loaded.config, loaded.state, loaded.tokenizer
     millions = loaded.model.num_parameters() / 1e6
     dataset = cfg.data.dataset if not Path(cfg.data.dataset).suffix else Path(cfg.data.dataset).name
+    hf = isinstance(loaded.model, HFMaskedLM)
+    if hf:
+        backbone = f"{loaded.model.describe()}, {millions:.1f}M parameters"
+    else:
+        c = loaded.model.config
+        backbone = (f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, cond dim {c.cond_dim}, "
+                    f"{millions:.1f}M parameters")
     rows = [
-        ("backbone", f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, cond dim {c.cond_dim}, "
-                     f"{millions:.1f}M parameters"),
+        ("backbone", backbone),
         ("vocabulary", f"{loaded.model.vocab_size} ({tok.name}, mask id {tok.mask_id})"),
         ("sequence length", f"{loaded.length} ({cfg.data.packing} packing)"),
         ("time conditioning", "on" if cfg.model.time_conditioning else "off"),
@@ -140,9 +206,12 @@ def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: st
              f"`mdlm` {__version__}.", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     lines += ["", "## Use", "", "```bash", f"mdlm sample --checkpoint {where} --sampler first-hitting -n 4", "```", "",
-              "`config.json` carries the reference implementation's `MDLMConfig` fields and "
-              "`model.safetensors` its parameter names (`backbone.*`); there is no Python code in this "
-              "folder, so nothing needs `trust_remote_code`. The tokenizer files sit next to them.", "",
+              ("This is the Hugging Face masked LM's own folder (`AutoModelForMaskedLM.from_pretrained` loads "
+               "it as it is), fine-tuned with MDLM; `config.json` also holds mdlm's section; "
+               if hf else "`config.json` carries the reference implementation's `MDLMConfig` fields and "
+               "`model.safetensors` its parameter names (`backbone.*`); ")
+              + "there is no Python code in this folder, so nothing needs `trust_remote_code`. The tokenizer files "
+              "sit next to them.", "",
               "## Evaluation results", ""]
     evals = []
     for key, label in (("best_valid_nats", "best validation bound"), ("valid_nats", "last validation bound")):

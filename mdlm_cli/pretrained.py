@@ -12,6 +12,10 @@ folder to `load_pretrained`, so all commands accept:
   `hidden_dim`, `cond_dim`, `n_blocks`, `n_heads`, `dropout`, `time_conditioning`) and
   `model.safetensors` (or a sharded index, or `pytorch_model.bin` read with
   weights_only=True) holding the reference's `backbone.*` keys;
+- a Hugging Face masked LM that transformers implements (config.json with model_type `bert`,
+  `roberta`, ...: an `mdlm export` of an hf-mlm run, or any pretrained MLM such as
+  `google-bert/bert-base-uncased`, or a pip-packaged one such as
+  `sentence-transformers/all-MiniLM-L6-v2`, packaged.py): the hf-mlm backbone around it;
 - a reference Lightning checkpoint (`.ckpt`): `state_dict` with `backbone.*` keys, the EMA
   in `ema.shadow_params` (a list in parameter order, as the reference's models/ema.py
   stores it) and the hyper-parameters of the pickled Hydra config, read as inert data
@@ -38,27 +42,26 @@ from .checkpoint import LoadedModel, load_state_into, load_weights
 from .config import Config, TrainConfig, config_from_dict
 from .data.tokenizers import Tokenizer, load_tokenizer
 from .errors import MdlmError
+from .hub import download
 from .models import build_model
 from .objectives import get_objective
+from .packaged import resolve_model
 from .safe_load import plain, read_torch_file
 
-# What a hub download fetches: configuration, weights and tokeniser files; never code.
-HUB_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-             "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
-             "mdlm_tokenizer.json"]
 TOKENIZER_FILES = ("mdlm_tokenizer.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt")
 # The reference tokenisers by model vocabulary (mask included), with the data they imply.
 KNOWN_VOCABS = {50258: "gpt2", 30522: "bert-base-uncased", 35: "char"}
 TOKENIZER_DEFAULTS = {  # name -> (dataset, packing, length) of the reference's runs
     "gpt2": ("openwebtext", "wrap", 1024), "bert-base-uncased": ("lm1b", "pad", 128), "char": ("text8", "chunk", 256),
 }
+PLAIN_MLM_ROWS = 100_000  # rows per split a plain masked LM's evaluation data keeps (bert-ft's validation too)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 RUN_ROOT = TrainConfig.out_dir.split("/")[0]  # "runs": `runs/NAME` is always a local run folder
 
 
 @dataclass
 class Source:
-    kind: str  # "hub" | "hf" (folder with config.json) | "torch" (Lightning .ckpt or a state-dict file)
+    kind: str  # "hub" | "hf" (folder with config.json) | "torch" (Lightning .ckpt or a state-dict file) | "packaged"
     location: str
 
 
@@ -74,6 +77,8 @@ def pretrained_source(path: str | Path, which: str = "latest") -> Source | None:
             return None
         return Source("hf", str(p)) if (p / "config.json").is_file() else None
     text = str(path)
+    if resolve_model(text) is not None:  # a hub id whose files a pip package ships (packaged.py)
+        return Source("packaged", text)
     # owner/name that is not a local path: not inside an existing folder, nor mdlm's run root runs/
     owner = text.split("/")[0]
     if _HUB_ID.match(text) and owner != RUN_ROOT and not Path(owner).is_dir():
@@ -87,35 +92,12 @@ def load_pretrained(source: Source, *, ema: bool = True, device: torch.device | 
         return _from_hf_folder(folder, label=source.location, device=device)
     if source.kind == "hf":
         return _from_hf_folder(Path(source.location), label=source.location, device=device)
+    if source.kind == "packaged":
+        return _from_hf_folder(resolve_model(source.location), label=source.location, device=device)
     return _from_torch_file(Path(source.location), ema=ema, device=device)
 
 
 # ---------------------------------------------------------------------- the hub
-
-def download(repo_id: str) -> Path:
-    """A local snapshot of a hub repo's config, weights and tokeniser (from the HF cache when offline)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    from .hub import hub_offline
-
-    hub_offline()  # without a network: switch to the local Hugging Face cache at once
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
-    except LocalEntryNotFoundError:
-        raise MdlmError(
-            f"checkpoint {repo_id!r} does not exist locally, and the Hugging Face Hub cannot be reached to "
-            f"download it as a hub id; where there is a network, `hf download {repo_id} --local-dir DIR` "
-            "fetches it (then pass --checkpoint DIR)") from None
-    except GatedRepoError:
-        raise MdlmError(f"{repo_id!r} is a gated repository on the Hugging Face Hub: accept its terms on the "
-                        "website and log in with `hf auth login`") from None
-    except RepositoryNotFoundError:
-        raise MdlmError(f"checkpoint {repo_id!r} does not exist: not a local path, and no such model on the "
-                        "Hugging Face Hub (log in with `hf auth login` if it is private)") from None
-    except (HfHubHTTPError, OSError) as e:
-        raise MdlmError(f"could not download {repo_id!r} from the Hugging Face Hub: {_first_line(e)}") from None
-
 
 # ---------------------------------------------------------------------- Hugging Face-style folders
 
@@ -127,9 +109,13 @@ def _from_hf_folder(folder: Path, *, label: str, device) -> LoadedModel:
         raise MdlmError(f"{config_file} is not readable JSON ({_first_line(e)}); the checkpoint is corrupted") from None
     if not isinstance(raw, dict):
         raise MdlmError(f"{config_file} must hold a JSON object")
-    if raw.get("model_type") not in (None, "mdlm"):
-        raise MdlmError(f"{folder} holds a {raw['model_type']!r} model; mdlm loads MDLM (model_type 'mdlm')")
+    if raw.get("model_type") == "caduceus":  # a released Caduceus: mdlm's own caduceus backbone, no remote code
+        from .pretrained_dna import caduceus_from_hf
+
+        return caduceus_from_hf(folder, raw, _read_hf_weights(folder)[1], label=label, device=device)
     mdlm_meta = raw.get("mdlm") if isinstance(raw.get("mdlm"), dict) else {}
+    if raw.get("model_type") not in (None, "mdlm"):  # a Hugging Face masked LM (or an hf-mlm export)
+        return _from_hf_mlm_folder(folder, raw, mdlm_meta, label=label, device=device)
     if isinstance(raw.get("config"), dict) and isinstance(raw["config"].get("model"), dict):
         partial = ref.partial_from_hydra(raw["config"], config_file)  # a DiT pushed with PyTorchModelHubMixin
     else:
@@ -141,6 +127,50 @@ def _from_hf_folder(folder: Path, *, label: str, device) -> LoadedModel:
     return _assemble(ref.backbone_state(state, weights_file), partial, source=f"{weights_file}", path=folder,
                      tokenizer_folder=folder, tokenizer_name=tokenizer_name, shadow=None, state=state_json,
                      mdlm_meta=mdlm_meta, label=label, device=device)
+
+
+def _from_hf_mlm_folder(folder: Path, raw: dict, mdlm_meta: dict, *, label: str, device) -> LoadedModel:
+    """A masked LM that transformers implements, as an MDLM denoiser (the hf-mlm backbone): an
+    `mdlm export` of an hf-mlm run (its "mdlm" section gives the config it was trained with), or
+    any MLM, which gets the defaults of an encoder to fine-tune: C4, L = 128 (at most its
+    positions), wrap packing, the first PLAIN_MLM_ROWS rows of each split (C4 is streamed)."""
+    from .models.hf_mlm import HFMaskedLM, check_native
+
+    check_native(raw, str(folder))
+    tokenizer = _hf_mlm_tokenizer(folder, label)
+    model_section = {"backbone": "hf-mlm", "hf_model": label}
+    saved = mdlm_meta.get("config") if isinstance(mdlm_meta.get("config"), dict) else None
+    if saved is not None:
+        config = config_from_dict({**saved, "model": model_section})
+    else:
+        length = min(128, raw.get("max_position_embeddings") or 128)
+        config = config_from_dict({
+            "name": label.rstrip("/").split("/")[-1], "description": f"imported from {label}",
+            "data": {"dataset": "c4", "tokenizer": label, "length": length, "packing": "wrap",
+                     "max_rows": PLAIN_MLM_ROWS, "max_eval_rows": PLAIN_MLM_ROWS},
+            "model": model_section})
+    model = HFMaskedLM(config.model, tokenizer.vocab_size, folder=folder)
+    data_meta = dict(mdlm_meta.get("data") or {})
+    data_meta.update({"length": config.data.length, "packing": config.data.packing,
+                      "tokenizer": tokenizer.describe()})
+    data_meta.setdefault("source", {"name": config.data.dataset})
+    state = dict(mdlm_meta.get("state") or {})
+    state.update({"format": "hugging-face", "source": label, "weights": mdlm_meta.get("weights", "as stored")})
+    if model.notes:
+        state["notes"] = model.notes
+    return LoadedModel(folder, model.to(device).eval(), config, tokenizer, data_meta, state)
+
+
+def _hf_mlm_tokenizer(folder: Path, label: str) -> Tokenizer:
+    """The folder's own tokeniser, named as the model is (so data prepared for it is shared)."""
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise MdlmError(f"{folder} carries no tokenizer files; a masked LM needs its own tokenizer next to "
+                        "its config.json")
+    with _quiet_transformers():
+        tokenizer = load_tokenizer(str(folder))
+    if not (folder / "mdlm_tokenizer.json").is_file() and not Path(label).is_dir():
+        tokenizer.name = label  # a hub id or packaged name, as load_tokenizer(label) names it
+    return tokenizer
 
 
 def _read_hf_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
@@ -226,7 +256,7 @@ def mdlm_config(model_cfg, partial: dict, tokenizer: Tokenizer, mdlm_meta: dict,
     recorded = partial["data"]
     if "length" not in recorded and "length" not in saved_data:
         partial["inferred"].append(f"length {length} (the reference default for {tokenizer.name})")
-    model = {k: v for k, v in vars(model_cfg).items() if k != "time_conditioning"}
+    model = {k: v for k, v in model_cfg.to_dict().items() if k != "time_conditioning"}
     if "time_conditioning" in partial["model"]:
         model["time_conditioning"] = partial["model"]["time_conditioning"]
     data = {"dataset": recorded.get("dataset") or saved_data.get("dataset", dataset),

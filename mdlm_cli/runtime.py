@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,25 @@ def generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+TORCH_THREADS = torch.get_num_threads()  # torch's default (physical cores), before anything changes it
+
+
+def default_threads() -> int | None:
+    """CPU threads when none are asked for: None (torch's own) where OMP_NUM_THREADS or
+    MKL_NUM_THREADS says, else torch's default less the cores the machine's load already
+    keeps busy, at least 1. Measured on a shared 2-core machine at load 11-15 (BENCHMARKS.md,
+    table 6): 2 threads sampled 10.8x and trained 3.4x slower than 1, each parallel region
+    waiting at its barrier for a thread that is not running."""
+    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+        return None
+    cores = TORCH_THREADS
+    try:
+        busy = os.getloadavg()[0]
+    except (OSError, AttributeError):  # no load average on this platform
+        return None
+    return max(1, min(cores, round(cores - busy)))
+
+
 @dataclass
 class Runtime:
     device: torch.device
@@ -60,7 +80,9 @@ class Runtime:
 
     @classmethod
     def create(cls, device: str = "auto", precision: str = "auto", threads: int = 0) -> Runtime:
-        if threads > 0:
+        """`threads` > 0 sets torch's CPU threads; 0 takes `default_threads()`."""
+        threads = threads if threads > 0 else default_threads()
+        if threads:
             torch.set_num_threads(threads)
         dev = pick_device(device)
         if dev.type == "cuda":

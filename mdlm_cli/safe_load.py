@@ -1,4 +1,7 @@
-"""Read PyTorch pickles (Lightning `.ckpt`, `pytorch_model.bin`) without running their code.
+"""Read checkpoints without running their code: PyTorch pickles (Lightning `.ckpt`,
+`pytorch_model.bin`), and Hugging Face folders, which transformers would otherwise offer to
+run the Python files of (`auto_map`; every `from_pretrained` here passes
+`trust_remote_code=False`, and `refuse_remote_code` turns such a folder away in one line).
 
 Everything goes through `torch.load(weights_only=True)`, whose unpickler only rebuilds
 tensors and plain containers. A reference Lightning checkpoint also pickles objects
@@ -12,6 +15,8 @@ The config values are read back out of those records by `plain()`.
 
 from __future__ import annotations
 
+import _compat_pickle
+import json
 import pickle
 import zipfile
 from pathlib import Path
@@ -23,7 +28,7 @@ from .errors import MdlmError
 
 # Names that only a file meant to run code would reference; such a file is refused outright.
 _DANGEROUS_MODULES = {"os", "posix", "nt", "subprocess", "sys", "runpy", "importlib", "shutil", "socket",
-                      "pty", "marshal", "pickle", "code", "ctypes", "webbrowser"}
+                      "pty", "marshal", "pickle", "code", "ctypes", "webbrowser", "commands", "_posixsubprocess"}
 _DANGEROUS_BUILTINS = {"eval", "exec", "compile", "open", "__import__", "getattr", "setattr", "delattr",
                        "globals", "locals", "vars", "input", "breakpoint"}
 
@@ -53,8 +58,17 @@ def _plain_dict(*args, **kwargs) -> dict:
     return {}
 
 
-def _dangerous(name: str) -> bool:
+def python3_name(name: str) -> str:
+    """The global a pickle name resolves to: protocol-2 pickles (torch.save's default) store
+    Python 2 names, which unpickling maps back (`commands.call` is `subprocess.call`)."""
     module, _, attr = name.rpartition(".")
+    if (module, attr) in _compat_pickle.NAME_MAPPING:
+        return ".".join(_compat_pickle.NAME_MAPPING[(module, attr)])
+    return f"{_compat_pickle.IMPORT_MAPPING.get(module, module)}.{attr}"
+
+
+def _dangerous(name: str) -> bool:
+    module, _, attr = python3_name(name).rpartition(".")
     root = module.split(".")[0]
     return root in _DANGEROUS_MODULES or (module == "builtins" and attr in _DANGEROUS_BUILTINS)
 
@@ -87,10 +101,10 @@ def read_torch_file(path: Path) -> Any:
     except Exception as e:  # noqa: BLE001 - legacy (non-zip) format or damaged archive
         raise MdlmError(f"refusing to read {path}: it pickles Python objects and cannot be inspected "
                         f"safely ({_first_line(e)}); re-save its state_dict (and 'ema') as plain tensors") from None
-    bad = [n for n in names if _dangerous(n)]
+    bad = [python3_name(n) for n in names if _dangerous(n)]
     if bad:
         raise MdlmError(f"refusing to read {path}: it references {bad[0]}, which a model checkpoint never "
-                        "needs and which could run code when unpickled")
+                        "needs and which could run code when unpickled; refused")
     try:
         with torch.serialization.safe_globals(_stand_ins(names)):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -120,3 +134,40 @@ def plain(obj: Any) -> Any:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def _json_object(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def refuse_remote_code(folder: str | Path, *, model: bool) -> None:
+    """One line, before transformers reads `folder`, if loading its tokeniser (and, with
+    `model`, its model) would need the folder's own Python code (`auto_map`)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    tokenizer_config, config = _json_object(folder / "tokenizer_config.json"), _json_object(folder / "config.json")
+    asks = None
+    if tokenizer_config.get("auto_map"):
+        asks = "tokenizer_config.json"
+    elif config.get("auto_map") and config.get("model_type") not in CONFIG_MAPPING_NAMES and (
+            model or "tokenizer_class" not in tokenizer_config):  # transformers would build the config from code
+        asks = "config.json"
+    if asks:
+        raise MdlmError(f"refusing {folder}: its {asks} asks to run the folder's own Python code (auto_map), and "
+                        "mdlm never runs code from a model folder; use one without custom code")
+
+
+def remote_code_refusal(e: BaseException, name: str) -> MdlmError | None:
+    """The one-line refusal for transformers' error on a hub repo that needs its own code."""
+    text = str(e)
+    if "trust_remote_code" in text or "custom code" in text:
+        return MdlmError(f"refusing {name!r}: it needs its own Python code (trust_remote_code), and mdlm never runs "
+                         "code from a model repository")
+    return None

@@ -19,19 +19,23 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .checkpoint import load_training_state, resolve_checkpoint, save_checkpoint
+from .checkpoint import load_training_state, save_checkpoint
 from .config import Config
+from .data.dna import rc_augment
 from .data.order import DataOrder
 from .data.store import PreparedData, TokenSplit, prepare
 from .data.tokenizers import Tokenizer
 from .distributed import Dist, StopSignals, clip_grad_norm, session, set_gradient_sync, wait_for_file
 from .errors import MdlmError
 from .evaluation import BoundResult
-from .models import build_model
+from .files import write_text_atomic
+from .models import build_model, check_data
 from .objectives import Objective, get_objective
 from .optim import EMA, lr_at
+from .run_folder import ResumePoint, finished, locked, log_config_change, resume_point, truncate_metrics
 from .runtime import Runtime, derive_seed, generator
 
 
@@ -47,6 +51,13 @@ class TrainResult:
     unigram_nats: float | None
     losses: list[float]
     stopped_by: str | None = None  # the signal that stopped the run early (checkpoint saved)
+    already_done: bool = False  # --resume of a run already at max_steps: nothing was run or written
+    char_level: bool = False  # tokens are characters: nats/char and bits/char
+
+
+def nats_text(nats: float, char_level: bool) -> str:
+    """'2.3250 nats/char (3.354 bits/char)' for characters, '3.1000 nats/token' otherwise."""
+    return f"{nats:.4f} nats/char ({nats / math.log(2):.3f} bits/char)" if char_level else f"{nats:.4f} nats/token"
 
 
 def _prepare_data(cfg: Config, console: Console, load_dataset=None, wait: bool = False) -> PreparedData:
@@ -57,7 +68,7 @@ def _prepare_data(cfg: Config, console: Console, load_dataset=None, wait: bool =
         wait_for_file(folder / "meta.json")
     if (folder / "meta.json").is_file():
         return PreparedData(folder)
-    console.print(f"[bold]Preparing data[/] {cfg.data.dataset} ({cfg.data.tokenizer}, "
+    console.print(f"[bold]Preparing data[/] {escape(cfg.data.dataset)} ({escape(cfg.data.tokenizer)}, "
                   f"{cfg.data.packing}, L={cfg.data.length}) ...")
     return prepare(cfg.data, load_dataset=load_dataset)
 
@@ -96,18 +107,38 @@ class Run:
 
 
 def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
-          time_limit_s: float = 0.0, load_dataset=None) -> TrainResult:
+          time_limit_s: float = 0.0, load_dataset=None, override_resume_config: bool = False) -> TrainResult:
     """Train as one process, or data-parallel over every rank when launched by torchrun.
-    SIGTERM stops after the current step with a checkpoint (`TrainResult.stopped_by`)."""
-    with session(cfg.train.device) as dist, StopSignals(dist) as stop:
+    SIGTERM stops after the current step with a checkpoint (`TrainResult.stopped_by`).
+    The run folder is locked for the duration (one trainer per run); `--resume` of a run
+    trained with other data, model, objective, optimisation or batch settings is refused
+    unless `override_resume_config`, and of a finished run changes nothing."""
+    with session(cfg.train.device) as dist, locked(cfg.out_dir, dist), StopSignals(dist) as stop:
         console = console if console is not None and dist.is_main else Console(stderr=True, quiet=not dist.is_main)
-        run = _set_up(cfg, dist, console, resume=resume, load_dataset=load_dataset)
+        start = resume_point(cfg, dist, console, resume, override_resume_config)
+        if finished(cfg, start):
+            return _already_done(cfg, start)
+        run = _set_up(cfg, dist, console, start, load_dataset=load_dataset)
         return _loop(run, stop, time_limit_s)
 
 
-def _set_up(cfg: Config, dist: Dist, console: Console, *, resume: bool, load_dataset) -> Run:
+def _already_done(cfg: Config, start: ResumePoint) -> TrainResult:
+    """A finished run's result, from its checkpoint alone: nothing is run or written."""
+    from .data.tokenizers import load_tokenizer
+
+    state = start.state
+    char_level = load_tokenizer(str(start.step_dir / "tokenizer")).is_character_level
+    return TrainResult(cfg.out_dir, start.step_dir, state["step"], state.get("tokens_seen", 0),
+                       state.get("train_seconds", 0.0), 0.0, None, None, [], already_done=True,
+                       char_level=char_level)
+
+
+def _set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *, load_dataset) -> Run:
     """Data, objective, model, EMA, optimizer; the checkpoint to resume; the run folder."""
-    rt = Runtime.create(str(dist.device), cfg.train.precision, cfg.train.threads)
+    # a resumed run keeps the CPU threads it chose (gradients can round differently with another count)
+    threads = cfg.train.threads or (0 if os.environ.get("OMP_NUM_THREADS") else start.state.get("threads", 0))
+    rt = Runtime.create(str(dist.device), cfg.train.precision, threads)
+    check_data(cfg)  # the backbone's checks of the data config, before any data is prepared
     data = _prepare_data(cfg, console, load_dataset, wait=dist.local_rank != 0)
     tokenizer = data.tokenizer()
     train_split, valid_split = data.split("train"), data.split("valid")
@@ -118,50 +149,59 @@ def _set_up(cfg: Config, dist: Dist, console: Console, *, resume: bool, load_dat
     objective = get_objective(cfg, tokenizer)
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, tokenizer.vocab_size, causal=objective.causal)
+    if cfg.data.rc_augment and tokenizer.complement is None:
+        raise MdlmError(f"data.rc_augment needs a DNA tokenizer (data.tokenizer=dna); {tokenizer.name} has none")
+    if tc.init_from and start.step_dir is None:  # a fresh run only; a resumed one has its own weights
+        from .init_from import initialise_from
+
+        console.print(f"Initialised from {initialise_from(model, tc.init_from, tokenizer)}")
     ema = EMA(model, tc.ema) if tc.ema > 0 else None
     net = dist.wrap(model, ema.model if ema else None, tc.parallel, rt.dtype)  # to the device; DDP / FSDP2
     net = torch.compile(net) if tc.compile else net
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
                                   fused=(rt.device.type == "cuda") or None)
-    state = _restore(cfg, model, ema, optimizer, console, resume)
+    state = _restore(model, ema, optimizer, console, start.step_dir)
+    state["threads"] = torch.get_num_threads()
     run = Run(cfg, dist, rt, console, data, tokenizer, train_split, valid_split, objective, model, net, ema,
               optimizer, state, accum, dist.batch_shard(tc.global_batch_size), DataOrder(len(train_split), tc.seed),
               objective.denoiser(net, rt.dtype))
     if dist.is_main:
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        (run.run_dir / "config.yaml").write_text(cfg.to_yaml())
-        _truncate_metrics(run.run_dir / "metrics.jsonl", run.state["step"])
+        write_text_atomic(run.run_dir / "config.yaml", cfg.to_yaml())
+        truncate_metrics(run.run_dir / "metrics.jsonl", run.state["step"])
+        if start.changes:  # allowed by --override-resume-config: on the record
+            log_config_change(run.run_dir, run.state["step"], start.changes, console)
     _describe(run)
     return run
 
 
-def _restore(cfg: Config, model, ema: EMA | None, optimizer, console: Console, resume: bool) -> dict:
-    """The training state: fresh, or the latest checkpoint's with --resume (weights restored in place)."""
-    run_dir = cfg.out_dir
+def _restore(model, ema: EMA | None, optimizer, console: Console, step_dir: Path | None) -> dict:
+    """The training state: fresh, or the checkpoint's (weights restored in place)."""
     state = {"step": 0, "samples_seen": 0, "tokens_seen": 0, "best_valid_nats": None, "train_seconds": 0.0}
-    if resume and (run_dir / "latest").is_file():
-        step_dir = resolve_checkpoint(run_dir)
+    if step_dir is not None:
         state = load_training_state(step_dir, model, ema.model if ema else None, optimizer)
         if ema is not None:
             ema.updates = state["step"]
-        console.print(f"Resumed from {step_dir} at step {state['step']}")
-    elif not resume and (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").glob("step-*")):
-        raise MdlmError(f"{run_dir} already holds checkpoints; continue it with --resume, or choose another --out")
+        console.print(f"Resumed from {step_dir} at step {state['step']}", markup=False, highlight=False)
     return state
 
 
 def _describe(run: Run) -> None:
-    cfg, tc, dist = run.cfg, run.cfg.train, run.dist
+    tc, dist = run.cfg.train, run.dist
     run.console.print(
-        f"Model: {type(run.model).__name__} {cfg.model.n_blocks}x{cfg.model.hidden_size}, "
+        f"Model: {run.model.describe()}, "
         f"{run.model.num_parameters() / 1e6:.1f}M parameters, objective {run.objective.name}; data: "
-        f"{run.data.folder.name} ({len(run.train_split)} train rows, {len(run.valid_split)} valid rows); device: "
+        f"{escape(run.data.folder.name)} ({len(run.train_split)} train rows, {len(run.valid_split)} valid rows); "
+        f"device: "
         f"{run.rt.describe()}; {dist.describe(tc.parallel)}, global batch {tc.global_batch_size} = "
         f"{tc.micro_batch_size} x {run.accum} accumulation x {dist.world_size} rank(s)")
+    for note in getattr(run.model, "notes", []):
+        run.console.print(f"[yellow]note:[/] {note}", highlight=False)
     unigram = run.data.meta.get("unigram_valid_nats")
     if unigram is not None:
-        run.console.print(f"Unigram baseline on valid: {unigram:.3f} nats/token (PPL {math.exp(unigram):.1f})")
+        run.console.print(f"Unigram baseline on valid: {nats_text(unigram, run.tokenizer.is_character_level)} "
+                          f"(PPL {math.exp(unigram):.1f})")
 
 
 def _step(run: Run, step: int) -> tuple[float, int, float]:
@@ -172,7 +212,7 @@ def _step(run: Run, step: int) -> tuple[float, int, float]:
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     rows = run.order.rows(run.state["samples_seen"], tc.global_batch_size)
-    n_tokens = int(run.train_split.lengths[rows].sum())
+    n_tokens = run.train_split.count(rows)
     t = None
     if run.objective.uses_time:  # stratified over the global batch, then this rank's share
         draw = run.objective.draw_times(cfg.diffusion.T, cfg.diffusion.antithetic)
@@ -186,6 +226,9 @@ def _step(run: Run, step: int) -> tuple[float, int, float]:
         torch.manual_seed(derive_seed(tc.seed, "dropout", step, micro))
         set_gradient_sync(run.net, i == run.accum - 1)
         x0, attention_mask = run.train_split.batch(rows[sl], device)
+        if cfg.data.rc_augment:  # its own stream: the other draws are those of a run without it
+            x0, attention_mask = rc_augment(x0, attention_mask, run.tokenizer.complement,
+                                            generator(device, derive_seed(tc.seed, "rc", step, micro)))
         terms = run.objective.loss_terms(run.denoiser, x0, None if t is None else t[sl], generator=gen,
                                          attention_mask=attention_mask)
         loss = terms.sum() / n_tokens
@@ -296,7 +339,8 @@ def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
                 if preempted:
                     break
                 if done % tc.eval_every == 0 and done < tc.max_steps and not out_of_time:
-                    _checkpoint(run, best=_record_eval(state, _evaluate(run, tc.eval_rows), done, log, run.console))
+                    _checkpoint(run, best=_record_eval(state, _evaluate(run, tc.eval_rows), done, log, run.console,
+                                                       char_level=run.tokenizer.is_character_level))
                 elif done % tc.save_every == 0:
                     _checkpoint(run)
                 if out_of_time:
@@ -319,20 +363,24 @@ def _finish(run: Run, stop: StopSignals, metrics_path: Path, train_seconds: floa
     state, unigram = run.state, run.data.meta.get("unigram_valid_nats")
     if preempted:
         path = _checkpoint(run)
-        run.console.print(f"{stop.received or 'SIGTERM'} at step {state['step']}: checkpoint saved to {path}")
+        run.console.print(f"{stop.received or 'SIGTERM'} at step {state['step']}: checkpoint saved to {path}",
+                          markup=False, highlight=False)
         return TrainResult(run.run_dir, path, state["step"], state["tokens_seen"], train_seconds, speed, None,
-                           unigram, run.losses, stopped_by=stop.received or "SIGTERM")
+                           unigram, run.losses, stopped_by=stop.received or "SIGTERM",
+                           char_level=run.tokenizer.is_character_level)
     final = _evaluate(run, 0) if len(run.valid_split) else None
     best = False
     if final is not None:
         with open(metrics_path, "a") as log:
-            best = _record_eval(state, final, state["step"], log, run.console, final=True)
+            best = _record_eval(state, final, state["step"], log, run.console, final=True,
+                                char_level=run.tokenizer.is_character_level)
+    state["final_step"] = state["step"]  # a --resume at max_steps finds nothing left to do
     return TrainResult(run.run_dir, _checkpoint(run, best=best), state["step"], state["tokens_seen"], train_seconds,
-                       speed, final, unigram, run.losses)
+                       speed, final, unigram, run.losses, char_level=run.tokenizer.is_character_level)
 
 
 def _record_eval(state: dict, result: BoundResult, step: int, log, console: Console,
-                 final: bool = False) -> bool:
+                 final: bool = False, char_level: bool = False) -> bool:
     nats = result.nats_per_token
     best = state["best_valid_nats"] is None or nats < state["best_valid_nats"]
     if best:
@@ -343,16 +391,7 @@ def _record_eval(state: dict, result: BoundResult, step: int, log, console: Cons
     log.write(json.dumps(record) + "\n")
     log.flush()
     label = "final validation" if final else "validation"
-    kind, rel = ("exact NLL", "=") if result.exact else ("bound", "≤")
-    console.print(f"step {step}: {label} {kind} {nats:.4f} nats/token, PPL {rel} {result.perplexity:.2f} "
-                  f"({result.tokens} tokens, EMA weights)")
+    kind, rel = ("exact NLL", "=") if result.exact else (result.kind or "bound", result.relation)
+    console.print(f"step {step}: {label} {kind} {nats_text(nats, char_level)}, PPL {rel} {result.perplexity:.2f} "
+                  f"({result.tokens} {'characters' if char_level else 'tokens'}, EMA weights)")
     return best
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop log lines past `step` (written by a run that was later resumed from `step`)."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in kept))

@@ -11,10 +11,22 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..config import resolve_config
 from ..errors import MdlmError
-from .common import SetOpt, app, console, err_console, int_list, load_for_command, user_errors, warn
+from .common import (
+    SetOpt,
+    ThreadsOpt,
+    app,
+    check_positive,
+    console,
+    err_console,
+    int_list,
+    load_for_command,
+    user_errors,
+    warn,
+)
 
 CheckpointOpt = Annotated[str | None, typer.Option(
     "--checkpoint", "-c", help="A trained model (default: runs/demo if present, else --preset).")]
@@ -67,6 +79,7 @@ def bench_sampler_cmd(
     k_schedule: KScheduleListOpt = None, remdm_schedule: RemdmScheduleListOpt = None,
     judge: JudgeOpt = None, reference_text: ReferenceOpt = None, save_samples: SaveSamplesOpt = None,
     compile: CompileOpt = False, json_out: JsonOpt = None, plot_out: PlotOpt = None, plot_x: PlotXOpt = "seconds",
+    threads: ThreadsOpt = None,
 ) -> None:
     """Time the samplers: seconds per sample, tokens/s, NFE, categorical draws, sampler overhead;
     with --judge, the quality of the same samples (gen PPL, nats/char, unigram entropy).
@@ -82,35 +95,30 @@ def bench_sampler_cmd(
       mdlm bench-sampler -c runs/demo --samplers first-hitting,threshold --threshold 0.5,0.9 --tokens-per-step 1,4 \\
           --judge runs/demo-ar --reference-text test -n 16 --batch-size 16 --repeats 1 --plot frontier.png
     """
-    from ..bench import environment, plot, run_bench
-    from ..engine import get_sampler
+    from ..bench import environment, run_bench
+    from ..files import check_writable
 
     with user_errors():
         precisions, steps_list, batch_list = _check_flags(precision, steps, batch_size, repeats, num_samples, plot_out)
         options = _option_lists(tokens_per_step=tokens_per_step, threshold=threshold, eta=eta, k_schedule=k_schedule,
                                 remdm_schedule=remdm_schedule)
         _check_quality_flags(judge, reference_text, save_samples, plot_x)
-        if checkpoint is None and preset is None:
-            checkpoint = "runs/demo" if Path("runs/demo/latest").is_file() else None
-            preset = None if checkpoint else "demo"
-        if checkpoint is not None and overrides:
-            raise MdlmError("--set applies to --preset models; a checkpoint carries its own config")
-        bm = _bench_model(checkpoint, preset, overrides or [], device, compile)
+        check_positive(length=length)
+        for path in (json_out, plot_out):
+            if path:
+                check_writable(path)
+        checkpoint, preset = _model_source(checkpoint, preset, overrides)
+        bm = _bench_model(checkpoint, preset, overrides or [], device, compile, threads)
         sampler_list = _samplers(bm.objective, samplers)
-        if steps is not None and not any(get_sampler(name).uses_steps for name in sampler_list):
-            warn(f"none of {', '.join(sampler_list)} takes steps; --steps {steps} is ignored")
-        for name in options:
-            if not any(name in get_sampler(s).options for s in sampler_list):
-                warn(f"--{name.replace('_', '-')} does not apply to {', '.join(sampler_list)}; ignored")
+        _warn_unread(sampler_list, steps, options)
         length = length or bm.length
         meta = {**environment(bm.rt.device, bm.rt.dtype), "model": bm.source, "objective": bm.objective.name,
                 "length": length, "seed": seed, "num_samples": num_samples, "repeats": repeats, "compile": compile,
                 "vocab_size": bm.model.vocab_size, "judge": judge, "command": "mdlm " + " ".join(sys.argv[1:])}
-        err_console.print(f"Benchmarking {bm.source} at L={length} on {meta['device_name']} ({meta['dtype']}, "
-                          f"{meta['threads']} threads, torch {meta['torch']})", highlight=False, markup=False)
+        _announce(meta)
         scorer, reference = _quality(bm, judge, reference_text, save_samples, length, num_samples, seed)
-        table = Table(*COLUMNS, *(QUALITY_COLUMNS if judge else ()), title=f"{bm.source}, L={length}, "
-                      f"{meta['device_name']}" + (f", judge {judge}" if judge else ""))
+        table = Table(*COLUMNS, *(QUALITY_COLUMNS if judge else ()), title=Text(  # a path, not markup
+            f"{bm.source}, L={length}, {meta['device_name']}" + (f", judge {judge}" if judge else "")))
         report = run_bench(bm.objective.denoiser(bm.model, bm.rt.dtype), samplers=sampler_list, steps=steps_list,
                            batch_sizes=batch_list, precisions=precisions, num_samples=num_samples, length=length,
                            mask_id=bm.mask_id, repeats=repeats, seed=seed, device=bm.rt.device, meta=meta,
@@ -120,17 +128,52 @@ def bench_sampler_cmd(
         if reference is not None:
             _add_reference_row(table, reference)
         (console if console.is_terminal else Console(width=200)).print(table)
-        if json_out:
-            Path(json_out).write_text(json.dumps(report.to_dict(), indent=2))
-            console.print(f"Wrote {json_out}")
-        if plot_out:
-            if judge:
-                from ..frontier import plot_frontier
+        _write_outputs(report, json_out, plot_out, plot_x, frontier=judge is not None)
 
-                plot_frontier(report, plot_out, x=plot_x)
-            else:
-                plot(report, plot_out)
-            console.print(f"Wrote {plot_out}")
+
+def _model_source(checkpoint: str | None, preset: str | None, overrides: list[str] | None
+                  ) -> tuple[str | None, str | None]:
+    """(checkpoint, preset): runs/demo where it exists and neither is given, else the demo preset."""
+    if checkpoint is None and preset is None:
+        checkpoint = "runs/demo" if Path("runs/demo/latest").is_file() else None
+        preset = None if checkpoint else "demo"
+    if checkpoint is not None and overrides:
+        raise MdlmError("--set applies to --preset models; a checkpoint carries its own config")
+    return checkpoint, preset
+
+
+def _announce(meta: dict) -> None:
+    err_console.print(f"Benchmarking {meta['model']} at L={meta['length']} on {meta['device_name']} "
+                      f"({meta['dtype']}, {meta['threads']} threads, torch {meta['torch']})",
+                      highlight=False, markup=False)
+
+
+def _warn_unread(sampler_list: list[str], steps: str | None, options: dict[str, list]) -> None:
+    """A warning for --steps or an option list that none of the chosen samplers reads."""
+    from ..engine import get_sampler
+
+    if steps is not None and not any(get_sampler(name).uses_steps for name in sampler_list):
+        warn(f"none of {', '.join(sampler_list)} takes steps; --steps {steps} is ignored")
+    for name in options:
+        if not any(name in get_sampler(s).options for s in sampler_list):
+            warn(f"--{name.replace('_', '-')} does not apply to {', '.join(sampler_list)}; ignored")
+
+
+def _write_outputs(report, json_out: str | None, plot_out: str | None, plot_x: str, *, frontier: bool) -> None:
+    """The JSON, and the plot: the frontier where the rows were judged, else time against steps."""
+    from ..bench import plot
+
+    if json_out:
+        Path(json_out).write_text(json.dumps(report.to_dict(), indent=2))
+        console.print(f"Wrote {json_out}", markup=False)
+    if plot_out:
+        if frontier:
+            from ..frontier import plot_frontier
+
+            plot_frontier(report, plot_out, x=plot_x)
+        else:
+            plot(report, plot_out)
+        console.print(f"Wrote {plot_out}", markup=False)
 
 
 def _option_lists(**flags: str | None) -> dict[str, list]:
@@ -214,7 +257,7 @@ def _add_row(table: Table, r, with_quality: bool = False) -> None:
         q = r.quality
         row += (f"{q.gen_ppl:.2f}", f"{q.nats_per_char:.4f}", f"{q.entropy:.3f}" + _pm(q.entropy_se))
     table.add_row(*row)
-    err_console.print("  " + "  ".join(row), highlight=False)
+    err_console.print("  " + "  ".join(row), highlight=False, markup=False)
 
 
 def _pm(se: float | None) -> str:
@@ -254,7 +297,7 @@ class BenchModel:
 
 
 def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str], device: str | None,
-                 compile: bool) -> BenchModel:
+                 compile: bool, threads: int | None) -> BenchModel:
     """A checkpoint, or a randomly initialised model of a preset's size and vocabulary."""
     import torch
 
@@ -263,14 +306,14 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
     from ..runtime import Runtime
 
     if checkpoint is not None:
-        loaded, rt = load_for_command(checkpoint, device, raw_weights=False)
+        loaded, rt = load_for_command(checkpoint, device, raw_weights=False, threads=threads)
         objective, model, mask_id, length = loaded.objective, loaded.model, loaded.mask_id, loaded.length
         source, tokenizer, data_cfg = str(loaded.path), loaded.tokenizer, loaded.config.data
     else:
         from ..data.tokenizers import load_tokenizer
 
         cfg = resolve_config(preset, overrides)
-        rt = Runtime.create(device or "auto")
+        rt = Runtime.create(device or "auto", threads=threads or 0)
         tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.cache_dir or None)
         objective = get_objective(cfg, tokenizer)
         torch.manual_seed(0)
@@ -278,5 +321,7 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
         mask_id, length, data_cfg = tokenizer.mask_id, cfg.data.length, cfg.data
         source = f"preset {cfg.name} (random weights, vocab {tokenizer.vocab_size})"
     if compile:
+        if not hasattr(model, "trunk"):
+            raise MdlmError(f"--compile captures the DiT's trunk; {model.describe()} has none")
         model.trunk = torch.compile(model.trunk, mode="reduce-overhead" if rt.device.type == "cuda" else None)
     return BenchModel(objective, model, mask_id, length, source, rt, tokenizer, data_cfg)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 from typing import Annotated
 
@@ -12,7 +13,8 @@ from rich.markup import escape
 
 from ..engine.errors import EngineError
 from ..engine.sampling import SAMPLERS
-from ..errors import MdlmError
+from ..errors import MdlmError, MdlmWarning
+from ..files import os_error_message
 
 app = typer.Typer(
     name="mdlm",
@@ -34,15 +36,28 @@ SetOpt = Annotated[list[str] | None, typer.Option(
 
 @contextmanager
 def user_errors():
-    """One red line and exit code 1 for user mistakes; tracebacks only with MDLM_DEBUG=1."""
+    """One red line and exit code 1 for user mistakes and I/O failures (disk full, read-only
+    folder); tracebacks only with MDLM_DEBUG=1. MdlmWarnings print as one yellow line."""
     try:
-        yield
-    except (MdlmError, EngineError) as e:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", MdlmWarning)
+            shown = warnings.showwarning
+
+            def show(message, category, *args, **kwargs):
+                if issubclass(category, MdlmWarning):
+                    warn(str(message))
+                else:
+                    shown(message, category, *args, **kwargs)
+
+            warnings.showwarning = show
+            yield
+    except (MdlmError, EngineError, OSError) as e:
         if os.environ.get("MDLM_DEBUG"):
             raise
         rank = os.environ.get("RANK", "0")  # set by torchrun
         where = "" if rank == "0" else f"(rank {rank}) "
-        err_console.print(f"[bold red]error:[/] {escape(where + str(e))}", highlight=False, soft_wrap=True)
+        text = os_error_message(e) if isinstance(e, OSError) else str(e)
+        err_console.print(f"[bold red]error:[/] {escape(where + text)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
@@ -77,19 +92,24 @@ TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass.")]
 OutOpt = Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
 RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]
+ThreadsOpt = Annotated[int | None, typer.Option(
+    help="CPU threads for torch (default: OMP_NUM_THREADS if set, else one per physical core left idle by the "
+         "machine's load, so a busy machine is not oversubscribed; see README).", min=1)]
 
 
-def load_for_command(checkpoint: str, device: str | None, raw_weights: bool):
+def load_for_command(checkpoint: str, device: str | None, raw_weights: bool, threads: int | None = None):
     from ..loading import load_checkpoint
     from ..runtime import Runtime
 
-    rt = Runtime.create(device or "auto")
+    rt = Runtime.create(device or "auto", threads=threads or 0)
     loaded = load_checkpoint(checkpoint, ema=not raw_weights, device=rt.device)
+    for note in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     return loaded, rt
 
 
 def warn(message: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
+    err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def check_sampling_flags(sampler: str | None, precision: str) -> None:
@@ -128,6 +148,8 @@ def resolve_sampler(objective, sampler: str | None, steps: int | None, options: 
     from ..engine import get_sampler
 
     served = objective.samplers
+    if not served:
+        raise MdlmError(f"{objective.name} models have no sampler ({objective.description})")
     if sampler is None and steps is not None:  # `--steps N` means "a step-based sampler with N steps"
         stepped = [s for s in served if s.uses_steps and s.exact
                    and (not objective.takes_time or not s.needs_time_agnostic)]
@@ -148,6 +170,13 @@ def resolve_sampler(objective, sampler: str | None, steps: int | None, options: 
         if name not in spec.options:
             warn(f"--{name.replace('_', '-')} {value} does not apply to {spec.name}; ignored")
     return spec, steps
+
+
+def check_positive(**values: int | None) -> None:
+    """Counts given on the command line (None = not given) must be at least 1."""
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise MdlmError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
 
 
 def int_list(text: str, name: str) -> list[int]:

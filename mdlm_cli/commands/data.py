@@ -7,7 +7,9 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..config import list_presets, load_preset, resolve_config
 from .common import PresetOpt, SetOpt, app, console, err_console, user_errors
@@ -33,7 +35,7 @@ def presets_cmd(
             return
         table = Table("preset", "description", box=None)
         for preset, description in list_presets().items():
-            table.add_row(f"[bold]{preset}[/]", description)
+            table.add_row(Text(preset, style="bold"), Text(description))
         console.print(table)
 
 
@@ -52,7 +54,7 @@ def prepare_data_cmd(
 
     [dim]Examples:[/]
       mdlm prepare-data                       # the embedded offline corpus (demo preset)
-      mdlm prepare-data --preset demo-char    # its character-level variant
+      mdlm prepare-data --preset demo-bpe     # the same corpus as GPT-2 BPE tokens
       mdlm prepare-data --preset owt          # OpenWebText with GPT-2 BPE (needs the Hub)
       mdlm prepare-data --dataset my.txt --tokenizer gpt2 --length 256
     """
@@ -67,7 +69,7 @@ def prepare_data_cmd(
             "data.packing": packing, "data.cache_dir": cache_dir})
         folder, source, _ = prepared_folder(cfg.data)
         if (folder / "meta.json").is_file() and not force:
-            console.print(f"Already prepared: {folder}")
+            console.print(f"Already prepared: {folder}", markup=False, highlight=False)
             _print_data_summary(folder)
             return
         get_source(cfg.data.dataset)
@@ -76,11 +78,11 @@ def prepare_data_cmd(
 
             def on_docs(split: str, n: int, total: int | None) -> None:
                 if split not in tasks:
-                    tasks[split] = progress.add_task(f"{source.name} {split}", total=total)
+                    tasks[split] = progress.add_task(f"{escape(source.name)} {split}", total=total)
                 progress.advance(tasks[split], n)
 
             data = prepare(cfg.data, progress=on_docs, force=force)
-        console.print(f"Prepared: {data.folder}")
+        console.print(f"Prepared: {data.folder}", markup=False, highlight=False)
         _print_data_summary(data.folder)
 
 
@@ -98,4 +100,4 @@ def _print_data_summary(folder) -> None:
             f"L={meta['length']}, packing {meta['packing']}")
     if meta.get("unigram_valid_nats") is not None:
         line += f"; unigram baseline on valid: PPL {math.exp(meta['unigram_valid_nats']):.1f}"
-    console.print(line)
+    console.print(line, markup=False)

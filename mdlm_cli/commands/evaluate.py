@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from ..errors import MdlmError
+from ..evaluation import relation
 from .common import (
     CheckpointOpt,
     DeviceOpt,
@@ -18,6 +21,7 @@ from .common import (
     SamplerOpt,
     SeedOpt,
     StepsOpt,
+    ThreadsOpt,
     app,
     check_sampling_flags,
     console,
@@ -49,6 +53,7 @@ def eval_ppl_cmd(
     json_out: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")] = None,
     raw_weights: Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")] = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Test perplexity: the NELBO bound of a diffusion model, the exact value of an AR model.
 
@@ -63,19 +68,17 @@ def eval_ppl_cmd(
       mdlm eval-ppl --checkpoint runs/owt --datasets wikitext103,ptb,lm1b,lambada,ag_news,pubmed,arxiv
     """
     from ..distributed import session
+    from ..files import check_writable, write_text_atomic
 
     with user_errors(), session(device or "auto") as dist:  # under torchrun: the batches split over ranks
         if datasets and (dataset or data):
             raise MdlmError("give --datasets, or one --dataset / --data, not both")
         names = [d.strip() for d in datasets.split(",") if d.strip()] if datasets else [dataset]
-        loaded, rt = load_for_command(checkpoint, str(dist.device), raw_weights)
-        objective = loaded.objective
-        if objective.exact:
-            for flag, value in (("--mc-samples", mc_samples), ("--T", T)):
-                if value is not None:
-                    warn(f"{flag} {value} does not apply: the {objective.name} model's likelihood is exact")
-            mc_samples, T = 1, None
-        options = {"split": split, "mc_samples": mc_samples or 4, "T": T, "seed": seed, "rows": rows,
+        if json_out:
+            check_writable(json_out)
+        loaded, rt = load_for_command(checkpoint, str(dist.device), raw_weights, threads)
+        mc_samples, T = _passes(loaded.objective, mc_samples, T)
+        options = {"split": split, "mc_samples": mc_samples, "T": T, "seed": seed, "rows": rows,
                    "batch_size": batch_size or loaded.config.train.micro_batch_size,
                    "rank": dist.rank, "world_size": dist.world_size}
         results = [_eval_one(loaded, rt, name, data, options) for name in names]
@@ -83,12 +86,20 @@ def eval_ppl_cmd(
             return
         _print_ppl_table(results, loaded)
         if json_out:
-            from pathlib import Path
+            record = {"checkpoint": str(loaded.path), "weights": "raw" if raw_weights else "ema",
+                      "results": [r.to_dict() for r in results]}
+            write_text_atomic(Path(json_out), json.dumps(record, indent=2))
+            console.print(f"Wrote {json_out}", markup=False)
 
-            Path(json_out).write_text(json.dumps({"checkpoint": str(loaded.path),
-                                                  "weights": "raw" if raw_weights else "ema",
-                                                  "results": [r.to_dict() for r in results]}, indent=2))
-            console.print(f"Wrote {json_out}")
+
+def _passes(objective, mc_samples: int | None, T: int | None) -> tuple[int, int | None]:
+    """(K, T) of an evaluation: an exact likelihood takes one pass and no T (said if asked for)."""
+    if not objective.exact:
+        return 4 if mc_samples is None else mc_samples, T
+    for flag, value in (("--mc-samples", mc_samples), ("--T", T)):
+        if value is not None:
+            warn(f"{flag} {value} does not apply: the {objective.name} model's likelihood is exact")
+    return 1, None
 
 
 def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
@@ -111,11 +122,12 @@ def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
         n_rows = prepared.meta["splits"][pick_split(prepared, options["split"])[0]]["rows"]
         n_rows = min(options["rows"], n_rows) if options["rows"] > 0 else n_rows
         exact = loaded.objective.exact
-        task = progress.add_task(f"{label}: {'exact' if exact else 'bound'}", total=n_rows * options["mc_samples"])
+        kind = "exact" if exact else loaded.objective.kind or "bound"
+        task = progress.add_task(f"{escape(label)}: {kind}", total=n_rows * options["mc_samples"])
         result = evaluate(loaded, prepared, name=label, device=rt.device, dtype=rt.dtype,
                           on_batch=lambda n: progress.advance(task, n), **options)
     for note in result.notes:
-        err_console.print(f"[yellow]note:[/] {note}")
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     return result
 
 
@@ -124,16 +136,19 @@ def _print_ppl_table(results, loaded) -> None:
     table = Table("data set", "split", "tokens", "K", "nats/tok", "SE", "1-pass sd", "PPL",
                   *(["bits/char"] if char else []), box=None)
     for r in results:
-        rel = "=" if r.exact else "≤"
+        rel = relation(r.exact, r.kind)
         se = "exact" if r.exact else ("n/a" if r.standard_error is None else f"{r.standard_error:.4f}")
         sd = "" if r.exact or r.pass_std is None else f"{r.pass_std:.4f}"
         row = [r.dataset, r.split, f"{r.tokens:,}", "-" if r.exact else str(len(r.passes)),
                f"{r.nats_per_token:.4f}", se, sd, f"{rel} {r.perplexity:.3f}"]
         if char:
             row.append("" if r.bits_per_char is None else f"{rel} {r.bits_per_char:.4f}")
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # data set names are paths, not markup
     console.print(table)
-    if loaded.objective.exact:
+    if loaded.objective.kind == "masked-token":
+        console.print(f"[dim]~ masked-token perplexity of the {loaded.objective.name} model: exp of the mean "
+                      "cross-entropy at the 15% selected positions (80/10/10 corruption); not a bound[/]")
+    elif loaded.objective.exact:
         console.print(f"[dim]= exact likelihood of the {loaded.objective.name} model (every token of each row, "
                       "the first given BOS)[/]")
     else:
@@ -161,7 +176,7 @@ def gen_ppl_cmd(
     json_out: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
     device: DeviceOpt = None, sample_first: SampleFirstOpt = False, checkpoint: ModelToSampleOpt = None,
     sampler: SamplerOpt = None, steps: StepsOpt = None, num_samples: NumSamplesOpt = 32, seed: SeedOpt = 0,
-    precision: PrecisionOpt = "fp64",
+    precision: PrecisionOpt = "fp64", threads: ThreadsOpt = None,
 ) -> None:
     """Generative perplexity of samples under a judge LM, with their unigram entropy.
 
@@ -180,28 +195,25 @@ def gen_ppl_cmd(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ..genppl import EOS_POLICIES, load_judge, read_samples, score_samples
+    from ..files import check_writable
+    from ..genppl import EOS_POLICIES, load_judge, score_samples
     from ..runtime import Runtime
 
     with user_errors():
         if eos not in EOS_POLICIES:
             raise MdlmError(f"--eos must be one of: {', '.join(EOS_POLICIES)}")
+        for path in (json_out, samples if sample_first else None):
+            if path:
+                check_writable(path)
         if sample_first:
             if checkpoint is None:
                 raise MdlmError("--sample-first needs --checkpoint (the model to sample)")
             texts, tokens = _sample_for_judging(checkpoint, sampler, steps, num_samples, seed, precision,
-                                                device, samples)
+                                                device, samples, threads)
         else:
-            given = [flag for flag, value in (("--checkpoint", checkpoint), ("--sampler", sampler), ("--steps", steps))
-                     if value is not None]
-            if given:
-                raise MdlmError(f"{', '.join(given)} only apply with --sample-first (draw samples, then score them)")
-            if samples is None:
-                raise MdlmError("give --samples FILE.jsonl (from mdlm sample --out), "
-                                "or --sample-first --checkpoint DIR")
-            texts, tokens = read_samples(samples)
-        rt = Runtime.create(device or "auto")
-        with err_console.status(f"loading judge {judge}"):
+            texts, tokens = _given_samples(samples, checkpoint=checkpoint, sampler=sampler, steps=steps)
+        rt = Runtime.create(device or "auto", threads=threads or 0)
+        with err_console.status(Text(f"loading judge {judge}")):
             scorer = load_judge(judge, device=rt.device, context=context)
         with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                       console=err_console, transient=True) as progress:
@@ -210,10 +222,20 @@ def gen_ppl_cmd(
                                    on_chunks=lambda n: progress.advance(task, n))
         _print_gen_ppl(result)
         if json_out:
-            from pathlib import Path
-
             Path(json_out).write_text(json.dumps({"samples": samples, **result.to_dict()}, indent=2))
             console.print(f"Wrote {json_out}", markup=False)
+
+
+def _given_samples(samples: str | None, **sampling_flags):
+    """Texts and token ids of --samples; the sampling flags, which only --sample-first reads, are refused."""
+    from ..genppl import read_samples
+
+    given = [f"--{name}" for name, value in sampling_flags.items() if value is not None]
+    if given:
+        raise MdlmError(f"{', '.join(given)} only apply with --sample-first (draw samples, then score them)")
+    if samples is None:
+        raise MdlmError("give --samples FILE.jsonl (from mdlm sample --out), or --sample-first --checkpoint DIR")
+    return read_samples(samples)
 
 
 def _print_gen_ppl(result) -> None:
@@ -230,13 +252,13 @@ def _print_gen_ppl(result) -> None:
 
 
 def _sample_for_judging(checkpoint: str, sampler: str | None, steps: int | None, num_samples: int, seed: int,
-                        precision: str, device: str | None, out: str | None):
+                        precision: str, device: str | None, out: str | None, threads: int | None):
     from rich.progress import Progress
 
     from ..generate import generate, write_jsonl
 
     check_sampling_flags(sampler, precision)
-    loaded, rt = load_for_command(checkpoint, device, False)
+    loaded, rt = load_for_command(checkpoint, device, False, threads)
     spec, steps = resolve_sampler(loaded.objective, sampler, steps)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
@@ -250,5 +272,5 @@ def _sample_for_judging(checkpoint: str, sampler: str | None, steps: int | None,
         extra = {"sampler": spec.name, "steps": steps, "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
                  "precision": precision, "checkpoint": str(loaded.path), "seconds": seconds / num_samples}
         write_jsonl(out, [r.to_json(**extra) for r in records])
-        err_console.print(f"Wrote {len(records)} samples to {out}")
+        err_console.print(f"Wrote {len(records)} samples to {out}", markup=False)
     return [r.text for r in records], [r.tokens for r in records]

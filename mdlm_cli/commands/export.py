@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..errors import MdlmError
-from .common import CheckpointOpt, app, console, user_errors
+from .common import CheckpointOpt, ThreadsOpt, app, console, user_errors
 
 
 @app.command("export")
@@ -22,6 +22,7 @@ def export_cmd(
         help="JSON/JSONL evaluation records to list in the model card (repeatable).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
     verify: Annotated[bool, typer.Option(help="Reload the export and check it gives identical logits.")] = True,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Export a checkpoint as a Hugging Face-style folder that mdlm (and the Hub) can load.
 
@@ -36,17 +37,19 @@ def export_cmd(
     from ..export import export_folder, read_results, verify_export, weights_kind
     from ..export import push_to_hub as push
     from ..loading import load_checkpoint
+    from ..runtime import Runtime
 
     with user_errors():
+        Runtime.create("cpu", threads=threads or 0)
         records = read_results(results or [])
         loaded = load_checkpoint(checkpoint, ema=not raw_weights, device="cpu")
         folder = export_folder(loaded, out, weights=weights_kind(loaded, not raw_weights), results=records,
                                overwrite=overwrite, hub_id=push_to_hub)
-        console.print(f"Exported {loaded.path} to {folder}")
+        console.print(f"Exported {loaded.path} to {folder}", markup=False, highlight=False)
         if verify:
             diff = verify_export(loaded, folder)
             if diff != 0.0:
                 raise MdlmError(f"{folder} reloads with different logits (max difference {diff:.3g})")
             console.print("Verified: the export reloads with identical logits")
         if push_to_hub:
-            console.print(f"Pushed to {push(folder, push_to_hub, private=private)}")
+            console.print(f"Pushed to {push(folder, push_to_hub, private=private)}", markup=False)

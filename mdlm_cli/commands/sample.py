@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated
 
@@ -25,9 +24,11 @@ from .common import (
     SeedOpt,
     StepsOpt,
     TemperatureOpt,
+    ThreadsOpt,
     ThresholdOpt,
     TopPOpt,
     app,
+    check_positive,
     check_sampling_flags,
     console,
     err_console,
@@ -53,6 +54,7 @@ def sample_cmd(
     tokens_per_step: TokensPerStepOpt = 1, final_denoise: FinalDenoiseOpt = True, k_schedule: KScheduleOpt = None,
     threshold: ThresholdOpt = None, eta: EtaOpt = None, remdm_schedule: RemdmScheduleOpt = None,
     out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, quiet: QuietOpt = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Draw samples from a trained model and print them.
 
@@ -69,18 +71,20 @@ def sample_cmd(
     from rich.panel import Panel
     from rich.progress import Progress
 
+    from ..files import check_writable
     from ..generate import generate, template, write_jsonl
 
     with user_errors():
         check_sampling_flags(sampler, precision)
-        if num_samples < 1 or batch_size < 1:
-            raise MdlmError("--num-samples and --batch-size must be positive")
+        check_positive(num_samples=num_samples, batch_size=batch_size, length=length, tokens_per_step=tokens_per_step)
         options = sampler_options(k_schedule=k_schedule, threshold=threshold, eta=eta, remdm_schedule=remdm_schedule)
-        loaded, rt = load_for_command(checkpoint, device, raw_weights)
+        if out:
+            check_writable(out)  # before the sampling, not after it
+        loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         changed = {"tokens_per_step": tokens_per_step} if tokens_per_step != 1 else {}
         spec, steps = resolve_sampler(loaded.objective, sampler, steps,
                                       changed | options | ({"final_denoise": "off"} if not final_denoise else {}))
-        length = length or loaded.length
+        length = length if length is not None else loaded.length
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
             task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
@@ -115,7 +119,7 @@ def semi_ar_cmd(
     k_schedule: KScheduleOpt = None, threshold: ThresholdOpt = None, eta: EtaOpt = None,
     remdm_schedule: RemdmScheduleOpt = None,
     stream: Annotated[bool, typer.Option(help="Print each block as it completes.")] = True,
-    out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False,
+    out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, threads: ThreadsOpt = None,
 ) -> None:
     """Generate text longer than the model's window, block by block (MDLM §4.2).
 
@@ -130,22 +134,20 @@ def semi_ar_cmd(
     import torch
 
     from .. import engine
-    from ..generate import template, write_jsonl
+    from ..files import check_writable
+    from ..generate import SampleRecord, write_jsonl
 
     with user_errors():
         check_sampling_flags(sampler, precision)
+        check_positive(length=length, stride=stride, num_samples=num_samples)
         options = sampler_options(k_schedule=k_schedule, threshold=threshold, eta=eta, remdm_schedule=remdm_schedule)
-        loaded, rt = load_for_command(checkpoint, device, raw_weights)
-        if loaded.objective.causal:
-            raise MdlmError(f"{checkpoint} is a left-to-right ({loaded.objective.name}) model; it generates up to "
-                            "its length with mdlm sample (semi-ar is for diffusion models)")
+        if out:
+            check_writable(out)
+        loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         spec, steps = resolve_sampler(loaded.objective, sampler, steps, options)
         window, tok = loaded.length, loaded.tokenizer
-        stride, length = stride or window // 2, length or 2 * window
-        if length < window:
-            raise MdlmError(f"--length must be at least the window ({window})")
-        start = template(loaded, window, prompt=prompt) if prompt else None
-        start = None if start is None else start[start != loaded.mask_id]
+        stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length)
+        start = _prefix(loaded, prompt)
         streaming = stream and num_samples == 1
         if start is not None and streaming:
             _write(tok.decode(start.tolist()))
@@ -158,21 +160,47 @@ def semi_ar_cmd(
             precision=precision, temperature=temperature, top_p=top_p, device=rt.device, **options)
         seconds = time.perf_counter() - t0
         texts = [tok.decode(row.tolist()) for row in result.tokens.cpu()]
-        if out:
-            write_jsonl(out, [json.dumps({"index": i, "text": t, "tokens": row.tolist(), "sampler": spec.name,
-                                          "steps": steps, "window": window, "stride": stride, "seed": seed,
-                                          "precision": precision, "checkpoint": str(loaded.path),
-                                          "nfe": result.stats.nfe, "ncs": result.stats.ncs,
-                                          "seconds": seconds / num_samples})
+        if out:  # before anything is printed
+            extra = {"sampler": spec.name, "steps": steps, "window": window, "stride": stride, "seed": seed,
+                     "precision": precision, "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
+                     "ncs": result.stats.ncs, "seconds": seconds / num_samples}
+            write_jsonl(out, [SampleRecord(i, t, row.tolist()).to_json(**extra)
                               for i, (t, row) in enumerate(zip(texts, result.tokens.cpu(), strict=True))])
-        if streaming:
-            sys.stdout.write("\n")
-        else:
-            for i, text in enumerate(texts):
-                console.rule(f"sample {i}")
-                console.print(text, highlight=False, markup=False)
+        _show(texts, streamed=streaming)
         err_console.print(f"{result.tokens.shape[1]} tokens per sample (window {window}, stride {stride}), "
                           f"{seconds / num_samples:.2f} s/sample, NFE {result.stats.nfe:.1f}")
+
+
+def _prefix(loaded, prompt: str | None):
+    """The prompt's tokens (the first window's clean prefix), or None."""
+    from ..generate import template
+
+    if not prompt:
+        return None
+    start = template(loaded, loaded.length, prompt=prompt)
+    return start[start != loaded.mask_id]
+
+
+def _semi_ar_lengths(loaded, checkpoint: str, stride: int | None, length: int | None) -> tuple[int, int]:
+    """(stride, total length) for a diffusion model's window; left-to-right models are refused."""
+    if loaded.objective.causal:
+        raise MdlmError(f"{checkpoint} is a left-to-right ({loaded.objective.name}) model; it generates up to "
+                        "its length with mdlm sample (semi-ar is for diffusion models)")
+    window = loaded.length
+    stride, length = window // 2 if stride is None else stride, 2 * window if length is None else length
+    if length < window:
+        raise MdlmError(f"--length must be at least the window ({window})")
+    return stride, length
+
+
+def _show(texts: list[str], *, streamed: bool) -> None:
+    """The samples as plain text (never markup); a streamed one only needs its last newline."""
+    if streamed:
+        sys.stdout.write("\n")
+        return
+    for i, text in enumerate(texts):
+        console.rule(f"sample {i}")
+        console.print(text, highlight=False, markup=False)
 
 
 def _write(text: str) -> None:

@@ -6,9 +6,10 @@ import math
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from ..config import resolve_config
-from .common import PresetOpt, SetOpt, app, console, err_console, user_errors
+from .common import PresetOpt, SetOpt, ThreadsOpt, app, console, err_console, user_errors
 
 
 @app.command("train")
@@ -23,11 +24,16 @@ def train_cmd(
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
     time_limit: Annotated[float, typer.Option(help="Stop after this many minutes (0 = no limit).")] = 0.0,
     print_config: Annotated[bool, typer.Option(help="Print the resolved config.")] = True,
+    override_resume_config: Annotated[bool, typer.Option(
+        help="With --resume: continue although the data, model, objective, optimisation or batch settings differ "
+             "from the checkpoint's (the change is recorded in metrics.jsonl).")] = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Train a masked diffusion LM. With no options: the offline demo on this machine.
 
     Under torchrun it trains data-parallel on every rank (DDP; --set train.parallel=fsdp for FSDP2).
     SIGTERM saves a checkpoint after the current step and exits (continue with --resume).
+    One trainer per run folder (a lock); --resume of a finished run changes nothing.
 
     [dim]Examples:[/]
       mdlm train                                   # demo: ~10 min on 2 CPU cores, offline
@@ -42,25 +48,36 @@ def train_cmd(
     with user_errors():
         cfg = resolve_config(preset, overrides or [], {
             "train.out_dir": out, "train.max_steps": max_steps, "train.device": device,
-            "train.seed": seed})
+            "train.seed": seed, "train.threads": threads})
         if print_config and is_main_process():
-            err_console.rule(f"config: {cfg.name}")
+            err_console.rule(f"config: {escape(cfg.name)}")
             err_console.print(cfg.to_yaml().rstrip(), highlight=False, markup=False)
             err_console.rule()
-        result = train(cfg, resume=resume, console=err_console, time_limit_s=time_limit * 60)
-        if not is_main_process():
-            return
-        if result.stopped_by:
-            console.print(f"[bold yellow]Stopped[/] by {result.stopped_by} at step {result.step}; "
-                          f"checkpoint: {result.checkpoint}; continue with --resume")
-            return
+        result = train(cfg, resume=resume, console=err_console, time_limit_s=time_limit * 60,
+                       override_resume_config=override_resume_config)
+        if is_main_process():
+            _report(result)
+
+
+def _report(result) -> None:
+    from ..train import nats_text
+
+    if result.already_done:
+        console.print(f"Already trained: {result.run_dir} is at step {result.step} (train.max_steps reached); "
+                      "nothing was run or written. Raise --max-steps to train on.", markup=False, highlight=False)
+    elif result.stopped_by:
+        console.print(f"[bold yellow]Stopped[/] by {result.stopped_by} at step {result.step}; "
+                      f"checkpoint: {escape(str(result.checkpoint))}; continue with --resume")
+        return
+    else:
         console.print(f"[bold green]Done[/]: {result.step} steps, {result.tokens_seen:,} tokens, "
                       f"{result.train_seconds / 60:.1f} min, {result.tokens_per_second:,.0f} tokens/s")
-        if result.final_valid is not None:
-            kind, rel = ("exact NLL", "=") if result.final_valid.exact else ("bound", "≤")
-            line = (f"Validation {kind}: {result.final_valid.nats_per_token:.4f} nats/token, "
-                    f"PPL {rel} {result.final_valid.perplexity:.2f}")
-            if result.unigram_nats is not None:
-                line += f" (unigram baseline {math.exp(result.unigram_nats):.2f})"
-            console.print(line)
-        console.print(f"Checkpoint: {result.checkpoint}")
+    if result.final_valid is not None:
+        final = result.final_valid
+        kind, rel = ("exact NLL", "=") if final.exact else (final.kind or "bound", final.relation)
+        line = (f"Validation {kind}: {nats_text(final.nats_per_token, result.char_level)}, "
+                f"PPL {rel} {final.perplexity:.2f}")
+        if result.unigram_nats is not None:
+            line += f" (unigram baseline {math.exp(result.unigram_nats):.2f})"
+        console.print(line)
+    console.print(f"Checkpoint: {result.checkpoint}", markup=False, highlight=False)

@@ -4,6 +4,8 @@
   each emitted as [BOS] piece [EOS]. The remainder becomes a last, shorter row.
 - `chunk` (text8): the stream is cut into L-token rows (no specials).
 - `pad` (LM1B): one document per row, [BOS] doc[:L-2] [EOS], padded to L.
+- `window` (DNA): each document cut into consecutive L-token rows (no specials, never
+  across documents); a document's last, shorter row is padded.
 
 Every packer yields (rows (n, L) int64, lengths (n,) int32); positions at or
 after a row's length are padding, excluded by the attention mask and the loss.
@@ -71,4 +73,23 @@ def pad_rows(doc_batches: Iterable[list[list[int]]], length: int, *, bos: int, e
         yield rows, lengths
 
 
-PACKERS = {"wrap": wrap_rows, "chunk": chunk_rows, "pad": pad_rows}
+def window_rows(doc_batches: Iterable[list], length: int, *, pad: int, **_) -> Iterator[Rows]:
+    """Documents are token lists or int arrays (a genome piece is millions of tokens)."""
+    for docs in doc_batches:
+        rows, lengths = [], []
+        for doc in docs:
+            arr = np.asarray(doc, dtype=np.int64)
+            n = len(arr) // length
+            if n:
+                rows.append(arr[: n * length].reshape(n, length))
+                lengths.append(np.full(n, length, dtype=np.int32))
+            if len(arr) > n * length:
+                row = np.full((1, length), pad, dtype=np.int64)
+                row[0, : len(arr) - n * length] = arr[n * length:]
+                rows.append(row)
+                lengths.append(np.array([len(arr) - n * length], dtype=np.int32))
+        if rows:
+            yield np.concatenate(rows), np.concatenate(lengths)
+
+
+PACKERS = {"wrap": wrap_rows, "chunk": chunk_rows, "pad": pad_rows, "window": window_rows}

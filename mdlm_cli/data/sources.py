@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MdlmError
-from .tokenizers import package_file, sha256_file
+from ..packaged import package_file, sha256_file
+from .detokenize import lambada_detokenize, lm1b_detokenize, papers_detokenize, ptb_detokenize, wikitext_detokenize
 
 DocBatches = Iterator[list[str]]
 
@@ -32,56 +33,6 @@ def split_of(index: int, n: int) -> str:
     return "valid" if block == 18 else "test" if block == 19 else "train"
 
 
-# ------------------------------------------------------------------- detokenisers
-# Undo the whitespace tokenisation of the zero-shot sets before BPE, as the paper's code.
-
-def wikitext_detokenize(x: str) -> str:
-    for a, b in ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), ("s '", "s'"),
-                 (" : ", ": "), (" ; ", "; "), (" . ", ". "), (" ! ", "! "), (" ? ", "? "),
-                 (" , ", ", "), ("= = = =", "===="), ("= = =", "==="), ("= =", "=="),
-                 (" \n", "\n"), ("\n ", "\n"), (" N ", " 1 "), (" 's", "'s")):
-        x = x.replace(a, b)
-    x = re.sub(r"\(\s*([^)]*?)\s*\)", r"(\1)", x)
-    x = re.sub(r"\[\s*([^\]]*?)\s*\]", r"[\1]", x)
-    x = re.sub(r"{\s*([^}]*?)\s*}", r"{\1}", x)
-    x = re.sub(r'"\s*([^"]*?)\s*"', r'"\1"', x)
-    return x
-
-
-def ptb_detokenize(x: str) -> str:
-    for a, b in ((" 's", "'s"), ("s ' ", "s' "), (" n't", "n't"), (" \n ", "\n"), ("\\/", "/"),
-                 ("$ 1", "$1"), ("# 1", "#1"), ("<unk>", "?")):
-        x = x.replace(a, b)
-    while " N " in x:
-        x = x.replace(" N ", " 1 ")
-    return x
-
-
-def lm1b_detokenize(x: str) -> str:
-    x = x.replace("http : / / ", "http://").replace("https : / / ", "https://")
-    x = re.sub(r" '(\w+)", r"'\1", x)
-    x = re.sub(r" (\w+) \. ", r" \1. ", x)
-    x = re.sub(r" (\w+) \.$", r" \1.", x)
-    for p in "?!":
-        x = x.replace(f" {p} ", f"{p} ")
-        x = re.sub(rf" \{p}$", p, x)
-    for a, b in ((" , ", ", "), (" : ", ": "), (" ; ", "; "), (" / ", "/"), ("$ ", "$"), ("£ ", "£")):
-        x = x.replace(a, b)
-    x = re.sub(r'" ([^"]+) "', r'"\1"', x)
-    x = re.sub(r"' ([^']+) '", r"'\1'", x)
-    x = re.sub(r"\( ([^()]+) \)", r"(\1)", x)
-    x = re.sub(r"\[ ([^\[\]]+) \]", r"[\1]", x)
-    return x
-
-
-def lambada_detokenize(x: str) -> str:
-    return "\n" + x.replace("\u201c", '"').replace("\u201d", '"').strip()
-
-
-def papers_detokenize(x: str) -> str:
-    return lm1b_detokenize(wikitext_detokenize(x))
-
-
 # ------------------------------------------------------------------- sources
 
 @dataclass
@@ -89,6 +40,7 @@ class Source(ABC):
     name: str
     description: str
     splits: tuple[str, ...] = SPLITS
+    unscored: str = ""  # characters stored as the tokeniser's pad, never masked nor scored (DNA's N)
 
     @property
     @abstractmethod
@@ -168,21 +120,51 @@ class LocalFiles(Source):
     def all_documents(self) -> list[str]:
         p = self.path
         if p.is_dir():
-            return [f.read_text(encoding="utf-8", errors="replace") for f in sorted(p.rglob("*.txt"))]
-        if p.suffix == ".jsonl":
-            docs = []
-            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-                if line.strip():
-                    try:
-                        docs.append(json.loads(line)["text"])
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        raise MdlmError(f"{p}:{n} is not a JSON object with a 'text' field") from None
-            return docs
-        text = p.read_text(encoding="utf-8", errors="replace")
-        return [d.strip() for d in re.split(r"\n\s*\n", text) if d.strip()]
+            files = sorted(p.rglob("*.txt"))
+            if not files:
+                raise MdlmError(f"{p} holds no .txt files")
+            docs = [read_text_file(f) for f in files]
+        elif p.suffix == ".jsonl":
+            docs = _jsonl_documents(p)
+        else:
+            docs = [d.strip() for d in re.split(r"\n\s*\n", read_text_file(p)) if d.strip()]
+        if not any(d.strip() for d in docs):
+            raise MdlmError(f"{p} holds no text (no documents); give a non-empty UTF-8 file")
+        return docs
 
     def documents(self, split, load_dataset=None):
         return _split_documents(self.all_documents(), split)
+
+
+def read_text_file(path: Path) -> str:
+    """A local text file as str; binary data (NUL bytes, or mostly not UTF-8) is refused
+    instead of being tokenised into noise. A few stray bytes in real text are replaced."""
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise MdlmError(f"{path} is not text (it holds NUL bytes: a binary file?); give UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        text = data.decode("utf-8", errors="replace")
+        invalid = text.count("\ufffd")
+        if invalid > max(8, len(text) // 1000):
+            raise MdlmError(f"{path} is not UTF-8 text ({invalid} invalid characters, the first at byte {e.start}); "
+                            "convert it to UTF-8") from None
+        return text
+
+
+def _jsonl_documents(path: Path) -> list[str]:
+    docs = []
+    for n, line in enumerate(read_text_file(path).splitlines(), 1):
+        if line.strip():
+            try:
+                text = json.loads(line)["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise MdlmError(f"{path}:{n} is not a JSON object with a 'text' field") from None
+            if not isinstance(text, str):
+                raise MdlmError(f"{path}:{n}: 'text' must be a string (got {type(text).__name__})")
+            docs.append(text)
+    return docs
 
 
 @dataclass
@@ -201,7 +183,7 @@ class HubDataset(Source):
         detok = self.detokenize.__name__ if self.detokenize else "none"
         return f"hub:{self.hub_id}:{self.config}:{self.revision}:{self.split_specs}:{detok}"
 
-    def load(self, split: str, load_dataset: Callable | None):
+    def load(self, split: str, load_dataset: Callable | None, **kwargs):
         if load_dataset is None:
             from datasets import load_dataset
 
@@ -210,13 +192,14 @@ class HubDataset(Source):
             hub_offline()  # fail fast (or use the local datasets cache) without a network
         try:
             return load_dataset(self.hub_id, self.config, split=self.split_specs[split],
-                                revision=self.revision)
+                                revision=self.revision, **kwargs)
         except Exception as e:  # noqa: BLE001 - any failure here is "could not load"
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise MdlmError(
-                f"could not load data set {self.hub_id!r} ({self.name}, split {split}) from the "
-                f"Hugging Face Hub (no network?): {first}. Use --dataset PATH for local files."
-            ) from None
+            raise self._unreachable(split, e) from None
+
+    def _unreachable(self, split: str, e: BaseException) -> MdlmError:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        return MdlmError(f"could not load data set {self.hub_id!r} ({self.name}, split {split}) from the "
+                         f"Hugging Face Hub (no network?): {first}. Use --dataset PATH for local files.")
 
     def documents(self, split, load_dataset=None):
         ds = self.load(split, load_dataset)
@@ -242,10 +225,100 @@ class Text8(HubDataset):
         return iter([[chunk]] if chunk else []), 1 if chunk else 0
 
 
+@dataclass
+class HG38(Source):
+    """The human reference genome with HyenaDNA's train/valid/test intervals (data/dna.py)."""
+
+    name: str = "hg38"
+    description: str = ("human genome hg38, HyenaDNA's BED intervals (hg38.ml.fa + sequences_human.bed in "
+                        "hg38:FOLDER, $MDLM_HG38 or <cache>/hg38); N excluded from the loss")
+    unscored: str = "N"
+    spec: str = "hg38"
+    extend: int = 2 ** 20  # every BED interval -> [start, start + extend)
+
+    @property
+    def files(self):
+        from .dna import HG38Files, hg38_folder
+
+        return HG38Files(hg38_folder(self.spec))
+
+    @property
+    def fingerprint(self) -> str:
+        return f"hg38:{self.files.fingerprint()}:union-{self.extend}-pieces-v1"
+
+    def documents(self, split, load_dataset=None):
+        from .dna import hg38_pieces
+
+        return hg38_pieces(self.files, split, extend=self.extend), None
+
+
+@dataclass
+class SyntheticDNA(HG38):
+    """A generated 900 kb genome in HG38's file layout (`data/dna.py`): offline DNA demos and tests."""
+
+    name: str = "dna-synthetic"
+    description: str = ("synthetic genome: 3 x 300 kb, order-3 Markov chain, motifs on both strands, N runs; "
+                        "offline")
+    extend: int = 4096
+
+    @property
+    def files(self):
+        from .dna import SYNTHETIC_VERSION, HG38Files, write_synthetic_genome
+        from .tokenizers import default_cache_root
+
+        folder = default_cache_root() / f"dna-synthetic-v{SYNTHETIC_VERSION}"
+        if not (folder / "sequences_human.bed").is_file():
+            write_synthetic_genome(folder)
+        return HG38Files(folder)
+
+    @property
+    def fingerprint(self) -> str:
+        from .dna import SYNTHETIC_VERSION
+
+        return f"dna-synthetic:v{SYNTHETIC_VERSION}:{self.extend}"
+
+
+@dataclass
+class StreamedHubDataset(HubDataset):
+    """A Hugging Face data set read with `datasets` streaming: only the documents read are
+    downloaded, and reading stops where the split's row limit is reached (data.max_rows,
+    data.max_eval_rows; the store records where it stopped). For corpora too large to
+    download whole (C4 en: 365M documents)."""
+
+    batch_size: int = 1000
+
+    @property
+    def fingerprint(self) -> str:
+        return super().fingerprint + ":streamed"
+
+    def documents(self, split, load_dataset=None):
+        stream = self.load(split, load_dataset, streaming=True)
+        detok = self.detokenize or (lambda x: x)
+
+        def batches():
+            batch = []
+            try:
+                for record in stream:
+                    batch.append(detok(record[self.text_field]))
+                    if len(batch) == self.batch_size:
+                        yield batch
+                        batch = []
+            except MdlmError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a stream can fail at any record
+                raise self._unreachable(split, e) from None
+            if batch:
+                yield batch
+
+        return batches(), None
+
+
 def _registry() -> dict[str, Source]:
     owt_valid = "train[-100000:]"
     sources: list[Source] = [
         BigTxt(),
+        HG38(),
+        SyntheticDNA(),
         HubDataset("openwebtext", "OpenWebText; last 100k documents are the validation split",
                    ("train", "valid"), hub_id="Skylion007/openwebtext",
                    split_specs={"train": "train[:-100000]", "valid": owt_valid}),
@@ -255,6 +328,9 @@ def _registry() -> dict[str, Source]:
                    split_specs={"train": "train", "valid": "test", "test": "test"},
                    detokenize=lm1b_detokenize),
         Text8("text8", "text8 characters, 90M/5M/5M", hub_id="afmck/text8"),
+        StreamedHubDataset("c4", "C4 English (allenai/c4 en), streamed up to data.max_rows; validation split",
+                           ("train", "valid"), hub_id="allenai/c4", config="en",
+                           split_specs={"train": "train", "valid": "validation"}),
         HubDataset("wikitext103", "WikiText-103 (zero-shot)", ("train", "valid", "test"),
                    hub_id="Salesforce/wikitext", config="wikitext-103-raw-v1",
                    split_specs={"train": "train", "valid": "validation", "test": "test"},
@@ -294,6 +370,8 @@ SOURCES = _registry()
 def get_source(name_or_path: str) -> Source:
     if name_or_path in SOURCES:
         return SOURCES[name_or_path]
+    if name_or_path.startswith("hg38:"):
+        return HG38(spec=name_or_path)
     path = Path(name_or_path)
     if path.exists():
         return LocalFiles(name=path.stem or "local", description=f"local files {path}", path=path)

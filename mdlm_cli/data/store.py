@@ -4,6 +4,8 @@ Layout of a prepared data set (one folder per cache key):
     meta.json                 tokeniser, vocab, mask id, length, packing, counts, source
     {split}.tokens.bin        uint16/uint32 (rows, L), row-major
     {split}.lengths.bin       int32 (rows,): real tokens per row, the rest is padding
+    {split}.scored.bin        int32 (rows,): tokens of each row that count (DNA: N is stored as
+                              the pad token inside rows too, and meta.json says `pad_anywhere`)
     tokenizer/                the tokeniser's own files
 
 The cache key hashes everything that changes the content (source fingerprint,
@@ -37,11 +39,20 @@ if TYPE_CHECKING:
 FORMAT_VERSION = 1
 
 
-def cache_key(source: Source, tokenizer: Tokenizer, length: int, packing: str) -> str:
-    payload = json.dumps({"format": FORMAT_VERSION, "source": source.fingerprint,
-                          "tokenizer": tokenizer.fingerprint, "length": length,
-                          "packing": packing}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()
+def cache_key(source: Source, tokenizer: Tokenizer, length: int, packing: str, limits: dict | None = None) -> str:
+    """`limits`: the row limits per split ({} or None when every row is kept: the key of every
+    data set prepared before limits existed)."""
+    payload = {"format": FORMAT_VERSION, "source": source.fingerprint, "tokenizer": tokenizer.fingerprint,
+               "length": length, "packing": packing}
+    if limits:
+        payload["row_limits"] = limits
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def row_limits(cfg: DataConfig, splits) -> dict[str, int]:
+    """Rows to keep per split (data.max_rows for train, data.max_eval_rows for the others); unlimited ones left out."""
+    limits = {split: cfg.max_rows if split == "train" else cfg.max_eval_rows for split in splits}
+    return {split: n for split, n in limits.items() if n > 0}
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -54,24 +65,33 @@ class TokenSplit:
 
     tokens: np.ndarray  # (rows, L)
     lengths: np.ndarray  # (rows,)
+    pad_id: int | None = None  # set: this token is excluded wherever it stands (DNA's N), not only at the end
+    scored: np.ndarray | None = None  # (rows,) tokens that count per row, when pad_id is set
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
     @property
     def num_tokens(self) -> int:
-        return int(self.lengths.sum())
+        return self.count(slice(None))
+
+    def count(self, rows) -> int:
+        """Tokens that count (enter the masking and the loss) in these rows."""
+        return int((self.lengths if self.scored is None else self.scored)[rows].sum())
 
     def batch(self, rows, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor | None]:
         """x0 (B, L) long and an attention mask (B, L) bool, or None when nothing is padded."""
         rows = np.asarray(rows)
-        x0 = torch.from_numpy(self.tokens[rows].astype(np.int64)).to(device)
+        x0 = torch.from_numpy(self.tokens[rows].astype(np.int64))
         lengths = self.lengths[rows]
-        if (lengths == self.tokens.shape[1]).all():
-            return x0, None
+        inner = self.pad_id is not None and bool((x0 == self.pad_id).any())
+        if (lengths == self.tokens.shape[1]).all() and not inner:
+            return x0.to(device), None
         positions = torch.arange(self.tokens.shape[1])
         mask = positions[None, :] < torch.from_numpy(lengths.astype(np.int64))[:, None]
-        return x0, mask.to(device)
+        if inner:
+            mask &= x0 != self.pad_id
+        return x0.to(device), mask.to(device)
 
 
 class PreparedData:
@@ -107,26 +127,37 @@ class PreparedData:
                                    mode="r", shape=shape)
                 lengths = np.memmap(self.folder / f"{name}.lengths.bin", dtype=np.int32, mode="r",
                                     shape=(info["rows"],))
+            if not self.meta.get("pad_anywhere"):
+                return TokenSplit(tokens, lengths)
+            scored = (np.zeros(0, dtype=np.int32) if info["rows"] == 0 else
+                      np.memmap(self.folder / f"{name}.scored.bin", dtype=np.int32, mode="r", shape=(info["rows"],)))
         except (OSError, ValueError) as e:
             raise MdlmError(f"{self.folder}/{name}.*.bin is missing or truncated ({e}); "
                             f"delete {self.folder} and run mdlm prepare-data again") from None
-        return TokenSplit(tokens, lengths)
+        return TokenSplit(tokens, lengths, pad_id=self.meta["tokenizer"]["pad_id"], scored=scored)
 
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(str(self.folder / "tokenizer"))
 
 
 def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
-                 cfg: DataConfig, dtype, load_dataset, progress) -> dict:
+                 cfg: DataConfig, dtype, load_dataset, progress, limit: int | None = None) -> dict:
+    """Tokenise and pack one split; with `limit`, stop reading the source once that many rows are written."""
     batches, total_docs = source.documents(split, load_dataset)
     counts = {"docs": 0}
+    unscored = [tokenizer.encode(c)[0] for c in source.unscored]
 
     def tokenized():
         for docs in batches:
             counts["docs"] += len(docs)
             if progress is not None:
                 progress(split, len(docs), total_docs)
-            yield tokenizer.encode_batch(docs)
+            arrays = cfg.packing == "window" and tokenizer.kind == "dna"  # genome pieces: arrays, not lists
+            ids = [tokenizer.encode_array(d) for d in docs] if arrays else tokenizer.encode_batch(docs)
+            if unscored:  # stored as the pad token, which the attention mask then excludes anywhere
+                ids = [np.where(np.isin(np.asarray(d), unscored), tokenizer.pad_id, np.asarray(d)) for d in ids]
+                ids = ids if arrays else [d.tolist() for d in ids]
+            yield ids
 
     packer = PACKERS[cfg.packing]
     if cfg.packing == "chunk":
@@ -136,13 +167,27 @@ def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
         rows_iter = packer(tokenized(), cfg.length, bos=tokenizer.bos_id, eos=tokenizer.eos_id,
                            pad=tokenizer.pad_id)
     n_rows = n_tokens = 0
+    scored_file = open(folder / f"{split}.scored.bin", "wb") if unscored else None
     with open(folder / f"{split}.tokens.bin", "wb") as ft, open(folder / f"{split}.lengths.bin", "wb") as fl:
         for rows, lengths in rows_iter:
+            if limit is not None:
+                rows, lengths = rows[: limit - n_rows], lengths[: limit - n_rows]
             ft.write(rows.astype(dtype).tobytes())
             fl.write(lengths.astype(np.int32).tobytes())
             n_rows += len(rows)
+            if scored_file is not None:
+                inside = np.arange(rows.shape[1])[None, :] < lengths[:, None]
+                lengths = (inside & (rows != tokenizer.pad_id)).sum(1)
+                scored_file.write(lengths.astype(np.int32).tobytes())
             n_tokens += int(lengths.sum())
-    return {"rows": n_rows, "tokens": n_tokens, "docs": counts["docs"]}
+            if limit is not None and n_rows >= limit:
+                break  # a streamed source is read no further
+    if scored_file is not None:
+        scored_file.close()
+    info = {"rows": n_rows, "tokens": n_tokens, "docs": counts["docs"]}
+    if limit is not None:  # docs = documents read up to the limit
+        info.update(row_limit=limit, stopped_at_limit=n_rows >= limit)
+    return info
 
 
 def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
@@ -158,7 +203,8 @@ def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
         c = np.zeros(vocab_size, dtype=np.int64)
         for start in range(0, len(split), 4096):
             toks, lens = split.tokens[start:start + 4096], split.lengths[start:start + 4096]
-            real = toks[np.arange(toks.shape[1])[None, :] < lens[:, None]]
+            inside = np.arange(toks.shape[1])[None, :] < lens[:, None]
+            real = toks[inside if split.pad_id is None else inside & (toks != split.pad_id)]
             c += np.bincount(real.astype(np.int64), minlength=vocab_size)[:vocab_size]
         return c
 
@@ -172,7 +218,7 @@ def prepared_folder(cfg: DataConfig) -> tuple[Path, Source, Tokenizer]:
     root = cache_root(cfg)
     source = get_source(cfg.dataset)
     tokenizer = load_tokenizer(cfg.tokenizer, root)
-    key = cache_key(source, tokenizer, cfg.length, cfg.packing)
+    key = cache_key(source, tokenizer, cfg.length, cfg.packing, row_limits(cfg, source.splits))
     name = f"{source.name}-{tokenizer.name.replace('/', '_')}-{cfg.packing}{cfg.length}-{key[:12]}"
     return root / "data" / name, source, tokenizer
 
@@ -194,16 +240,16 @@ def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = 
     try:
         dtype = np.uint16 if tokenizer.vocab_size <= 65536 else np.uint32
         tokenizer.save(tmp / "tokenizer")
-        splits = {}
+        splits, limits = {}, row_limits(cfg, source.splits)
         for split in source.splits:
             splits[split] = _write_split(tmp, split, source, tokenizer, cfg, dtype,
-                                         load_dataset, progress)
+                                         load_dataset, progress, limits.get(split))
         meta = {
-            "format": FORMAT_VERSION, "key": cache_key(source, tokenizer, cfg.length, cfg.packing),
+            "format": FORMAT_VERSION, "key": cache_key(source, tokenizer, cfg.length, cfg.packing, limits),
             "source": {"name": source.name, "description": source.description,
                        "fingerprint": source.fingerprint},
             "tokenizer": tokenizer.describe(), "length": cfg.length, "packing": cfg.packing,
-            "dtype": np.dtype(dtype).name, "splits": splits,
+            "dtype": np.dtype(dtype).name, "splits": splits, **({"pad_anywhere": True} if source.unscored else {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))

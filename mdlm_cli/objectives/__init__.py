@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 from .ar import Autoregressive
 from .base import Objective
 from .mdlm import MDLM
+from .mlm import MaskedLM
 
 if TYPE_CHECKING:
     from ..config import Config
     from ..data.tokenizers import Tokenizer
 
-OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (MDLM, Autoregressive)}
+OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (MDLM, Autoregressive, MaskedLM)}
 
 __all__ = ["OBJECTIVES", "Objective", "get_objective"]
 

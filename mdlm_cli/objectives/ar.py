@@ -1,4 +1,5 @@
-"""The autoregressive baseline: the DiT's blocks with causal attention and no time input.
+"""The autoregressive baseline: the DiT's blocks with causal attention and no time input
+(or a causal backbone such as Mamba, on DNA).
 
 Every token of a row is predicted from the tokens before it, the first from a start
 token (BOS) put in front: inputs [BOS, x_0, ..., x_{L-2}], targets [x_0, ..., x_{L-1}].
@@ -33,18 +34,22 @@ def next_token_logits(logits: Tensor, mask_id: int) -> Tensor:
 
 
 def sequence_nll(model: nn.Module, x0: Tensor, *, bos_id: int, mask_id: int,
-                 attention_mask: Tensor | None = None,
-                 autocast_dtype: torch.dtype | None = None) -> Tensor:
+                 attention_mask: Tensor | None = None, autocast_dtype: torch.dtype | None = None,
+                 targets: Tensor | None = None) -> Tensor:
     """Exact negative log-likelihood of each row, summed over its real tokens: nats (B,).
 
     -log p(x) = sum_l -log p_theta(x_l | x_<l). Padding sits at the end of a row, so with
     causal attention no real position ever sees it; it is only excluded from the sum.
+    With `targets` (B, L) bool only target positions are summed: the tokens before them
+    condition them, so for targets after a context this is -log p(targets | context).
     """
     with autocast_for(x0.device, autocast_dtype):
         logits = model(shift_right(x0, bos_id))  # (B, L, V)
     nll = F.cross_entropy(next_token_logits(logits, mask_id).transpose(1, 2), x0, reduction="none")  # (B, L)
     if attention_mask is not None:
         nll = nll * attention_mask.to(nll.dtype)
+    if targets is not None:
+        nll = nll * targets.to(nll.dtype)
     return nll.sum(dim=1)
 
 
@@ -55,16 +60,27 @@ class CausalLM:
     def __init__(self, model: nn.Module, *, bos_id: int, mask_id: int, autocast_dtype: torch.dtype | None = None):
         self.model, self.bos_id, self.mask_id, self.autocast_dtype = model, bos_id, mask_id, autocast_dtype
 
-    def new_cache(self, batch: int, max_len: int, device: torch.device) -> KVCache:
-        return KVCache.empty(self.model, batch, max_len, device, self.autocast_dtype or torch.float32)
+    def new_cache(self, batch: int, max_len: int, device: torch.device):
+        """The DiT's key/value cache, or the backbone's own (`model.new_cache`, e.g. Mamba's recurrent state)."""
+        dtype = self.autocast_dtype or torch.float32
+        make = getattr(getattr(self.model, "_orig_mod", self.model), "new_cache", None)
+        if make is not None:
+            return make(batch, max_len, device, dtype)
+        return KVCache.empty(self.model, batch, max_len, device, dtype)
 
     def __call__(self, tokens: Tensor, cache: KVCache) -> Tensor:
         with autocast_for(tokens.device, self.autocast_dtype):
             return self.model(tokens, kv_cache=cache)
 
-    def nll(self, x0: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def nll(self, x0: Tensor, attention_mask: Tensor | None = None, targets: Tensor | None = None) -> Tensor:
         return sequence_nll(self.model, x0, bos_id=self.bos_id, mask_id=self.mask_id,
-                            attention_mask=attention_mask, autocast_dtype=self.autocast_dtype)
+                            attention_mask=attention_mask, autocast_dtype=self.autocast_dtype, targets=targets)
+
+    def next_token_argmax(self, x0: Tensor) -> Tensor:
+        """argmax_v p_theta(x_l = v | x_<l) at every position l of x0 (B, L), teacher-forced."""
+        with autocast_for(x0.device, self.autocast_dtype):
+            logits = self.model(shift_right(x0, self.bos_id))  # (B, L, V)
+        return next_token_logits(logits, self.mask_id).argmax(-1)
 
 
 class Autoregressive(Objective):
@@ -86,5 +102,10 @@ class Autoregressive(Objective):
         return CausalLM(model, bos_id=self.bos_id, mask_id=self.mask_id, autocast_dtype=autocast_dtype)
 
     def loss_terms(self, denoiser: CausalLM, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
-                   T: int | None = None) -> Tensor:
-        return denoiser.nll(x0, attention_mask)
+                   T: int | None = None, targets: Tensor | None = None) -> Tensor:
+        return denoiser.nll(x0, attention_mask, targets)
+
+    def greedy_tokens(self, denoiser: CausalLM, x0: Tensor, targets: Tensor,
+                      attention_mask: Tensor | None = None) -> Tensor:
+        """Greedy decoding's token at each target position given the true tokens before it."""
+        return torch.where(targets.bool(), denoiser.next_token_argmax(x0), x0)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.store import TokenSplit
+from ..engine.diffusion import call_denoiser
 from ..engine.sampling import SAMPLERS, SamplerSpec
 from ..engine.schedules import get_schedule
 from ..evaluation import BoundResult, sharded_sum
@@ -31,8 +32,10 @@ class Objective(ABC):
     causal: ClassVar[bool] = False  # the backbone attends only to earlier positions
     exact: ClassVar[bool] = False  # evaluation is an exact likelihood, not a bound (one pass is enough)
     uses_time: ClassVar[bool] = True  # training and evaluation draw a diffusion time per sequence
-    default_sampler: ClassVar[str]
+    scores_targets: ClassVar[bool] = True  # loss_terms(..., targets=) is a likelihood of the targets (lm-eval)
+    default_sampler: ClassVar[str]  # "" for an objective without samplers (mlm)
     description: ClassVar[str]
+    kind: ClassVar[str] = ""  # what `evaluate` gives: "" = exact or bound as `exact` says; "masked-token" (mlm)
 
     def __init__(self, cfg: Config, tokenizer: Tokenizer):
         self.cfg = cfg
@@ -59,10 +62,27 @@ class Objective(ABC):
 
     @abstractmethod
     def loss_terms(self, denoiser: Any, x0: Tensor, t: Tensor | None, *, generator: torch.Generator | None,
-                   attention_mask: Tensor | None, T: int | None = None) -> Tensor:
+                   attention_mask: Tensor | None, T: int | None = None, targets: Tensor | None = None) -> Tensor:
         """Training loss of a batch x0 (B, L) at times t (B,): nats per sequence (B,). The train
         loop divides their sum by the number of tokens of the global batch. `T` overrides
-        the configured number of discrete steps (evaluation at another T)."""
+        the configured number of discrete steps (evaluation at another T).
+
+        `targets` (B, L) bool: the positions whose likelihood the terms cover (None: every
+        real token). The other real positions are clean context: never noised, never
+        scored, but attended (the conditional bound, or the exact conditional NLL, of the
+        targets given the context; what `mdlm lm-eval` scores)."""
+
+    def greedy_tokens(self, denoiser: Any, x0: Tensor, targets: Tensor,
+                      attention_mask: Tensor | None = None) -> Tensor:
+        """The model's most likely token at each target position in one call, (B, L) (x0
+        elsewhere): for a diffusion model, its argmax with every target masked and the context
+        clean (the fully masked continuation, t = 1). Causal objectives override it."""
+        targets = targets.bool()
+        z = x0.masked_fill(targets, self.mask_id)
+        t = torch.ones(x0.shape[0], device=x0.device)
+        logits = call_denoiser(denoiser, z, t, output_mask=targets, attention_mask=attention_mask)  # (N, V)
+        best = logits.float().index_fill(-1, torch.tensor([self.mask_id], device=x0.device), float("-inf"))
+        return x0.masked_scatter(targets, best.argmax(-1))
 
     def eval_T(self, T: int | None) -> int:
         """The discrete-time T of an evaluation (None: as trained); 0 for continuous time."""
@@ -84,7 +104,10 @@ class Objective(ABC):
         def terms(x0, t, gen, attention_mask):
             return self.loss_terms(denoiser, x0, t, generator=gen, attention_mask=attention_mask, T=T)
 
-        return [sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
-                            draw_times=self.draw_times(T, antithetic), exact=self.exact, T=T, on_batch=on_batch,
-                            rank=rank, world_size=world_size)
-                for seed in (seeds[:1] if self.exact else seeds)]
+        results = [sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
+                               draw_times=self.draw_times(T, antithetic), exact=self.exact, T=T, on_batch=on_batch,
+                               rank=rank, world_size=world_size)
+                   for seed in (seeds[:1] if self.exact else seeds)]
+        for r in results:
+            r.kind = self.kind or r.kind
+        return results

@@ -36,9 +36,10 @@ class MDLM(Objective):
                                  autocast_dtype=autocast_dtype)
 
     def loss_terms(self, denoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
-                   T: int | None = None) -> Tensor:
+                   T: int | None = None, targets: Tensor | None = None) -> Tensor:
         return nelbo_terms(denoiser, x0, t, mask_id=self.mask_id, schedule=self.schedule, generator=generator,
-                           attention_mask=attention_mask, T=self.cfg.diffusion.T if T is None else T)
+                           attention_mask=attention_mask, T=self.cfg.diffusion.T if T is None else T,
+                           targets=targets)
 
     def eval_T(self, T: int | None) -> int:
         T = self.cfg.diffusion.T if T is None else T

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from mdlm_cli.config import DataConfig
-from mdlm_cli.data.sources import HubDataset, get_source, lm1b_detokenize
+from mdlm_cli.data.detokenize import lm1b_detokenize
+from mdlm_cli.data.sources import HubDataset, get_source
 from mdlm_cli.data.store import PreparedData, prepare, prepared_folder
 from mdlm_cli.errors import MdlmError
 

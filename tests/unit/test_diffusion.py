@@ -142,3 +142,47 @@ def test_discrete_bound_is_not_below_continuous():
     se = (disc - cont).double().std().item() / math.sqrt(len(x0))
     assert cont.double().mean().item() == pytest.approx(entropy, abs=4 * cont.double().std().item() / 140)
     assert (disc - cont).double().mean().item() > 3 * se
+
+
+def test_targets_mask_only_target_positions_and_none_is_unchanged():
+    x0 = torch.randint(0, MASK, (4, 10), generator=torch.Generator().manual_seed(0))
+    rate = torch.full((4,), 0.9)
+    targets = torch.zeros(4, 10, dtype=torch.bool)
+    targets[:, 6:] = True
+    z = D.mask_tokens(x0, rate, MASK, generator=torch.Generator().manual_seed(1), targets=targets)
+    assert torch.equal(z[~targets], x0[~targets]) and (z[targets] == MASK).any()
+    z_none = D.mask_tokens(x0, rate, MASK, generator=torch.Generator().manual_seed(1))
+    z_all = D.mask_tokens(x0, rate, MASK, generator=torch.Generator().manual_seed(1),
+                          targets=torch.ones_like(targets))
+    assert torch.equal(z_none, z_all) and torch.equal(z[targets], z_none[targets])  # same draws
+    fixed = torch.randn(4, 10, MASK + 1)
+    t = torch.tensor([0.2, 0.5, 0.7, 1.0])
+
+    def terms(targets):
+        return D.nelbo_terms(lambda z, t: fixed, x0, t, mask_id=MASK, schedule=LogLinear(),
+                             generator=torch.Generator().manual_seed(2), targets=targets)
+
+    assert torch.equal(terms(None), terms(torch.ones_like(targets)))  # bit for bit
+    assert torch.equal(terms(torch.zeros_like(targets)), torch.zeros(4))
+
+
+@pytest.mark.parametrize("pattern", [(0, 0, 1, 1), (1, 0, 1, 0), (0, 1, 1, 1)])
+def test_conditional_bound_of_exact_denoiser_is_unbiased_for_the_conditional_nll(pattern):
+    """Only the targets noised, the rest clean context: the bound's expectation is
+    -log p(x[targets] | x[context]) = -log p(x) + log p(x[context]), whether the context
+    precedes the targets or surrounds them."""
+    den = AnalyticDenoiser.random(length=4, vocab=3, seed=4)
+    targets = torch.tensor(pattern, dtype=torch.bool)
+    sched, n = LogLinear(eps=1e-5), 4000
+    for index in (5, 40, 77):
+        x = den.configs[index]
+        t = D.times_from_uniform(D.sample_times(n, generator=torch.Generator().manual_seed(index)), sched)
+        est = D.nelbo_terms(den, x.repeat(n, 1), t, mask_id=den.mask_id, schedule=sched,
+                            generator=torch.Generator().manual_seed(index + 1), targets=targets.expand(n, -1))
+        est = est.double()
+        context = ~targets
+        marginal = den.probs[(den.configs[:, context] == x[context]).all(1)].sum()
+        truth = -den.log_prob(x[None])[0] + marginal.log()
+        mean, se = est.mean(), est.std() / math.sqrt(n)
+        assert abs(mean - truth) < 4 * se + 1e-3, (index, mean, truth, se)
+        assert truth < -den.log_prob(x[None])[0] - 0.05  # the context carries information here

@@ -54,6 +54,51 @@ def test_loss_terms_are_nats_per_sequence_with_gradients(name):
 
 
 @pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_loss_terms_targets_cover_only_the_target_positions(name):
+    """`targets`: None is every real token (bit for bit); none scored is zero; the context is
+    attended (it changes the targets' terms) but not scored (its own tokens are free)."""
+    _, objective, model = setup(name)
+    with torch.no_grad():  # the zero-initialised adaLN gates would keep the positions apart
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    den = objective.denoiser(model.eval())
+    x0 = batch()
+    t = objective.draw_times(0)(3, torch.Generator().manual_seed(0)) if objective.uses_time else None
+    targets = torch.zeros_like(x0, dtype=torch.bool)
+    targets[:, 20:] = True
+
+    def terms(x, targets):
+        with torch.no_grad():
+            return objective.loss_terms(den, x, t, generator=torch.Generator().manual_seed(2), attention_mask=None,
+                                        targets=targets)
+
+    if not objective.scores_targets:  # declared: a one-line refusal, never a wrong number
+        with pytest.raises(MdlmError, match="no likelihood of chosen positions"):
+            terms(x0, targets)
+        return
+    assert torch.equal(terms(x0, None), terms(x0, torch.ones_like(targets)))
+    assert torch.equal(terms(x0, torch.zeros_like(targets)), torch.zeros(3))
+    scored = terms(x0, targets)
+    assert (scored > 0).all() and (scored < terms(x0, None)).all()
+    other_context = x0.clone()
+    other_context[:, 5] = 8 + (x0[:, 5] - 7) % 27  # another real character
+    assert not torch.equal(terms(other_context, targets), scored)
+
+
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_greedy_tokens_are_the_argmax_at_target_positions(name):
+    _, objective, model = setup(name)
+    den = objective.denoiser(model.eval())
+    x0 = batch()
+    targets = torch.zeros_like(x0, dtype=torch.bool)
+    targets[:, 28:] = True
+    with torch.no_grad():
+        best = objective.greedy_tokens(den, x0, targets)
+    assert torch.equal(best[~targets], x0[~targets])
+    assert ((best[targets] != TOK.mask_id) & (best[targets] >= 0) & (best[targets] < TOK.vocab_size)).all()
+
+
+@pytest.mark.parametrize("name", list(OBJECTIVES))
 def test_evaluation_passes_and_exactness(name):
     _, objective, model = setup(name)
     split = TokenSplit(batch(5).numpy(), np.array([32, 32, 32, 32, 20], dtype=np.int32))
@@ -67,6 +112,9 @@ def test_evaluation_passes_and_exactness(name):
 def test_samplers_come_from_the_specs_and_run(name):
     cfg, objective, model = setup(name)
     names = [spec.name for spec in objective.samplers]
+    if not objective.default_sampler:  # an objective declared without samplers (mlm): the specs name none
+        assert names == [] and all(name not in spec.objectives for spec in engine.SAMPLERS.values())
+        return
     assert names and objective.default_sampler in names
     assert all(name in spec.objectives for spec in objective.samplers)
     assert all(name not in spec.objectives for spec in engine.SAMPLERS.values() if spec.name not in names)

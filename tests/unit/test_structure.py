@@ -1,0 +1,80 @@
+"""The shape of the package, as the house style asks: no import cycles (function-level imports
+included), short functions and modules, and no objective or sampler name compared outside its
+registry."""
+
+import ast
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "mdlm_cli"
+
+
+def modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imports(name: str, path: pathlib.Path, known: dict) -> set[str]:
+    """The package's modules `name` imports, at any depth of its code, outside TYPE_CHECKING."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only or not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            targets = [".".join(base + ([node.module] if node.module else []) + [a.name]) for a in node.names]
+            targets += [".".join(base + ([node.module] if node.module else []))]
+        else:
+            targets = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+        for target in targets:
+            while target and target not in known and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in known and target != name:
+                found.add(target)
+    return found
+
+
+def test_no_import_cycles():
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_functions_and_modules_stay_short():
+    long_functions, long_files = [], []
+    for path in ROOT.rglob("*.py"):
+        text = path.read_text()
+        if len(text.splitlines()) > 400:
+            long_files.append(f"{path.name}: {len(text.splitlines())}")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
+                long_functions.append(f"{path.name}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1}")
+    assert not long_functions and not long_files, (long_functions, long_files)
+
+
+def test_no_objective_or_sampler_name_is_branched_on_outside_its_registry():
+    pattern = re.compile(r"objective\s*==|is_autoregressive|startswith\(\"ancestral|sampler\s*==\s*\"")
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in ROOT.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not hits, hits
