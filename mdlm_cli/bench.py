@@ -34,19 +34,26 @@ class TimedDenoiser:
         self.seconds = 0.0
 
     def __getattr__(self, name: str):  # supports_output_mask, time_agnostic, schedule, bos_id, new_cache...
-        return getattr(self.inner, name)
+        attribute = getattr(self.inner, name)
+        return self._timed(attribute) if name == "log_score" else attribute  # a score model's network call
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _timed(self, fn):
+        def timed(*args, **kwargs):
+            self._sync()
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self._sync()
+            self.seconds += time.perf_counter() - t0
+            return out
+
+        return timed
+
     def __call__(self, *args, **kwargs):
-        self._sync()
-        t0 = time.perf_counter()
-        out = self.inner(*args, **kwargs)
-        self._sync()
-        self.seconds += time.perf_counter() - t0
-        return out
+        return self._timed(self.inner)(*args, **kwargs)
 
 
 class WholeBatchCount:

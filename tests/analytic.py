@@ -8,6 +8,7 @@ the joint distribution: the ground truth for statistical tests.
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 
@@ -52,3 +53,39 @@ class AnalyticDenoiser:
         logits = self.conditionals(z_t).clamp_min(1e-300).log()
         mask_col = torch.zeros(*logits.shape[:2], 1, dtype=logits.dtype)
         return torch.cat([logits, mask_col], dim=-1).float()  # (B, L, V + 1)
+
+
+class AnalyticScore:
+    """The exact model of an AnalyticDenoiser under SEDD's parameterisation: the raw logits are
+    log p + log(V - 1), so that `log_score` (SEDD's scale and scatter) gives the exact
+    concrete score log k(t) + log p(x_l = y | z) at masked positions."""
+
+    def __init__(self, den: AnalyticDenoiser, schedule):
+        self.den, self.schedule = den, schedule
+        self.length, self.mask_id, self.vocab = den.length, den.mask_id, den.vocab
+
+    def __call__(self, z_t, t, output_mask=None, **_):
+        logits = self.den(z_t, t) + math.log(self.den.vocab)  # V - 1 = the real tokens
+        return logits if output_mask is None else logits[output_mask]
+
+    def log_score(self, z_t, t, *, output_mask, **_):
+        from mdlm_cli.engine.sedd import sedd_log_score
+
+        log_k = self.schedule.log_odds(t.double())[:, None].expand(output_mask.shape)[output_mask]
+        return sedd_log_score(self(z_t, t, output_mask=output_mask), z_t[output_mask], log_k)
+
+
+class AnalyticPosterior:
+    """An AnalyticDenoiser as a D3PM model (softmax over all V): the exact x_theta with no mass on
+    the mask (`mask_logit` -inf), or with some (a finite mask logit)."""
+
+    time_agnostic = True
+
+    def __init__(self, den: AnalyticDenoiser, mask_logit: float = -math.inf):
+        self.den, self.mask_logit = den, mask_logit
+        self.length, self.mask_id, self.vocab = den.length, den.mask_id, den.vocab
+
+    def __call__(self, z_t, t, output_mask=None, **_):
+        logits = self.den(z_t, t).clone()
+        logits[..., self.mask_id] = self.mask_logit
+        return logits if output_mask is None else logits[output_mask]

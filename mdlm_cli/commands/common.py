@@ -68,11 +68,13 @@ CheckpointOpt = Annotated[str, typer.Option(
     "--checkpoint", "-c", help="Run folder (its latest checkpoint), step folder, Hugging Face hub id "
     "(e.g. kuleshov-group/mdlm-owt) or Hugging Face-style folder, or a reference Lightning .ckpt.")]
 SamplerOpt = Annotated[str | None, typer.Option(
-    help="Sampler (default: the model's own: first-hitting for MDLM, left to right for AR; with --steps a "
-         "step-based one). " + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items()) + ".")]
+    help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its ancestral chain for "
+         "D3PM, left to right for AR; with --steps a step-based one). "
+         + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items()) + ".")]
 StepsOpt = Annotated[int | None, typer.Option(
-    help="Sampling steps, for the samplers that take steps (default 1000). Given without --sampler, it picks "
-         "the model's step-based sampler (ancestral-cache where the model ignores time, else ancestral).")]
+    help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). Given without "
+         "--sampler, it picks the model's step-based sampler (MDLM: ancestral-cache where the model ignores time, "
+         "else ancestral; SEDD: analytic).")]
 
 
 KScheduleOpt = Annotated[str | None, typer.Option(
@@ -162,7 +164,7 @@ def resolve_sampler(objective, sampler: str | None, steps: int | None, options: 
         raise MdlmError(f"sampler {spec.name} does not serve {objective.name} models; choose one of: "
                         f"{', '.join(s.name for s in served)}")
     if spec.uses_steps:
-        steps = steps or spec.default_steps
+        steps = steps or objective.sampling_steps(spec)
     elif steps is not None:
         warn(f"{spec.name} takes no steps; --steps {steps} is ignored")
         steps = None

@@ -154,8 +154,13 @@ def _print_ppl_table(results, loaded) -> None:
     else:
         T = results[0].T if results else 0
         kind = "continuous-time NELBO" if T == 0 else f"{T}-step discrete-time NELBO"
-        console.print(f"[dim]≤ upper bound: {kind}, one antithetic t per sequence per pass, K passes; "
-                      "SE = sd of the pass estimates / sqrt(K)[/]")
+        console.print(f"[dim]≤ upper bound ({loaded.objective.name}): {kind}, one antithetic t per sequence per pass, "
+                      "K passes; SE = sd of the pass estimates / sqrt(K)[/]")
+        for r in results:
+            if r.sequence_sd is not None:
+                console.print(f"[dim]{escape(r.dataset)}: per-datapoint sd of a one-pass bound {r.sequence_sd:.4f} "
+                              f"nats/token (variance {r.sequence_var:.4f}; each sequence's spread over the K passes, "
+                              "averaged over sequences: Table 9)[/]", highlight=False)
 
 
 SamplesOpt = Annotated[str | None, typer.Option(

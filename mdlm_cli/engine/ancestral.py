@@ -22,7 +22,7 @@ def ancestral_times(steps: int, eps: float = 1e-5, device: torch.device | str | 
     return torch.linspace(1.0, eps, steps + 1, dtype=torch.float64, device=device)
 
 
-def _finish(z: Tensor, ctx: SamplerContext, t_last: Tensor) -> Tensor:
+def finish_masks(z: Tensor, ctx: SamplerContext, t_last: Tensor) -> Tensor:
     """Remaining masks: argmax (final denoising step) or one last draw."""
     masked = z == ctx.mask_id
     rows = masked.any(1).nonzero()[:, 0]
@@ -62,7 +62,7 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
     times = ancestral_times(ctx.steps, ctx.eps, z.device)
     if ctx.precision == "fp32":
         _ancestral_reference(z, ctx, times, cache=cache)
-        return _finish(z, ctx, times[-1])
+        return finish_masks(z, ctx, times[-1])
     masked = z == ctx.mask_id
     at = _unmask_steps(masked, times, ctx)
     # Which rows to evaluate at which step is known now, so it is read to the host once:
@@ -87,7 +87,7 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
             logits = ctx.logits(z, times[i], unmask, rows_active(span, span_host, i))
             if logits.shape[0]:
                 z.masked_scatter_(unmask, ctx.draw(logits))
-    return _finish(z, ctx, times[-1])
+    return finish_masks(z, ctx, times[-1])
 
 
 def _ancestral_reference(z: Tensor, ctx: SamplerContext, times: Tensor, *, cache: bool) -> None:

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .categorical import sample_tokens, sample_tokens_with_probs
-from .diffusion import Denoiser, call_denoiser
+from .diffusion import Denoiser, call_denoiser, subs_log_score
 from .schedules import Schedule
 
 
@@ -62,9 +62,8 @@ class SamplerContext:
     # of steps run with a mask left (for benchmarks: what a whole-batch cache would have cost)
     on_changes: Callable[[list[int], int], None] | None = None
 
-    def logits(self, z: Tensor, t: Tensor, positions: Tensor | None, rows: Tensor | None = None) -> Tensor:
-        """Logits (N, V) at the True entries of `positions[rows]` (all positions if None) for
-        the sequences `rows` (all if None); t is one time for all or one per sequence."""
+    def _select(self, z: Tensor, t: Tensor, positions: Tensor | None, rows: Tensor | None):
+        """Count one network call over the sequences `rows` (all if None) and select them."""
         if rows is not None and len(rows) == len(z):
             rows = None
         n = len(z) if rows is None else len(rows)
@@ -74,8 +73,27 @@ class SamplerContext:
         if rows is not None:
             z, t = z[rows], t[rows]
             positions = None if positions is None else positions[rows]
+        return z, t, positions
+
+    def logits(self, z: Tensor, t: Tensor, positions: Tensor | None, rows: Tensor | None = None) -> Tensor:
+        """Logits (N, V) at the True entries of `positions[rows]` (all positions if None) for
+        the sequences `rows` (all if None); t is one time for all or one per sequence."""
+        z, t, positions = self._select(z, t, positions, rows)
         with torch.no_grad():
             return call_denoiser(self.denoiser, z, t.float(), output_mask=positions)
+
+    def log_score(self, z: Tensor, t: Tensor, positions: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Log concrete scores (N, V) at the masked positions `positions[rows]`: the denoiser's own
+        `log_score(z_t, t, output_mask=)` where it has one (a score model: SEDD), else its
+        logits read as SUBS's p_theta and converted (`subs_log_score`)."""
+        z, t, positions = self._select(z, t, positions, rows)
+        scorer = getattr(self.denoiser, "log_score", None)
+        with torch.no_grad():
+            if scorer is not None:
+                return scorer(z, t.float(), output_mask=positions)
+            logits = call_denoiser(self.denoiser, z, t.float(), output_mask=positions)
+            log_k = self.schedule.log_odds(t.double())[:, None].expand(positions.shape)[positions]
+            return subs_log_score(logits, log_k, self.mask_id)
 
     def draw(self, logits: Tensor) -> Tensor:
         self.stats.draws += logits.shape[0]

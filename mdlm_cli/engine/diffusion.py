@@ -72,6 +72,14 @@ def mask_tokens(x0: Tensor, mask_rate: Tensor, mask_id: int, *,
     return torch.where(masked, torch.full_like(x0, mask_id), x0)
 
 
+def noised_positions(attention_mask: Tensor | None, targets: Tensor | None) -> Tensor | None:
+    """The positions the forward process may mask (B, L) bool: real tokens (attention_mask)
+    that are likelihood targets; None = all. The others are clean context, never noised."""
+    if targets is None:
+        return attention_mask
+    return targets.bool() if attention_mask is None else targets.bool() & attention_mask.bool()
+
+
 def subs_log_probs(logits: Tensor, z_t: Tensor, mask_id: int) -> Tensor:
     """SUBS parameterisation (§3.2.3, eq. 7), out of place.
 
@@ -98,6 +106,20 @@ def masked_nll(logits: Tensor, targets: Tensor, mask_id: int) -> Tensor:
     logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device),
                                        float("-inf"))
     return F.cross_entropy(logits, targets, reduction="none")
+
+
+def subs_log_score(logits: Tensor, log_k: Tensor, mask_id: int) -> Tensor:
+    """A SUBS denoiser as a concrete score at masked positions (the reference's `get_score`):
+    logits (N, V) and log k (N,) -> log-scores (N, V) in float32.
+
+    For the absorbing process the score of a masked position is the ratio of the
+    probabilities of z with that position set to y and of z itself:
+    s(y) = k(t) p_theta(y | z_t), k = alpha / (1 - alpha) (`Schedule.log_odds`), and
+    s(mask) = 1 (log 0): what score-based samplers (SEDD's analytic step) read.
+    """
+    mask = torch.tensor([mask_id], device=logits.device)
+    log_p = logits.float().index_fill(-1, mask, float("-inf")).log_softmax(-1)
+    return (log_p + log_k.float()[:, None]).index_fill_(-1, mask, 0.0)
 
 
 def call_denoiser(denoiser: Denoiser, z_t: Tensor, t: Tensor, *,
@@ -157,3 +179,32 @@ def nelbo(denoiser: Denoiser, x0: Tensor, *, mask_id: int, schedule: str | Sched
         total += nelbo_terms(denoiser, x0, t, mask_id=mask_id, schedule=schedule,
                              generator=generator, attention_mask=attention_mask, T=T)
     return total / num_samples
+
+
+def reconstruction_terms(denoiser: Denoiser, x0: Tensor, *, mask_id: int, schedule: Schedule, carry_over: bool,
+                         zero_masking: bool, generator: torch.Generator | None = None,
+                         attention_mask: Tensor | None = None, targets: Tensor | None = None) -> Tensor:
+    """The t = 0 term of the bound, E_{z_0 ~ q(.|x0)} [-log p_theta(x0 | z_0)] (D3PM's L_0, the
+    reference's `_reconstruction_loss`), with its own forward pass: nats per sequence (B,).
+
+    With carry-over (SUBS) every unmasked position of z_0 contributes exactly 0, so where
+    alpha(0) = 1 (log-linear, cosine) the term vanishes and no network call is made (the
+    paper's "zero reconstruction loss", §3.3); without it every target token is scored.
+    `zero_masking` gives the mask's logit -inf first (a SUBS denoiser); False takes the
+    logits as the model's distribution over all V (a D3PM denoiser's).
+    """
+    B = x0.shape[0]
+    t0 = torch.zeros(B, device=x0.device)
+    rate0 = schedule.mask_rate(t0)
+    if carry_over and not bool((rate0 > 0).any()):
+        return torch.zeros(B, device=x0.device)
+    noised = noised_positions(attention_mask, targets)
+    z0 = mask_tokens(x0, rate0, mask_id, generator=generator, attention_mask=noised) if bool((rate0 > 0).any()) else x0
+    if carry_over:
+        scored = z0 == mask_id
+    else:
+        scored = torch.ones_like(x0, dtype=torch.bool) if noised is None else noised.bool()
+    logits = call_denoiser(denoiser, z0, t0, output_mask=scored, attention_mask=attention_mask)
+    nll = masked_nll(logits, x0[scored], mask_id) if zero_masking else F.cross_entropy(
+        logits.float(), x0[scored], reduction="none")
+    return torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype).masked_scatter_(scored, nll).sum(dim=1)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .ancestral import _finish, ancestral_times
+from .ancestral import ancestral_times, finish_masks
 from .context import SamplerContext
 from .errors import EngineError
 from .schedules import Schedule
@@ -76,4 +76,4 @@ def remdm(z: Tensor, ctx: SamplerContext) -> Tensor:
             u = torch.where(remask, ctx.rand(z.shape, z.device), u)
             since.masked_fill_(remask, float(rate_s[i]))
             product.masked_fill_(remask, 1.0)
-    return _finish(z, ctx, times[-1])
+    return finish_masks(z, ctx, times[-1])

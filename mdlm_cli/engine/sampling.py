@@ -21,11 +21,13 @@ from .autoregressive import autoregressive
 from .categorical import PRECISIONS
 from .confidence import confidence, threshold
 from .context import SamplerContext, SampleStats
+from .d3pm import d3pm_ancestral
 from .diffusion import Denoiser
 from .errors import EngineError
 from .first_hitting import first_hitting
 from .remdm import remdm
 from .schedules import Schedule, get_schedule
+from .sedd import analytic, euler
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,16 @@ SAMPLERS: dict[str, SamplerSpec] = {spec.name: spec for spec in (
     SamplerSpec("first-hitting", first_hitting, ("mdlm",), exact=True, options=frozenset({"tokens_per_step"}),
                 help="Zheng et al.: one call and one draw per revealed token, exact; --tokens-per-step k > 1 "
                      "reveals k per call (approximate)"),
+    SamplerSpec("analytic", analytic, ("mdlm", "sedd"), exact=True, uses_steps=True,
+                help="SEDD's Tweedie tau-leaping on the model's scores (a SUBS model's converted), one call per "
+                     "step and a final denoising draw; exact as steps grow"),
+    SamplerSpec("euler", euler, ("sedd",), exact=True, uses_steps=True,
+                help="SEDD's Euler step of the reverse rate, one call per step and a final denoising draw; "
+                     "exact as steps grow"),
+    SamplerSpec("d3pm-ancestral", d3pm_ancestral, ("d3pm",), exact=True, uses_steps=True,
+                options=frozenset({"final_denoise"}),
+                help="D3PM's ancestral chain from t = 1 to 0 (eq. 9's posterior, the mask's mass included), one "
+                     "call per step; exact at steps = T"),
     SamplerSpec("autoregressive-kv-cache", autoregressive, ("ar",), exact=True,
                 help="left to right with a key/value cache, one call per new token; exact"),
     SamplerSpec("confidence", confidence, ("mdlm",), exact=False, uses_steps=True, default_steps=128,

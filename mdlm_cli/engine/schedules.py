@@ -65,6 +65,15 @@ class Schedule(ABC):
         """Noise level -log alpha(t), the DiT's time input (as the reference code)."""
         return -torch.log(self.alpha(t))
 
+    def dsigma(self, t: Tensor) -> Tensor:
+        """d sigma / dt = -alpha'(t) / alpha(t): the rate of SEDD's score entropy and Euler step."""
+        return -self.dalpha(t) / self.alpha(t)
+
+    def log_odds(self, t: Tensor) -> Tensor:
+        """log k(t) = log(alpha / (1 - alpha)) = -log expm1(sigma): the concrete score of a masked
+        position's clean token is k(t) p(token | unmasked rest) (Lou et al. 2024, absorbing graph)."""
+        return torch.log(self.alpha(t)) - torch.log(self.mask_rate(t))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(eps={self.eps})"
 
@@ -151,8 +160,39 @@ class Linear(Schedule):
         return t.clamp(0.0, 1.0)
 
 
+class Geometric(Schedule):
+    """SEDD's geometric noise: sigma(t) = sigma_min^(1 - t) sigma_max^t, alpha = exp(-sigma)
+    (Lou et al. 2024; their defaults 1e-4 and 20)."""
+
+    name = "geometric"
+
+    def __init__(self, eps: float = 1e-3, sigma_min: float = 1e-4, sigma_max: float = 20.0):
+        super().__init__(eps)
+        self.sigma_min, self.sigma_max = sigma_min, sigma_max
+        self._log_ratio = math.log(sigma_max / sigma_min)
+
+    def sigma(self, t):
+        return self.sigma_min ** (1 - t) * self.sigma_max ** t
+
+    def dsigma(self, t):
+        return self.sigma(t) * self._log_ratio
+
+    def alpha(self, t):
+        return torch.exp(-self.sigma(t))
+
+    def dalpha(self, t):
+        return -self.dsigma(t) * self.alpha(t)
+
+    def mask_rate(self, t):
+        return -torch.expm1(-self.sigma(t))
+
+    def inverse(self, alpha):
+        sigma = -torch.log(alpha)
+        return (torch.log(sigma / self.sigma_min) / self._log_ratio).clamp(0.0, 1.0)
+
+
 SCHEDULES: dict[str, type[Schedule]] = {
-    cls.name: cls for cls in (LogLinear, Cosine, CosineSquared, Linear)
+    cls.name: cls for cls in (LogLinear, Cosine, CosineSquared, Linear, Geometric)
 }
 
 

@@ -8,14 +8,16 @@ from typing import TYPE_CHECKING
 
 from .ar import Autoregressive
 from .base import Objective
+from .d3pm import D3PM
 from .mdlm import MDLM
 from .mlm import MaskedLM
+from .sedd import SEDD
 
 if TYPE_CHECKING:
     from ..config import Config
     from ..data.tokenizers import Tokenizer
 
-OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (MDLM, Autoregressive, MaskedLM)}
+OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (MDLM, SEDD, D3PM, Autoregressive, MaskedLM)}
 
 __all__ = ["OBJECTIVES", "Objective", "get_objective"]
 

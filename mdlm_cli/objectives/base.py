@@ -13,6 +13,7 @@ from ..data.store import TokenSplit
 from ..engine.diffusion import call_denoiser
 from ..engine.sampling import SAMPLERS, SamplerSpec
 from ..engine.schedules import get_schedule
+from ..errors import MdlmError
 from ..evaluation import BoundResult, sharded_sum
 
 if TYPE_CHECKING:
@@ -84,6 +85,20 @@ class Objective(ABC):
         best = logits.float().index_fill(-1, torch.tensor([self.mask_id], device=x0.device), float("-inf"))
         return x0.masked_scatter(targets, best.argmax(-1))
 
+    def sampling_steps(self, spec: SamplerSpec) -> int:
+        """Steps of a step-based sampler when none are asked for."""
+        return spec.default_steps
+
+    @classmethod
+    def refuse_unused(cls, cfg: Config, *keys: str) -> None:
+        """A one-line error for a `diffusion.KEY` switch moved from its default that this
+        objective does not read (no flag is silently ignored)."""
+        defaults = type(cfg.diffusion)  # the dataclass: its class attributes are the defaults
+        for key in keys:
+            if getattr(cfg.diffusion, key) != getattr(defaults, key):
+                raise MdlmError(f"diffusion.{key} does not apply to the {cls.name} objective; leave it at "
+                                f"{getattr(defaults, key)}")
+
     def eval_T(self, T: int | None) -> int:
         """The discrete-time T of an evaluation (None: as trained); 0 for continuous time."""
         return 0
@@ -95,10 +110,11 @@ class Objective(ABC):
 
     def evaluate(self, denoiser: Any, split: TokenSplit, *, seeds: list[int], batch_size: int,
                  device: torch.device, rows: int = 0, T: int | None = None, antithetic: bool = True,
-                 on_batch: Callable[[int], None] | None = None, rank: int = 0,
-                 world_size: int = 1) -> list[BoundResult]:
+                 on_batch: Callable[[int], None] | None = None, rank: int = 0, world_size: int = 1,
+                 per_sequence: bool = False) -> list[BoundResult]:
         """One result per seed (a Monte-Carlo pass each), or one result for an exact objective:
-        the loss summed over the first `rows` rows of `split` (0 = all), rank-sharded."""
+        the loss summed over the first `rows` rows of `split` (0 = all), rank-sharded; with
+        `per_sequence` each result also holds every row's value."""
         T = self.eval_T(T)
 
         def terms(x0, t, gen, attention_mask):
@@ -106,7 +122,7 @@ class Objective(ABC):
 
         results = [sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
                                draw_times=self.draw_times(T, antithetic), exact=self.exact, T=T, on_batch=on_batch,
-                               rank=rank, world_size=world_size)
+                               rank=rank, world_size=world_size, per_sequence=per_sequence)
                    for seed in (seeds[:1] if self.exact else seeds)]
         for r in results:
             r.kind = self.kind or r.kind

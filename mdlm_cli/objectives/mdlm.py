@@ -1,8 +1,10 @@
 """MDLM (Sahoo et al. 2024): masked diffusion with SUBS and the continuous-time NELBO.
 
 The loss and the bound are `engine.diffusion.nelbo_terms` (eq. 10/11, or the T-step
-discrete bound of Table 8 "w/o continuous time"); the samplers are the engine's
-ancestral, cached and first-hitting samplers.
+discrete bound of Table 8 "w/o continuous time"; with `diffusion.carry_over=false` the
+t = 0 reconstruction term that SUBS' carry-over makes 0 is added); the samplers are the
+engine's ancestral, cached, first-hitting and (through the SUBS -> score conversion)
+analytic samplers.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..engine.diffusion import nelbo_terms
+from ..engine.diffusion import nelbo_terms, reconstruction_terms
 from ..errors import MdlmError
 from ..evaluation import diffusion_times
 from ..models import DiffusionDenoiser
@@ -26,6 +28,10 @@ class MDLM(Objective):
     def validate(cls, cfg) -> None:
         if cfg.diffusion.T < 0:
             raise MdlmError(f"diffusion.T must be 0 (continuous) or a positive number of steps (got {cfg.diffusion.T})")
+        if not cfg.diffusion.zero_masking:
+            raise MdlmError("diffusion.zero_masking=false leaves MDLM's loss (eq. 8/10) no valid bound: it assumes "
+                            "the mask gets no probability; D3PM's eq. 9 keeps that mass: use diffusion.objective=d3pm "
+                            "with diffusion.T > 0")
 
     @property
     def takes_time(self) -> bool:
@@ -37,9 +43,14 @@ class MDLM(Objective):
 
     def loss_terms(self, denoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
                    T: int | None = None, targets: Tensor | None = None) -> Tensor:
-        return nelbo_terms(denoiser, x0, t, mask_id=self.mask_id, schedule=self.schedule, generator=generator,
-                           attention_mask=attention_mask, T=self.cfg.diffusion.T if T is None else T,
-                           targets=targets)
+        terms = nelbo_terms(denoiser, x0, t, mask_id=self.mask_id, schedule=self.schedule, generator=generator,
+                            attention_mask=attention_mask, T=self.cfg.diffusion.T if T is None else T,
+                            targets=targets)
+        if self.cfg.diffusion.carry_over:  # SUBS: the reconstruction term is exactly 0 (§3.3)
+            return terms
+        return terms + reconstruction_terms(denoiser, x0, mask_id=self.mask_id, schedule=self.schedule,
+                                            carry_over=False, zero_masking=True, generator=generator,
+                                            attention_mask=attention_mask, targets=targets)
 
     def eval_T(self, T: int | None) -> int:
         T = self.cfg.diffusion.T if T is None else T

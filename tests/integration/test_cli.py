@@ -52,6 +52,10 @@ def test_checkpoint_layout_and_sampling(trained, tmp_path):
     for name in ("model.safetensors", "ema.safetensors", "optimizer.pt", "state.json", "config.yaml",
                  "model.json", "data.json", "tokenizer/mdlm_tokenizer.json"):
         assert (ckpt / name).is_file(), name
+    # an intermediate checkpoint holds the training time so far (a run killed after it loses none)
+    seconds = [json.loads((full / "checkpoints" / f"step-{s:08d}" / "state.json").read_text())["train_seconds"]
+               for s in (6, 12)]
+    assert 0 < seconds[0] < seconds[1]
     out = tmp_path / "s.jsonl"
     text = run("sample", "--checkpoint", str(full), "-n", "3", "--steps", "20", "--sampler", "ancestral-cache",
                "--out", str(out))

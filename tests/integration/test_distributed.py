@@ -223,28 +223,32 @@ def _evaluate_every_objective(rank: int = 0, world: int = 1) -> dict:
     from mdlm_cli.config import resolve_config
     from mdlm_cli.objectives import OBJECTIVES, get_objective
 
+    from ..objective_configs import overrides as objective_overrides
+
     out = {}
     for name in OBJECTIVES:
-        objective = get_objective(resolve_config("test", [f"diffusion.objective={name}"]),
+        objective = get_objective(resolve_config("test", objective_overrides(name)),
                                   SimpleNamespace(mask_id=MASK_ID, bos_id=0))
         model, split = _bound_problem(causal=objective.causal)
         result = objective.evaluate(objective.denoiser(model), split, seeds=[7], batch_size=4,
-                                    device=torch.device("cpu"), rank=rank, world_size=world)[0]
-        out[name] = [result.nats, result.tokens, result.sequences]
+                                    device=torch.device("cpu"), rank=rank, world_size=world, per_sequence=True)[0]
+        out[name] = [result.nats, result.tokens, result.sequences, result.per_sequence.tolist()]
     return out
 
 
 def test_every_objective_evaluates_rank_sharded(tmp_path):
     """Every objective's evaluation (a bound, or the exact AR likelihood) splits its batches over
-    the ranks and all-reduces them to the one-process value."""
+    the ranks and all-reduces them to the one-process value, the per-row values included."""
     one = _evaluate_every_objective()
     torch.multiprocessing.spawn(_objective_worker, args=(2, str(tmp_path / "store"), str(tmp_path / "r")), nprocs=2)
     for rank in range(2):
         got = json.loads((tmp_path / f"r.{rank}").read_text())
         assert set(got) == set(one)
-        for name, (nats, tokens, sequences) in got.items():
-            assert (tokens, sequences) == tuple(one[name][1:]), name
+        for name, (nats, tokens, sequences, each) in got.items():
+            assert (tokens, sequences) == tuple(one[name][1:3]), name
             assert nats == pytest.approx(one[name][0], rel=1e-6), name
+            # every row's value reaches every rank (all-gathered), each computed once
+            assert each == pytest.approx(one[name][3], rel=1e-6) and sum(each) == pytest.approx(nats, rel=1e-6), name
 
 
 def _bound_problem(causal: bool = False):

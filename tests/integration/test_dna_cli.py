@@ -1,5 +1,5 @@
 """DNA end to end through the CLI on the generated genome: dna-tiny trained a few steps with
-MDLM, with AR (Mamba) and with MLM; eval-ppl gives a bound, an exact value and a masked-token
+MDLM, with AR (Mamba), with MLM and with SEDD; eval-ppl gives a bound, an exact value and a masked-token
 value; the AR model samples through its recurrent cache; an MLM has no sampler."""
 
 import json
@@ -16,7 +16,8 @@ FAST = ["--set", "train.max_steps=2", "--set", "train.eval_every=100", "--set", 
         "--set", "train.eval_rows=16", "--set", "data.length=64", "--set", "train.micro_batch_size=8",
         "--set", "train.global_batch_size=8", "--no-print-config"]
 OBJECTIVES = {"mdlm": [], "ar": ["--set", "model.backbone=mamba", "--set", "diffusion.objective=ar"],
-              "mlm": ["--set", "diffusion.objective=mlm"]}
+              "mlm": ["--set", "diffusion.objective=mlm"],
+              "sedd": ["--set", "diffusion.objective=sedd", "--set", "model.time_conditioning=true"]}
 
 
 def test_dna_tiny_objectives_train_evaluate_and_sample(tmp_path):
@@ -30,9 +31,12 @@ def test_dna_tiny_objectives_train_evaluate_and_sample(tmp_path):
                                      str(tmp_path / f"{name}.json")])
         assert result.exit_code == 0, result.output
         kinds[name] = json.loads((tmp_path / f"{name}.json").read_text())["results"][0]["kind"]
-    assert kinds == {"mdlm": "bound", "ar": "exact", "mlm": "masked-token"}
+    assert kinds == {"mdlm": "bound", "ar": "exact", "mlm": "masked-token", "sedd": "bound"}
     result = runner.invoke(app, ["sample", "-c", str(tmp_path / "ar"), "-n", "2", "--length", "32"])
     assert result.exit_code == 0, result.output
+    assert set("".join(result.output.split())) & set("ACGT")
+    result = runner.invoke(app, ["sample", "-c", str(tmp_path / "sedd"), "-n", "1", "--length", "32", "--steps", "8"])
+    assert result.exit_code == 0, result.output  # SEDD's analytic sampler through the Caduceus backbone
     assert set("".join(result.output.split())) & set("ACGT")
     result = runner.invoke(app, ["sample", "-c", str(tmp_path / "mlm"), "-n", "1"])
     assert result.exit_code == 1 and "no sampler" in result.output

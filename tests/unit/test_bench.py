@@ -77,9 +77,8 @@ def test_timed_denoiser_accumulates():
 def test_cli_end_to_end_json_schema(tmp_path):
     out = tmp_path / "b.json"
     result = CliRunner().invoke(app, ["bench-sampler", "--preset", "test", "--steps", "5,10", "-n", "2",
-                                      "--samplers", "ancestral,ancestral-cache,first-hitting",
                                       "--batch-size", "1,2", "--repeats", "1", "--precision", "fp64,fp32",
-                                      "--json", str(out)])
+                                      "--samplers", "ancestral,ancestral-cache,first-hitting", "--json", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert {"device", "dtype", "threads", "torch", "seed", "length", "vocab_size", "command"} <= set(data["meta"])
@@ -151,3 +150,11 @@ def test_frontier_plot_is_written(tmp_path):
         path = tmp_path / f"frontier-{x}.png"
         plot_frontier(report, str(path), x=x)
         assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_default_rows_are_every_sampler_of_the_objective():
+    """MDLM's rows include SEDD's analytic sampler (through the SUBS -> score conversion): Table 10."""
+    result = CliRunner().invoke(app, ["bench-sampler", "--preset", "test", "--steps", "3", "-n", "1",
+                                      "--batch-size", "1", "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    assert all(name in result.output for name in ("ancestral-cache", "first-hitting", "analytic"))

@@ -21,6 +21,27 @@ def test_every_shipped_preset_loads_and_validates():
         assert cfg.train.global_batch_size % cfg.train.micro_batch_size == 0
 
 
+def test_baseline_presets_name_their_paper_rows():
+    described = list_presets()
+    rows = {"lm1b-sedd": "28.90", "owt-sedd": "24.10", "lm1b-d3pm": "28.56", "lm1b-T1000": "27.19",
+            "owt-tc": "23.21", "owt": "23.05", "text8-ar": "1.23", "text8-sedd": "1.39", "text8-d3pm": "1.45",
+            "demo-sedd": "Table 8", "demo-d3pm": "Table 8"}
+    for name, row in rows.items():
+        assert row in " ".join(load_preset(name)["description"].split()), name
+        assert name in described
+    objectives = {name: resolve_config(name).diffusion.objective for name in rows}
+    assert objectives["lm1b-d3pm"] == objectives["text8-d3pm"] == objectives["demo-d3pm"] == "d3pm"
+    assert objectives["owt-sedd"] == objectives["demo-sedd"] == "sedd" and objectives["text8-ar"] == "ar"
+    demo = resolve_config("demo").to_dict()
+    for name in ("demo-sedd", "demo-d3pm"):  # the demo's data, blocks, steps, batch and recipe
+        other = resolve_config(name).to_dict()
+        assert all(other[section] == demo[section] for section in ("data", "optim", "train")), name
+        assert {k: v for k, v in other["model"].items() if k != "time_conditioning"} == \
+            {k: v for k, v in demo["model"].items() if k != "time_conditioning"}
+    assert resolve_config("lm1b-T1000").diffusion.T == resolve_config("lm1b-d3pm").diffusion.T == 1000
+    assert resolve_config("owt-tc").model.time_conditioning and not resolve_config("owt").model.time_conditioning
+
+
 def test_owt_preset_matches_the_paper_recipe():
     cfg = resolve_config("owt")
     assert (cfg.data.tokenizer, cfg.data.length, cfg.data.packing) == ("gpt2", 1024, "wrap")

@@ -21,6 +21,7 @@ from mdlm_cli.models import DiT, build_model
 from mdlm_cli.objectives import OBJECTIVES, get_objective
 
 from ..analytic import AnalyticDenoiser
+from ..objective_configs import overrides as objective_overrides
 from .test_sampling import chi2_pvalue
 
 TOK = load_tokenizer("char")  # vocab 35, mask 4, BOS 2
@@ -28,7 +29,7 @@ CPU = torch.device("cpu")
 
 
 def setup(name: str, **overrides):
-    cfg = resolve_config("test", [f"diffusion.objective={name}", *(f"{k}={v}" for k, v in overrides.items())])
+    cfg = resolve_config("test", [*objective_overrides(name), *(f"{k}={v}" for k, v in overrides.items())])
     objective = get_objective(cfg, TOK)
     torch.manual_seed(0)
     model = build_model(cfg.model, TOK.vocab_size, causal=objective.causal)
@@ -45,7 +46,7 @@ def batch(B: int = 3, L: int = 32) -> torch.Tensor:
 def test_loss_terms_are_nats_per_sequence_with_gradients(name):
     cfg, objective, model = setup(name)
     x0 = batch()
-    t = objective.draw_times(0)(3, torch.Generator().manual_seed(0)) if objective.uses_time else None
+    t = objective.draw_times(cfg.diffusion.T)(3, torch.Generator().manual_seed(0)) if objective.uses_time else None
     terms = objective.loss_terms(objective.denoiser(model), x0, t, generator=torch.Generator().manual_seed(2),
                                  attention_mask=None)
     assert terms.shape == (3,) and torch.isfinite(terms).all() and (terms >= 0).all()

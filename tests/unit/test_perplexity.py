@@ -91,3 +91,29 @@ def test_result_reports_bits_per_character_and_exactness():
     exact = PplResult("x", "test", 1, 1, [1.0], exact=True)
     assert exact.standard_error == 0.0 and exact.bits_per_char is None
     assert exact.to_dict()["kind"] == "exact" and r.to_dict()["mc_samples"] == 2
+
+
+def test_per_sequence_values_give_the_per_datapoint_spread_of_table_9(den):
+    """Each pass keeps every row's bound; their spread over the passes, per sequence and per
+    token, averaged over sequences, is the per-datapoint sd (variance) of a one-sample estimate."""
+    from mdlm_cli.engine.diffusion import nelbo_terms
+    from mdlm_cli.evaluation import diffusion_times, sequence_spread, sharded_sum
+
+    x = rows_from(den, 60)
+    split = split_of(x)
+    schedule = LogLinear()
+
+    def terms(x0, t, gen, attention_mask):
+        return nelbo_terms(den, x0, t, mask_id=den.mask_id, schedule=schedule, generator=gen)
+
+    passes = [sharded_sum(terms, split, batch_size=7, device=CPU, seed=k, draw_times=diffusion_times(schedule),
+                          per_sequence=True) for k in range(5)]
+    for p in passes:
+        assert p.per_sequence.shape == (60,) and p.per_sequence.sum() == pytest.approx(p.nats, rel=1e-6)
+    per_token = np.stack([p.per_sequence for p in passes]) / 3
+    sd, var = sequence_spread(passes, split.lengths)
+    assert sd == pytest.approx(np.mean([np.std(per_token[:, i], ddof=1) for i in range(60)]))
+    assert var == pytest.approx(per_token.var(axis=0, ddof=1).mean()) and sd > 0
+    assert sequence_spread(passes[:1], split.lengths) == (None, None)  # one pass: no spread
+    plain = sharded_sum(terms, split, batch_size=7, device=CPU, seed=0, draw_times=diffusion_times(schedule))
+    assert plain.per_sequence is None and plain.nats == passes[0].nats  # the total is unchanged

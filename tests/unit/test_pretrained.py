@@ -161,7 +161,7 @@ def test_ema_that_does_not_fit_is_named(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"parameterization": "sedd"}, "parameterization='sedd'"),
+    ({"parameterization": "gaussian"}, "parameterization='gaussian'"),  # sedd and d3pm load (test_baseline_loading)
     ({"backbone": "ar"}, "'ar' backbone"),
     ({"noise": {"type": "geometric"}}, "noise schedule 'geometric'"),
 ])

@@ -11,7 +11,7 @@ from mdlm_cli.bench import WholeBatchCount
 from mdlm_cli.engine import EngineError
 from mdlm_cli.engine.categorical import sample_tokens
 
-from ..analytic import AnalyticDenoiser
+from ..analytic import AnalyticDenoiser, AnalyticPosterior, AnalyticScore
 
 N = 6000
 
@@ -99,10 +99,17 @@ def test_prompted_sampling_reproduces_the_conditional(den):
 
 
 def model_for(spec: engine.SamplerSpec, den: AnalyticDenoiser):
-    """A model each sampler can serve: the analytic denoiser, or a tiny random causal LM with
-    the same vocabulary (BOS 0, mask 3) for left-to-right samplers."""
+    """A model each sampler can serve: the analytic denoiser (as SUBS, SEDD or D3PM would see
+    it), or a tiny random causal LM with the same vocabulary (BOS 0, mask 3) for left-to-right
+    samplers."""
     if "mdlm" in spec.objectives:
         return den
+    if "sedd" in spec.objectives:
+        from mdlm_cli.engine.schedules import LogLinear
+
+        return AnalyticScore(den, LogLinear())
+    if "d3pm" in spec.objectives:
+        return AnalyticPosterior(den)
     from mdlm_cli.config import ModelConfig
     from mdlm_cli.models import DiT
     from mdlm_cli.objectives.ar import CausalLM
