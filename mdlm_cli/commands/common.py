@@ -77,6 +77,13 @@ StepsOpt = Annotated[int | None, typer.Option(
          "else ancestral; SEDD: analytic).")]
 
 
+KScheduleOpt = Annotated[str | None, typer.Option(
+    help="confidence: tokens revealed per step, linear (equal shares, LLaDA) or cosine (MaskGIT).")]
+ThresholdOpt = Annotated[float | None, typer.Option(
+    help="threshold: reveal each drawn token whose probability exceeds this (default 0.9; 0 = all in one call).")]
+EtaOpt = Annotated[float | None, typer.Option(help="remdm: remasking strength eta in [0, 1] (default 0.008).")]
+RemdmScheduleOpt = Annotated[str | None, typer.Option(
+    help="remdm: cap (sigma = min(eta, sigma_max), the default) or rescale (sigma = eta * sigma_max).")]
 NumSamplesOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Sequences to draw.")]
 SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
 PromptOpt = Annotated[str | None, typer.Option(help="Text the samples start with.")]
@@ -117,6 +124,23 @@ def check_sampling_flags(sampler: str | None, precision: str) -> None:
         raise MdlmError(f"--precision must be one of: {', '.join(PRECISIONS)}")
 
 
+def sampler_options(*, k_schedule: str | None = None, threshold: float | None = None, eta: float | None = None,
+                    remdm_schedule: str | None = None) -> dict:
+    """The sampler-specific options the user gave (name -> value), checked before anything is loaded."""
+    from ..engine.confidence import K_SCHEDULES
+    from ..engine.remdm import REMDM_SCHEDULES
+
+    given = {name: value for name, value in (("k_schedule", k_schedule), ("threshold", threshold), ("eta", eta),
+                                             ("remdm_schedule", remdm_schedule)) if value is not None}
+    for name, choices in (("k_schedule", K_SCHEDULES), ("remdm_schedule", REMDM_SCHEDULES)):
+        if name in given and given[name] not in choices:
+            raise MdlmError(f"--{name.replace('_', '-')} must be one of: {', '.join(choices)} (got {given[name]!r})")
+    for name in ("threshold", "eta"):
+        if name in given and not 0.0 <= given[name] <= 1.0:
+            raise MdlmError(f"--{name} must be in [0, 1] (got {given[name]})")
+    return given
+
+
 def resolve_sampler(objective, sampler: str | None, steps: int | None, options: dict | None = None):
     """The sampler spec and steps a command runs, from the user's flags and the objective's
     samplers; no flag is silently ignored (a warning says what does not apply).
@@ -129,7 +153,8 @@ def resolve_sampler(objective, sampler: str | None, steps: int | None, options: 
     if not served:
         raise MdlmError(f"{objective.name} models have no sampler ({objective.description})")
     if sampler is None and steps is not None:  # `--steps N` means "a step-based sampler with N steps"
-        stepped = [s for s in served if s.uses_steps and (not objective.takes_time or not s.needs_time_agnostic)]
+        stepped = [s for s in served if s.uses_steps and s.exact
+                   and (not objective.takes_time or not s.needs_time_agnostic)]
         spec = max(stepped, key=lambda s: s.needs_time_agnostic) if stepped else get_sampler(objective.default_sampler)
         if stepped:
             err_console.print(f"[dim]--steps {steps}: sampling with {spec.name}[/]", highlight=False)

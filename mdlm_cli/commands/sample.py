@@ -12,16 +12,20 @@ from ..errors import MdlmError
 from .common import (
     CheckpointOpt,
     DeviceOpt,
+    EtaOpt,
+    KScheduleOpt,
     NumSamplesOpt,
     OutOpt,
     PrecisionOpt,
     PromptOpt,
     RawWeightsOpt,
+    RemdmScheduleOpt,
     SamplerOpt,
     SeedOpt,
     StepsOpt,
     TemperatureOpt,
     ThreadsOpt,
+    ThresholdOpt,
     TopPOpt,
     app,
     check_positive,
@@ -30,6 +34,7 @@ from .common import (
     err_console,
     load_for_command,
     resolve_sampler,
+    sampler_options,
     user_errors,
 )
 
@@ -46,8 +51,9 @@ def sample_cmd(
     num_samples: NumSamplesOpt = 4, batch_size: Annotated[int, typer.Option(help="Sequences per batch.")] = 4,
     seed: SeedOpt = 0, prompt: PromptOpt = None, infill: InfillOpt = None, length: LengthOpt = None,
     precision: PrecisionOpt = "fp64", temperature: TemperatureOpt = 1.0, top_p: TopPOpt = 1.0,
-    tokens_per_step: TokensPerStepOpt = 1, final_denoise: FinalDenoiseOpt = True, out: OutOpt = None,
-    device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, quiet: QuietOpt = False,
+    tokens_per_step: TokensPerStepOpt = 1, final_denoise: FinalDenoiseOpt = True, k_schedule: KScheduleOpt = None,
+    threshold: ThresholdOpt = None, eta: EtaOpt = None, remdm_schedule: RemdmScheduleOpt = None,
+    out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, quiet: QuietOpt = False,
     threads: ThreadsOpt = None,
 ) -> None:
     """Draw samples from a trained model and print them.
@@ -58,6 +64,8 @@ def sample_cmd(
       mdlm sample --sampler ancestral-cache --steps 1000 -n 16 --out samples.jsonl
       mdlm sample --prompt "It was a dark night" --seed 3
       mdlm sample --infill "Holmes <mask:6> Watson <mask:12> the door."
+      mdlm sample --sampler threshold --threshold 0.7 # fast, inexact: several tokens per network call
+      mdlm sample --sampler remdm --steps 1000 --eta 0.02
       mdlm sample --checkpoint runs/demo-ar -n 8     # an AR checkpoint: left to right, KV cache
     """
     from rich.panel import Panel
@@ -69,12 +77,13 @@ def sample_cmd(
     with user_errors():
         check_sampling_flags(sampler, precision)
         check_positive(num_samples=num_samples, batch_size=batch_size, length=length, tokens_per_step=tokens_per_step)
+        options = sampler_options(k_schedule=k_schedule, threshold=threshold, eta=eta, remdm_schedule=remdm_schedule)
         if out:
             check_writable(out)  # before the sampling, not after it
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         changed = {"tokens_per_step": tokens_per_step} if tokens_per_step != 1 else {}
         spec, steps = resolve_sampler(loaded.objective, sampler, steps,
-                                      changed | ({"final_denoise": "off"} if not final_denoise else {}))
+                                      changed | options | ({"final_denoise": "off"} if not final_denoise else {}))
         length = length if length is not None else loaded.length
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
@@ -83,12 +92,12 @@ def sample_cmd(
                 loaded, sampler=spec.name, num_samples=num_samples, batch_size=batch_size, steps=steps,
                 seed=seed, device=rt.device, dtype=rt.dtype, length=length, prompt=fixed,
                 precision=precision, temperature=temperature, top_p=top_p, tokens_per_step=tokens_per_step,
-                final_denoise=final_denoise, on_batch=lambda n: progress.advance(task, n))
+                final_denoise=final_denoise, options=options, on_batch=lambda n: progress.advance(task, n))
         if out:  # before anything is printed: the samples are on disk whatever the terminal makes of them
             extra = {"sampler": spec.name, "steps": steps, "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
                      "precision": precision, "temperature": temperature, "top_p": top_p,
                      "checkpoint": str(loaded.path), "seconds": seconds / num_samples, "prompt": prompt,
-                     "infill": infill}
+                     "infill": infill, **{k: v for k, v in options.items() if k in spec.options}}
             write_jsonl(out, [r.to_json(**extra) for r in records])
         if not quiet:
             for r in records:  # model text is never rich markup
@@ -107,6 +116,8 @@ def semi_ar_cmd(
     sampler: SamplerOpt = None, steps: StepsOpt = None, num_samples: NumSamplesOpt = 1, seed: SeedOpt = 0,
     prompt: Annotated[str | None, typer.Option(help="Text the first window starts with.")] = None,
     precision: PrecisionOpt = "fp64", temperature: TemperatureOpt = 1.0, top_p: TopPOpt = 1.0,
+    k_schedule: KScheduleOpt = None, threshold: ThresholdOpt = None, eta: EtaOpt = None,
+    remdm_schedule: RemdmScheduleOpt = None,
     stream: Annotated[bool, typer.Option(help="Print each block as it completes.")] = True,
     out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, threads: ThreadsOpt = None,
 ) -> None:
@@ -124,19 +135,19 @@ def semi_ar_cmd(
 
     from .. import engine
     from ..files import check_writable
-    from ..generate import SampleRecord, template, write_jsonl
+    from ..generate import SampleRecord, write_jsonl
 
     with user_errors():
         check_sampling_flags(sampler, precision)
         check_positive(length=length, stride=stride, num_samples=num_samples)
+        options = sampler_options(k_schedule=k_schedule, threshold=threshold, eta=eta, remdm_schedule=remdm_schedule)
         if out:
             check_writable(out)
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
-        spec, steps = resolve_sampler(loaded.objective, sampler, steps)
+        spec, steps = resolve_sampler(loaded.objective, sampler, steps, options)
         window, tok = loaded.length, loaded.tokenizer
         stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length)
-        start = template(loaded, window, prompt=prompt) if prompt else None
-        start = None if start is None else start[start != loaded.mask_id]
+        start = _prefix(loaded, prompt)
         streaming = stream and num_samples == 1
         if start is not None and streaming:
             _write(tok.decode(start.tolist()))
@@ -146,7 +157,7 @@ def semi_ar_cmd(
             target_length=length, mask_id=loaded.mask_id, prompt=start, steps=steps,
             on_block=lambda r, new: streaming and _write(tok.decode(new[0].tolist())),
             schedule=loaded.objective.schedule, generator=torch.Generator(device=rt.device).manual_seed(seed),
-            precision=precision, temperature=temperature, top_p=top_p, device=rt.device)
+            precision=precision, temperature=temperature, top_p=top_p, device=rt.device, **options)
         seconds = time.perf_counter() - t0
         texts = [tok.decode(row.tolist()) for row in result.tokens.cpu()]
         if out:  # before anything is printed
@@ -158,6 +169,16 @@ def semi_ar_cmd(
         _show(texts, streamed=streaming)
         err_console.print(f"{result.tokens.shape[1]} tokens per sample (window {window}, stride {stride}), "
                           f"{seconds / num_samples:.2f} s/sample, NFE {result.stats.nfe:.1f}")
+
+
+def _prefix(loaded, prompt: str | None):
+    """The prompt's tokens (the first window's clean prefix), or None."""
+    from ..generate import template
+
+    if not prompt:
+        return None
+    start = template(loaded, loaded.length, prompt=prompt)
+    return start[start != loaded.mask_id]
 
 
 def _semi_ar_lengths(loaded, checkpoint: str, stride: int | None, length: int | None) -> tuple[int, int]:

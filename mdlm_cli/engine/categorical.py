@@ -88,9 +88,24 @@ def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | 
     fp64: inverse CDF with a float64 running sum (exact, one uniform per row). fp32: the
     reference's float32 race, truncation included.
     """
+    return _draw(token_weights(logits, mask_id, temperature=temperature, top_p=top_p), mask_id,
+                 generator=generator, precision=precision)
+
+
+def sample_tokens_with_probs(logits: Tensor, mask_id: int, *, generator: torch.Generator | None,
+                             precision: str = "fp64", temperature: float = 1.0,
+                             top_p: float = 1.0) -> tuple[Tensor, Tensor]:
+    """`sample_tokens` (the same draws), and the probability of each drawn token (N,) float64
+    under the distribution it was drawn from: the confidence of the confidence-ordered samplers."""
+    weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p)
+    tokens = _draw(weights, mask_id, generator=generator, precision=precision)
+    probs = weights.gather(-1, tokens[:, None])[:, 0].double() / weights.double().sum(-1)
+    return tokens, probs
+
+
+def _draw(weights: Tensor, mask_id: int, *, generator: torch.Generator | None, precision: str) -> Tensor:
     if precision not in PRECISIONS:
         raise EngineError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p)
     if precision == "fp64":
         return inverse_cdf_draw(weights, generator=generator, never=mask_id)
     return reference_draw(weights, generator=generator)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import Tensor
 
-from .categorical import sample_tokens
+from .categorical import sample_tokens, sample_tokens_with_probs
 from .diffusion import Denoiser, call_denoiser, subs_log_score
 from .schedules import Schedule
 
@@ -53,6 +53,10 @@ class SamplerContext:
     top_p: float = 1.0
     final_denoise: bool = True
     tokens_per_step: int = 1
+    k_schedule: str = "linear"  # confidence: how many tokens each step reveals (engine/confidence.py)
+    threshold: float = 0.9  # threshold: reveal the drawn tokens whose probability exceeds it
+    eta: float = 0.008  # remdm: the remasking strength (engine/remdm.py)
+    remdm_schedule: str = "cap"  # remdm: how eta becomes the remasking probability sigma_t
     eps: float = 1e-5  # last time of the ancestral grid, as the reference
     # caching samplers report, per batch, the steps at which any sequence changed and the number
     # of steps run with a mask left (for benchmarks: what a whole-batch cache would have cost)
@@ -95,6 +99,12 @@ class SamplerContext:
         self.stats.draws += logits.shape[0]
         return sample_tokens(logits, self.mask_id, generator=self.generator, precision=self.precision,
                              temperature=self.temperature, top_p=self.top_p)
+
+    def draw_with_probs(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """`draw`, and the probability of each drawn token (float64) under the distribution drawn from."""
+        self.stats.draws += logits.shape[0]
+        return sample_tokens_with_probs(logits, self.mask_id, generator=self.generator, precision=self.precision,
+                                        temperature=self.temperature, top_p=self.top_p)
 
     def rand(self, shape, device) -> Tensor:
         return torch.rand(shape, generator=self.generator, device=device, dtype=torch.float64)

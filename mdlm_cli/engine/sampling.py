@@ -19,11 +19,13 @@ from torch import Tensor
 from .ancestral import ancestral, ancestral_cache
 from .autoregressive import autoregressive
 from .categorical import PRECISIONS
+from .confidence import confidence, threshold
 from .context import SamplerContext, SampleStats
 from .d3pm import d3pm_ancestral
 from .diffusion import Denoiser
 from .errors import EngineError
 from .first_hitting import first_hitting
+from .remdm import remdm
 from .schedules import Schedule, get_schedule
 from .sedd import analytic, euler
 
@@ -64,6 +66,18 @@ SAMPLERS: dict[str, SamplerSpec] = {spec.name: spec for spec in (
                      "call per step; exact at steps = T"),
     SamplerSpec("autoregressive-kv-cache", autoregressive, ("ar",), exact=True,
                 help="left to right with a key/value cache, one call per new token; exact"),
+    SamplerSpec("confidence", confidence, ("mdlm",), exact=False, uses_steps=True, default_steps=128,
+                options=frozenset({"k_schedule"}),
+                help="MaskGIT / LLaDA low-confidence remasking: each step draws a token at every masked position "
+                     "and keeps the k likeliest draws (k from --k-schedule over the steps); inexact: parallel, "
+                     "biased to likely tokens"),
+    SamplerSpec("threshold", threshold, ("mdlm",), exact=False, options=frozenset({"threshold"}),
+                help="Fast-dLLM parallel decoding: each call keeps every drawn token whose probability exceeds "
+                     "--threshold (at least one); inexact: parallel, biased to likely tokens"),
+    SamplerSpec("remdm", remdm, ("mdlm",), exact=False, uses_steps=True,
+                options=frozenset({"eta", "remdm_schedule", "final_denoise"}),
+                help="ReMDM (Wang et al. 2025): ancestral steps that may remask revealed tokens "
+                     "(--remdm-schedule cap|rescale, --eta); eta 0 is ancestral; inexact at finite steps"),
 )}
 
 
@@ -104,6 +118,7 @@ def sample(denoiser: Denoiser, *, sampler: str, num_samples: int, length: int, m
            generator: torch.Generator | None = None, prompt: Tensor | None = None,
            batch_size: int | None = None, precision: str = "fp64", temperature: float = 1.0,
            top_p: float = 1.0, final_denoise: bool = True, tokens_per_step: int = 1,
+           k_schedule: str = "linear", threshold: float = 0.9, eta: float = 0.008, remdm_schedule: str = "cap",
            time_agnostic: bool | None = None, device: torch.device | str | None = None,
            return_stats: bool = False, on_batch: Callable[[int], None] | None = None,
            on_changes: Callable[[list[int], int], None] | None = None):
@@ -117,6 +132,9 @@ def sample(denoiser: Denoiser, *, sampler: str, num_samples: int, length: int, m
     evaluations per sequence) and NCS (categorical draws per sequence). `on_batch(n)` is
     called after each batch; `on_changes(steps, n_steps)` by caching samplers, per batch
     (the steps at which any sequence changed: what benchmarks need for a whole-batch cache).
+    Sampler options (each sampler reads those its spec lists): `final_denoise` (ancestral,
+    remdm), `tokens_per_step` (first-hitting), `k_schedule` (confidence: engine.confidence.K_SCHEDULES),
+    `threshold` (threshold), `eta` and `remdm_schedule` (remdm: engine.remdm.REMDM_SCHEDULES).
     """
     spec = get_sampler(sampler)
     if precision not in PRECISIONS:
@@ -135,7 +153,8 @@ def sample(denoiser: Denoiser, *, sampler: str, num_samples: int, length: int, m
     stats = SampleStats(num_sequences=num_samples)
     ctx = SamplerContext(denoiser, get_schedule(schedule), mask_id, generator, stats, steps=steps or 0,
                          precision=precision, temperature=temperature, top_p=top_p,
-                         final_denoise=final_denoise, tokens_per_step=tokens_per_step, on_changes=on_changes)
+                         final_denoise=final_denoise, tokens_per_step=tokens_per_step, k_schedule=k_schedule,
+                         threshold=threshold, eta=eta, remdm_schedule=remdm_schedule, on_changes=on_changes)
     outputs = []
     for start in range(0, num_samples, batch_size):
         z = z_all[start:start + batch_size].clone()

@@ -109,3 +109,21 @@ def test_flags_are_never_silently_ignored(trained):
     result = runner.invoke(app, ["semi-ar", "--checkpoint", str(full), "--stride", "999"])
     assert result.exit_code == 1 and "stride must be between" in result.output  # an engine error, one line
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_fast_sampler_flags_apply_where_read(trained, tmp_path):
+    full, _ = trained
+    base = ["sample", "--checkpoint", str(full), "-n", "2", "--quiet"]
+    out = run(*base, "--sampler", "threshold", "--threshold", "0", "--out", str(tmp_path / "t.jsonl"))
+    record = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    assert record["nfe"] == 1 and record["threshold"] == 0.0 and record["sampler"] == "threshold"
+    assert "--eta 0.1 does not apply to first-hitting" in run(*base, "--eta", "0.1")
+    out = run(*base, "--sampler", "remdm", "--steps", "20", "--eta", "0.1", "--remdm-schedule", "rescale",
+              "--k-schedule", "cosine")
+    assert "--k-schedule cosine does not apply to remdm" in out and "--eta" not in out
+    run(*base, "--sampler", "confidence", "--steps", "8", "--prompt", "ab")
+    assert "must be one of: cap, rescale" in run(*base, "--remdm-schedule", "loop", code=1)
+    out = run("semi-ar", "--checkpoint", str(full), "--length", "48", "--sampler", "confidence", "--steps", "4",
+              "--no-stream", "--threshold", "0.5")
+    assert "--threshold 0.5 does not apply to confidence" in out

@@ -97,3 +97,29 @@ def test_commands_ask_the_objective_which_samplers_apply(models, tmp_path):
     (tmp_path / "s.jsonl").write_text('{"text": "the cat"}\n')
     assert "only apply with --sample-first" in run("gen-ppl", "--samples", str(tmp_path / "s.jsonl"),
                                                    "--judge", str(ar_run), "--steps", "10", code=1)
+
+
+@pytest.mark.slow
+def test_bench_quality_columns_are_gen_ppl_of_the_same_samples(models, tmp_path):
+    """bench-sampler --judge scores the samples it timed; mdlm gen-ppl on the samples it saved
+    gives the same numbers, and the real-text reference is the test split scored the same way."""
+    ar_run, mdlm_run = models
+    run("bench-sampler", "-c", str(mdlm_run), "--samplers", "first-hitting,threshold", "--threshold", "0,0.5",
+        "-n", "4", "--batch-size", "2", "--repeats", "1", "--judge", str(ar_run), "--reference-text", "test",
+        "--save-samples", str(tmp_path / "s"), "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "f.png"))
+    assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"  # the frontier plot of the run
+    bench = json.loads((tmp_path / "b.json").read_text())
+    assert len(bench["results"]) == 3
+    for row, name in zip(bench["results"], ["first-hitting-default", "threshold-threshold0.0",
+                                             "threshold-threshold0.5"], strict=True):
+        samples = tmp_path / "s" / f"fp64-{name}-b2.jsonl"
+        run("gen-ppl", "--samples", str(samples), "--judge", str(ar_run), "--json", str(tmp_path / "g.json"))
+        scored = json.loads((tmp_path / "g.json").read_text())
+        q = row["quality"]
+        assert (q["gen_ppl"], q["nats_per_char"], q["entropy"], q["num_samples"]) == (
+            scored["gen_ppl"], scored["nats_per_char"], scored["entropy_mean"], scored["num_samples"])
+        assert json.loads(samples.read_text().splitlines()[0])["nfe"] == row["nfe"]
+    assert bench["results"][1]["nfe"] == 1  # threshold 0: everything in one call
+    ref = bench["reference"]
+    assert ref["split"] == "test" and ref["per_group"] == 4 and ref["groups"] == 8
+    assert ref["band"]["gen_ppl"][0] <= ref["quality"]["gen_ppl"] <= ref["band"]["gen_ppl"][1]

@@ -1,10 +1,11 @@
 import json
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
 from mdlm_cli import engine
-from mdlm_cli.bench import BenchRow, TimedDenoiser, WholeBatchCount, run_config
+from mdlm_cli.bench import BenchReport, BenchRow, TimedDenoiser, WholeBatchCount, grid, run_config
 from mdlm_cli.cli import app
 from mdlm_cli.config import ModelConfig
 from mdlm_cli.engine.schedules import LogLinear
@@ -92,6 +93,63 @@ def test_cli_end_to_end_json_schema(tmp_path):
 def test_cli_rejects_bad_lists():
     result = CliRunner().invoke(app, ["bench-sampler", "--preset", "test", "--steps", "ten"])
     assert result.exit_code == 1 and "comma-separated integers" in result.output
+
+
+def test_option_lists_add_rows_to_the_samplers_that_read_them():
+    configs = grid(["first-hitting", "threshold", "remdm", "ancestral"], [10, 20], [2], ["fp64"],
+                   {"tokens_per_step": [1, 4], "threshold": [0.5], "eta": [0.0, 0.1]})
+    by = {}
+    for sampler, steps, _, _, opts in configs:
+        by.setdefault(sampler, []).append((steps, opts))
+    assert by["first-hitting"] == [(None, {"tokens_per_step": 1}), (None, {"tokens_per_step": 4})]
+    assert by["threshold"] == [(None, {"threshold": 0.5})]
+    assert len(by["remdm"]) == 4 and by["ancestral"] == [(10, {}), (20, {})]
+
+
+def test_rows_carry_their_options_and_samples():
+    kept = []
+    row = run_config(tiny_denoiser(), sampler="threshold", steps=None, batch_size=2, precision="fp64", num_samples=4,
+                     length=L, mask_id=V, repeats=2, seed=3, device=torch.device("cpu"), options={"threshold": 0.0},
+                     on_tokens=kept.append)
+    assert row.nfe == 1 and row.options == {"threshold": 0.0} and row.setting == "threshold=0.0"
+    assert len(kept) == 1 and kept[0].shape == (4, L)  # the first timed run's samples, seed 3
+    again = engine.sample(tiny_denoiser(), sampler="threshold", num_samples=4, length=L, mask_id=V, batch_size=2,
+                          threshold=0.0, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(kept[0], again)
+
+
+def test_cli_warns_about_options_no_sampler_reads():
+    result = CliRunner().invoke(app, ["bench-sampler", "--preset", "test", "--samplers", "first-hitting", "-n", "1",
+                                      "--batch-size", "1", "--repeats", "1", "--eta", "0.1", "--tokens-per-step", "2"])
+    assert result.exit_code == 0, result.output
+    assert "--eta does not apply to first-hitting" in result.output
+    assert "--tokens-per-step does not apply" not in result.output
+    bad = CliRunner().invoke(app, ["bench-sampler", "--preset", "test", "--threshold", "2"])
+    assert bad.exit_code == 1 and "--threshold must be in [0, 1]" in bad.output
+    bad = CliRunner().invoke(app, ["bench-sampler", "--preset", "test", "--reference-text", "test"])
+    assert bad.exit_code == 1 and "needs --judge" in bad.output
+
+
+def test_frontier_plot_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    from mdlm_cli.frontier import Quality, Reference, plot_frontier
+
+    def row(sampler, steps, options, nfe, ppl, entropy):
+        q = Quality(4, ppl, 3.0, 0.1, 2.0, entropy, 0.05)
+        return BenchRow(sampler, steps, 4, "fp64", 4, 1, 0.1 * nfe, 0.1 * nfe, 0.1 * nfe, 100.0, nfe, 48.0, 10,
+                        None, None, 0.9, 0.1, options, q)
+
+    report = BenchReport(meta={"model": "m", "length": L, "judge": "j"}, results=[
+        row("ancestral", 10, {}, 10, 30.0, 2.8), row("ancestral", 100, {}, 40, 28.0, 2.7),
+        row("threshold", None, {"threshold": 0.5}, 5, 20.0, 2.0),
+        row("threshold", None, {"threshold": 0.9}, 20, 25.0, 2.5),
+        row("first-hitting", None, {}, 48, 29.0, 2.8)])
+    report.reference = Reference("test", L, 4, 8, Quality(32, 5.0, 1.6, 0.01, 1.6, 2.8, 0.01),
+                                 {"gen_ppl": (4.5, 5.5), "entropy": (2.7, 2.9), "nats_per_char": (1.5, 1.7)})
+    for x in ("seconds", "nfe"):
+        path = tmp_path / f"frontier-{x}.png"
+        plot_frontier(report, str(path), x=x)
+        assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_default_rows_are_every_sampler_of_the_objective():

@@ -302,3 +302,146 @@ def test_unmask_steps_follow_the_per_step_bernoulli_law():
     expected = torch.cat([survive[:-1] * p, survive[-1:]])  # unmasks at step i, or not before the end
     counts = torch.bincount(at[0, 10:], minlength=steps + 1).double()
     assert chi2_pvalue(counts, expected) > 1e-3
+
+
+# ----------------------------------------------------------------------------- the inexact fast samplers
+
+class Peaked:
+    """Output-mask denoiser: position `sure` puts 0.999 on token 0, the others are uniform over
+    the V real tokens; records, per call, the masked positions of the first row."""
+
+    supports_output_mask = True
+    time_agnostic = True
+
+    def __init__(self, V: int, sure: list[int]):
+        self.V, self.sure, self.seen = V, sure, []
+
+    def __call__(self, z, t, output_mask=None):
+        self.seen.append((z[0] == self.V).nonzero()[:, 0].tolist())
+        logits = torch.zeros(*z.shape, self.V + 1)
+        logits[:, self.sure, 0] = math.log(0.999 * (self.V - 1) / 0.001)
+        logits[..., self.V] = -math.inf
+        return logits[output_mask]
+
+
+def test_confidence_reveals_the_most_confident_position_first():
+    den = Peaked(V=4, sure=[2])
+    tokens, stats = engine.sample(den, sampler="confidence", num_samples=1, length=5, mask_id=4, steps=5,
+                                  generator=torch.Generator().manual_seed(0), return_stats=True)
+    assert 2 not in den.seen[1]  # revealed by the first call: its drawn token has probability ~0.999
+    assert stats.nfe == 5 and stats.ncs == 5 + 4 + 3 + 2 + 1  # a draw at every masked position of every call
+
+
+def test_threshold_reveals_what_exceeds_it_and_at_least_one():
+    den = Peaked(V=4, sure=[0, 3])
+    tokens, stats = engine.sample(den, sampler="threshold", num_samples=1, length=5, mask_id=4, threshold=0.9,
+                                  generator=torch.Generator().manual_seed(0), return_stats=True)
+    assert den.seen[1] and 0 not in den.seen[1] and 3 not in den.seen[1]  # both sure positions at the first call
+    assert len(den.seen[1]) == 3 - 0 and stats.nfe == 1 + 3  # then one uniform position per call
+
+
+@pytest.mark.parametrize("value, nfe", [(0.0, 1), (1.0, 3)])
+def test_threshold_zero_reveals_all_at_once_and_one_reveals_one_per_call(den, value, nfe):
+    tokens, stats = draw(den, "threshold", n=50, threshold=value)
+    assert stats.nfe == nfe and not (tokens == den.mask_id).any()
+
+
+@pytest.mark.parametrize("k_schedule", ["linear", "cosine"])
+def test_confidence_nfe_is_the_steps_that_reveal_something(k_schedule):
+    from mdlm_cli.engine.confidence import reveal_counts
+
+    counts = reveal_counts([64, 10, 0], 16, k_schedule)
+    assert counts.sum(1).tolist() == [64, 10, 0] and (counts >= 0).all()
+    den = Peaked(V=3, sure=[])
+    prompt = torch.full((3, 64), 3)
+    prompt[1, 10:] = 1  # 10 free positions
+    prompt[2] = 2  # none
+    _, stats = engine.sample(den, sampler="confidence", num_samples=3, length=64, mask_id=3, steps=16,
+                             k_schedule=k_schedule, prompt=prompt, generator=torch.Generator().manual_seed(0),
+                             return_stats=True)
+    assert stats.sequence_evals == int((counts > 0).sum())  # no call for a sequence that reveals nothing
+    if k_schedule == "linear":
+        assert (counts > 0).sum(1).tolist() == [16, 10, 0]  # min(steps, masked positions)
+
+
+@pytest.mark.parametrize("sampler, kw", [("confidence", {"steps": 2}), ("threshold", {"threshold": 0.5}),
+                                         ("remdm", {"steps": 30, "eta": 0.2})])
+def test_inexact_samplers_keep_the_prompt_fixed(sampler, kw):
+    """Fixed positions never change, and remdm never masks them again (checked at every call)."""
+    den = AnalyticDenoiser.random(length=4, vocab=3, seed=1)
+    prompt = torch.tensor([2, den.mask_id, 0, den.mask_id])
+
+    def checked(z, t, **k):
+        assert (z[:, 0] == 2).all() and (z[:, 2] == 0).all()
+        return den(z, t, **k)
+
+    tokens, _ = draw(checked, sampler, n=200, length=4, mask_id=den.mask_id, prompt=prompt, **kw)
+    assert (tokens[:, 0] == 2).all() and (tokens[:, 2] == 0).all() and not (tokens == den.mask_id).any()
+
+
+def test_remdm_with_eta_zero_is_ancestral_draw_for_draw():
+    """sigma = 0 leaves ReMDM's probabilities MDLM's, and the reveal decisions are drawn as
+    ancestral draws them: same tokens (prompt included); the calls are those of ancestral-cache."""
+    from mdlm_cli.config import ModelConfig
+    from mdlm_cli.engine.schedules import LogLinear
+    from mdlm_cli.models import DiffusionDenoiser, DiT
+
+    model = DiT(ModelConfig(hidden_size=32, n_blocks=1, n_heads=2, cond_dim=8, dropout=0.0), 21)
+    torch.nn.init.normal_(model.output_layer.linear.weight, std=1.0)
+    net = DiffusionDenoiser(model.eval(), LogLinear())
+    prompt = torch.full((40,), 20)
+    prompt[:4], prompt[25:28] = torch.arange(4), 7
+    runs = {s: draw(net, s, n=6, steps=60, length=40, mask_id=20, prompt=prompt, eta=0.0)
+            for s in ("ancestral", "ancestral-cache", "remdm")}
+    assert torch.equal(runs["remdm"][0], runs["ancestral"][0])
+    assert runs["remdm"][1].sequence_evals == runs["ancestral-cache"][1].sequence_evals
+    assert runs["remdm"][1].ncs == runs["ancestral"][1].ncs
+
+
+@pytest.mark.parametrize("remdm_schedule, eta", [("cap", 0.05), ("rescale", 0.5), ("rescale", 1.0)])
+def test_remdm_keeps_the_forward_marginals(remdm_schedule, eta):
+    """Remasking and its raised reveal probability balance: after the grid from 1 to s, a
+    position is masked with probability rate(s) / rate(1) (here 1/2), as without remasking."""
+    from mdlm_cli.engine.context import SamplerContext, SampleStats
+    from mdlm_cli.engine.remdm import remdm
+    from mdlm_cli.engine.schedules import LogLinear
+
+    left = []
+
+    def uniform(z, t, output_mask=None):
+        assert output_mask.any(1).all()  # NFE: a call only for the sequences that reveal something
+        if float(t[0]) == 0.5:  # the final step: what is still masked
+            left.append(int(output_mask.sum()))
+        return torch.zeros(int(output_mask.sum()), 4)
+
+    uniform.supports_output_mask = True
+    stats = SampleStats(num_sequences=4000)
+    ctx = SamplerContext(uniform, LogLinear(), 3, torch.Generator().manual_seed(0), stats, steps=40, eps=0.5,
+                         eta=eta, remdm_schedule=remdm_schedule)
+    z = remdm(torch.full((4000, 4), 3), ctx)
+    n = z.numel()
+    assert stats.draws > n - sum(left)  # tokens were remasked and drawn again (the rest: argmax at the end)
+    assert abs(sum(left) / n - 0.5) < 4 * math.sqrt(0.25 / n)
+
+
+@pytest.mark.parametrize("sampler, kw, nfe", [("confidence", {"steps": 2}, 2), ("confidence", {"steps": 5}, 3),
+                                              ("threshold", {"threshold": 0.5}, None),
+                                              ("remdm", {"steps": 30, "eta": 0.2}, None)])
+def test_inexact_samplers_count_the_calls_they_make(den, sampler, kw, nfe):
+    """The stats' calls and NFE are the invocations and sequences the denoiser saw; confidence
+    makes min(steps, masked positions) calls per sequence, threshold at most one per position,
+    remdm at most one per step and the final one."""
+    seen = []
+
+    def counted(z, t, **k):
+        seen.append(len(z))
+        return den(z, t, **k)
+
+    tokens, stats = draw(counted, sampler, n=200, length=den.length, mask_id=den.mask_id, **kw)
+    assert not (tokens == den.mask_id).any()
+    assert stats.calls == len(seen) and stats.sequence_evals == sum(seen) and stats.num_sequences == 200
+    if nfe is not None:
+        assert stats.nfe == nfe
+    limit = {"threshold": den.length, "remdm": kw.get("steps", 0) + 1}.get(sampler)
+    if limit is not None:
+        assert 1 <= stats.nfe <= limit
