@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..config import resolve_config
+from ..engine.sampling import SAMPLERS
 from ..errors import MdlmError
 from .common import (
     SetOpt,
@@ -33,7 +34,8 @@ CheckpointOpt = Annotated[str | None, typer.Option(
 PresetOpt = Annotated[str | None, typer.Option(
     "--preset", "-p", help="Benchmark a randomly initialised model of this preset's size and vocabulary.")]
 SamplersOpt = Annotated[str | None, typer.Option(
-    help="Comma-separated samplers (default: every sampler of the model's objective).")]
+    help="Comma-separated samplers (default: every exact sampler of the model's objective; name an "
+         f"inexact one to add it: {', '.join(n for n, s in SAMPLERS.items() if not s.exact)}).")]
 StepsListOpt = Annotated[str | None, typer.Option(
     help="Comma-separated step counts, for the samplers that take steps (default 100,1000).")]
 NumOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Samples per configuration.")]
@@ -273,11 +275,13 @@ def _add_reference_row(table: Table, ref) -> None:
 
 
 def _samplers(objective, names: str | None) -> list[str]:
-    """The samplers to benchmark: the objective's own by default; any other is refused."""
+    """The samplers to benchmark: the objective's exact ones by default (the inexact ones are
+    frontier points, worth their time with --judge: name them); any other is refused."""
     from ..engine import get_sampler
 
     served = [spec.name for spec in objective.samplers]
-    chosen = [x.strip() for x in names.split(",") if x.strip()] if names else served
+    exact = [spec.name for spec in objective.samplers if spec.exact]
+    chosen = [x.strip() for x in names.split(",") if x.strip()] if names else exact
     for name in chosen:
         if get_sampler(name).name not in served:
             raise MdlmError(f"sampler {name} does not serve {objective.name} models; choose from: {', '.join(served)}")
