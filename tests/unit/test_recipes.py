@@ -16,7 +16,7 @@ from mdlm_cli.recipes.schema import command_flags
 
 runner = CliRunner()
 TABLES = ["demo", "table1", "table2", "table3", "table5", "table8", "table9", "table10", "table11", "table12",
-          "mc-samples", "text8", "table6", "table7"]
+          "mc-samples", "text8", "table6", "table7", "zheng"]
 
 
 def test_every_paper_table_named_by_the_issue_has_a_recipe():
@@ -104,6 +104,24 @@ def test_report_of_pending_quoted_and_done_rows(tmp_path):
     rows = {r.name: r for r in report_rows(recipe, out=out, runs=runs, scale="paper")}
     assert rows["mdlm"].status == "done" and rows["mdlm"].ours == 30.0
     assert rows["mdlm"].difference == pytest.approx(30.0 - 27.18) and "entropy 5.500" in rows["mdlm"].extra
+
+
+def test_zheng_sweep_is_one_benchmark_whose_judged_rows_fill_the_report(tmp_path):
+    recipe = load_recipe("zheng")
+    out, runs = tmp_path / "o", tmp_path / "r"
+    jobs = plan(recipe, out=out, runs=runs)
+    assert len(jobs) == 1 and "--precision fp32,fp64" in jobs[0].command() and len(jobs[0].rows) == 8
+    results = [{"sampler": "ancestral-cache", "steps": st, "precision": p, "options": {},
+                "quality": {"gen_ppl": 100.0 - st / 1000 - (p == "fp32") * st / 500, "entropy": 5.0}}
+               for p in ("fp32", "fp64") for st in (100, 1000, 10000)]
+    results += [{"sampler": "first-hitting", "steps": None, "precision": p, "options": {},
+                 "quality": {"gen_ppl": 99.0, "entropy": 5.1}} for p in ("fp32", "fp64")]
+    out.mkdir()
+    (out / "bench.json").write_text(json.dumps({"results": results}))
+    rows = {r.name: r for r in report_rows(recipe, out=out, runs=runs, scale="paper")}
+    assert all(r.status == "done" for r in rows.values())
+    assert rows["cache-fp32-10000"].ours == pytest.approx(100.0 - 10 - 20) and rows["cache-fp64-10000"].ours == 90.0
+    assert rows["first-hitting-fp64"].extra == "entropy 5.100"
 
 
 def test_scale_is_labelled_and_never_mixed(tmp_path):
