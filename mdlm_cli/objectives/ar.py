@@ -95,9 +95,7 @@ class Autoregressive(Objective):
     def validate(cls, cfg) -> None:
         if cfg.model.time_conditioning:
             raise MdlmError("the autoregressive objective has no time input; set model.time_conditioning=false")
-        if cfg.diffusion.T:
-            raise MdlmError("diffusion.T does not apply to the autoregressive objective; leave it at 0")
-        cls.refuse_unused(cfg, "zero_masking", "carry_over")
+        cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
 
     def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> CausalLM:
         return CausalLM(model, bos_id=self.bos_id, mask_id=self.mask_id, autocast_dtype=autocast_dtype)

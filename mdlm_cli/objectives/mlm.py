@@ -65,8 +65,7 @@ class MaskedLM(Objective):
     def validate(cls, cfg) -> None:
         if cfg.model.time_conditioning:
             raise MdlmError("the mlm objective has no time input; set model.time_conditioning=false")
-        if cfg.diffusion.T:
-            raise MdlmError("diffusion.T does not apply to the mlm objective; leave it at 0")
+        cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")  # BERT's corruption reads none of them
 
     def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> DiffusionDenoiser:
         return DiffusionDenoiser(model, self.schedule, time_conditioning=False, autocast_dtype=autocast_dtype)

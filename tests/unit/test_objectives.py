@@ -175,6 +175,8 @@ def test_objective_config_checks():
         resolve_config("demo-ar", ["diffusion.T=10"])
     with pytest.raises(MdlmError, match="diffusion.T must be 0"):
         resolve_config("demo", ["diffusion.T=-1"])
+    with pytest.raises(MdlmError, match="diffusion.carry_over does not apply to the mlm objective"):
+        resolve_config("test", ["diffusion.objective=mlm", "diffusion.carry_over=false"])  # no switch ignored
     with pytest.raises(MdlmError, match="diffusion.objective must be one of"):
         resolve_config("demo", ["diffusion.objective=sdd"])
 
