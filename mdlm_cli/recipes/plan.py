@@ -118,12 +118,8 @@ def _flag(key: str, value, context: dict) -> list[str]:
 def plan(recipe: Recipe, *, out: Path, runs: Path, scale: str = "paper", rows: list[str] | None = None) -> list[Job]:
     """Training jobs first (one per model the selected rows need), then every row's steps in order.
     Steps with the same command and output (a shared benchmark) run once."""
-    if scale not in ("paper", "tiny"):
-        try:
-            assert 0 < float(scale) <= 1
-        except (ValueError, AssertionError):
-            raise MdlmError(f"--scale must be paper, tiny or a factor in (0, 1] on the training steps "
-                            f"(got {scale!r})") from None
+    if scale not in ("paper", "tiny") and not 0 < _factor(scale) <= 1:
+        raise MdlmError(f"--scale must be paper, tiny or a factor in (0, 1] on the training steps (got {scale!r})")
     chosen = [r for r in recipe.rows if rows is None or r.name in rows]
     unknown = set(rows or []) - {r.name for r in recipe.rows}
     if unknown:
@@ -147,6 +143,13 @@ def plan(recipe: Recipe, *, out: Path, runs: Path, scale: str = "paper", rows: l
                 seen[key] = job
                 jobs.append(job)
     return jobs
+
+
+def _factor(scale: str) -> float:
+    try:
+        return float(scale)
+    except ValueError:
+        return float("nan")  # fails every comparison: refused
 
 
 def _context(recipe: Recipe, row: Row, out: Path, runs: Path, scale: str) -> dict:
