@@ -177,15 +177,14 @@ def _tee(argv: list[str], log: Path) -> int:
 
 def _report(recipe, out: Path, runs: Path, scale: str) -> None:
     from ..recipes.plan import scale_label
-    from ..recipes.report import markdown, plot, report_rows
+    from ..recipes.report import fmt, markdown, plot, report_rows
 
     rows = report_rows(recipe, out=out, runs=runs, scale=scale)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(markdown(recipe, rows, scale_label(scale)))
     table = Table("row", "paper", "ours", "diff", "", "training", "status", title=recipe.title)
     for r in rows:
-        table.add_row(escape(r.label), "" if r.paper is None else f"{r.paper:.4g}",
-                      "" if r.ours is None else f"{r.ours:.4g}" + ("" if r.ours_se is None else f" ± {r.ours_se:.2g}"),
+        table.add_row(escape(r.label), fmt(r.paper), fmt(r.ours, r.ours_se),
                       "" if r.difference is None else f"{r.difference:+.3g}", escape(r.extra), escape(r.steps),
                       r.status)
     console.print(table)

@@ -125,7 +125,8 @@ def _hardware(out: Path) -> dict[str, str]:
     return found
 
 
-def _fmt(value: float | None, se: float | None = None) -> str:
+def fmt(value: float | None, se: float | None = None) -> str:
+    """A report value (± its standard error) as the Markdown and the terminal table show it."""
     if value is None:
         return ""
     text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
@@ -138,7 +139,7 @@ def markdown(recipe: Recipe, rows: list[ReportRow], scale_text: str) -> str:
              "| row | paper | ours | difference | | training | hardware | status |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.label} | {_fmt(r.paper)} | {_fmt(r.ours, r.ours_se)} | {_fmt(r.difference)} | {r.extra} "
+        lines.append(f"| {r.label} | {fmt(r.paper)} | {fmt(r.ours, r.ours_se)} | {fmt(r.difference)} | {r.extra} "
                      f"| {r.steps} | {r.hardware} | {r.status} |")
     sources = sorted({r.paper_source for r in rows if r.paper_source})
     lines += ["", "Sources of the paper's numbers: " + "; ".join(sources) + "." if sources else ""]
