@@ -14,7 +14,7 @@ from ..engine.diffusion import call_denoiser
 from ..engine.sampling import SAMPLERS, SamplerSpec
 from ..engine.schedules import get_schedule
 from ..errors import MdlmError
-from ..evaluation import BoundResult, sharded_sum
+from ..evaluation import BoundResult, diffusion_times, sharded_sum
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -105,8 +105,9 @@ class Objective(ABC):
 
     def draw_times(self, T: int, antithetic: bool = True) -> Callable[[int, torch.Generator], Tensor] | None:
         """`draw(n, generator)`: one time per sequence of a global batch or an evaluation set,
-        stratified over it (antithetic); None for objectives without time."""
-        return None
+        stratified over it (antithetic), mapped to t (T steps, 0: continuous); None for objectives
+        without time."""
+        return diffusion_times(self.schedule, T, antithetic) if self.uses_time else None
 
     def evaluate(self, denoiser: Any, split: TokenSplit, *, seeds: list[int], batch_size: int,
                  device: torch.device, rows: int = 0, T: int | None = None, antithetic: bool = True,

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 from ..engine.d3pm import d3pm_terms
 from ..engine.sampling import SamplerSpec
 from ..errors import MdlmError
-from ..evaluation import diffusion_times
 from ..models import DiffusionDenoiser
 from .base import Objective
 
@@ -67,6 +66,3 @@ class D3PM(Objective):
         if T <= 0:
             raise MdlmError(f"--T must be a positive number of steps: D3PM's bound is discrete-time (got {T})")
         return T
-
-    def draw_times(self, T: int, antithetic: bool = True):
-        return diffusion_times(self.schedule, T, antithetic)

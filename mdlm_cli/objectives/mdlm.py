@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from ..engine.diffusion import nelbo_terms, reconstruction_terms
 from ..errors import MdlmError
-from ..evaluation import diffusion_times
 from ..models import DiffusionDenoiser
 from .base import Objective
 
@@ -57,6 +56,3 @@ class MDLM(Objective):
         if T < 0:
             raise MdlmError(f"--T must be 0 (continuous time) or a number of steps (got {T})")
         return T
-
-    def draw_times(self, T: int, antithetic: bool = True):
-        return diffusion_times(self.schedule, T, antithetic)

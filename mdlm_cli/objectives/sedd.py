@@ -12,7 +12,6 @@ from torch import Tensor, nn
 
 from ..engine.sedd import score_entropy_terms, sedd_log_score
 from ..errors import MdlmError
-from ..evaluation import diffusion_times
 from ..models import DiffusionDenoiser, autocast_for
 from .base import Objective
 
@@ -65,6 +64,3 @@ class SEDD(Objective):
         if T:
             raise MdlmError(f"--T {T} does not apply: SEDD's score-entropy bound is continuous-time")
         return 0
-
-    def draw_times(self, T: int, antithetic: bool = True):
-        return diffusion_times(self.schedule, 0, antithetic)
