@@ -79,8 +79,8 @@ def markdown(path: str) -> None:
 
 def replot(path: str, out: str, x: str = "seconds") -> None:
     """The frontier plot of a saved JSON (what `--plot` draws), e.g. after the plot changed."""
-    from mdlm_cli.bench import BenchReport, BenchRow
-    from mdlm_cli.frontier import Quality, Reference, plot_frontier
+    from mdlm_cli.sample.bench import BenchReport, BenchRow
+    from mdlm_cli.sample.frontier import Quality, Reference, plot_frontier
 
     report = json.loads(open(path).read())
     rows = [BenchRow(**{**r, "quality": Quality(**r["quality"])}) for r in report["results"]]

@@ -97,8 +97,8 @@ def bench_sampler_cmd(
       mdlm bench-sampler -c runs/demo --samplers first-hitting,threshold --threshold 0.5,0.9 --tokens-per-step 1,4 \\
           --judge runs/demo-ar --reference-text test -n 16 --batch-size 16 --repeats 1 --plot frontier.png
     """
-    from ..bench import environment, run_bench
-    from ..files import check_writable
+    from ..io.files import check_writable
+    from ..sample.bench import environment, run_bench
 
     with user_errors():
         precisions, steps_list, batch_list = _check_flags(precision, steps, batch_size, repeats, num_samples, plot_out)
@@ -163,14 +163,14 @@ def _warn_unread(sampler_list: list[str], steps: str | None, options: dict[str, 
 
 def _write_outputs(report, json_out: str | None, plot_out: str | None, plot_x: str, *, frontier: bool) -> None:
     """The JSON, and the plot: the frontier where the rows were judged, else time against steps."""
-    from ..bench import plot
+    from ..sample.bench import plot
 
     if json_out:
         Path(json_out).write_text(json.dumps(report.to_dict(), indent=2))
         console.print(f"Wrote {json_out}", markup=False)
     if plot_out:
         if frontier:
-            from ..frontier import plot_frontier
+            from ..sample.frontier import plot_frontier
 
             plot_frontier(report, plot_out, x=plot_x)
         else:
@@ -204,7 +204,7 @@ def _option_lists(**flags: str | None) -> dict[str, list]:
 
 def _check_quality_flags(judge: str | None, reference_text: str | None, save_samples: str | None,
                          plot_x: str) -> None:
-    from ..frontier import X_AXES
+    from ..sample.frontier import X_AXES
 
     for flag, value in (("--reference-text", reference_text), ("--save-samples", save_samples)):
         if value is not None and judge is None:
@@ -218,8 +218,8 @@ def _quality(bm, judge: str | None, reference_text: str | None, save_samples: st
     """The row scorer (judge loaded once) and the real-text reference, or (None, None)."""
     if judge is None:
         return None, None
-    from ..frontier import RowScorer, reference_quality, reference_split
-    from ..genppl import load_judge
+    from ..eval.genppl import load_judge
+    from ..sample.frontier import RowScorer, reference_quality, reference_split
 
     with err_console.status(f"loading judge {judge}"):
         scorer = load_judge(judge, device=bm.rt.device)

@@ -50,9 +50,9 @@ def classify_cmd(
       mdlm classify --checkpoint runs/dna-caduceus-ps-1k --data gb/human_nontata_promoters --json nontata.json
       mdlm classify -c runs/dna-tiny --data tiny_task --lrs 1e-3 --batch-sizes 16 --seeds 1,2 --epochs 2
     """
-    from ..classify import ClassifyConfig, classify
-    from ..commands.common import int_list
     from ..data.dna import read_genomic_task
+    from ..tasks.genomic import ClassifyConfig, classify
+    from .common import int_list
 
     with user_errors():
         import torch

@@ -14,7 +14,7 @@ from rich.markup import escape
 from ..engine.errors import EngineError
 from ..engine.sampling import SAMPLERS
 from ..errors import MdlmError, MdlmWarning
-from ..files import os_error_message
+from ..io.files import os_error_message
 
 app = typer.Typer(
     name="mdlm",
@@ -100,7 +100,7 @@ ThreadsOpt = Annotated[int | None, typer.Option(
 
 
 def load_for_command(checkpoint: str, device: str | None, raw_weights: bool, threads: int | None = None):
-    from ..loading import load_checkpoint
+    from ..checkpoints.load import load_checkpoint
     from ..runtime import Runtime
 
     rt = Runtime.create(device or "auto", threads=threads or 0)

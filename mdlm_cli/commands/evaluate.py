@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import MdlmError
-from ..evaluation import relation
+from ..eval.ppl import relation
 from .common import (
     CheckpointOpt,
     DeviceOpt,
@@ -68,7 +68,7 @@ def eval_ppl_cmd(
       mdlm eval-ppl --checkpoint runs/owt --datasets wikitext103,ptb,lm1b,lambada,ag_news,pubmed,arxiv
     """
     from ..distributed import session
-    from ..files import check_writable, write_text_atomic
+    from ..io.files import check_writable, write_text_atomic
 
     with user_errors(), session(device or "auto") as dist:  # under torchrun: the batches split over ranks
         if datasets and (dataset or data):
@@ -107,7 +107,7 @@ def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from ..distributed import is_main_process
-    from ..evaluation import evaluate, evaluation_data, pick_split
+    from ..eval.ppl import evaluate, evaluation_data, pick_split
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err_console, transient=True, disable=not is_main_process()) as progress:
@@ -200,8 +200,8 @@ def gen_ppl_cmd(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ..files import check_writable
-    from ..genppl import EOS_POLICIES, load_judge, score_samples
+    from ..eval.genppl import EOS_POLICIES, load_judge, score_samples
+    from ..io.files import check_writable
     from ..runtime import Runtime
 
     with user_errors():
@@ -233,7 +233,7 @@ def gen_ppl_cmd(
 
 def _given_samples(samples: str | None, **sampling_flags):
     """Texts and token ids of --samples; the sampling flags, which only --sample-first reads, are refused."""
-    from ..genppl import read_samples
+    from ..eval.genppl import read_samples
 
     given = [f"--{name}" for name, value in sampling_flags.items() if value is not None]
     if given:
@@ -244,7 +244,7 @@ def _given_samples(samples: str | None, **sampling_flags):
 
 
 def _print_gen_ppl(result) -> None:
-    from ..genppl import EOS_DESCRIPTIONS
+    from ..eval.genppl import EOS_DESCRIPTIONS
 
     table = Table("samples", "scored tokens", "chunks", "nats/token", "gen PPL", "entropy", "nats/char", box=None)
     table.add_row(str(len(result.samples)), f"{result.tokens:,}", str(result.chunks),
@@ -260,7 +260,7 @@ def _sample_for_judging(checkpoint: str, sampler: str | None, steps: int | None,
                         precision: str, device: str | None, out: str | None, threads: int | None):
     from rich.progress import Progress
 
-    from ..generate import generate, write_jsonl
+    from ..sample.generate import generate, write_jsonl
 
     check_sampling_flags(sampler, precision)
     loaded, rt = load_for_command(checkpoint, device, False, threads)

@@ -34,9 +34,9 @@ def export_cmd(
       mdlm export --checkpoint runs/owt --out exports/x --push-to-hub me/mdlm-owt-mine
       mdlm sample --checkpoint exports/mdlm-owt-mine                      # loads back
     """
-    from ..export import export_folder, read_results, verify_export, weights_kind
-    from ..export import push_to_hub as push
-    from ..loading import load_checkpoint
+    from ..checkpoints.export import export_folder, read_results, verify_export, weights_kind
+    from ..checkpoints.export import push_to_hub as push
+    from ..checkpoints.load import load_checkpoint
     from ..runtime import Runtime
 
     with user_errors():

@@ -44,9 +44,9 @@ def glue_cmd(
       mdlm glue --checkpoint runs/demo-bert --tasks bigtxt-swap              # offline task
       mdlm glue --checkpoint sentence-transformers/all-MiniLM-L6-v2 --tasks rte --data my-glue/
     """
-    from ..glue import GlueRecipe, load_encoder, recipe_dict
-    from ..glue_tasks import get_task
     from ..runtime import Runtime
+    from ..tasks.glue import GlueRecipe, load_encoder, recipe_dict
+    from ..tasks.glue_data import get_task
 
     with user_errors():
         chosen = [get_task(name.strip()) for name in tasks.split(",") if name.strip()]
@@ -68,7 +68,7 @@ def glue_cmd(
 def _run_one(encoder, task, recipe, rt, data, max_train_rows, max_eval_rows) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ..glue import run_task
+    from ..tasks.glue import run_task
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeRemainingColumn())

@@ -111,7 +111,7 @@ def _write_json(path: str, loaded, lm, results: dict, summary: dict, *, raw_weig
 
 
 def _model(loaded, checkpoint, mc_samples, batch_size, device, seed, sampler, steps, stride):
-    from ..lm_eval_adapter import MdlmLM
+    from ..eval.lm_eval.adapter import MdlmLM
 
     return MdlmLM(checkpoint, mc_samples=mc_samples, batch_size=batch_size, device=device, seed=seed,
                   sampler=sampler, steps=steps, stride=stride, loaded=loaded, warn=warn)
@@ -155,7 +155,7 @@ def lm_eval_version() -> str:
 
 
 def _task_summary(scores) -> dict:
-    from ..lm_scoring import summarise
+    from ..eval.lm_eval.scoring import summarise
 
     kinds = sorted({kind for kind, _ in scores})
     return {kind: summarise([s for k, s in scores if k == kind]) for kind in kinds}
@@ -212,7 +212,7 @@ def lm_eval_tasks_cmd(
       mdlm lm-eval-tasks --checkpoint runs/demo --out tasks/
       mdlm lm-eval --checkpoint runs/demo --tasks bigtxt_lastword,bigtxt_rolling --include-path tasks/
     """
-    from ..lm_eval_tasks import write_tasks
+    from ..eval.lm_eval.tasks import write_tasks
 
     with user_errors():
         loaded, _ = load_for_command(checkpoint, "cpu", False)

@@ -140,8 +140,8 @@ def _run(jobs, out: Path, launcher: str) -> None:
     """Run the jobs not done yet, each logged to OUT/logs and recorded in OUT/jobs.jsonl."""
     import shlex
 
-    from ..bench import environment
     from ..runtime import pick_device
+    from ..sample.bench import environment
 
     (out / "logs").mkdir(parents=True, exist_ok=True)
     env = environment(pick_device("auto"), None)

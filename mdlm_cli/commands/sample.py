@@ -71,8 +71,8 @@ def sample_cmd(
     from rich.panel import Panel
     from rich.progress import Progress
 
-    from ..files import check_writable
-    from ..generate import generate, template, write_jsonl
+    from ..io.files import check_writable
+    from ..sample.generate import generate, template, write_jsonl
 
     with user_errors():
         check_sampling_flags(sampler, precision)
@@ -134,8 +134,8 @@ def semi_ar_cmd(
     import torch
 
     from .. import engine
-    from ..files import check_writable
-    from ..generate import SampleRecord, write_jsonl
+    from ..io.files import check_writable
+    from ..sample.generate import SampleRecord, write_jsonl
 
     with user_errors():
         check_sampling_flags(sampler, precision)
@@ -173,7 +173,7 @@ def semi_ar_cmd(
 
 def _prefix(loaded, prompt: str | None):
     """The prompt's tokens (the first window's clean prefix), or None."""
-    from ..generate import template
+    from ..sample.generate import template
 
     if not prompt:
         return None

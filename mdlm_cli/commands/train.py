@@ -43,7 +43,7 @@ def train_cmd(
       torchrun --nproc-per-node 8 -m mdlm_cli train --preset owt --resume   # 8 GPUs
     """
     from ..distributed import is_main_process
-    from ..train import train
+    from ..train.loop import train
 
     with user_errors():
         cfg = resolve_config(preset, overrides or [], {
@@ -60,7 +60,7 @@ def train_cmd(
 
 
 def _report(result) -> None:
-    from ..train import nats_text
+    from ..train.loop import nats_text
 
     if result.already_done:
         console.print(f"Already trained: {result.run_dir} is at step {result.step} (train.max_steps reached); "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MdlmError
-from ..packaged import package_file, sha256_file
+from ..io.packaged import package_file, sha256_file
 from .detokenize import lambada_detokenize, lm1b_detokenize, papers_detokenize, ptb_detokenize, wikitext_detokenize
 
 DocBatches = Iterator[list[str]]
@@ -187,7 +187,7 @@ class HubDataset(Source):
         if load_dataset is None:
             from datasets import load_dataset
 
-            from ..hub import hub_offline
+            from ..io.hub import hub_offline
 
             hub_offline()  # fail fast (or use the local datasets cache) without a network
         try:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MdlmError
-from ..packaged import package_file, sha256_file
+from ..io.packaged import package_file, sha256_file
 
 META_FILE = "mdlm_tokenizer.json"
 
@@ -212,12 +212,12 @@ def _hf_from_pretrained(name: str, **kwargs):
     """A transformers tokeniser, never running code from the folder or repository."""
     from transformers import AutoTokenizer
 
-    from ..safe_load import refuse_remote_code, remote_code_refusal
+    from ..io.safe_load import refuse_remote_code, remote_code_refusal
 
     if Path(name).is_dir():
         refuse_remote_code(name, model=False)
     else:
-        from ..hub import hub_offline
+        from ..io.hub import hub_offline
 
         hub_offline()  # fail fast (or use the local HF cache) without a network
     try:
@@ -280,7 +280,7 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
 def _packaged_tokenizer_folder(name: str) -> Path | None:
     """Offline files for a hub id: a packaged model's own, or a packaged model that carries the
     same tokeniser (bert-base-uncased's vocabulary ships with all-MiniLM-L6-v2)."""
-    from ..packaged import PACKAGED, TOKENIZER_STAND_INS, packaged_folder
+    from ..io.packaged import PACKAGED, TOKENIZER_STAND_INS, packaged_folder
 
     model = PACKAGED.get(name) or TOKENIZER_STAND_INS.get(name)
     return packaged_folder(model) if model is not None else None

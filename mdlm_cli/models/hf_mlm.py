@@ -66,7 +66,7 @@ def check_native(raw: dict, name: str) -> None:
 def model_folder(name: str) -> Path:
     """A local folder for `model.hf_model`: a pip-packaged model, a folder, or a hub download
     (config, safetensors weights and tokeniser files; never code)."""
-    from ..packaged import resolve_model
+    from ..io.packaged import resolve_model
 
     packaged = resolve_model(name)
     if packaged is not None:
@@ -77,7 +77,7 @@ def model_folder(name: str) -> Path:
             raise MdlmError(f"{path} has no config.json: model.hf_model must be a Hugging Face model folder, "
                             "hub id or packaged model")
         return path
-    from ..hub import download
+    from ..io.hub import download
 
     return download(name)
 

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from mdlm_cli.cli import app
 from mdlm_cli.config import resolve_config
-from mdlm_cli.train import train
+from mdlm_cli.train.loop import train
 
 runner = CliRunner()
 

@@ -21,8 +21,8 @@ import torch.distributed as tdist
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.cli import app
-from mdlm_cli.loading import load_checkpoint
 
 pytestmark = [
     pytest.mark.slow,
@@ -185,7 +185,7 @@ def _bound_worker(rank: int, world: int, store: str, out: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from mdlm_cli.engine.schedules import get_schedule
-    from mdlm_cli.evaluation import nelbo_bound
+    from mdlm_cli.eval.ppl import nelbo_bound
     from mdlm_cli.models import DiffusionDenoiser
 
     torch.set_num_threads(1)
@@ -270,7 +270,7 @@ def _bound_problem(causal: bool = False):
 def test_nelbo_bound_reduces_across_ranks(tmp_path):
     """Replicated weights (DDP's evaluation) and FSDP2-sharded weights, 5 batches over 2 ranks."""
     from mdlm_cli.engine.schedules import get_schedule
-    from mdlm_cli.evaluation import nelbo_bound
+    from mdlm_cli.eval.ppl import nelbo_bound
     from mdlm_cli.models import DiffusionDenoiser
 
     model, split = _bound_problem()

@@ -112,9 +112,9 @@ def test_the_registered_model_through_simple_evaluate_is_exact_for_ar(setup, mon
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    import mdlm_cli.lm_eval_adapter  # noqa: F401 - registers `mdlm`
-    from mdlm_cli.lm_scoring import ConditionalScorer, encode_pair
-    from mdlm_cli.loading import load_checkpoint
+    import mdlm_cli.eval.lm_eval.adapter  # noqa: F401 - registers `mdlm`
+    from mdlm_cli.checkpoints.load import load_checkpoint
+    from mdlm_cli.eval.lm_eval.scoring import ConditionalScorer, encode_pair
 
     out = lm_eval.simple_evaluate(model="mdlm", model_args=f"checkpoint={setup / 'ar'},batch_size=2",
                                   device="cpu", tasks=["t_last_word"], bootstrap_iters=10, log_samples=True,
@@ -129,7 +129,7 @@ def test_the_registered_model_through_simple_evaluate_is_exact_for_ar(setup, mon
 
 def test_rolling_windows_are_lm_evals_own():
     utils = pytest.importorskip("lm_eval.utils")
-    from mdlm_cli.lm_scoring import rolling_windows
+    from mdlm_cli.eval.lm_eval.scoring import rolling_windows
 
     for n, max_len, context_len in [(10, 4, 1), (3, 4, 1), (100, 31, 1), (64, 31, 1), (50, 8, 3)]:
         tokens = list(range(1000, 1000 + n))

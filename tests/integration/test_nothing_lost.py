@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mdlm_cli.checkpoint import save_checkpoint
+from mdlm_cli.checkpoints.folder import save_checkpoint
 from mdlm_cli.config import resolve_config
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import build_model
@@ -79,7 +79,7 @@ def test_export_overwrite_is_atomic(tmp_path, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device", str(out))
 
-    monkeypatch.setattr("mdlm_cli.export.save_file", disk_full)
+    monkeypatch.setattr("mdlm_cli.checkpoints.export.save_file", disk_full)
     assert "no space left" in one_line_error("export", "-c", run, "--out", out, "--overwrite")
     assert tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["exported", "run"]
 
@@ -173,7 +173,7 @@ def test_a_checkpoint_whose_config_names_its_modelling_code_still_loads_without_
 
 def test_transformers_is_told_never_to_run_remote_code(tmp_path, monkeypatch):
     """Without mdlm's own check, transformers (trust_remote_code=False) still refuses: no prompt."""
-    monkeypatch.setattr("mdlm_cli.safe_load.refuse_remote_code", lambda *a, **k: None)
+    monkeypatch.setattr("mdlm_cli.io.safe_load.refuse_remote_code", lambda *a, **k: None)
     marker = tmp_path / "ran"
     folder = evil_folder(tmp_path / "evil", marker)
     samples = tmp_path / "s.jsonl"
@@ -196,7 +196,7 @@ def test_sample_text_that_looks_like_markup_is_printed_and_saved(gpt2_run, tmp_p
 
 
 def test_paths_and_names_that_look_like_markup(train_args, small_corpus, tmp_path, monkeypatch):
-    from mdlm_cli.hub import hub_offline
+    from mdlm_cli.io.hub import hub_offline
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub_offline.cache_clear()

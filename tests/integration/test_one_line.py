@@ -33,24 +33,24 @@ def test_disk_full_during_a_checkpoint_save(train_args, tmp_path, monkeypatch):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
                            "data/0: file write failed")
 
-    monkeypatch.setattr("mdlm_cli.checkpoint.torch.save", full)
+    monkeypatch.setattr("mdlm_cli.checkpoints.folder.torch.save", full)
     message = one_line_error(*train_args, "--out", out, "--max-steps", "2")
     assert f"no space left on the device holding {out}" in message and "nothing was lost" in message
     assert not list((out / "checkpoints").iterdir())  # no partial step folder, no temporary
 
 
 def test_read_only_output_folders(char_run, train_args, tmp_path, monkeypatch):
-    import mdlm_cli.files
-    import mdlm_cli.run_lock
+    import mdlm_cli.io.files
+    import mdlm_cli.train.run_lock
 
     def read_only(path, *args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(mdlm_cli.run_lock.os, "open", read_only)
+    monkeypatch.setattr(mdlm_cli.train.run_lock.os, "open", read_only)
     message = one_line_error(*train_args, "--out", tmp_path / "ro", "--max-steps", "2")
     assert "cannot lock the run folder" in message and "read-only file system" in message
     monkeypatch.undo()
-    monkeypatch.setattr(mdlm_cli.files.Path, "write_text", read_only)
+    monkeypatch.setattr(mdlm_cli.io.files.Path, "write_text", read_only)
     message = one_line_error("sample", "-c", char_run, "-n", "1", "--out", tmp_path / "ro" / "s.jsonl")
     assert "read-only file system" in message
     monkeypatch.undo()

@@ -8,11 +8,11 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from mdlm_cli.checkpoint import save_checkpoint
+from mdlm_cli.checkpoints.folder import save_checkpoint
+from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.cli import app
 from mdlm_cli.config import resolve_config
 from mdlm_cli.data.tokenizers import load_tokenizer
-from mdlm_cli.loading import load_checkpoint
 from mdlm_cli.models import DiT
 
 from ..reference_weights import lightning_checkpoint, reference_hydra_config, reference_param_shapes, save_hf_folder
@@ -117,7 +117,7 @@ def test_results_go_into_the_model_card(mdlm_run, tmp_path):
 
 
 def test_export_keeps_existing_folders_and_needs_the_hub_to_push(mdlm_run, tmp_path, monkeypatch):
-    from mdlm_cli.hub import hub_offline
+    from mdlm_cli.io.hub import hub_offline
 
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "file").write_text("x")
@@ -129,7 +129,7 @@ def test_export_keeps_existing_folders_and_needs_the_hub_to_push(mdlm_run, tmp_p
 
 
 def test_bad_checkpoints_end_in_one_line(tmp_path, monkeypatch):
-    from mdlm_cli.hub import hub_offline
+    from mdlm_cli.io.hub import hub_offline
 
     corrupted = save_hf_folder(tmp_path / "corrupted")
     (corrupted / "model.safetensors").write_bytes(b"garbage")

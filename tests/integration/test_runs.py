@@ -37,7 +37,7 @@ def dead_pid() -> int:
 
 
 def test_a_second_trainer_is_refused_while_one_holds_the_run(run_copy, train_args):
-    from mdlm_cli.run_lock import RunLock
+    from mdlm_cli.train.run_lock import RunLock
 
     before = tree(run_copy)
     with RunLock(run_copy):
@@ -52,7 +52,7 @@ def test_a_stale_lock_is_taken_over_and_another_hosts_lock_is_not(run_copy, trai
     (run_copy / "lock").write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname()}))
     text = " ".join(invoke(*train_args, "--out", run_copy, "--max-steps", "6", "--resume").split())
     assert "took over a stale lock" in text and "at step 4" in text
-    monkeypatch.setattr("mdlm_cli.run_lock.fcntl", None)  # a file system without flock: the record decides
+    monkeypatch.setattr("mdlm_cli.train.run_lock.fcntl", None)  # a file system without flock: the record decides
     (run_copy / "lock").write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "then"}))
     assert "process 1 on elsewhere" in one_line_error(*train_args, "--out", run_copy, "--max-steps", "8", "--resume")
     (run_copy / "lock").write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname()}))

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from mdlm_cli.checkpoints.formats.reference import partial_from_hydra
+from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.loading import load_checkpoint
-from mdlm_cli.reference_format import partial_from_hydra
 
 from ..reference_weights import inv_freq, lightning_checkpoint, reference_hydra_config, reference_state_dict
 
@@ -110,7 +110,7 @@ def test_sedd_hub_id_without_safetensors_fetches_the_state_dict_only(tmp_path, m
     """A hub upload with `pytorch_model.bin` only: fetched in a second call, read weights_only."""
     import huggingface_hub
 
-    import mdlm_cli.hub
+    import mdlm_cli.io.hub
 
     folder, state = sedd_hub_folder(tmp_path / "snapshot")
     (folder / "model.safetensors").unlink()
@@ -122,7 +122,7 @@ def test_sedd_hub_id_without_safetensors_fetches_the_state_dict_only(tmp_path, m
         return str(folder)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
-    monkeypatch.setattr(mdlm_cli.hub, "hub_offline", lambda: False)
+    monkeypatch.setattr(mdlm_cli.io.hub, "hub_offline", lambda: False)
     monkeypatch.chdir(tmp_path)
     loaded = load_checkpoint("louaaron/sedd-small")
     assert loaded.objective.name == "sedd" and loaded.state["source"] == "louaaron/sedd-small"

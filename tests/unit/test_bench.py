@@ -5,11 +5,11 @@ import torch
 from typer.testing import CliRunner
 
 from mdlm_cli import engine
-from mdlm_cli.bench import BenchReport, BenchRow, TimedDenoiser, WholeBatchCount, grid, run_config
 from mdlm_cli.cli import app
 from mdlm_cli.config import ModelConfig
 from mdlm_cli.engine.schedules import LogLinear
 from mdlm_cli.models import DiffusionDenoiser, DiT
+from mdlm_cli.sample.bench import BenchReport, BenchRow, TimedDenoiser, WholeBatchCount, grid, run_config
 
 V, L = 20, 48
 
@@ -132,7 +132,7 @@ def test_cli_warns_about_options_no_sampler_reads():
 
 def test_frontier_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
-    from mdlm_cli.frontier import Quality, Reference, plot_frontier
+    from mdlm_cli.sample.frontier import Quality, Reference, plot_frontier
 
     def row(sampler, steps, options, nfe, ppl, entropy):
         q = Quality(4, ppl, 3.0, 0.1, 2.0, entropy, 0.05)

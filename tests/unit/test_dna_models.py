@@ -174,7 +174,7 @@ def test_safetensors_round_trip_stores_tied_tensors_once(rcps, tmp_path):
 def test_released_caduceus_folder_loads_without_remote_code(tmp_path):
     """A Hugging Face folder as Caduceus publishes it: model_type caduceus, auto_map to its code,
     `caduceus.*`/`lm_head.*` keys with the complement_map buffers; loaded into mdlm's backbone."""
-    from mdlm_cli.loading import load_checkpoint
+    from mdlm_cli.checkpoints.load import load_checkpoint
 
     model = caduceus(rcps=True, d=8).float()
     weights = {k: v.contiguous() for k, v in model.state_dict().items()}
@@ -237,11 +237,11 @@ def test_backbones_honour_the_denoiser_contract():
 
 
 def test_init_from_a_checkpoint_without_time_input_keeps_its_function(tmp_path):
-    from mdlm_cli.checkpoint import save_checkpoint
+    from mdlm_cli.checkpoints.folder import save_checkpoint
     from mdlm_cli.config import resolve_config
     from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.errors import MdlmError
-    from mdlm_cli.init_from import initialise_from
+    from mdlm_cli.train.init_from import initialise_from
 
     tok = load_tokenizer("dna")
     cfg = resolve_config("dna-tiny", ["diffusion.objective=mlm", "model.hidden_size=8", "model.n_blocks=1"])

@@ -14,10 +14,10 @@ from safetensors import SafetensorError
 from mdlm_cli.config import resolve_config, resume_differences
 from mdlm_cli.data.sources import read_text_file
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.files import remove_stale_temporaries, swap_folder, write_failure
-from mdlm_cli.run_folder import read_metrics, truncate_metrics
-from mdlm_cli.run_lock import RunLock
-from mdlm_cli.safe_load import python3_name
+from mdlm_cli.io.files import remove_stale_temporaries, swap_folder, write_failure
+from mdlm_cli.io.safe_load import python3_name
+from mdlm_cli.train.run_folder import read_metrics, truncate_metrics
+from mdlm_cli.train.run_lock import RunLock
 
 
 def dead_pid() -> int:
@@ -97,7 +97,7 @@ def test_run_lock_is_exclusive_records_its_holder_and_goes(tmp_path):
 
 
 def test_run_lock_without_flock_trusts_the_recorded_pid(tmp_path, monkeypatch):
-    monkeypatch.setattr("mdlm_cli.run_lock.fcntl", None)
+    monkeypatch.setattr("mdlm_cli.train.run_lock.fcntl", None)
     run = tmp_path / "run"
     run.mkdir()
     (run / "lock").write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))

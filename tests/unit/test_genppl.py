@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.genppl import HFJudge, load_judge, read_samples, score_samples, unigram_entropy
+from mdlm_cli.eval.genppl import HFJudge, load_judge, read_samples, score_samples, unigram_entropy
 
 CONTEXT = 12
 

@@ -8,12 +8,12 @@ import torch
 from safetensors import safe_open
 
 from mdlm_cli import engine
-from mdlm_cli.checkpoint import load_run_folder, save_checkpoint
+from mdlm_cli.checkpoints.export import export_folder, verify_export
+from mdlm_cli.checkpoints.folder import load_run_folder, save_checkpoint
+from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.config import ModelConfig, config_from_dict, resolve_config
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.export import export_folder, verify_export
-from mdlm_cli.loading import load_checkpoint
 from mdlm_cli.models import DiffusionDenoiser, HFMaskedLM, build_model
 from mdlm_cli.models.hf_mlm import HEADS
 from mdlm_cli.objectives import get_objective

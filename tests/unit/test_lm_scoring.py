@@ -9,13 +9,12 @@ import pytest
 import torch
 
 from mdlm_cli import engine
-from mdlm_cli.checkpoint import LoadedModel
+from mdlm_cli.checkpoints.folder import LoadedModel
 from mdlm_cli.config import resolve_config
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer, normalize_text8
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.lm_eval_tasks import last_word_passages, write_tasks
-from mdlm_cli.lm_scoring import (
+from mdlm_cli.eval.lm_eval.scoring import (
     GREEDY_TOP_P,
     ConditionalScorer,
     GenerationSettings,
@@ -27,6 +26,7 @@ from mdlm_cli.lm_scoring import (
     rolling_windows,
     summarise,
 )
+from mdlm_cli.eval.lm_eval.tasks import last_word_passages, write_tasks
 from mdlm_cli.models import build_model
 from mdlm_cli.objectives import get_objective
 

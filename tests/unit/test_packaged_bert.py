@@ -28,8 +28,8 @@ def test_table4_presets():
 def test_minilm_loads_offline_as_an_mdlm_denoiser_and_its_vocab_is_bert_base_uncased():
     import torch
 
+    from mdlm_cli.checkpoints.load import load_checkpoint
     from mdlm_cli.data.tokenizers import load_tokenizer
-    from mdlm_cli.loading import load_checkpoint
     from mdlm_cli.models import check_data
 
     loaded = load_checkpoint("sentence-transformers/all-MiniLM-L6-v2")

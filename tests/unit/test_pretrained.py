@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from mdlm_cli.checkpoints.formats.reference import partial_from_hydra
+from mdlm_cli.checkpoints.load import load_checkpoint
+from mdlm_cli.checkpoints.pretrained import Source, pretrained_source
 from mdlm_cli.config import ModelConfig
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.loading import load_checkpoint
+from mdlm_cli.io.safe_load import read_torch_file
 from mdlm_cli.models import DiT
-from mdlm_cli.pretrained import Source, pretrained_source
-from mdlm_cli.reference_format import partial_from_hydra
-from mdlm_cli.safe_load import read_torch_file
 
 from ..reference_weights import (
     hf_config,
@@ -229,7 +229,7 @@ def test_source_detection(tmp_path, monkeypatch):
 def test_hub_id_downloads_config_weights_and_tokenizer_only(tmp_path, monkeypatch):
     import huggingface_hub
 
-    import mdlm_cli.hub
+    import mdlm_cli.io.hub
 
     folder = save_hf_folder(tmp_path / "snapshot")
     calls = []
@@ -239,7 +239,7 @@ def test_hub_id_downloads_config_weights_and_tokenizer_only(tmp_path, monkeypatc
         return str(folder)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
-    monkeypatch.setattr(mdlm_cli.hub, "hub_offline", lambda: False)
+    monkeypatch.setattr(mdlm_cli.io.hub, "hub_offline", lambda: False)
     monkeypatch.chdir(tmp_path)
     loaded = load_checkpoint("kuleshov-group/mdlm-owt")
     assert calls[0][0] == "kuleshov-group/mdlm-owt"
@@ -248,7 +248,7 @@ def test_hub_id_downloads_config_weights_and_tokenizer_only(tmp_path, monkeypatc
 
 
 def test_hub_id_without_network_is_a_one_line_error(tmp_path, monkeypatch):
-    from mdlm_cli.hub import hub_offline
+    from mdlm_cli.io.hub import hub_offline
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))

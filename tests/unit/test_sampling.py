@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from mdlm_cli import engine
-from mdlm_cli.bench import WholeBatchCount
 from mdlm_cli.engine import EngineError
 from mdlm_cli.engine.categorical import sample_tokens
+from mdlm_cli.sample.bench import WholeBatchCount
 
 from ..analytic import AnalyticDenoiser, AnalyticPosterior, AnalyticScore
 

@@ -1,0 +1,255 @@
+"""`mdlm export`: a Hugging Face-style folder that mdlm loads back and the Hub can host.
+
+    FOLDER/
+      config.json        the reference's MDLMConfig fields (vocab_size, model_length, hidden_dim,
+                         cond_dim, n_blocks, n_heads, dropout, time_conditioning) plus an "mdlm"
+                         section: the full training config, data metadata, state, weights kind
+      model.safetensors  the DiT under the reference's names (backbone.*, rotary_emb.inv_freq
+                         included), so the reference's own Hugging Face class can load it too
+      tokenizer files    the tokeniser's own files and mdlm_tokenizer.json (no pickles)
+      README.md          model card: architecture, usage, evaluation results, training config
+
+No Python code is written: loading needs no trust_remote_code.
+
+config.json's "mdlm" section (with its "format" and the list of "files") marks the folder as
+an mdlm export: `--overwrite` replaces only such a folder, never the source checkpoint or
+its run, and swaps the new folder in so that a kill leaves one whole version.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .. import __version__
+from ..errors import MdlmError
+from ..io.files import remove_stale_temporaries, swap_folder, temporary
+from ..models import HFMaskedLM
+from .folder import LoadedModel
+from .formats.reference import hf_config as reference_config
+from .formats.reference import reference_state_dict
+from .load import load_checkpoint
+
+FORMAT = 1
+
+
+def weights_kind(loaded: LoadedModel, ema: bool) -> str:
+    """'ema' or 'raw' for an mdlm run; what the source recorded for imported weights."""
+    if "weights" in loaded.state:
+        return str(loaded.state["weights"])
+    return "ema" if ema and (loaded.path / "ema.safetensors").is_file() else "raw"
+
+
+def hf_config(loaded: LoadedModel, weights: str) -> dict:
+    """config.json: the reference's MDLMConfig fields, then everything mdlm needs to reload it."""
+    return reference_config(loaded, {"format": FORMAT, "version": __version__, "weights": weights,
+                                     "tokenizer": loaded.tokenizer.describe(), "config": loaded.config.to_dict(),
+                                     "data": loaded.data_meta, "state": loaded.state})
+
+
+def write_model_files(loaded: LoadedModel, folder: Path, weights: str) -> dict:
+    """model.safetensors and config.json; returns config.json's content. A DiT under the
+    reference's names and fields; an hf-mlm model as the Hugging Face model's own folder
+    (transformers loads it as it is), with mdlm's section added to its config.json."""
+    if isinstance(loaded.model, HFMaskedLM):
+        config = loaded.model.save_pretrained_folder(folder)
+        config["mdlm"] = hf_config(loaded, weights)["mdlm"]
+    else:
+        save_file(reference_state_dict(loaded.model), folder / "model.safetensors", metadata={"format": "pt"})
+        config = hf_config(loaded, weights)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return config
+
+
+def export_folder(loaded: LoadedModel, out: str | Path, *, weights: str, results: list[dict] | None = None,
+                  overwrite: bool = False, hub_id: str | None = None) -> Path:
+    """Write the folder beside `out`, then swap it in (files.swap_folder); `hub_id` is where
+    it will be pushed, for the model card's usage line."""
+    from ..models import DiT
+
+    if not isinstance(loaded.model, DiT | HFMaskedLM):  # the formats export writes: the reference's, or HF's own
+        raise MdlmError(f"mdlm export writes the reference DiT format or a Hugging Face masked LM's; a "
+                        f"{loaded.config.model.backbone} model is shared as its run folder (safetensors, config.yaml, "
+                        "tokenizer files)")
+    out = Path(out)
+    check_export_target(loaded, out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out.parent, name=out.name)
+    tmp = temporary(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        config = write_model_files(loaded, tmp, weights)
+        loaded.tokenizer.save(tmp)
+        (tmp / "README.md").write_text(model_card(loaded, config, results or [], hub_id or str(out)))
+        config["mdlm"]["files"] = sorted(["config.json", *(p.name for p in tmp.iterdir())])
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        swap_folder(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def export_files(folder: Path) -> list[str] | None:
+    """The files an mdlm export wrote (its marker: config.json's "mdlm" section), or None
+    when `folder` is not an mdlm export."""
+    try:
+        meta = json.loads((folder / "config.json").read_text()).get("mdlm")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(meta, dict) or "format" not in meta:
+        return None
+    files = meta.get("files")
+    return [str(f) for f in files] if isinstance(files, list) else [p.name for p in folder.iterdir()]
+
+
+def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None:
+    """Refuse (in one line) any --out whose replacement could lose something: the source
+    checkpoint, its run, a folder holding either, a file, or a folder mdlm did not export."""
+    source = loaded.path.resolve()
+    run = source.parent.parent if source.parent.name == "checkpoints" else source
+    target = out.resolve()
+    for protected, what in ((run, "the run being exported"), (source, "the checkpoint being exported")):
+        if target == protected or target in protected.parents or protected in target.parents:
+            raise MdlmError(f"--out {out} overlaps {what} ({protected}); choose a folder outside it")
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise MdlmError(f"{out} is a file or a link; choose a folder for --out")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise MdlmError(f"{out} already exists and is not empty; choose another --out or pass --overwrite")
+    written = export_files(out)
+    if written is None:
+        raise MdlmError(f"{out} is not a folder mdlm export wrote (no 'mdlm' section in its config.json); "
+                        "--overwrite replaces only an earlier export, so choose another --out")
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in written)
+    if foreign:
+        raise MdlmError(f"{out} holds files the earlier export did not write ({', '.join(foreign[:3])}); "
+                        "move them away or choose another --out")
+
+
+@torch.no_grad()
+def verify_export(loaded: LoadedModel, folder: Path, length: int = 64) -> float:
+    """Reload the folder and compare logits on a fixed random batch; returns the max abs difference."""
+    reloaded = load_checkpoint(folder, device="cpu")
+    if reloaded.tokenizer.fingerprint != loaded.tokenizer.fingerprint:
+        raise MdlmError(f"{folder}: the exported tokenizer does not reload identically")
+    gen = torch.Generator().manual_seed(0)
+    vocab = loaded.model.vocab_size
+    x = torch.randint(0, vocab, (2, min(length, loaded.length)), generator=gen)
+    x[:, ::3] = loaded.mask_id  # include masked positions, as the samplers do
+    device = next(loaded.model.parameters()).device
+    a = loaded.model(x.to(device)).float().cpu()
+    b = reloaded.model(x).float()
+    return float((a - b).abs().max())
+
+
+def read_results(paths: list[str]) -> list[dict]:
+    """Evaluation records for the model card: JSON objects, JSON lists of objects, or JSONL."""
+    records: list[dict] = []
+    for path in paths:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise MdlmError(f"cannot read --results {path}: {e.strerror or e}") from None
+        try:
+            data = json.loads(text)
+            items = data if isinstance(data, list) else [data]
+        except json.JSONDecodeError:
+            try:
+                items = [json.loads(line) for line in text.splitlines() if line.strip()]
+            except json.JSONDecodeError as e:
+                raise MdlmError(f"--results {path} is neither JSON nor JSONL ({e.msg}, line {e.lineno})") from None
+        for item in items:
+            if not isinstance(item, dict):
+                raise MdlmError(f"--results {path} must hold JSON objects (one per evaluation)")
+            records.append({k: v for k, v in item.items() if isinstance(v, str | int | float | bool) or v is None})
+    return records
+
+
+def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: str) -> str:
+    cfg, state, tok = loaded.config, loaded.state, loaded.tokenizer
+    millions = loaded.model.num_parameters() / 1e6
+    dataset = cfg.data.dataset if not Path(cfg.data.dataset).suffix else Path(cfg.data.dataset).name
+    hf = isinstance(loaded.model, HFMaskedLM)
+    if hf:
+        backbone = f"{loaded.model.describe()}, {millions:.1f}M parameters"
+    else:
+        c = loaded.model.config
+        backbone = (f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, cond dim {c.cond_dim}, "
+                    f"{millions:.1f}M parameters")
+    rows = [
+        ("backbone", backbone),
+        ("objective", f"{cfg.diffusion.objective} ({loaded.objective.description})"),
+        ("vocabulary", f"{loaded.model.vocab_size} ({tok.name}, mask id {tok.mask_id})"),
+        ("sequence length", f"{loaded.length} ({cfg.data.packing} packing)"),
+        ("time conditioning", "on" if cfg.model.time_conditioning else "off"),
+        ("schedule", f"{cfg.diffusion.schedule} (eps {cfg.diffusion.eps:g})"
+                     + (f", discrete T={cfg.diffusion.T}" if cfg.diffusion.T else ", continuous time")),
+        ("weights", config["mdlm"]["weights"]),
+        ("training data", dataset),
+    ]
+    if isinstance(state.get("step"), int):
+        rows.append(("training steps", f"{state['step']:,}"
+                     + (f" ({state['tokens_seen']:,} tokens)" if isinstance(state.get("tokens_seen"), int) else "")))
+    if state.get("source"):
+        rows.append(("imported from", f"`{state['source']}` ({state.get('format', '?')})"))
+    lines = ["---", "library_name: mdlm", "tags:", "- mdlm", "- masked-diffusion", "- diffusion-language-model",
+             "---", "", f"# {cfg.name}", "",
+             "A masked diffusion language model (MDLM, Sahoo et al. 2024, arXiv:2406.07524) exported by "
+             f"`mdlm` {__version__}.", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    lines += ["", "## Use", "", "```bash", f"mdlm sample --checkpoint {where} --sampler first-hitting -n 4", "```", "",
+              ("This is the Hugging Face masked LM's own folder (`AutoModelForMaskedLM.from_pretrained` loads "
+               "it as it is), fine-tuned with MDLM; `config.json` also holds mdlm's section; "
+               if hf else "`config.json` carries the reference implementation's `MDLMConfig` fields and "
+               "`model.safetensors` its parameter names (`backbone.*`); ")
+              + "there is no Python code in this folder, so nothing needs `trust_remote_code`. The tokenizer files "
+              "sit next to them.", "",
+              "## Evaluation results", ""]
+    evals = []
+    for key, label in (("best_valid_nats", "best validation bound"), ("valid_nats", "last validation bound")):
+        if isinstance(state.get(key), int | float):
+            evals.append((label, f"{state[key]:.4f} nats/token, perplexity <= {math.exp(min(state[key], 700)):.2f}"))
+    lines += [f"- {k}: {v}" for k, v in evals]
+    for record in results:
+        lines.append("- " + ", ".join(f"{k}: {_fmt(v)}" for k, v in record.items()))
+    if not evals and not results:
+        lines.append("None recorded with this checkpoint (pass `mdlm export --results FILE` to add some).")
+    lines += ["", "## Training configuration", "", "```yaml", cfg.to_yaml().rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:
+    """Upload the folder to a model repo (created if needed); returns its URL."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
+
+    from ..io.hub import hub_offline
+
+    if hub_offline():
+        raise MdlmError(f"cannot push to {repo_id!r}: the Hugging Face Hub is unreachable (no network); {folder} "
+                        f"is complete, upload it later with `hf upload {repo_id} {folder}`")
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
+                          commit_message=f"Upload MDLM model exported by mdlm {__version__}")
+    except LocalTokenNotFoundError:
+        raise MdlmError(f"cannot push to {repo_id!r}: not logged in to the Hugging Face Hub; run "
+                        "`hf auth login` or set HF_TOKEN") from None
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        text = str(e).strip()
+        raise MdlmError(f"cannot push to {repo_id!r}: {text.splitlines()[0] if text else type(e).__name__}") from None
+    return f"https://huggingface.co/{repo_id}"
+
+
+def _fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

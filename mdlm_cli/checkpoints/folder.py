@@ -1,0 +1,302 @@
+"""Checkpoints: a folder of plain files, written atomically, never a pickle.
+
+    runs/NAME/
+      config.yaml              resolved config of the run
+      metrics.jsonl            training log
+      latest, best             text files naming a step folder
+      checkpoints/step-00001000/
+        model.safetensors      raw weights
+        ema.safetensors        EMA weights (used by default for evaluation and sampling)
+        optimizer.pt           optimizer state (tensors and numbers; loaded with weights_only=True)
+        state.json             step, data position, metrics, versions
+        config.yaml            resolved config (the model section builds the backbone)
+        model.json             schema_version, backbone, vocabulary, causal attention
+        hf_config.json         hf-mlm only: the Hugging Face config that rebuilds the model offline
+        data.json              prepared-data metadata (tokeniser, length, packing, source)
+        tokenizer/             tokeniser files
+
+A re-save of an existing step moves the old folder aside before the new one takes its name
+(files.swap_folder), so a kill at any instant leaves one whole copy; the loader falls back
+to the newest whole checkpoint (with a warning) when `latest` names a missing one, and the
+next save or resume puts an orphaned copy back and removes dead processes' temporaries.
+
+`schema_version` (model.json) is 2; folders written before it existed (version 1, whose
+model.json held the DiT's hyper-parameters) are upgraded when read (`upgrade_metadata`).
+
+Under torch.distributed, `save_checkpoint` and `load_training_state` are called by
+every rank: FSDP2 shards are gathered into full tensors and rank 0 writes the same
+files as a single process, so any number of ranks (or `mdlm sample`) can load them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .. import distributed
+from ..config import Config, config_from_dict
+from ..data.tokenizers import Tokenizer, load_tokenizer
+from ..errors import MdlmError, MdlmWarning
+from ..io.files import (
+    remove_stale_temporaries,
+    stale_old_folders,
+    swap_folder,
+    temporary,
+    write_failure,
+    write_text_atomic,
+)
+from ..models import build_model
+from ..objectives import Objective, get_objective
+
+SCHEMA_VERSION = 2
+V1_MODEL_KEYS = ("hidden_size", "n_blocks", "n_heads", "cond_dim", "mlp_ratio", "dropout")
+# what every whole step folder holds (written into a temporary folder first, renamed when complete)
+STEP_FILES = ("model.safetensors", "model.json", "state.json", "config.yaml", "data.json", "tokenizer")
+
+
+def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn.Module | None,
+                    optimizer: torch.optim.Optimizer | None, cfg: Config, state: dict,
+                    tokenizer: Tokenizer, data_meta: dict, keep_last: int = 2,
+                    best: bool = False) -> Path:
+    """Write checkpoints/step-N atomically (temp folder + rename), update the
+    `latest`/`best` pointers and prune all but the last `keep_last` and the best.
+    Collective under torch.distributed: every rank calls it, rank 0 writes."""
+    ckpt_root = run_dir / "checkpoints"
+    final = ckpt_root / f"step-{step:08d}"
+    weights = distributed.full_model_state(model)
+    ema_weights = distributed.full_model_state(ema_model) if ema_model is not None else None
+    optimizer_state = distributed.full_optimizer_state(model, optimizer) if optimizer is not None else None
+    if distributed.current_rank() != 0:
+        distributed.barrier()  # until rank 0 has written it
+        return final
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    recover_run_folder(run_dir)
+    tmp = temporary(final)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        save_file(weights, tmp / "model.safetensors")
+        if ema_weights is not None:
+            save_file(ema_weights, tmp / "ema.safetensors")
+        if optimizer_state is not None:
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+        base = getattr(model, "_orig_mod", model)
+        base.save_checkpoint_files(tmp)  # what the backbone needs beside the weights (hf-mlm: its HF config)
+        (tmp / "model.json").write_text(json.dumps(model_metadata(base, cfg), indent=2))
+        (tmp / "state.json").write_text(json.dumps(state, indent=2))
+        (tmp / "config.yaml").write_text(cfg.to_yaml())
+        (tmp / "data.json").write_text(json.dumps(data_meta, indent=2))
+        tokenizer.save(tmp / "tokenizer")
+        swap_folder(tmp, final)
+        write_text_atomic(run_dir / "latest", final.name + "\n")
+        if best:
+            write_text_atomic(run_dir / "best", final.name + "\n")
+    except (OSError, RuntimeError, SafetensorError) as e:  # disk full, read-only: one line, nothing lost
+        raise write_failure(e, run_dir, f"the checkpoint of step {step}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _prune(run_dir, keep_last)
+    distributed.barrier()
+    return final
+
+
+def model_metadata(model: nn.Module, cfg: Config) -> dict:
+    """model.json: what config.yaml's model section does not say about the weights."""
+    return {"schema_version": SCHEMA_VERSION, "backbone": cfg.model.backbone, "vocab_size": model.vocab_size,
+            "causal": model.causal, "objective": cfg.diffusion.objective,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def upgrade_metadata(model_meta: dict, cfg_dict: dict) -> tuple[dict, dict]:
+    """Bring a checkpoint's model.json and config.yaml to the current schema.
+
+    Version 1 (no schema_version): model.json was the DiT's config (vocab_size, causal and
+    the hyper-parameters, mlp_ratio among them, which config.yaml's model section lacked).
+    """
+    version = model_meta.get("schema_version", 1)
+    if version > SCHEMA_VERSION:
+        raise ValueError(f"schema_version {version} is newer than this mdlm reads ({SCHEMA_VERSION}); upgrade mdlm")
+    if version == 1:
+        cfg_dict = {**cfg_dict, "model": {**(cfg_dict.get("model") or {}),
+                                          **{k: model_meta[k] for k in V1_MODEL_KEYS if k in model_meta}}}
+        model_meta = {"schema_version": 2, "backbone": "dit", "vocab_size": model_meta["vocab_size"],
+                      "causal": bool(model_meta.get("causal", False))}
+    return model_meta, cfg_dict
+
+
+def _prune(run_dir: Path, keep_last: int) -> None:
+    steps = sorted((run_dir / "checkpoints").glob("step-*"))
+    keep = set(steps[-keep_last:])
+    for pointer in ("best", "latest"):
+        if (run_dir / pointer).is_file():
+            keep.add(run_dir / "checkpoints" / (run_dir / pointer).read_text().strip())
+    for path in steps:
+        if path not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def recover_run_folder(run_dir: Path) -> list[str]:
+    """Undo what a killed save left in a run folder: a step folder set aside during its
+    re-save goes back in place, dead processes' temporaries go; returns what was done."""
+    return remove_stale_temporaries(run_dir / "checkpoints") + remove_stale_temporaries(run_dir)
+
+
+def is_whole(step_dir: Path) -> bool:
+    return step_dir.is_dir() and all((step_dir / name).exists() for name in STEP_FILES)
+
+
+def _whole_steps(run_dir: Path) -> list[tuple[str, Path]]:
+    """(step name, folder) of the whole checkpoints, oldest first, including a step folder
+    that an interrupted re-save left aside under a temporary name."""
+    root = run_dir / "checkpoints"
+    found = {p.name: p for p in root.glob("step-*") if is_whole(p)} if root.is_dir() else {}
+    for name, path in stale_old_folders(root):
+        if name.startswith("step-") and is_whole(path):
+            found.setdefault(name, path)
+    return [(name, found[name]) for name in sorted(found)]
+
+
+def resolve_checkpoint(path: str | Path, which: str = "latest") -> Path:
+    """A step folder from a step folder, or from a run folder via its `latest`/`best` pointer.
+    A pointer to a missing or partial folder (a save killed half-way) falls back to the
+    newest whole checkpoint, with a warning."""
+    path = Path(path)
+    if (path / "model.safetensors").is_file():
+        return path
+    if not path.exists():
+        raise MdlmError(f"checkpoint {str(path)!r} does not exist")
+    pointer = path / which
+    named = pointer.read_text().strip() if pointer.is_file() else None
+    if named is not None and is_whole(path / "checkpoints" / named):
+        return path / "checkpoints" / named
+    whole = _whole_steps(path)
+    if named is None and not whole:
+        raise MdlmError(f"{path} holds no mdlm checkpoint (no model.safetensors, no '{which}' pointer)")
+    problem = (f"{pointer} names {named}, which is missing or incomplete in {path / 'checkpoints'}"
+               if named is not None else f"{path} has no '{which}' pointer")
+    if not whole:
+        raise MdlmError(f"{problem}, and no other whole checkpoint is there (a save was interrupted before any "
+                        "completed)")
+    name, folder = whole[-1]
+    where = "" if folder.name == name else f" (its whole copy {folder.name}, left by the interrupted save)"
+    warnings.warn(f"{problem} (a save was interrupted); using {name}{where}, the newest whole checkpoint",
+                  MdlmWarning, stacklevel=2)
+    return folder
+
+
+def saved_config(step_dir: Path) -> Config:
+    """The typed config a step folder was trained with (older schemas upgraded)."""
+    try:
+        _, cfg_dict = upgrade_metadata(json.loads((step_dir / "model.json").read_text()),
+                                       yaml.safe_load((step_dir / "config.yaml").read_text()))
+    except (OSError, json.JSONDecodeError, yaml.YAMLError, TypeError, KeyError, ValueError) as e:
+        raise MdlmError(f"{step_dir} is incomplete or corrupted ({type(e).__name__}: {e})") from None
+    return config_from_dict(cfg_dict)
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError) as e:
+        raise MdlmError(f"{path} is not a readable safetensors file ({e}); the checkpoint is corrupted") from None
+
+
+def load_state_into(model: nn.Module, weights: dict[str, torch.Tensor], source: Path) -> None:
+    """Strict load with a one-line error naming the first mismatch."""
+    target = model.state_dict()
+    missing = sorted(set(target) - set(weights))
+    unexpected = sorted(set(weights) - set(target))
+    if missing or unexpected:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise MdlmError(f"{source} does not fit this model ({what}, "
+                        f"{len(missing)} missing / {len(unexpected)} unexpected keys)")
+    for key, value in weights.items():
+        if target[key].shape != value.shape:
+            raise MdlmError(f"{source}: {key} has shape {tuple(value.shape)}, the model expects "
+                            f"{tuple(target[key].shape)}")
+    distributed.load_full_model_state(model, weights)
+
+
+@dataclass
+class LoadedModel:
+    """A trained model ready for the engine."""
+
+    path: Path
+    model: nn.Module
+    config: Config
+    tokenizer: Tokenizer
+    data_meta: dict
+    state: dict
+
+    @cached_property
+    def objective(self) -> Objective:
+        """What the model was trained to do: its loss, evaluation and samplers."""
+        return get_objective(self.config, self.tokenizer)
+
+    def denoiser(self, dtype: torch.dtype | None = None):
+        """The engine-facing callable of the objective (a denoiser, or a causal LM)."""
+        return self.objective.denoiser(self.model, dtype)
+
+    @property
+    def mask_id(self) -> int:
+        return self.tokenizer.mask_id
+
+    @property
+    def length(self) -> int:
+        return self.data_meta["length"]
+
+
+def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device | str = "cpu",
+                    which: str = "latest") -> LoadedModel:
+    """An mdlm run or step folder (EMA weights by default), in eval mode."""
+    step_dir = resolve_checkpoint(path, which)
+    try:
+        model_meta, cfg_dict = upgrade_metadata(json.loads((step_dir / "model.json").read_text()),
+                                                yaml.safe_load((step_dir / "config.yaml").read_text()))
+        data_meta = json.loads((step_dir / "data.json").read_text())
+        state = json.loads((step_dir / "state.json").read_text())
+    except (OSError, json.JSONDecodeError, yaml.YAMLError, TypeError, KeyError, ValueError) as e:
+        raise MdlmError(f"{step_dir} is incomplete or corrupted ({type(e).__name__}: {e})") from None
+    cfg = config_from_dict(cfg_dict)
+    tokenizer = load_tokenizer(str(step_dir / "tokenizer"))
+    if tokenizer.vocab_size != model_meta["vocab_size"]:
+        raise MdlmError(f"{step_dir}: tokenizer vocabulary {tokenizer.vocab_size} does not match "
+                        f"the model's {model_meta['vocab_size']}")
+    causal = get_objective(cfg, tokenizer).causal
+    if model_meta["causal"] != causal:
+        raise MdlmError(f"{step_dir}: model.json says causal={model_meta['causal']}, but the {cfg.diffusion.objective} "
+                        "objective of its config.yaml needs the other; the checkpoint is inconsistent")
+    weights_file = step_dir / ("ema.safetensors" if ema and (step_dir / "ema.safetensors").is_file()
+                               else "model.safetensors")
+    model = build_model(cfg.model, model_meta["vocab_size"], causal=causal, folder=step_dir)
+    load_state_into(model, load_weights(weights_file), weights_file)
+    return LoadedModel(step_dir, model.to(device).eval(), cfg, tokenizer, data_meta, state)
+
+
+def load_training_state(step_dir: Path, model: nn.Module, ema_model: nn.Module | None,
+                        optimizer: torch.optim.Optimizer) -> dict:
+    """Restore model, EMA and optimizer in place for --resume (on every rank, whatever
+    the number of ranks that wrote the checkpoint); returns state.json."""
+    load_state_into(getattr(model, "_orig_mod", model), load_weights(step_dir / "model.safetensors"),
+                    step_dir / "model.safetensors")
+    if ema_model is not None:
+        ema_file = step_dir / "ema.safetensors"
+        if ema_file.is_file():
+            load_state_into(ema_model, load_weights(ema_file), ema_file)
+    try:
+        opt_state = torch.load(step_dir / "optimizer.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - corrupted or tampered file
+        raise MdlmError(f"{step_dir}/optimizer.pt cannot be read safely ({type(e).__name__}); "
+                        "the checkpoint is corrupted") from None
+    distributed.load_full_optimizer_state(model, optimizer, opt_state)
+    return json.loads((step_dir / "state.json").read_text())

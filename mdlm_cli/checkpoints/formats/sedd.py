@@ -1,0 +1,68 @@
+"""SEDD's published format (louaaron/Score-Entropy-Discrete-Diffusion; hub ids such as
+`louaaron/sedd-small`): a config.json holding SEDD's Hydra config (`tokens`, `graph`,
+`noise`, `model`), written by `PyTorchModelHubMixin` (at the top level, or under "config"),
+and the weights of its `SEDD` module under bare names.
+
+SEDD's DiT is the module tree mdlm's DiT copies (`vocab_embed.embedding`, `sigma_map.mlp`,
+`rotary_emb.inv_freq`, `blocks[i]...`, `output_layer...`), so the weights load as they are;
+its `scale_by_sigma` output and the zeroed observed-token entry are the sedd objective's
+parameterisation (`engine.sedd.sedd_log_score`). Its absorbing state (the mask) is the last
+id, `tokens`, so the model vocabulary is `tokens + 1`.
+"""
+
+from __future__ import annotations
+
+from ...errors import MdlmError
+from .reference import new_partial, number
+
+# SEDD's model fields -> mdlm's config (section, key, type)
+MODEL_FIELDS = {"hidden_size": ("model", "hidden_size", int), "n_blocks": ("model", "n_blocks", int),
+                "n_heads": ("model", "n_heads", int), "cond_dim": ("model", "cond_dim", int),
+                "dropout": ("model", "dropout", float), "length": ("data", "length", int)}
+SCHEDULES = {"loglinear": ("loglinear", None), "geometric": ("geometric", (1e-4, 20.0))}
+
+
+def sedd_config(raw: dict) -> dict | None:
+    """SEDD's Hydra config inside a config.json, or None if it is not one."""
+    for candidate in (raw, raw.get("config")):
+        if isinstance(candidate, dict) and isinstance(candidate.get("graph"), dict) and "tokens" in candidate:
+            return candidate
+    return None
+
+
+def partial_from_sedd_config(config: dict, source) -> dict:
+    """mdlm's partial config (reference_format's layout) for a SEDD absorbing-graph model."""
+    graph = config["graph"].get("type")
+    if graph != "absorb":
+        raise MdlmError(f"{source} is a SEDD model with the {graph!r} graph; mdlm implements SEDD's absorbing graph")
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    if model.get("type", "ddit") != "ddit":
+        raise MdlmError(f"{source} holds a SEDD {model.get('type')!r} network; mdlm loads its DiT (ddit)")
+    if not number(model.get("scale_by_sigma", True), bool, "model.scale_by_sigma", source):
+        raise MdlmError(f"{source} was trained without scale_by_sigma, a different score parameterisation "
+                        "than SEDD's published models (and mdlm's sedd objective)")
+    partial = new_partial()
+    tokens = number(config["tokens"], int, "tokens", source)
+    partial["vocab_size"], partial["mask_id"] = tokens + 1, tokens
+    for name, (section, key, typ) in MODEL_FIELDS.items():
+        value = number(model.get(name), typ, f"model.{name}", source)
+        if value is not None:
+            partial[section][key] = value
+    partial["model"]["time_conditioning"] = True
+    partial["diffusion"].update(objective="sedd", schedule=_schedule(config.get("noise") or {}, source))
+    if tokens == 50257:  # GPT-2's vocabulary: SEDD's published models are OpenWebText models
+        partial["data"].update(tokenizer="gpt2", dataset="openwebtext", packing="wrap")
+    return partial
+
+
+def _schedule(noise: dict, source) -> str:
+    kind = noise.get("type", "loglinear")
+    if kind not in SCHEDULES:
+        raise MdlmError(f"{source} uses SEDD's {kind!r} noise; mdlm implements {', '.join(SCHEDULES)}")
+    name, sigmas = SCHEDULES[kind]
+    if sigmas is not None:
+        got = tuple(number(noise.get(k), float, f"noise.{k}", source) for k in ("sigma_min", "sigma_max"))
+        if got != sigmas:
+            raise MdlmError(f"{source}: geometric noise with sigma {got[0]}..{got[1]}; mdlm's geometric schedule "
+                            f"is SEDD's default {sigmas[0]}..{sigmas[1]}")
+    return name

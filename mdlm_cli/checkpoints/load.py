@@ -1,0 +1,21 @@
+"""`--checkpoint` resolution, the same in every command: an mdlm run or step folder
+(checkpoint.py), or published weights (pretrained.py: a Hugging Face hub id, a Hugging
+Face-style folder, a reference Lightning `.ckpt`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .folder import LoadedModel, load_run_folder
+from .pretrained import load_pretrained, pretrained_source
+
+
+def load_checkpoint(path: str | Path, *, ema: bool = True, device: torch.device | str = "cpu",
+                    which: str = "latest") -> LoadedModel:
+    """Load a model (EMA weights by default) with its config and tokeniser, in eval mode."""
+    source = pretrained_source(path, which)
+    if source is not None:
+        return load_pretrained(source, ema=ema, device=device)
+    return load_run_folder(path, ema=ema, device=device, which=which)

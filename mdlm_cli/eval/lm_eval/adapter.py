@@ -1,0 +1,170 @@
+"""The lm-evaluation-harness model class `mdlm`: any mdlm checkpoint, every objective.
+
+Importing this module needs lm-eval (`pip install "mdlm[eval]"`) and registers the class
+as `mdlm` with lm-eval's `register_model`. The scoring itself is `lm_scoring.py`:
+
+- `loglikelihood`: -log p(continuation | context): exact for AR checkpoints; for diffusion
+  checkpoints the conditional NELBO (only the continuation is masked, the context is clean),
+  the mean of K passes with times stratified per request, so log p >= the value returned
+  in expectation. `is_greedy`: the model's argmax at every continuation position equals the
+  continuation, read in one call with the whole continuation masked (diffusion) or given
+  the true tokens before it (AR, greedy decoding).
+- `loglikelihood_rolling`: the document's likelihood over rolling windows of the model
+  length (the harness's convention); a bound for diffusion checkpoints, so word and byte
+  perplexities are upper bounds.
+- `generate_until`: sampled after the context with the chosen sampler, semi-autoregressively
+  past the model length for diffusion models, cut at the first stop sequence.
+
+Contexts longer than the model length are truncated from the left. Each request's K pass
+values are kept (`scores`), so `mdlm lm-eval` reports K and the Monte-Carlo standard error.
+
+From the shell, `python -m mdlm_cli.eval.lm_eval.adapter ...` is the harness's own command line
+with `mdlm` registered (lm-eval 0.4 finds no model classes outside its package):
+    python -m mdlm_cli.eval.lm_eval.adapter run --model mdlm --model_args checkpoint=runs/demo,mc_samples=4 \\
+        --tasks lambada_openai --device cpu
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from ...errors import MdlmError
+from .scoring import (
+    GREEDY_TOP_P,
+    ConditionalScorer,
+    GenerationSettings,
+    Scored,
+    cut_generation,
+    encode_pair,
+    generate_after,
+)
+
+DEFAULT_MAX_GEN_TOKS = 256  # the harness's HF models' default
+
+
+@register_model("mdlm")
+class MdlmLM(LM):
+    """lm-eval's `LM` over an mdlm checkpoint (`--model_args checkpoint=PATH,mc_samples=K,...`)."""
+
+    def __init__(self, checkpoint: str = "runs/demo", mc_samples: int = 4, batch_size: int | str = 16,
+                 device: str | None = None, seed: int = 0, sampler: str | None = None, steps: int | None = None,
+                 stride: int | None = None, precision: str = "fp64", raw_weights: bool = False,
+                 max_batch_size: int | None = None, loaded=None, warn=None) -> None:
+        super().__init__()
+        from ...commands.common import load_for_command, resolve_sampler
+        from ...runtime import Runtime
+
+        if str(batch_size).startswith("auto"):
+            raise MdlmError("batch_size=auto is not supported by the mdlm model; give a number of rows")
+        self.warn = warn or (lambda message: print(f"warning: {message}"))
+        if loaded is None:
+            loaded, rt = load_for_command(checkpoint, device, bool(raw_weights))
+        else:
+            rt = Runtime.create(device or str(next(loaded.model.parameters()).device))
+        self.loaded, self._device, self.dtype = loaded, rt.device, rt.dtype
+        self.scorer = ConditionalScorer(loaded, mc_samples=int(mc_samples), batch_size=int(batch_size),
+                                        device=rt.device, dtype=rt.dtype, seed=int(seed))
+        spec, steps = resolve_sampler(loaded.objective, sampler, None if steps is None else int(steps))
+        self.generation = GenerationSettings(spec.name, steps, None if stride is None else int(stride),
+                                             precision, int(seed))
+        self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(list)  # task -> (request type, score)
+        self._generated = 0
+        self._warned: set[str] = set()
+
+    @property
+    def mc_samples(self) -> int:
+        return self.scorer.mc_samples
+
+    @property
+    def max_length(self) -> int:
+        return self.loaded.length
+
+    def _record(self, requests, kind: str, scores: list[Scored]) -> None:
+        for req, s in zip(requests, scores, strict=True):
+            self.scores[req.task_name or "?"].append((kind, s))
+        dropped = sum(s.dropped for s in scores)
+        if dropped and "truncated" not in self._warned:
+            self._warned.add("truncated")
+            self.warn(f"contexts longer than the model length ({self.max_length} tokens) are truncated from "
+                      f"the left ({dropped} tokens dropped in this call)")
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        tok = self.loaded.tokenizer
+        pairs = [encode_pair(tok, *req.args) for req in requests]
+        with _progress("loglikelihood", len(pairs), disable_tqdm) as advance:
+            scores = self.scorer.score(pairs, on_done=advance)
+        self._record(requests, "loglikelihood", scores)
+        return [(-s.nll, s.greedy) for s in scores]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        tok = self.loaded.tokenizer
+        docs = [tok.encode(req.args[0]) for req in requests]
+        with _progress("loglikelihood_rolling (windows)", None, disable_tqdm) as advance:
+            scores = self.scorer.score_rolling(docs, on_done=advance)
+        self._record(requests, "loglikelihood_rolling", scores)
+        return [-s.nll for s in scores]
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        tok, out = self.loaded.tokenizer, []
+        with _progress(f"generate_until ({self.generation.sampler})", len(requests), disable_tqdm) as advance:
+            for req in requests:
+                context, gen_kwargs = req.args
+                until, max_gen, temperature, top_p = self._generation_options(dict(gen_kwargs or {}))
+                tokens = generate_after(self.loaded, tok.encode(context), max_gen=max_gen, settings=self.generation,
+                                        temperature=temperature, top_p=top_p, index=self._generated,
+                                        device=self._device, dtype=self.dtype)
+                self._generated += 1
+                out.append(cut_generation(tok, tokens, until))
+                advance(1)
+        return out
+
+    def _generation_options(self, kwargs: dict) -> tuple[list[str], int, float, float]:
+        """The harness's generation kwargs: `until`, `max_gen_toks`, and `do_sample` with
+        `temperature` / `top_p`; greedy (do_sample false or temperature 0) keeps only the
+        most likely token at each draw. Others are reported once, not used."""
+        until = kwargs.pop("until", None) or []
+        until = [until] if isinstance(until, str) else list(until)
+        max_gen = int(kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+        do_sample = bool(kwargs.pop("do_sample", False))
+        temperature = float(kwargs.pop("temperature", 1.0 if do_sample else 0.0))
+        top_p = float(kwargs.pop("top_p", 1.0))
+        unused = sorted(set(kwargs) - self._warned)
+        if unused:
+            self._warned.update(unused)
+            self.warn(f"generation kwargs {', '.join(unused)} do not apply to the mdlm model; ignored")
+        if not do_sample or temperature <= 0:
+            return until, max_gen, 1.0, GREEDY_TOP_P
+        return until, max_gen, temperature, top_p
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+
+@contextmanager
+def _progress(label: str, total: int | None, disable: bool) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on stderr, gone when done; yields `advance(n)`."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True, disable=disable) as progress:
+        task = progress.add_task(label, total=total)
+        yield lambda n: progress.advance(task, n)
+
+
+def main() -> None:
+    """lm-eval's command line with the `mdlm` model registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""Evaluation on a prepared split: the per-sequence loss of any objective summed over the
+split (rank-sharded under torchrun), and `mdlm eval-ppl`'s test perplexity with K
+independent Monte-Carlo passes.
+
+Diffusion objectives give the NELBO bound (continuous time, or the T-step discrete bound
+of Table 11) over every token of the split; each pass draws one t per sequence,
+antithetic over the whole split, and the spread of the K pass estimates gives a standard
+error, so the paper's "one sample is enough" is measured rather than assumed. Exact
+objectives (AR) give their exact likelihood on the same tokens, in one pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+from torch import Tensor
+
+from ..data.store import PreparedData, TokenSplit, prepare
+from ..engine.diffusion import Denoiser, nelbo_terms, sample_times, times_from_uniform
+from ..engine.schedules import Schedule
+from ..errors import MdlmError
+from ..runtime import derive_seed, generator
+
+if TYPE_CHECKING:
+    from ..checkpoints.folder import LoadedModel
+
+# terms(x0 (B, L), t (B,) | None, generator, attention_mask) -> nats per sequence (B,)
+TermsFn = Callable[[Tensor, Tensor | None, torch.Generator, Tensor | None], Tensor]
+
+
+@dataclass
+class BoundResult:
+    nats: float  # summed NELBO over the rows (exact NLL for an exact objective)
+    tokens: int  # real tokens in the rows
+    sequences: int
+    exact: bool = False  # True: an exact likelihood, not a bound
+    T: int = 0  # 0 = continuous-time bound, else the T-step discrete bound
+    per_sequence: np.ndarray | None = None  # each row's value (nats), when asked for
+    kind: str = ""  # "masked-token": an MLM's masked-token cross-entropy, neither exact nor a bound
+
+    @property
+    def nats_per_token(self) -> float:
+        return self.nats / max(self.tokens, 1)
+
+    @property
+    def relation(self) -> str:
+        return relation(self.exact, self.kind)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.nats_per_token, 700.0))
+
+
+@torch.no_grad()
+def sharded_sum(terms: TermsFn, split: TokenSplit, *, batch_size: int, device: torch.device, seed: int = 0,
+                rows: int = 0, draw_times: Callable[[int, torch.Generator], Tensor] | None = None,
+                exact: bool = False, T: int = 0, on_batch: Callable[[int], None] | None = None,
+                rank: int = 0, world_size: int = 1, per_sequence: bool = False) -> BoundResult:
+    """`terms` summed over the first `rows` rows of `split` (0 = all, remainder batch included);
+    with `per_sequence`, every row's value too (`BoundResult.per_sequence`, in row order).
+
+    `draw_times(n, generator)` gives one time per sequence for the whole set (stratified
+    over it), None for objectives without time. Under torch.distributed (`rank`,
+    `world_size` of the initialised process group) rank r evaluates batches r, r + W, ...
+    and the sums are all-reduced: every rank returns the value of the whole set, equal
+    to the one-process value up to summation order (the draws of a batch are seeded by
+    its index). Every rank makes the same number of model calls (a rank short of a batch
+    evaluates one row and discards it), as FSDP2 needs. `on_batch` gets the number of rows
+    finished by all ranks together. The per-row values are all-reduced too (each row is
+    written by exactly one rank), so every rank holds all of them.
+    """
+    n = len(split) if rows <= 0 else min(rows, len(split))
+    t_all = draw_times(n, generator(device, seed)) if draw_times is not None else None
+    total = torch.zeros((), device=device, dtype=torch.float64)
+    each = torch.zeros(n, device=device, dtype=torch.float64) if per_sequence else None
+    n_batches = -(-n // batch_size)
+    for r in range(-(-n_batches // world_size)):
+        b = r * world_size + rank  # this rank's batch in this round
+        filler = b >= n_batches  # none left for this rank: one row through the model, result dropped
+        start = 0 if filler else b * batch_size
+        idx = np.arange(start, start + 1 if filler else min(start + batch_size, n))
+        x0, attention_mask = split.batch(idx, device)
+        t = None if t_all is None else t_all[idx[0]: idx[-1] + 1]
+        values = terms(x0, t, generator(device, derive_seed(seed, "batch", b)), attention_mask)
+        if not filler:
+            total += values.sum().double()
+            if each is not None:
+                each[idx[0]: idx[-1] + 1] = values.detach().double()
+        if on_batch is not None:
+            on_batch(min((r + 1) * world_size * batch_size, n) - r * world_size * batch_size)
+    if world_size > 1:
+        tdist.all_reduce(total)
+        if each is not None:
+            tdist.all_reduce(each)
+    return BoundResult(float(total), split.count(slice(0, n)), n, exact=exact, T=T,
+                       per_sequence=None if each is None else each.cpu().numpy())
+
+
+def diffusion_times(schedule: Schedule, T: int = 0, antithetic: bool = True):
+    """`draw_times` for a diffusion bound: u antithetic over the set, mapped to t."""
+    return lambda n, gen: times_from_uniform(sample_times(n, generator=gen, antithetic=antithetic,
+                                                          device=gen.device), schedule, T)
+
+
+def nelbo_bound(denoiser: Denoiser, split: TokenSplit, *, schedule: Schedule, mask_id: int,
+                batch_size: int, device: torch.device, seed: int = 0, rows: int = 0, T: int = 0,
+                antithetic: bool = True, on_batch: Callable[[int], None] | None = None,
+                rank: int = 0, world_size: int = 1) -> BoundResult:
+    """MDLM's NELBO over a split (one t per sequence, stratified over the whole set),
+    rank-sharded as `sharded_sum`; usable from your own scripts in a process group."""
+    def terms(x0, t, gen, attention_mask):
+        return nelbo_terms(denoiser, x0, t, mask_id=mask_id, schedule=schedule, generator=gen,
+                           attention_mask=attention_mask, T=T)
+
+    return sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
+                       draw_times=diffusion_times(schedule, T, antithetic), T=T, on_batch=on_batch,
+                       rank=rank, world_size=world_size)
+
+
+def bound_passes(denoiser: Denoiser, split: TokenSplit, *, schedule: Schedule, mask_id: int, mc_samples: int,
+                 batch_size: int, device: torch.device, seed: int = 0, rows: int = 0, T: int = 0,
+                 on_batch: Callable[[int], None] | None = None, rank: int = 0,
+                 world_size: int = 1) -> list[BoundResult]:
+    """`mc_samples` independent NELBO passes over the split (antithetic t within each pass),
+    seeded as `mdlm eval-ppl` seeds them."""
+    if mc_samples < 1:
+        raise MdlmError(f"--mc-samples must be at least 1 (got {mc_samples})")
+    return [nelbo_bound(denoiser, split, schedule=schedule, mask_id=mask_id, batch_size=batch_size, device=device,
+                        seed=derive_seed(seed, "eval-ppl", k), rows=rows, T=T, on_batch=on_batch, rank=rank,
+                        world_size=world_size)
+            for k in range(mc_samples)]
+
+
+# ----------------------------------------------------------------------------- mdlm eval-ppl
+
+def relation(exact: bool, kind: str = "") -> str:
+    """How a perplexity relates to the true one: = exact, ≤ a bound, ~ neither (an MLM's masked-token value)."""
+    return "=" if exact else "~" if kind == "masked-token" else "≤"
+
+
+@dataclass
+class PplResult:
+    dataset: str
+    split: str
+    tokens: int
+    sequences: int
+    passes: list[float]  # nats per token of each Monte-Carlo pass (one entry when exact)
+    exact: bool  # True: exact likelihood (AR); False: an upper bound on the NLL
+    T: int = 0
+    char_level: bool = False
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    # Table 9's per-datapoint spread: for each sequence, the sd (variance) of its bound over the
+    # K passes, in nats/token of that sequence, averaged over the sequences (K >= 2, bounds only)
+    sequence_sd: float | None = None
+    sequence_var: float | None = None
+    kind: str = ""  # "masked-token" for an MLM (neither exact nor a bound)
+
+    @property
+    def nats_per_token(self) -> float:
+        return statistics.fmean(self.passes)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.nats_per_token, 700.0))
+
+    @property
+    def pass_std(self) -> float | None:
+        """Standard deviation of one pass's estimate (nats/token): the Monte-Carlo error of
+        a single-sample evaluation."""
+        return statistics.stdev(self.passes) if len(self.passes) > 1 else None
+
+    @property
+    def standard_error(self) -> float | None:
+        """Standard error of the K-pass mean (nats/token); 0 for an exact value."""
+        if self.exact:
+            return 0.0
+        return None if self.pass_std is None else self.pass_std / math.sqrt(len(self.passes))
+
+    @property
+    def bits_per_char(self) -> float | None:
+        return self.nats_per_token / math.log(2) if self.char_level else None
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(kind="exact" if self.exact else (self.kind or "bound"), nats_per_token=self.nats_per_token,
+                 perplexity=self.perplexity, standard_error=self.standard_error,
+                 pass_std=self.pass_std, bits_per_char=self.bits_per_char, mc_samples=len(self.passes))
+        return d
+
+
+def evaluation_data(loaded: LoadedModel, *, dataset: str | None = None, data: str | None = None,
+                    progress: Callable[[str, int, int | None], None] | None = None,
+                    load_dataset=None) -> tuple[str, PreparedData]:
+    """The prepared data to evaluate on: a prepared folder (`data`), or a data set name or
+    local path tokenised and packed as the checkpoint's own training data (prepared if needed)."""
+    if data is not None and (Path(data) / "meta.json").is_file():
+        prepared = PreparedData(Path(data))
+    else:
+        cfg = dataclasses.replace(loaded.config.data, dataset=data or dataset or loaded.config.data.dataset)
+        prepared = prepare(cfg, progress=progress, load_dataset=load_dataset)
+    name = prepared.meta["source"]["name"]  # a registry name, or a local file's stem
+    tok, mine = prepared.meta["tokenizer"], loaded.tokenizer
+    if (tok["vocab_size"], tok["mask_id"]) != (mine.vocab_size, mine.mask_id):
+        raise MdlmError(f"{prepared.folder.name} uses tokenizer {tok['name']} (vocab {tok['vocab_size']}); "
+                        f"the checkpoint's has vocab {mine.vocab_size}: prepare it with the same tokenizer")
+    return name, prepared
+
+
+def pick_split(prepared: PreparedData, split: str) -> tuple[str, str | None]:
+    """`split`, or `valid` where a data set has no test split (OpenWebText); with a note."""
+    if split in prepared.splits:
+        return split, None
+    if split == "test" and "valid" in prepared.splits:
+        return "valid", f"{prepared.meta['source']['name']} has no test split; used valid"
+    raise MdlmError(f"split {split!r} is not in {prepared.folder.name}; available: {', '.join(prepared.splits)}")
+
+
+def evaluate(loaded: LoadedModel, prepared: PreparedData, *, name: str, split: str = "test",
+             mc_samples: int = 4, T: int | None = None, batch_size: int = 16, device: torch.device,
+             dtype: torch.dtype | None = None, seed: int = 0, rows: int = 0,
+             on_batch: Callable[[int], None] | None = None, rank: int = 0, world_size: int = 1) -> PplResult:
+    """Perplexity (bound or exact, as the checkpoint's objective gives it) on one split."""
+    if mc_samples < 1:
+        raise MdlmError(f"--mc-samples must be at least 1 (got {mc_samples})")
+    split_name, note = pick_split(prepared, split)
+    token_split = prepared.split(split_name)
+    if len(token_split) == 0:
+        raise MdlmError(f"split {split_name} of {prepared.folder.name} is empty")
+    t0 = time.perf_counter()
+    objective = loaded.objective
+    results = objective.evaluate(loaded.denoiser(dtype), token_split,
+                                 seeds=[derive_seed(seed, "eval-ppl", k) for k in range(mc_samples)],
+                                 batch_size=batch_size, device=device, rows=rows, T=T, on_batch=on_batch,
+                                 rank=rank, world_size=world_size, per_sequence=not objective.exact and mc_samples > 1)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    first = results[0]
+    spread = sequence_spread(results, token_split.lengths[:first.sequences])
+    return PplResult(name, split_name, first.tokens, first.sequences, [r.nats_per_token for r in results],
+                     exact=first.exact, T=first.T, char_level=loaded.tokenizer.is_character_level,
+                     seconds=time.perf_counter() - t0, notes=[note] if note else [],
+                     sequence_sd=spread[0], sequence_var=spread[1], kind=first.kind)
+
+
+def sequence_spread(results: list[BoundResult], lengths: np.ndarray) -> tuple[float | None, float | None]:
+    """(mean sd, mean variance) over sequences of each sequence's bound across the passes, in
+    nats/token of the sequence: the per-datapoint variance of a one-sample estimate (Table 9).
+    None with fewer than two passes or without per-sequence values."""
+    if len(results) < 2 or any(r.per_sequence is None for r in results):
+        return None, None
+    per_token = np.stack([r.per_sequence for r in results]) / np.maximum(lengths, 1)[None]  # (K, n)
+    var = per_token.var(axis=0, ddof=1)
+    return float(np.sqrt(var).mean()), float(var.mean())

@@ -1,0 +1,248 @@
+"""`mdlm bench-sampler`: wall-clock cost of each sampler, with the work counters.
+
+For every (precision, sampler, steps, batch size, sampler options): seconds per sample
+(median and range over repeats after a warm-up), tokens/s, NFE, categorical draws, and
+the share of wall time spent outside the network forward (sampler overhead). The
+network is timed by wrapping the denoiser (with CUDA synchronisation on CUDA).
+For caching samplers it also gives the calls the reference's whole-batch cache
+would have made (`WholeBatchCount`, from the steps at which the batch changed).
+The tokens of each row's first timed run are handed to `on_tokens` (the judge's
+quality columns, `mdlm_cli/frontier.py`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .. import engine
+
+
+class TimedDenoiser:
+    """Wraps the model callable a sampler takes (a denoiser or a causal LM) and accumulates
+    the seconds spent inside it; every other attribute is the inner one's."""
+
+    def __init__(self, inner, device: torch.device):
+        self.inner, self.device = inner, device
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str):  # supports_output_mask, time_agnostic, schedule, bos_id, new_cache...
+        attribute = getattr(self.inner, name)
+        return self._timed(attribute) if name == "log_score" else attribute  # a score model's network call
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _timed(self, fn):
+        def timed(*args, **kwargs):
+            self._sync()
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self._sync()
+            self.seconds += time.perf_counter() - t0
+            return out
+
+        return timed
+
+    def __call__(self, *args, **kwargs):
+        return self._timed(self.inner)(*args, **kwargs)
+
+
+class WholeBatchCount:
+    """Batched calls the reference's cache would make: it recomputes the whole batch after
+    every step in which any sequence changed (and at the first step), while mdlm's
+    per-sequence cache calls only for the sequences that changed."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, change_steps: list[int], n_steps: int) -> None:
+        if n_steps:
+            self.calls += 1 + sum(i < n_steps - 1 for i in change_steps)
+
+
+@dataclass
+class BenchRow:
+    sampler: str
+    steps: int | None
+    batch_size: int
+    precision: str
+    num_samples: int
+    repeats: int
+    seconds_per_sample: float  # median over repeats
+    seconds_per_sample_min: float
+    seconds_per_sample_max: float
+    tokens_per_second: float
+    nfe: float  # network evaluations per sequence
+    ncs: float  # categorical draws per sequence
+    calls: int  # batched network calls per repeat
+    whole_batch_calls: int | None  # ancestral-cache: batched calls if any change invalidated the whole batch
+    nfe_whole_batch: float | None  # the same as network evaluations per sequence (the reference's cache)
+    network_share: float
+    overhead_share: float  # 1 - network_share: sampler work outside the forward
+    options: dict[str, Any] = field(default_factory=dict)  # the sampler options of the row (engine.sample's)
+    quality: Any = None  # frontier.Quality of the first timed run's samples, with --judge
+
+    @property
+    def setting(self) -> str:
+        """What distinguishes the row within its sampler: steps and options, e.g. `100` or `threshold=0.9`."""
+        parts = [] if self.steps is None else [str(self.steps)]
+        return " ".join(parts + [f"{k}={v}" for k, v in sorted(self.options.items())])
+
+
+@dataclass
+class BenchReport:
+    meta: dict
+    results: list[BenchRow] = field(default_factory=list)
+    reference: Any = None  # frontier.Reference: real text scored by the judge
+
+    def to_dict(self) -> dict:
+        out = {"meta": self.meta, "results": [asdict(r) for r in self.results]}
+        if self.reference is not None:
+            out["reference"] = asdict(self.reference)
+        return out
+
+
+def environment(device: torch.device, dtype: torch.dtype | None) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
+    return {"device": str(device), "device_name": name,
+            "dtype": "bf16 autocast" if dtype == torch.bfloat16 else "fp32",
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "machine": platform.machine()}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_config(denoiser, *, sampler: str, steps: int | None, batch_size: int, precision: str,
+               num_samples: int, length: int, mask_id: int, repeats: int, seed: int, device: torch.device,
+               schedule=None, warmup: bool = True, options: dict | None = None,
+               on_tokens: Callable[[torch.Tensor], None] | None = None) -> BenchRow:
+    """One row: `repeats` timed runs of `num_samples` samples in batches (after a warm-up).
+    `options`: sampler options (engine.sample's keywords); `on_tokens` gets the tokens of
+    the first timed run (seed `seed`: what `mdlm sample --seed` draws with the same flags)."""
+    spec = engine.get_sampler(sampler)
+    options = dict(options or {})
+    timed = TimedDenoiser(denoiser, device)
+    schedule = schedule if schedule is not None else getattr(denoiser, "schedule", "loglinear")
+
+    def once(n: int, gen_seed: int):
+        timed.seconds = 0.0
+        whole = WholeBatchCount() if spec.needs_time_agnostic else None
+        _sync(device)
+        t0 = time.perf_counter()
+        tokens, stats = engine.sample(timed, sampler=sampler, num_samples=n, length=length, mask_id=mask_id,
+                                      steps=steps, schedule=schedule, batch_size=batch_size, precision=precision,
+                                      device=device, return_stats=True, on_changes=whole,
+                                      generator=torch.Generator(device=device).manual_seed(gen_seed), **options)
+        _sync(device)
+        return time.perf_counter() - t0, timed.seconds, stats, whole, tokens
+
+    if warmup:  # allocator, kernels, compilation: one batch at the same shapes, a few calls
+        few = torch.full((batch_size, length), mask_id, dtype=torch.long, device=device)
+        # a real token everywhere but the last 4 positions: first-hitting makes 4 calls, not L, and a
+        # left-to-right model has a prefix to continue
+        few[:, :length - 4] = int(mask_id == 0)
+        engine.sample(denoiser, sampler=sampler, num_samples=batch_size, length=length, mask_id=mask_id,
+                      steps=min(steps or 1, 4), schedule=schedule, precision=precision, device=device,
+                      prompt=few, generator=torch.Generator(device=device).manual_seed(seed), **options)
+    walls, shares, last, whole = [], [], None, None
+    for r in range(repeats):
+        wall, network, last, whole, tokens = once(num_samples, seed + r)
+        walls.append(wall)
+        shares.append(network / wall if wall > 0 else 0.0)
+        if r == 0 and on_tokens is not None:
+            on_tokens(tokens)
+    per_sample = [w / num_samples for w in walls]
+    median = statistics.median(per_sample)
+    share = statistics.median(shares)
+    return BenchRow(
+        sampler=sampler, steps=steps if spec.uses_steps else None, batch_size=batch_size,
+        precision=precision, num_samples=num_samples, repeats=repeats, seconds_per_sample=median,
+        seconds_per_sample_min=min(per_sample), seconds_per_sample_max=max(per_sample),
+        tokens_per_second=length / median if median > 0 else float("inf"), nfe=last.nfe, ncs=last.ncs,
+        calls=last.calls, whole_batch_calls=None if whole is None else whole.calls,
+        nfe_whole_batch=None if whole is None else whole.calls * batch_size / num_samples,
+        network_share=share, overhead_share=1.0 - share, options=options)
+
+
+def option_grid(sampler: str, options: dict[str, list] | None) -> list[dict]:
+    """Every combination of the option values given (name -> values) that the sampler reads."""
+    read = sorted(name for name in (options or {}) if name in engine.get_sampler(sampler).options)
+    return [dict(zip(read, values, strict=True)) for values in itertools.product(*(options[n] for n in read))]
+
+
+def grid(samplers: list[str], steps: list[int], batch_sizes: list[int], precisions: list[str],
+         options: dict[str, list] | None = None) -> list[tuple[str, int | None, int, str, dict]]:
+    """Configurations to run; a sampler that takes no steps has one row per batch size and
+    combination of the option values it reads."""
+    out = []
+    for precision in precisions:
+        for sampler in samplers:
+            for b in batch_sizes:
+                for opts in option_grid(sampler, options):
+                    for s in (steps if engine.get_sampler(sampler).uses_steps else [None]):
+                        out.append((sampler, s, b, precision, opts))
+    return out
+
+
+def run_bench(denoiser, *, samplers: list[str], steps: list[int], batch_sizes: list[int],
+              precisions: list[str], num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
+              device: torch.device, meta: dict, schedule=None, options: dict[str, list] | None = None,
+              on_tokens: Callable[[BenchRow, torch.Tensor], None] | None = None,
+              on_row: Callable[[BenchRow], None] | None = None) -> BenchReport:
+    """Every configuration of `grid`; `on_tokens(row, tokens)` sees each row's first timed
+    samples before `on_row(row)` (the judge fills `row.quality` there)."""
+    report = BenchReport(meta=meta)
+    for sampler, s, b, precision, opts in grid(samplers, steps, batch_sizes, precisions, options):
+        n = max(num_samples - num_samples % b, b)  # whole batches only
+        kept = []
+        row = run_config(denoiser, sampler=sampler, steps=s, batch_size=b, precision=precision, num_samples=n,
+                         length=length, mask_id=mask_id, repeats=repeats, seed=seed, device=device,
+                         schedule=schedule, options=opts, on_tokens=kept.append)
+        if on_tokens is not None:
+            on_tokens(row, kept[0])
+        report.results.append(row)
+        if on_row is not None:
+            on_row(row)
+    return report
+
+
+def plot(report: BenchReport, path: str) -> None:
+    """Seconds per sample vs steps, one line per (sampler, batch size, precision)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    steps = sorted({r.steps for r in report.results if r.steps is not None}) or [1]
+    def key(r: BenchRow):
+        return r.sampler, r.batch_size, r.precision, tuple(sorted(r.options.items()))
+
+    for sampler, b, precision, opts in sorted({key(r) for r in report.results}, key=str):
+        rows = [r for r in report.results if key(r) == (sampler, b, precision, opts)]
+        label = f"{sampler}{''.join(f' {k}={v}' for k, v in opts)} (batch {b}, {precision})"
+        if not engine.get_sampler(sampler).uses_steps:
+            ax.plot(steps, [rows[0].seconds_per_sample] * len(steps), "--", label=label)
+        else:
+            rows.sort(key=lambda r: r.steps)
+            ax.plot([r.steps for r in rows], [r.seconds_per_sample for r in rows], "o-", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("sampling steps")
+    ax.set_ylabel("seconds per sample")
+    ax.set_title(f"L={report.meta.get('length')}, {report.meta.get('device_name')}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

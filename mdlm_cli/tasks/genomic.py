@@ -1,0 +1,175 @@
+"""`mdlm classify`: fine-tune a DNA checkpoint's encoder on a Genomic Benchmarks task (Table 7).
+
+Caduceus's recipe (slurm_scripts/run_genomics_benchmark.sh, configs/experiment/hg38/
+genomic_benchmark.yaml): for each seed, a random 90/10 train/validation split of the task's
+training set (seeded by the seed); the whole model fine-tuned with a linear head on the
+mean-pooled final hidden states (over the left-padded length) for 10 epochs, AdamW (weight
+decay 0.1), cosine schedule with 1% warmup down to 0.1 x lr, gradient clipping 1; the
+checkpoint of the best validation accuracy (checked after every epoch) is tested. A sweep
+over learning rates {1e-3, 2e-3} and batch sizes {128, 256} picks, per task, the setting of
+the best mean validation accuracy over the seeds; its test accuracy is reported as the mean
+over the seeds and the max - min spread (Table 7's "±").
+
+Strands, as Caduceus treats each model: PS averages the head's logits of its two strands;
+Ph trains without RC augmentation and averages the logits of x and rc(x) at evaluation
+(post-hoc conjoining); Mamba trains with RC augmentation. `rc_augment` / `conjoin` override.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..checkpoints.folder import LoadedModel
+from ..data.dna import GenomicTask, encode_left_padded, reverse_complement
+from ..errors import MdlmError
+from ..runtime import derive_seed
+
+
+@dataclass
+class ClassifyConfig:
+    lrs: list[float] = field(default_factory=lambda: [1e-3, 2e-3])
+    batch_sizes: list[int] = field(default_factory=lambda: [128, 256])
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    epochs: int = 10
+    val_fraction: float = 0.1
+    weight_decay: float = 0.1
+    warmup_fraction: float = 0.01
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    max_length: int = 0  # 0: the task's (Caduceus's table; else its longest training sequence)
+    rc_augment: bool | None = None  # None: as Caduceus treats the backbone
+    conjoin: bool | None = None
+    eval_batch_size: int = 256
+
+
+class SequenceClassifier(nn.Module):
+    """A backbone's `features` mean-pooled over the length, then a linear head (`score`)."""
+
+    def __init__(self, backbone: nn.Module, n_classes: int, *, conjoin: bool, complement: list[int]):
+        super().__init__()
+        self.backbone, self.conjoin = backbone, conjoin
+        self.strands = bool(getattr(backbone, "rcps", False))
+        self.score = nn.Linear(backbone.config.hidden_size, n_classes, bias=False)
+        nn.init.normal_(self.score.weight, std=0.02)
+        self.register_buffer("complement", torch.tensor(complement), persistent=False)
+
+    def _logits(self, tokens: Tensor) -> Tensor:
+        hidden = self.backbone.features(tokens)  # (B, L, H)
+        if self.strands:  # PS: (B, L, d, 2) -> the mean of the two strands' logits
+            pooled = self.backbone.strands(hidden).mean(dim=1)
+            return (self.score(pooled[..., 0]) + self.score(pooled[..., 1])) / 2
+        return self.score(hidden.mean(dim=1))
+
+    def forward(self, tokens: Tensor) -> Tensor:  # (B, C)
+        logits = self._logits(tokens)
+        if self.conjoin and not self.training:
+            logits = (logits + self._logits(reverse_complement(tokens, self.complement))) / 2
+        return logits
+
+
+def strand_recipe(model: nn.Module, cfg: ClassifyConfig) -> tuple[bool, bool]:
+    """(rc_augment, conjoin) for this backbone, as Caduceus's scripts, unless the config says."""
+    ps, causal = bool(getattr(model, "rcps", False)), bool(getattr(model, "causal", False))
+    rc_aug = causal if cfg.rc_augment is None else cfg.rc_augment  # Mamba: RC augmentation
+    conjoin = (not ps and not causal) if cfg.conjoin is None else cfg.conjoin  # Ph: post-hoc conjoining
+    return rc_aug, conjoin
+
+
+def lr_factor(step: int, total: int, cfg: ClassifyConfig) -> float:
+    warmup = max(1, round(cfg.warmup_fraction * total))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: torch.device) -> float:
+    model.eval()
+    correct = sum(int((model(x[i:i + batch_size].to(device)).argmax(-1) == y[i:i + batch_size].to(device)).sum())
+                  for i in range(0, len(x), batch_size))
+    return correct / max(len(x), 1)
+
+
+def fine_tune(loaded: LoadedModel, task: GenomicTask, x: Tensor, y: Tensor, x_test: Tensor, y_test: Tensor, *,
+              lr: float, batch_size: int, seed: int, cfg: ClassifyConfig, device: torch.device) -> dict:
+    """One seed of one sweep setting: split, fine-tune, early-stop on validation, test."""
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(x), generator=g)
+    n_val = max(1, round(cfg.val_fraction * len(x)))
+    val_idx, train_idx = order[:n_val], order[n_val:]
+    rc_aug, conjoin = strand_recipe(loaded.model, cfg)
+    torch.manual_seed(derive_seed(seed, "classify-head"))
+    model = SequenceClassifier(copy.deepcopy(loaded.model), len(task.classes), conjoin=conjoin,
+                               complement=loaded.tokenizer.complement).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = -(-len(train_idx) // batch_size)
+    total, step = cfg.epochs * steps_per_epoch, 0
+    best = (-1.0, None, 0)
+    for epoch in range(cfg.epochs):
+        model.train()
+        perm = train_idx[torch.randperm(len(train_idx), generator=g)]
+        for i in range(0, len(perm), batch_size):
+            rows = perm[i:i + batch_size]
+            xb, yb = x[rows].to(device), y[rows].to(device)
+            if rc_aug:
+                flip = (torch.rand(len(rows), generator=g) < 0.5).to(device)
+                xb = torch.where(flip[:, None], reverse_complement(xb, model.complement), xb)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * lr_factor(step, total, cfg)
+            loss = F.cross_entropy(model(xb), yb)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            step += 1
+        val = accuracy(model, x[val_idx], y[val_idx], cfg.eval_batch_size, device)
+        if val > best[0]:
+            best = (val, copy.deepcopy(model.state_dict()), epoch + 1)
+    model.load_state_dict(best[1])
+    test = accuracy(model, x_test, y_test, cfg.eval_batch_size, device)
+    return {"seed": seed, "val_accuracy": best[0], "best_epoch": best[2], "test_accuracy": test,
+            "rc_augment": rc_aug, "conjoin": conjoin}
+
+
+def classify(loaded: LoadedModel, task: GenomicTask, cfg: ClassifyConfig, device: torch.device,
+             on_run=None) -> dict:
+    """The whole sweep on one task: every (lr, batch size) x seed; the best setting by mean validation accuracy."""
+    if loaded.tokenizer.complement is None:
+        raise MdlmError(f"classify needs a DNA model (tokenizer dna); {loaded.path} uses {loaded.tokenizer.name}")
+    if not hasattr(loaded.model, "features"):
+        raise MdlmError(f"classify fine-tunes a DNA encoder (backbone caduceus or mamba); {loaded.path} is a "
+                        f"{loaded.config.model.backbone} model")
+    length = cfg.max_length or task.max_length
+    tok = loaded.tokenizer
+    x, x_test = (encode_left_padded([s for s, _ in rows], tok, length) for rows in (task.train, task.test))
+    y, y_test = (torch.tensor([label for _, label in rows]) for rows in (task.train, task.test))
+    t0, settings = time.perf_counter(), []
+    for lr in cfg.lrs:
+        for batch_size in cfg.batch_sizes:
+            runs = []
+            for seed in cfg.seeds:
+                runs.append(fine_tune(loaded, task, x, y, x_test, y_test, lr=lr, batch_size=batch_size, seed=seed,
+                                      cfg=cfg, device=device))
+                if on_run is not None:
+                    on_run(lr, batch_size, runs[-1])
+            settings.append({"lr": lr, "batch_size": batch_size, "runs": runs,
+                             "mean_val_accuracy": statistics.fmean(r["val_accuracy"] for r in runs),
+                             "mean_test_accuracy": statistics.fmean(r["test_accuracy"] for r in runs)})
+    best = max(settings, key=lambda s: s["mean_val_accuracy"])
+    tests = [r["test_accuracy"] for r in best["runs"]]
+    return {"task": task.name, "classes": task.classes, "checkpoint": str(loaded.path),
+            "backbone": loaded.config.model.backbone, "rcps": loaded.config.model.rcps, "max_length": length,
+            "train_sequences": len(task.train), "test_sequences": len(task.test),
+            "best": {"lr": best["lr"], "batch_size": best["batch_size"], "test_accuracy_mean": statistics.fmean(tests),
+                     "test_accuracy_max_minus_min": max(tests) - min(tests), "test_accuracies": tests},
+            "sweep": settings, "config": asdict(cfg), "seconds": time.perf_counter() - t0}

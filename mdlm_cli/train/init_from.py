@@ -1,0 +1,43 @@
+"""`train.init_from`: start a run from trained weights (fine-tuning), e.g. a released Caduceus
+fine-tuned with MDLM, SEDD or MLM on HG38 (Table 6).
+
+The weights come from anything `--checkpoint` accepts (an mdlm run or step folder, its EMA
+weights; a hub id or Hugging Face-style folder, a released Caduceus among them). They must
+fit the run's backbone key for key and shape for shape; the only keys they may lack are the
+run's zero-initialised time-conditioning layers (a pretrained model without time input then
+starts with its function unchanged). The optimizer, EMA and step start fresh.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..data.tokenizers import Tokenizer
+from ..errors import MdlmError
+
+FRESH = ("time_modulation", "time_embed")  # may be absent from a pretrained model: zero-initialised here
+
+
+def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
+    """Load `spec`'s weights into `model` in place; returns a line saying what was loaded."""
+    from ..checkpoints.load import load_checkpoint
+
+    loaded = load_checkpoint(spec)
+    if (loaded.tokenizer.vocab_size, loaded.tokenizer.mask_id) != (tokenizer.vocab_size, tokenizer.mask_id):
+        raise MdlmError(f"train.init_from {spec}: its tokenizer {loaded.tokenizer.name} (vocab "
+                        f"{loaded.tokenizer.vocab_size}) is not this run's {tokenizer.name} ({tokenizer.vocab_size})")
+    weights, target = loaded.model.state_dict(), model.state_dict()
+    unexpected = sorted(set(weights) - set(target))
+    missing = sorted(k for k in set(target) - set(weights) if not any(f in k for f in FRESH))
+    if unexpected or missing:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise MdlmError(f"train.init_from {spec} does not fit this run's {loaded.config.model.backbone} model "
+                        f"({what}); the model section must match the checkpoint's")
+    for key, value in weights.items():
+        if value.shape != target[key].shape:
+            raise MdlmError(f"train.init_from {spec}: {key} has shape {tuple(value.shape)}, this run's model "
+                            f"{tuple(target[key].shape)}; the model section must match the checkpoint's")
+    model.load_state_dict({**target, **weights})
+    fresh = len(set(target) - set(weights))
+    return f"{spec} ({loaded.objective.name} model, {len(weights)} tensors" + (
+        f"; {fresh} fresh time-conditioning tensors)" if fresh else ")")
