@@ -34,7 +34,7 @@ from mdlm_cli import engine
 from mdlm_cli.config import resolve_config
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer
-from mdlm_cli.evaluation import bound_passes, nelbo_bound
+from mdlm_cli.eval.ppl import bound_passes, nelbo_bound
 from mdlm_cli.models import build_model
 from mdlm_cli.objectives import OBJECTIVES, get_objective
 from mdlm_cli.objectives.ar import sequence_nll
