@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import MdlmError
-from ..eval.ppl import relation
+from ..objectives.bound import relation
 from .common import (
     CheckpointOpt,
     DeviceOpt,

@@ -1,12 +1,8 @@
-"""Evaluation on a prepared split: the per-sequence loss of any objective summed over the
-split (rank-sharded under torchrun), and `mdlm eval-ppl`'s test perplexity with K
-independent Monte-Carlo passes.
-
-Diffusion objectives give the NELBO bound (continuous time, or the T-step discrete bound
-of Table 11) over every token of the split; each pass draws one t per sequence,
-antithetic over the whole split, and the spread of the K pass estimates gives a standard
-error, so the paper's "one sample is enough" is measured rather than assumed. Exact
-objectives (AR) give their exact likelihood on the same tokens, in one pass.
+"""`mdlm eval-ppl`: the test perplexity of a loaded model on a prepared split, with K
+independent Monte-Carlo passes of its objective's bound (objectives/bound.py holds the
+arithmetic). The spread of the K pass estimates gives a standard error, so the paper's "one
+sample is enough" is measured rather than assumed. Exact objectives (AR) give their exact
+likelihood on the same tokens, in one pass.
 """
 
 from __future__ import annotations
@@ -22,131 +18,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.distributed as tdist
-from torch import Tensor
 
-from ..data.store import PreparedData, TokenSplit, prepare
-from ..engine.diffusion import Denoiser, nelbo_terms, sample_times, times_from_uniform
-from ..engine.schedules import Schedule
+from ..data.store import PreparedData, prepare
 from ..errors import MdlmError
-from ..runtime import derive_seed, generator
+from ..objectives.bound import BoundResult
+from ..runtime import derive_seed
 
 if TYPE_CHECKING:
     from ..checkpoints.folder import LoadedModel
-
-# terms(x0 (B, L), t (B,) | None, generator, attention_mask) -> nats per sequence (B,)
-TermsFn = Callable[[Tensor, Tensor | None, torch.Generator, Tensor | None], Tensor]
-
-
-@dataclass
-class BoundResult:
-    nats: float  # summed NELBO over the rows (exact NLL for an exact objective)
-    tokens: int  # real tokens in the rows
-    sequences: int
-    exact: bool = False  # True: an exact likelihood, not a bound
-    T: int = 0  # 0 = continuous-time bound, else the T-step discrete bound
-    per_sequence: np.ndarray | None = None  # each row's value (nats), when asked for
-    kind: str = ""  # "masked-token": an MLM's masked-token cross-entropy, neither exact nor a bound
-
-    @property
-    def nats_per_token(self) -> float:
-        return self.nats / max(self.tokens, 1)
-
-    @property
-    def relation(self) -> str:
-        return relation(self.exact, self.kind)
-
-    @property
-    def perplexity(self) -> float:
-        return math.exp(min(self.nats_per_token, 700.0))
-
-
-@torch.no_grad()
-def sharded_sum(terms: TermsFn, split: TokenSplit, *, batch_size: int, device: torch.device, seed: int = 0,
-                rows: int = 0, draw_times: Callable[[int, torch.Generator], Tensor] | None = None,
-                exact: bool = False, T: int = 0, on_batch: Callable[[int], None] | None = None,
-                rank: int = 0, world_size: int = 1, per_sequence: bool = False) -> BoundResult:
-    """`terms` summed over the first `rows` rows of `split` (0 = all, remainder batch included);
-    with `per_sequence`, every row's value too (`BoundResult.per_sequence`, in row order).
-
-    `draw_times(n, generator)` gives one time per sequence for the whole set (stratified
-    over it), None for objectives without time. Under torch.distributed (`rank`,
-    `world_size` of the initialised process group) rank r evaluates batches r, r + W, ...
-    and the sums are all-reduced: every rank returns the value of the whole set, equal
-    to the one-process value up to summation order (the draws of a batch are seeded by
-    its index). Every rank makes the same number of model calls (a rank short of a batch
-    evaluates one row and discards it), as FSDP2 needs. `on_batch` gets the number of rows
-    finished by all ranks together. The per-row values are all-reduced too (each row is
-    written by exactly one rank), so every rank holds all of them.
-    """
-    n = len(split) if rows <= 0 else min(rows, len(split))
-    t_all = draw_times(n, generator(device, seed)) if draw_times is not None else None
-    total = torch.zeros((), device=device, dtype=torch.float64)
-    each = torch.zeros(n, device=device, dtype=torch.float64) if per_sequence else None
-    n_batches = -(-n // batch_size)
-    for r in range(-(-n_batches // world_size)):
-        b = r * world_size + rank  # this rank's batch in this round
-        filler = b >= n_batches  # none left for this rank: one row through the model, result dropped
-        start = 0 if filler else b * batch_size
-        idx = np.arange(start, start + 1 if filler else min(start + batch_size, n))
-        x0, attention_mask = split.batch(idx, device)
-        t = None if t_all is None else t_all[idx[0]: idx[-1] + 1]
-        values = terms(x0, t, generator(device, derive_seed(seed, "batch", b)), attention_mask)
-        if not filler:
-            total += values.sum().double()
-            if each is not None:
-                each[idx[0]: idx[-1] + 1] = values.detach().double()
-        if on_batch is not None:
-            on_batch(min((r + 1) * world_size * batch_size, n) - r * world_size * batch_size)
-    if world_size > 1:
-        tdist.all_reduce(total)
-        if each is not None:
-            tdist.all_reduce(each)
-    return BoundResult(float(total), split.count(slice(0, n)), n, exact=exact, T=T,
-                       per_sequence=None if each is None else each.cpu().numpy())
-
-
-def diffusion_times(schedule: Schedule, T: int = 0, antithetic: bool = True):
-    """`draw_times` for a diffusion bound: u antithetic over the set, mapped to t."""
-    return lambda n, gen: times_from_uniform(sample_times(n, generator=gen, antithetic=antithetic,
-                                                          device=gen.device), schedule, T)
-
-
-def nelbo_bound(denoiser: Denoiser, split: TokenSplit, *, schedule: Schedule, mask_id: int,
-                batch_size: int, device: torch.device, seed: int = 0, rows: int = 0, T: int = 0,
-                antithetic: bool = True, on_batch: Callable[[int], None] | None = None,
-                rank: int = 0, world_size: int = 1) -> BoundResult:
-    """MDLM's NELBO over a split (one t per sequence, stratified over the whole set),
-    rank-sharded as `sharded_sum`; usable from your own scripts in a process group."""
-    def terms(x0, t, gen, attention_mask):
-        return nelbo_terms(denoiser, x0, t, mask_id=mask_id, schedule=schedule, generator=gen,
-                           attention_mask=attention_mask, T=T)
-
-    return sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
-                       draw_times=diffusion_times(schedule, T, antithetic), T=T, on_batch=on_batch,
-                       rank=rank, world_size=world_size)
-
-
-def bound_passes(denoiser: Denoiser, split: TokenSplit, *, schedule: Schedule, mask_id: int, mc_samples: int,
-                 batch_size: int, device: torch.device, seed: int = 0, rows: int = 0, T: int = 0,
-                 on_batch: Callable[[int], None] | None = None, rank: int = 0,
-                 world_size: int = 1) -> list[BoundResult]:
-    """`mc_samples` independent NELBO passes over the split (antithetic t within each pass),
-    seeded as `mdlm eval-ppl` seeds them."""
-    if mc_samples < 1:
-        raise MdlmError(f"--mc-samples must be at least 1 (got {mc_samples})")
-    return [nelbo_bound(denoiser, split, schedule=schedule, mask_id=mask_id, batch_size=batch_size, device=device,
-                        seed=derive_seed(seed, "eval-ppl", k), rows=rows, T=T, on_batch=on_batch, rank=rank,
-                        world_size=world_size)
-            for k in range(mc_samples)]
-
-
-# ----------------------------------------------------------------------------- mdlm eval-ppl
-
-def relation(exact: bool, kind: str = "") -> str:
-    """How a perplexity relates to the true one: = exact, ≤ a bound, ~ neither (an MLM's masked-token value)."""
-    return "=" if exact else "~" if kind == "masked-token" else "≤"
-
 
 @dataclass
 class PplResult:

@@ -14,7 +14,7 @@ from ..engine.diffusion import call_denoiser
 from ..engine.sampling import SAMPLERS, SamplerSpec
 from ..engine.schedules import get_schedule
 from ..errors import MdlmError
-from ..eval.ppl import BoundResult, diffusion_times, sharded_sum
+from .bound import BoundResult, diffusion_times, sharded_sum
 
 if TYPE_CHECKING:
     from ..config import Config

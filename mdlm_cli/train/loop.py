@@ -30,10 +30,10 @@ from ..data.store import PreparedData, TokenSplit, prepare
 from ..data.tokenizers import Tokenizer
 from ..distributed import Dist, StopSignals, clip_grad_norm, session, set_gradient_sync, wait_for_file
 from ..errors import MdlmError
-from ..eval.ppl import BoundResult
 from ..io.files import write_text_atomic
 from ..models import build_model, check_data
 from ..objectives import Objective, get_objective
+from ..objectives.bound import BoundResult
 from ..runtime import Runtime, derive_seed, generator
 from .optim import EMA, lr_at
 from .run_folder import ResumePoint, finished, locked, log_config_change, resume_point, truncate_metrics

@@ -185,8 +185,8 @@ def _bound_worker(rank: int, world: int, store: str, out: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from mdlm_cli.engine.schedules import get_schedule
-    from mdlm_cli.eval.ppl import nelbo_bound
     from mdlm_cli.models import DiffusionDenoiser
+    from mdlm_cli.objectives.bound import nelbo_bound
 
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -270,8 +270,8 @@ def _bound_problem(causal: bool = False):
 def test_nelbo_bound_reduces_across_ranks(tmp_path):
     """Replicated weights (DDP's evaluation) and FSDP2-sharded weights, 5 batches over 2 ranks."""
     from mdlm_cli.engine.schedules import get_schedule
-    from mdlm_cli.eval.ppl import nelbo_bound
     from mdlm_cli.models import DiffusionDenoiser
+    from mdlm_cli.objectives.bound import nelbo_bound
 
     model, split = _bound_problem()
     one = nelbo_bound(DiffusionDenoiser(model, get_schedule("loglinear")), split, schedule=get_schedule("loglinear"),

@@ -34,10 +34,10 @@ from mdlm_cli import engine
 from mdlm_cli.config import resolve_config
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer
-from mdlm_cli.eval.ppl import bound_passes, nelbo_bound
 from mdlm_cli.models import build_model
 from mdlm_cli.objectives import OBJECTIVES, get_objective
 from mdlm_cli.objectives.ar import sequence_nll
+from mdlm_cli.objectives.bound import bound_passes, nelbo_bound
 
 # ---- end of the mdlm_cli imports; the tests' own helpers -------------------------------------
 from ..objective_configs import overrides as objective_overrides

@@ -8,7 +8,8 @@ import torch
 
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.engine.schedules import LogLinear
-from mdlm_cli.eval.ppl import PplResult, bound_passes
+from mdlm_cli.eval.ppl import PplResult
+from mdlm_cli.objectives.bound import bound_passes
 
 from ..analytic import AnalyticDenoiser
 
@@ -97,7 +98,8 @@ def test_per_sequence_values_give_the_per_datapoint_spread_of_table_9(den):
     """Each pass keeps every row's bound; their spread over the passes, per sequence and per
     token, averaged over sequences, is the per-datapoint sd (variance) of a one-sample estimate."""
     from mdlm_cli.engine.diffusion import nelbo_terms
-    from mdlm_cli.eval.ppl import diffusion_times, sequence_spread, sharded_sum
+    from mdlm_cli.eval.ppl import sequence_spread
+    from mdlm_cli.objectives.bound import diffusion_times, sharded_sum
 
     x = rows_from(den, 60)
     split = split_of(x)
