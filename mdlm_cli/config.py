@@ -38,7 +38,7 @@ class ModelConfig:
     """The backbone's hyper-parameters: the one model config of training, loading and export.
     The vocabulary comes from the tokeniser and causal attention from the objective. Each
     backbone reads only its own keys (`config_keys` of its class in models.BACKBONES); giving
-    one it does not read is an error, and only its own keys are saved."""
+    one it does not read is an error, and only its own keys are saved (both in build.py)."""
 
     backbone: str = "dit"  # models.BACKBONES
     hf_model: str = ""  # hf-mlm: a Hugging Face masked LM (hub id, folder, or a pip-packaged model)
@@ -61,21 +61,6 @@ class ModelConfig:
     bidirectional_weight_tie: bool = True  # caduceus: mamba_rev shares mamba_fwd's in/out projections
     rms_norm: bool = True  # RMSNorm (else LayerNorm)
     norm_epsilon: float = 1e-5
-
-    def to_dict(self) -> dict:
-        """The keys the backbone reads (`backbone` first)."""
-        keys = backbone_keys(self.backbone)
-        return {k: v for k, v in dataclasses.asdict(self).items() if k in keys}
-
-
-def backbone_keys(backbone: str) -> tuple[str, ...]:
-    """The model.* keys a backbone reads; every key for an unknown one (validation names it)."""
-    from .models import BACKBONES
-
-    cls = BACKBONES.get(backbone)
-    if cls is None:
-        return tuple(f.name for f in dataclasses.fields(ModelConfig))
-    return ("backbone", *cls.config_keys)
 
 
 @dataclass
@@ -134,13 +119,11 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def to_dict(self) -> dict:
+        """Every key of every section; `build.config_dict` keeps only the backbone's model keys
+        (what checkpoints save)."""
         d = dataclasses.asdict(self)
         d["optim"]["betas"] = list(d["optim"]["betas"])
-        d["model"] = self.model.to_dict()
         return d
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     @property
     def out_dir(self) -> Path:
@@ -240,7 +223,9 @@ def _section_from_dict(cls, values: dict, section: str):
     return cls(**kwargs)
 
 
-def config_from_dict(data: dict) -> Config:
+def parse_config(data: dict) -> Config:
+    """A Config from nested dicts, with the checks each section can make alone
+    (`validate_sections`); `build.config_from_dict` adds the checks across the registries."""
     data = dict(data)
     cfg_kwargs = {"name": str(data.pop("name", "custom")),
                   "description": str(data.pop("description", "") or "")}
@@ -251,18 +236,8 @@ def config_from_dict(data: dict) -> Config:
             raise MdlmError(f"config section {section!r} must be a mapping")
         cfg_kwargs[section] = _section_from_dict(SECTIONS[section], values, section)
     cfg = Config(**cfg_kwargs)
-    _check_model_keys(cfg.model.backbone, data.get("model") or {})
-    validate(cfg)
+    validate_sections(cfg)
     return cfg
-
-
-def _check_model_keys(backbone: str, given: dict) -> None:
-    """No model key is silently ignored: each one given must be read by the backbone."""
-    keys = backbone_keys(backbone)
-    unread = [k for k in given if k not in keys]
-    if unread:
-        raise MdlmError(f"model.{unread[0]} does not apply to the {backbone} backbone (it reads: "
-                        f"{', '.join(k for k in keys if k != 'backbone')}); remove it")
 
 
 def apply_override(data: dict, assignment: str) -> None:
@@ -282,9 +257,10 @@ def apply_override(data: dict, assignment: str) -> None:
     data.setdefault(section, {})[name] = value
 
 
-def resolve_config(preset: str | None, overrides: typing.Sequence[str] = (),
-                   flags: dict[str, typing.Any] | None = None) -> Config:
-    """defaults < preset < --set overrides < explicit flags ({"train.seed": 3, ...}, None = unset)."""
+def merge_sources(preset: str | None, overrides: typing.Sequence[str] = (),
+                  flags: dict[str, typing.Any] | None = None) -> dict:
+    """The nested dict of defaults < preset < --set overrides < explicit flags ({"train.seed": 3,
+    ...}, None = unset); `build.resolve_config` turns it into a checked Config."""
     data = load_preset(preset) if preset else {}
     for assignment in overrides:
         apply_override(data, assignment)
@@ -292,27 +268,21 @@ def resolve_config(preset: str | None, overrides: typing.Sequence[str] = (),
         if value is not None:  # a flag's value is taken as it is: a path like 'x[1].txt' is not YAML
             section, name = key.split(".")
             data.setdefault(section, {})[name] = value
-    return config_from_dict(data)
+    return data
 
 
-def _choice(value: str, choices, where: str) -> None:
+def check_choice(value: str, choices, where: str) -> None:
     if value not in choices:
         raise MdlmError(f"{where} must be one of: {', '.join(choices)} (got {value!r})")
 
 
-def validate(cfg: Config) -> None:
-    """Checks common to every run; each objective adds its own (`Objective.validate`)."""
-    from .engine.schedules import SCHEDULES
-    from .models import BACKBONES
-    from .objectives import OBJECTIVES
-
-    _choice(cfg.data.packing, PACKINGS, "data.packing")
-    _choice(cfg.diffusion.objective, list(OBJECTIVES), "diffusion.objective")
-    _choice(cfg.model.backbone, list(BACKBONES), "model.backbone")
-    _choice(cfg.diffusion.schedule, list(SCHEDULES), "diffusion.schedule")
-    _choice(cfg.optim.schedule, LR_SCHEDULES, "optim.schedule")
-    _choice(cfg.train.precision, PRECISIONS, "train.precision")
-    _choice(cfg.train.parallel, PARALLELS, "train.parallel")
+def validate_sections(cfg: Config) -> None:
+    """The checks each section can make alone (ranges, choices of this module); the names of
+    registries (objective, backbone, schedule) are checked in build.py."""
+    check_choice(cfg.data.packing, PACKINGS, "data.packing")
+    check_choice(cfg.optim.schedule, LR_SCHEDULES, "optim.schedule")
+    check_choice(cfg.train.precision, PRECISIONS, "train.precision")
+    check_choice(cfg.train.parallel, PARALLELS, "train.parallel")
     positive = {
         "data.length": cfg.data.length,
         "train.global_batch_size": cfg.train.global_batch_size,
@@ -343,24 +313,6 @@ def validate(cfg: Config) -> None:
     except (KeyError, IndexError, ValueError, AttributeError):
         raise MdlmError(f"train.out_dir may contain {{name}} (the config's name) and no other {{...}} field "
                         f"(got {cfg.train.out_dir!r}); write {{{{ and }}}} for literal braces") from None
-    _check_attention(cfg, BACKBONES[cfg.model.backbone], OBJECTIVES[cfg.diffusion.objective])
-    BACKBONES[cfg.model.backbone].validate_config(cfg)
-    OBJECTIVES[cfg.diffusion.objective].validate(cfg)
-
-
-# a backbone that only attends one way, and the objectives it then cannot serve
-CAUSAL_ALTERNATIVE = {True: "the dit backbone, or mamba on DNA", False: "the dit backbone, or caduceus on DNA"}
-
-
-def _check_attention(cfg: Config, backbone, objective) -> None:
-    """A backbone's `requires_causal` (True: causal only, False: bidirectional only, None: either)
-    against the objective's need."""
-    needs = getattr(backbone, "requires_causal", None)
-    if needs is not None and needs != objective.causal:
-        kind = "causal" if objective.causal else "bidirectional"
-        raise MdlmError(f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; the "
-                        f"{cfg.diffusion.objective} objective needs {kind} attention "
-                        f"({CAUSAL_ALTERNATIVE[objective.causal]})")
 
 
 def _check_optim(o: OptimConfig) -> None:

@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from .. import __version__
+from ..build import config_dict, config_yaml
 from ..errors import MdlmError
 from ..io.files import remove_stale_temporaries, swap_folder, temporary
 from ..models import HFMaskedLM
@@ -48,7 +49,7 @@ def weights_kind(loaded: LoadedModel, ema: bool) -> str:
 def hf_config(loaded: LoadedModel, weights: str) -> dict:
     """config.json: the reference's MDLMConfig fields, then everything mdlm needs to reload it."""
     return reference_config(loaded, {"format": FORMAT, "version": __version__, "weights": weights,
-                                     "tokenizer": loaded.tokenizer.describe(), "config": loaded.config.to_dict(),
+                                     "tokenizer": loaded.tokenizer.describe(), "config": config_dict(loaded.config),
                                      "data": loaded.data_meta, "state": loaded.state})
 
 
@@ -223,7 +224,7 @@ def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: st
         lines.append("- " + ", ".join(f"{k}: {_fmt(v)}" for k, v in record.items()))
     if not evals and not results:
         lines.append("None recorded with this checkpoint (pass `mdlm export --results FILE` to add some).")
-    lines += ["", "## Training configuration", "", "```yaml", cfg.to_yaml().rstrip(), "```", ""]
+    lines += ["", "## Training configuration", "", "```yaml", config_yaml(cfg).rstrip(), "```", ""]
     return "\n".join(lines)
 
 

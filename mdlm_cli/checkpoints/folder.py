@@ -44,7 +44,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .. import distributed
-from ..config import Config, config_from_dict
+from ..build import config_from_dict, config_yaml
+from ..config import Config
 from ..data.tokenizers import Tokenizer, load_tokenizer
 from ..errors import MdlmError, MdlmWarning
 from ..io.files import (
@@ -94,7 +95,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
         base.save_checkpoint_files(tmp)  # what the backbone needs beside the weights (hf-mlm: its HF config)
         (tmp / "model.json").write_text(json.dumps(model_metadata(base, cfg), indent=2))
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
-        (tmp / "config.yaml").write_text(cfg.to_yaml())
+        (tmp / "config.yaml").write_text(config_yaml(cfg))
         (tmp / "data.json").write_text(json.dumps(data_meta, indent=2))
         tokenizer.save(tmp / "tokenizer")
         swap_folder(tmp, final)

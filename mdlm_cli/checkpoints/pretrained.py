@@ -40,7 +40,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config, TrainConfig, config_from_dict
+from ..build import config_from_dict, model_dict
+from ..config import Config, TrainConfig
 from ..data.tokenizers import Tokenizer, load_tokenizer
 from ..errors import MdlmError
 from ..io.hub import download
@@ -266,7 +267,7 @@ def mdlm_config(model_cfg, partial: dict, tokenizer: Tokenizer, mdlm_meta: dict,
     recorded = partial["data"]
     if "length" not in recorded and "length" not in saved_data:
         partial["inferred"].append(f"length {length} (the reference default for {tokenizer.name})")
-    model = {k: v for k, v in model_cfg.to_dict().items() if k != "time_conditioning"}
+    model = {k: v for k, v in model_dict(model_cfg).items() if k != "time_conditioning"}
     if "time_conditioning" in partial["model"]:
         model["time_conditioning"] = partial["model"]["time_conditioning"]
     data = {"dataset": recorded.get("dataset") or saved_data.get("dataset", dataset),

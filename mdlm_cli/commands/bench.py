@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..config import resolve_config
+from ..build import resolve_config
 from ..engine.sampling import SAMPLERS
 from ..errors import MdlmError
 from .common import (

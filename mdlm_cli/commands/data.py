@@ -11,7 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..config import list_presets, load_preset, resolve_config
+from ..build import resolve_config
+from ..config import list_presets, load_preset
 from .common import PresetOpt, SetOpt, app, console, err_console, user_errors
 
 

@@ -110,7 +110,7 @@ def _print_list(recipes) -> None:
 def _gpu_days(recipe) -> str:
     import torch
 
-    from ..config import resolve_config
+    from ..build import resolve_config
     from ..models import build_model
 
     flops = 0.0

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..config import resolve_config
+from ..build import config_yaml, resolve_config
 from .common import PresetOpt, SetOpt, ThreadsOpt, app, console, err_console, user_errors
 
 
@@ -51,7 +51,7 @@ def train_cmd(
             "train.seed": seed, "train.threads": threads})
         if print_config and is_main_process():
             err_console.rule(f"config: {escape(cfg.name)}")
-            err_console.print(cfg.to_yaml().rstrip(), highlight=False, markup=False)
+            err_console.print(config_yaml(cfg).rstrip(), highlight=False, markup=False)
             err_console.rule()
         result = train(cfg, resume=resume, console=err_console, time_limit_s=time_limit * 60,
                        override_resume_config=override_resume_config)

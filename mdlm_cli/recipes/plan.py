@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import resolve_config
+from ..build import resolve_config
 from ..errors import MdlmError
 from .schema import Model, Recipe, Row, Step
 

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from ..config import load_preset, preset_dir, resolve_config
+from ..build import resolve_config
+from ..config import load_preset, preset_dir
 from ..errors import MdlmError
 
 METRICS = ("ppl", "bpc", "nats", "gen_ppl", "seconds", "variance", "accuracy")

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ..build import config_yaml
 from ..checkpoints.folder import load_training_state, save_checkpoint
 from ..config import Config
 from ..data.dna import rc_augment
@@ -168,7 +169,7 @@ def _set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *, lo
               objective.denoiser(net, rt.dtype))
     if dist.is_main:
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run.run_dir / "config.yaml", cfg.to_yaml())
+        write_text_atomic(run.run_dir / "config.yaml", config_yaml(cfg))
         truncate_metrics(run.run_dir / "metrics.jsonl", run.state["step"])
         if start.changes:  # allowed by --override-resume-config: on the record
             log_config_change(run.run_dir, run.state["step"], start.changes, console)

@@ -7,8 +7,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from mdlm_cli.build import resolve_config
 from mdlm_cli.cli import app
-from mdlm_cli.config import resolve_config
 from mdlm_cli.train.loop import train
 
 runner = CliRunner()

@@ -220,7 +220,7 @@ def _evaluate_every_objective(rank: int = 0, world: int = 1) -> dict:
     """Each objective's evaluation of the bound problem's rows (its own model: causal or not)."""
     from types import SimpleNamespace
 
-    from mdlm_cli.config import resolve_config
+    from mdlm_cli.build import resolve_config
     from mdlm_cli.objectives import OBJECTIVES, get_objective
 
     from ..objective_configs import overrides as objective_overrides

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from mdlm_cli.build import resolve_config
 from mdlm_cli.checkpoints.folder import save_checkpoint
-from mdlm_cli.config import resolve_config
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import build_model
 

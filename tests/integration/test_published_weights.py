@@ -8,10 +8,10 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from mdlm_cli.build import resolve_config
 from mdlm_cli.checkpoints.folder import save_checkpoint
 from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.cli import app
-from mdlm_cli.config import resolve_config
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import DiT
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from mdlm_cli import engine
-from mdlm_cli.config import ModelConfig, resolve_config
+from mdlm_cli.build import resolve_config
+from mdlm_cli.config import ModelConfig
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.engine import EngineError

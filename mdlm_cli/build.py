@@ -1,0 +1,88 @@
+"""The checks that span registries, and the Config every command runs with.
+
+config.py is a leaf (pure dataclasses and the checks each section can make alone); what needs
+the registries lives here, one layer above the backbones (models.BACKBONES), the objectives
+(objectives.OBJECTIVES) and the schedules (engine.SCHEDULES): the names a config gives, which
+model keys its backbone reads, whether the backbone attends the way the objective needs, and
+each backbone's and objective's own checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import yaml
+
+from .config import Config, ModelConfig, check_choice, merge_sources, parse_config
+from .engine.schedules import SCHEDULES
+from .errors import MdlmError
+from .models import BACKBONES
+from .objectives import OBJECTIVES
+
+# a backbone that only attends one way, and the objectives it then cannot serve
+CAUSAL_ALTERNATIVE = {True: "the dit backbone, or mamba on DNA", False: "the dit backbone, or caduceus on DNA"}
+
+
+def resolve_config(preset: str | None, overrides: typing.Sequence[str] = (),
+                   flags: dict[str, typing.Any] | None = None) -> Config:
+    """defaults < preset < --set overrides < explicit flags ({"train.seed": 3, ...}, None = unset),
+    checked as a whole."""
+    return config_from_dict(merge_sources(preset, overrides, flags))
+
+
+def config_from_dict(data: dict) -> Config:
+    """A checked Config from nested dicts (a preset, a saved config.yaml)."""
+    cfg = parse_config(data)
+    check_choice(cfg.diffusion.objective, list(OBJECTIVES), "diffusion.objective")
+    check_choice(cfg.model.backbone, list(BACKBONES), "model.backbone")
+    check_choice(cfg.diffusion.schedule, list(SCHEDULES), "diffusion.schedule")
+    _check_model_keys(cfg.model.backbone, data.get("model") or {})
+    backbone, objective = BACKBONES[cfg.model.backbone], OBJECTIVES[cfg.diffusion.objective]
+    _check_attention(cfg, backbone, objective)
+    backbone.validate_config(cfg)
+    objective.validate(cfg)
+    return cfg
+
+
+def backbone_keys(backbone: str) -> tuple[str, ...]:
+    """The model.* keys a backbone reads; every key for an unknown one (validation names it)."""
+    cls = BACKBONES.get(backbone)
+    if cls is None:
+        return tuple(f.name for f in dataclasses.fields(ModelConfig))
+    return ("backbone", *cls.config_keys)
+
+
+def model_dict(model: ModelConfig) -> dict:
+    """The model keys the backbone reads (`backbone` first): what a checkpoint saves."""
+    keys = backbone_keys(model.backbone)
+    return {k: v for k, v in dataclasses.asdict(model).items() if k in keys}
+
+
+def config_dict(cfg: Config) -> dict:
+    """The config as a checkpoint saves it: every section, the model's own keys only."""
+    return {**cfg.to_dict(), "model": model_dict(cfg.model)}
+
+
+def config_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(config_dict(cfg), sort_keys=False)
+
+
+def _check_model_keys(backbone: str, given: dict) -> None:
+    """No model key is silently ignored: each one given must be read by the backbone."""
+    keys = backbone_keys(backbone)
+    unread = [k for k in given if k not in keys]
+    if unread:
+        raise MdlmError(f"model.{unread[0]} does not apply to the {backbone} backbone (it reads: "
+                        f"{', '.join(k for k in keys if k != 'backbone')}); remove it")
+
+
+def _check_attention(cfg: Config, backbone, objective) -> None:
+    """A backbone's `requires_causal` (True: causal only, False: bidirectional only, None: either)
+    against the objective's need."""
+    needs = getattr(backbone, "requires_causal", None)
+    if needs is not None and needs != objective.causal:
+        kind = "causal" if objective.causal else "bidirectional"
+        raise MdlmError(f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; the "
+                        f"{cfg.diffusion.objective} objective needs {kind} attention "
+                        f"({CAUSAL_ALTERNATIVE[objective.causal]})")
