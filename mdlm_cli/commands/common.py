@@ -189,3 +189,17 @@ def int_list(text: str, name: str) -> list[int]:
     if not values or min(values) < 1:
         raise MdlmError(f"{name} expects positive integers (got {text!r})")
     return values
+
+
+def command_flags(command: str) -> set[str]:
+    """The option names of an mdlm command (without dashes; `no-x` for a boolean's off switch):
+    what `mdlm reproduce` checks a recipe's steps against."""
+    import typer
+
+    click_command = typer.main.get_command(app).commands[command]
+    names = set()
+    for param in click_command.params:
+        for opt in [*param.opts, *getattr(param, "secondary_opts", [])]:
+            if opt.startswith("--"):
+                names.add(opt[2:])
+    return names

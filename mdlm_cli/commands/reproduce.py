@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import MdlmError
-from .common import app, console, err_console, user_errors
+from .common import app, command_flags, console, err_console, user_errors
 
 A100_BF16_FLOPS, ASSUMED_MFU = 312e12, 0.4  # NVIDIA A100 data sheet, dense bf16; an assumed utilisation
 KNOWN_VOCABS = {"gpt2": 50258, "bert-base-uncased": 30522, "char": 35}
@@ -60,10 +60,10 @@ def reproduce_cmd(
 
     with user_errors():
         if list_tables:
-            return _print_list(list_recipes())
+            return _print_list(list_recipes(command_flags))
         if table is None:
             raise MdlmError("give a table (mdlm reproduce --list shows them)")
-        recipe = load_recipe(table)
+        recipe = load_recipe(table, command_flags)
         out_dir = Path(out or f"reproduce/{recipe.name}" + ("" if scale == "paper" else f"@{scale}"))
         runs_dir = Path(runs)
         selected = [r.strip() for r in rows.split(",") if r.strip()] if rows else None

@@ -25,6 +25,7 @@ row's name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,11 +86,16 @@ def tables_dir() -> Path:
     return preset_dir() / "tables"
 
 
-def list_recipes() -> dict[str, Recipe]:
-    return {path.stem: load_recipe(path.stem) for path in sorted(tables_dir().glob("*.yaml"))}
+FlagsOf = Callable[[str], set[str]]  # an mdlm command -> its option names (commands.common.command_flags)
 
 
-def load_recipe(name_or_path: str) -> Recipe:
+def list_recipes(flags_of: FlagsOf) -> dict[str, Recipe]:
+    return {path.stem: load_recipe(path.stem, flags_of) for path in sorted(tables_dir().glob("*.yaml"))}
+
+
+def load_recipe(name_or_path: str, flags_of: FlagsOf) -> Recipe:
+    """The recipe of a shipped table or a YAML file; every step's flags are checked with
+    `flags_of` (the CLI's own option names, which the command layer above passes in)."""
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
         path = tables_dir() / f"{name_or_path}.yaml"
@@ -100,7 +106,18 @@ def load_recipe(name_or_path: str) -> Recipe:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise MdlmError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    return _recipe(path.stem, _mapping(data, str(path)), str(path))
+    recipe = _recipe(path.stem, _mapping(data, str(path)), str(path))
+    _check_flags(recipe, flags_of, str(path))
+    return recipe
+
+
+def _check_flags(recipe: Recipe, flags_of: FlagsOf, where: str) -> None:
+    for i, row in enumerate(recipe.rows):
+        for j, step in enumerate(row.steps):
+            unknown = [flag for flag in step.args if flag not in flags_of(step.command)]
+            if unknown:
+                raise MdlmError(f"{where}: rows[{i}].steps[{j}]: mdlm {step.command} has no option "
+                                f"--{unknown[0]}")
 
 
 def _mapping(value, where: str, keys: tuple[str, ...] | None = None) -> dict:
@@ -160,24 +177,4 @@ def _step(value, where: str) -> Step:
     (command, args), = value.items()
     if command not in STEP_COMMANDS:
         raise MdlmError(f"{where}: unknown command {command!r}; steps run: {', '.join(STEP_COMMANDS)}")
-    args = _mapping(args or {}, where)
-    valid = command_flags(command)
-    for flag in args:
-        if flag not in valid:
-            raise MdlmError(f"{where}: mdlm {command} has no option --{flag}")
-    return Step(command, dict(args))
-
-
-def command_flags(command: str) -> set[str]:
-    """The option names of an mdlm command (without dashes; `no-x` for a boolean's off switch)."""
-    import typer
-
-    from ..cli import app
-
-    click_command = typer.main.get_command(app).commands[command]
-    names = set()
-    for param in click_command.params:
-        for opt in [*param.opts, *getattr(param, "secondary_opts", [])]:
-            if opt.startswith("--"):
-                names.add(opt[2:])
-    return names
+    return Step(command, dict(_mapping(args or {}, where)))

@@ -19,12 +19,6 @@ from ..io.files import write_text_atomic
 MASK_SPAN = re.compile(r"<mask(?::(\d+))?>")
 
 
-def row_start(loaded: LoadedModel) -> list[int]:
-    """The tokens every training row starts with: [BOS] for wrap/pad-packed data (each row
-    is [BOS] piece [EOS]), none for chunked data (text8: rows start anywhere in the stream)."""
-    return [loaded.tokenizer.bos_id] if loaded.data_meta.get("packing") in ("wrap", "pad") else []
-
-
 def template(loaded: LoadedModel, length: int, *, prompt: str | None = None,
              infill: str | None = None) -> torch.Tensor | None:
     """The engine's `prompt` tensor (length,): fixed tokens, mask_id at free positions.
@@ -38,7 +32,7 @@ def template(loaded: LoadedModel, length: int, *, prompt: str | None = None,
     if prompt is not None and infill is not None:
         raise MdlmError("give --prompt or --infill, not both")
     tok, mask_id = loaded.tokenizer, loaded.mask_id
-    ids: list[int] = row_start(loaded)
+    ids: list[int] = loaded.row_start()
     if prompt is not None:
         ids += tok.encode(prompt)
     else:

@@ -128,7 +128,9 @@ def test_caduceus_ps_is_exactly_reverse_complement_equivariant(fused, time):
     x, sigma = dna(), (torch.tensor([0.3, 2.0]) if time else None)
     logits = model(x, sigma)
     logits_rc = model(torch.tensor(COMP)[x.flip(-1)], sigma)
-    assert torch.equal(logits_rc.flip(1)[..., COMP], logits)  # p(rc x)_l = comp of p(x)_{L-1-l}, bit for bit
+    # p(rc x)_l = comp of p(x)_{L-1-l}: equal up to float64 rounding. Bit for bit on some CPUs; on an
+    # AMD EPYC the unfused layout's kernels differ by one ulp (1.1e-16), while Ph differs by > 1e-3
+    assert torch.allclose(logits_rc.flip(1)[..., COMP], logits, rtol=0, atol=1e-14)
 
 
 def test_caduceus_ph_is_not_equivariant_and_layouts_differ():

@@ -7,14 +7,24 @@ import shlex
 import pytest
 from typer.testing import CliRunner
 
+from mdlm_cli import recipes
 from mdlm_cli.cli import app
+from mdlm_cli.commands.common import command_flags
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.recipes import list_recipes, load_recipe, plan
+from mdlm_cli.recipes import plan
 from mdlm_cli.recipes.plan import TINY_STEPS
 from mdlm_cli.recipes.report import report_rows
-from mdlm_cli.recipes.schema import command_flags
 
 runner = CliRunner()
+
+
+def load_recipe(name: str) -> recipes.Recipe:
+    """A recipe checked against this CLI's flags, as `mdlm reproduce` loads it."""
+    return recipes.load_recipe(name, command_flags)
+
+
+def list_recipes() -> dict[str, recipes.Recipe]:
+    return recipes.list_recipes(command_flags)
 TABLES = ["demo", "table1", "table2", "table3", "table5", "table8", "table9", "table10", "table11", "table12",
           "mc-samples", "text8", "table6", "table7", "zheng"]
 

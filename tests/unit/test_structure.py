@@ -78,3 +78,68 @@ def test_no_objective_or_sampler_name_is_branched_on_outside_its_registry():
     hits = [f"{p.relative_to(ROOT)}:{i}" for p in ROOT.rglob("*.py")
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert not hits, hits
+
+
+# The layers of docs/architecture.md, bottom first: a module may import its own layer and the
+# layers below it, never one above (type-level imports included). The engine is the ground floor:
+# it imports nothing of mdlm outside itself.
+LAYERS = (
+    ("mdlm_cli.engine",),
+    ("mdlm_cli.errors",),
+    ("mdlm_cli.config",),
+    ("mdlm_cli.runtime", "mdlm_cli.distributed", "mdlm_cli.io"),
+    ("mdlm_cli.data",),
+    ("mdlm_cli.models",),
+    ("mdlm_cli.objectives",),
+    ("mdlm_cli.build",),
+    ("mdlm_cli.checkpoints",),
+    ("mdlm_cli.eval",),
+    ("mdlm_cli.sample",),
+    ("mdlm_cli.train",),
+    ("mdlm_cli.tasks",),
+    ("mdlm_cli.recipes",),
+    ("mdlm_cli.commands", "mdlm_cli.cli", "mdlm_cli.__main__"),
+)
+
+
+def layer_of(module: str) -> int | None:
+    for i, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None  # the package itself (mdlm_cli/__init__.py: the version only)
+
+
+def all_imports(path: pathlib.Path, name: str, known: dict) -> set[str]:
+    """Like `imports`, with the TYPE_CHECKING blocks too: a type-level import is still a dependency."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            stem = ".".join(base + ([node.module] if node.module else []))
+            targets = [f"{stem}.{a.name}" for a in node.names] + [stem]
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            targets = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in known and target != name:
+                found.add(target)
+    return found
+
+
+def test_every_module_sits_in_a_layer_and_imports_only_its_own_or_lower_ones():
+    known = modules()
+    unplaced = [m for m in known if m != "mdlm_cli" and layer_of(m) is None]
+    assert not unplaced, f"modules in no layer (add them to LAYERS and docs/architecture.md): {unplaced}"
+    upward = []
+    for name, path in known.items():
+        mine = layer_of(name)
+        for target in all_imports(path, name, known):
+            theirs = layer_of(target)
+            if mine is not None and theirs is not None and theirs > mine:
+                upward.append(f"{name} -> {target}")
+    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(sorted(upward))

@@ -31,7 +31,6 @@ from ... import engine
 from ...checkpoints.folder import LoadedModel
 from ...errors import MdlmError
 from ...runtime import derive_seed, generator
-from ...sample.generate import row_start
 
 # top-p below every class's probability but the largest: `engine.sample` then keeps only the
 # most likely token, which is how greedy requests (`do_sample: false`) are served
@@ -123,7 +122,7 @@ class ConditionalScorer:
         self.mc_samples = 1 if self.exact else mc_samples
         self.T = self.objective.eval_T(None)
         self.draw = self.objective.draw_times(self.T, antithetic=True)
-        self.start, self.length, self.pad_id = row_start(loaded), loaded.length, loaded.tokenizer.pad_id
+        self.start, self.length, self.pad_id = loaded.row_start(), loaded.length, loaded.tokenizer.pad_id
         self.batch_size, self.device, self.seed = batch_size, torch.device(device), seed
         self.batches = 0  # batches scored so far: each has its own random stream
 
@@ -229,7 +228,7 @@ def generate_after(loaded: LoadedModel, context: list[int], *, max_gen: int, set
                    device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> list[int]:
     """Tokens sampled after `context` (the harness's `generate_until`): one window when they
     fit the model length, else semi-autoregressive rounds of `stride` new tokens (§4.2)."""
-    start, length, mask_id = row_start(loaded), loaded.length, loaded.mask_id
+    start, length, mask_id = loaded.row_start(), loaded.length, loaded.mask_id
     stride = settings.stride or length // 2
     if not 0 < stride < length - len(start):
         raise MdlmError(f"--stride must be between 1 and {length - len(start) - 1} (got {stride})")
