@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..runtime import Runtime
 from .folder import LoadedModel, load_run_folder
 from .pretrained import load_pretrained, pretrained_source
 
@@ -19,3 +20,11 @@ def load_checkpoint(path: str | Path, *, ema: bool = True, device: torch.device 
     if source is not None:
         return load_pretrained(source, ema=ema, device=device)
     return load_run_folder(path, ema=ema, device=device, which=which)
+
+
+def load_on_device(path: str | Path, *, device: str | None = None, raw_weights: bool = False,
+                   threads: int | None = None) -> tuple[LoadedModel, Runtime]:
+    """What a command loads: the runtime it asks for (device `auto` when None, CPU threads) and
+    the checkpoint's EMA weights on it (its raw weights with `raw_weights`)."""
+    rt = Runtime.create(device or "auto", threads=threads or 0)
+    return load_checkpoint(path, ema=not raw_weights, device=rt.device), rt

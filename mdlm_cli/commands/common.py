@@ -100,11 +100,9 @@ ThreadsOpt = Annotated[int | None, typer.Option(
 
 
 def load_for_command(checkpoint: str, device: str | None, raw_weights: bool, threads: int | None = None):
-    from ..checkpoints.load import load_checkpoint
-    from ..runtime import Runtime
+    from ..checkpoints.load import load_on_device
 
-    rt = Runtime.create(device or "auto", threads=threads or 0)
-    loaded = load_checkpoint(checkpoint, ema=not raw_weights, device=rt.device)
+    loaded, rt = load_on_device(checkpoint, device=device, raw_weights=raw_weights, threads=threads)
     for note in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
         err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     return loaded, rt

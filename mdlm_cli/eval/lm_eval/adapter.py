@@ -57,14 +57,17 @@ class MdlmLM(LM):
                  stride: int | None = None, precision: str = "fp64", raw_weights: bool = False,
                  max_batch_size: int | None = None, loaded=None, warn=None) -> None:
         super().__init__()
-        from ...commands.common import load_for_command, resolve_sampler
+        from ...checkpoints.load import load_on_device
+        from ...commands.common import resolve_sampler
         from ...runtime import Runtime
 
         if str(batch_size).startswith("auto"):
             raise MdlmError("batch_size=auto is not supported by the mdlm model; give a number of rows")
         self.warn = warn or (lambda message: print(f"warning: {message}"))
         if loaded is None:
-            loaded, rt = load_for_command(checkpoint, device, bool(raw_weights))
+            loaded, rt = load_on_device(checkpoint, device=device, raw_weights=bool(raw_weights))
+            for note in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
+                self.warn(note)
         else:
             rt = Runtime.create(device or str(next(loaded.model.parameters()).device))
         self.loaded, self._device, self.dtype = loaded, rt.device, rt.dtype
