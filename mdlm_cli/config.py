@@ -49,7 +49,7 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.1
     time_conditioning: bool = False  # reference default; the paper's 23.21 used it on
-    # Mamba-based DNA backbones (caduceus, mamba; models.caduceus.MAMBA_KEYS): hidden_size is d_model,
+    # Mamba-based DNA backbones (caduceus, mamba; models.caduceus.MambaConfig): hidden_size is d_model,
     # n_blocks the number of layers; the DiT does not take these
     mixer: str = "auto"  # selective scan: auto | cuda (mamba-ssm) | torch (mambapy)
     d_state: int = 16

@@ -30,6 +30,7 @@ and the loss, as Caduceus does.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,12 +41,41 @@ from torch import Tensor, nn
 from ..errors import MdlmError
 from .dit import TimestepEmbedder
 from .mamba_mixer import MIXERS, MambaMixer
+from .section import keys_of, read_section
 from .tied import store_tied_once
 
 if TYPE_CHECKING:
     from ..config import Config, ModelConfig
 
 BIDIRECTIONAL = ("add", "ew_multiply")
+
+
+@dataclass(frozen=True)
+class MambaConfig:
+    """The `model:` keys of the Mamba-based backbones (models/section.py): hidden_size is d_model,
+    n_blocks the number of layers; cond_dim sizes the optional time embedding. No attention heads,
+    no dropout."""
+
+    hidden_size: int = 768
+    n_blocks: int = 12
+    cond_dim: int = 128
+    time_conditioning: bool = False
+    mixer: str = "auto"
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    rms_norm: bool = True
+    norm_epsilon: float = 1e-5
+
+
+@dataclass(frozen=True)
+class CaduceusConfig(MambaConfig):
+    """Caduceus's keys: the Mamba ones and its bidirectional, reverse-complement layout."""
+
+    rcps: bool = False
+    fused_add_norm: bool = True
+    bidirectional_strategy: str = "add"
+    bidirectional_weight_tie: bool = True
 
 
 def rc(h: Tensor) -> Tensor:
@@ -85,7 +115,7 @@ class Wrapped(nn.Module):
 
 
 class BiMamba(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: CaduceusConfig):
         super().__init__()
         kw = dict(d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand, impl=cfg.mixer)
         self.strategy = cfg.bidirectional_strategy
@@ -103,7 +133,7 @@ class BiMamba(nn.Module):
 class Block(nn.Module):
     """Add -> norm -> (time modulation) -> BiMamba, returning (mixer output, residual stream)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: CaduceusConfig):
         super().__init__()
         self.rcps, self.swap = cfg.rcps, cfg.rcps and cfg.fused_add_norm
         self.d = cfg.hidden_size
@@ -152,7 +182,7 @@ class RCPSHead(nn.Module):  # Caduceus's name: `.lm_head`
 
 
 class Embeddings(nn.Module):
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    def __init__(self, cfg: CaduceusConfig, vocab_size: int):
         super().__init__()
         embedding = nn.Embedding(vocab_size, cfg.hidden_size)
         nn.init.normal_(embedding.weight, std=0.02)
@@ -160,7 +190,7 @@ class Embeddings(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    def __init__(self, cfg: CaduceusConfig, vocab_size: int):
         super().__init__()
         self.embeddings = Embeddings(cfg, vocab_size)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_blocks))
@@ -171,15 +201,11 @@ class Backbone(nn.Module):
 
 
 class Encoder(nn.Module):  # Caduceus's `Caduceus` module: `.backbone`
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    def __init__(self, cfg: CaduceusConfig, vocab_size: int):
         super().__init__()
         self.backbone = Backbone(cfg, vocab_size)
 
 
-# the ModelConfig keys of the Mamba-based backbones: hidden_size is d_model, n_blocks the number of
-# layers; cond_dim sizes the optional time embedding. They have no attention heads and no dropout.
-MAMBA_KEYS = ("hidden_size", "n_blocks", "cond_dim", "time_conditioning", "mixer", "d_state", "d_conv", "expand",
-              "rms_norm", "norm_epsilon")
 
 
 class MambaBackbone:
@@ -209,7 +235,7 @@ class Caduceus(MambaBackbone, nn.Module):
     """`Caduceus(cfg, vocab_size)(tokens (B, L), sigma (B,) | None) -> logits (B, L, V)`."""
 
     requires_causal = False  # bidirectional; the causal baseline is the `mamba` backbone
-    config_keys = (*MAMBA_KEYS, "rcps", "fused_add_norm", "bidirectional_strategy", "bidirectional_weight_tie")
+    config_keys = keys_of(CaduceusConfig)
 
     @classmethod
     def validate_config(cls, cfg: Config) -> None:
@@ -221,8 +247,10 @@ class Caduceus(MambaBackbone, nn.Module):
     def describe(self) -> str:
         return f"Caduceus-{'PS' if self.config.rcps else 'Ph'} {self.config.n_blocks}x{self.config.hidden_size}"
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, causal: bool = False, complement: list[int] | None = None):
+    def __init__(self, cfg: ModelConfig | CaduceusConfig, vocab_size: int, causal: bool = False,
+                 complement: list[int] | None = None):
         super().__init__()
+        cfg = read_section(CaduceusConfig, cfg)
         if causal:
             raise MdlmError("the caduceus backbone is bidirectional; an autoregressive model uses model.backbone=mamba")
         self.config, self.vocab_size, self.causal = cfg, vocab_size, False

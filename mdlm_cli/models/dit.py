@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MdlmError
+from .section import keys_of, read_section
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,6 +33,20 @@ try:  # optional, CUDA only
     from flash_attn import flash_attn_func  # type: ignore[import-not-found]
 except Exception:  # noqa: BLE001 - any import failure means "not available"
     flash_attn_func = None
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """The DiT's own keys of the `model:` section (models/section.py), with ModelConfig's defaults:
+    the reference's small model, 12 x 768 with 12 heads."""
+
+    hidden_size: int = 768
+    n_blocks: int = 12
+    n_heads: int = 12
+    cond_dim: int = 128
+    mlp_ratio: int = 4
+    dropout: float = 0.1
+    time_conditioning: bool = False
 
 
 @dataclass
@@ -118,7 +133,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class DDiTBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig, causal: bool = False):
+    def __init__(self, cfg: DiTConfig, causal: bool = False):
         super().__init__()
         dim = cfg.hidden_size
         self.n_heads = cfg.n_heads
@@ -199,7 +214,7 @@ class EmbeddingLayer(nn.Module):
 
 
 class DDitFinalLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    def __init__(self, cfg: DiTConfig, vocab_size: int):
         super().__init__()
         self.norm_final = LayerNorm(cfg.hidden_size)
         self.linear = nn.Linear(cfg.hidden_size, vocab_size)
@@ -228,8 +243,8 @@ class DiT(nn.Module):
     autoregressive baseline); with a `kv_cache` it then decodes incrementally.
     """
 
-    # the ModelConfig keys it reads (models.BACKBONES: a key it does not read is an error)
-    config_keys = ("hidden_size", "n_blocks", "n_heads", "cond_dim", "mlp_ratio", "dropout", "time_conditioning")
+    # the model.* keys it reads (models.BACKBONES: a key it does not read is an error)
+    config_keys = keys_of(DiTConfig)
 
     @classmethod
     def validate_config(cls, cfg: Config) -> None:
@@ -254,8 +269,9 @@ class DiT(nn.Module):
     def describe(self) -> str:
         return f"DiT {self.config.n_blocks}x{self.config.hidden_size}"
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, causal: bool = False):
+    def __init__(self, cfg: ModelConfig | DiTConfig, vocab_size: int, causal: bool = False):
         super().__init__()
+        cfg = read_section(DiTConfig, cfg)
         if cfg.hidden_size % cfg.n_heads:
             raise ValueError(f"hidden_size {cfg.hidden_size} is not divisible by n_heads {cfg.n_heads}")
         self.config, self.vocab_size, self.causal = cfg, vocab_size, causal

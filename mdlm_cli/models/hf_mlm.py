@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import MdlmError
+from .section import keys_of, read_section
 
 if TYPE_CHECKING:
     from ..config import Config, ModelConfig
@@ -136,6 +138,15 @@ def load_pretrained(folder: Path, name: str) -> tuple[nn.Module, list[str]]:
     return model.float(), missing
 
 
+@dataclass(frozen=True)
+class HFMaskedLMConfig:
+    """The hf-mlm backbone's `model:` keys (models/section.py): which Hugging Face masked LM, and
+    time conditioning (refused: an encoder takes no time)."""
+
+    hf_model: str = ""
+    time_conditioning: bool = False
+
+
 class HFMaskedLM(nn.Module):
     """`HFMaskedLM(cfg, vocab_size)(tokens (B, L), None, attention_mask, output_mask) -> logits`.
 
@@ -144,13 +155,14 @@ class HFMaskedLM(nn.Module):
     whose output layer is padded beyond it (ModernBERT) has the extra logits cut off.
     """
 
-    config_keys = ("hf_model", "time_conditioning")
+    config_keys = keys_of(HFMaskedLMConfig)
     requires_causal = False  # a bidirectional encoder
     causal = False
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, causal: bool = False, *, hf: nn.Module | None = None,
-                 folder: Path | None = None):
+    def __init__(self, cfg: ModelConfig | HFMaskedLMConfig, vocab_size: int, causal: bool = False, *,
+                 hf: nn.Module | None = None, folder: Path | None = None):
         super().__init__()
+        cfg = read_section(HFMaskedLMConfig, cfg)
         if causal:
             raise MdlmError("the hf-mlm backbone is bidirectional; it cannot serve a causal objective")
         self.notes: list[str] = []

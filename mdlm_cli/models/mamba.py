@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import MdlmError
-from .caduceus import MAMBA_KEYS, MambaBackbone, RMSNorm, rescale_out_proj
+from .caduceus import MambaBackbone, MambaConfig, RMSNorm, rescale_out_proj
 from .mamba_mixer import MambaMixer, MixerState
+from .section import keys_of, read_section
 from .tied import store_tied_once
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def _logits(hidden: Tensor, weight: Tensor) -> Tensor:
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: MambaConfig):
         super().__init__()
         self.mixer = MambaMixer(cfg.hidden_size, d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand,
                                 impl=cfg.mixer)
@@ -52,7 +53,7 @@ class Layer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    def __init__(self, cfg: MambaConfig, vocab_size: int):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, cfg.hidden_size)
         nn.init.normal_(self.embedding.weight, std=0.02)
@@ -65,7 +66,7 @@ class Mamba(MambaBackbone, nn.Module):
     seeing positions <= l only."""
 
     requires_causal = True
-    config_keys = MAMBA_KEYS
+    config_keys = keys_of(MambaConfig)
 
     @classmethod
     def validate_config(cls, cfg: Config) -> None:
@@ -77,11 +78,12 @@ class Mamba(MambaBackbone, nn.Module):
     def describe(self) -> str:
         return f"Mamba {self.config.n_blocks}x{self.config.hidden_size}"
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, causal: bool = True):
+    def __init__(self, cfg: ModelConfig | MambaConfig, vocab_size: int, causal: bool = True):
         super().__init__()
         if not causal:
             raise MdlmError("the mamba backbone is causal (the autoregressive baseline); a bidirectional DNA "
                             "model uses model.backbone=caduceus")
+        cfg = read_section(MambaConfig, cfg)
         self.config, self.vocab_size, self.causal = cfg, vocab_size, True
         self.backbone = Backbone(cfg, vocab_size)
         self.lm_head = nn.Linear(cfg.hidden_size, vocab_size, bias=False)

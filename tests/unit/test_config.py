@@ -108,3 +108,24 @@ def test_every_package_and_preset_is_shipped_in_the_wheel(tmp_path):
     modules = {str(p.relative_to(root)) for p in (root / "mdlm_cli").rglob("*.py")}
     presets = {"mdlm_cli/" + str(p.relative_to(root)) for p in (root / "presets").rglob("*.yaml")}
     assert modules | presets <= names, sorted((modules | presets) - names)
+
+
+def test_each_backbone_reads_its_own_dataclass_with_the_flat_sections_defaults():
+    """A backbone's config dataclass names the model.* keys it reads (config_keys) and starts
+    from the same defaults as the flat section, so presets and checkpoints mean what they meant."""
+    import dataclasses
+
+    from mdlm_cli.config import ModelConfig
+    from mdlm_cli.models import BACKBONES
+    from mdlm_cli.models.caduceus import CaduceusConfig, MambaConfig
+    from mdlm_cli.models.dit import DiTConfig
+    from mdlm_cli.models.hf_mlm import HFMaskedLMConfig
+    from mdlm_cli.models.section import keys_of, read_section
+
+    flat = ModelConfig()
+    sections = (DiTConfig, MambaConfig, CaduceusConfig, HFMaskedLMConfig)
+    assert {cls.config_keys for cls in BACKBONES.values()} == {keys_of(s) for s in sections}
+    for section in sections:
+        own = read_section(section, flat)
+        assert all(getattr(own, f.name) == getattr(flat, f.name) for f in dataclasses.fields(section))
+    assert read_section(DiTConfig, ModelConfig(hidden_size=64, n_heads=2)).hidden_size == 64
