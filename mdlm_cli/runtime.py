@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -57,19 +58,42 @@ def generator(device: torch.device, seed: int) -> torch.Generator:
 TORCH_THREADS = torch.get_num_threads()  # torch's default (physical cores), before anything changes it
 
 
+def busy_cores(window: float = 0.2) -> float | None:
+    """How many cores other processes keep busy now: the non-idle share of /proc/stat's CPU time
+    over `window` seconds, while this process sleeps. Unlike the load average (a one-minute
+    mean), it does not count a job that has just ended (`make test` before `make demo`), so an
+    idle machine gets all its cores. None where /proc/stat is unreadable."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # all, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(window)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    spent = total1 - total0
+    return (1 - (idle1 - idle0) / spent) * (os.cpu_count() or 1) if spent > 0 else 0.0
+
+
 def default_threads() -> int | None:
     """CPU threads when none are asked for: None (torch's own) where OMP_NUM_THREADS or
-    MKL_NUM_THREADS says, else torch's default less the cores the machine's load already
-    keeps busy, at least 1. Measured on a shared 2-core machine at load 11-15 (BENCHMARKS.md,
-    table 6): 2 threads sampled 10.8x and trained 3.4x slower than 1, each parallel region
-    waiting at its barrier for a thread that is not running."""
+    MKL_NUM_THREADS says, else torch's default less the cores other processes keep busy now
+    (`busy_cores`; the load average where /proc/stat is missing), at least 1. Measured on a
+    shared 2-core machine at load 11-15 (BENCHMARKS.md, table 6): 2 threads sampled 10.8x and
+    trained 3.4x slower than 1, each parallel region waiting at its barrier for a thread that is
+    not running."""
     if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
         return None
     cores = TORCH_THREADS
-    try:
-        busy = os.getloadavg()[0]
-    except (OSError, AttributeError):  # no load average on this platform
-        return None
+    busy = busy_cores()
+    if busy is None:
+        try:
+            busy = os.getloadavg()[0]
+        except (OSError, AttributeError):  # no load average on this platform
+            return None
     return max(1, min(cores, round(cores - busy)))
 
 

@@ -143,8 +143,14 @@ def test_default_threads_leave_busy_cores_alone(monkeypatch):
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     monkeypatch.setattr(runtime, "TORCH_THREADS", 8)
     for load, threads in ((0.1, 8), (3.2, 5), (7.6, 1), (30.0, 1)):
-        monkeypatch.setattr(runtime.os, "getloadavg", lambda load=load: (load, load, load))
+        monkeypatch.setattr(runtime, "busy_cores", lambda load=load: load)
         assert runtime.default_threads() == threads
+    # a high load average left by a job that has just ended does not count: only busy cores now
+    monkeypatch.setattr(runtime, "busy_cores", lambda: 0.0)
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    assert runtime.default_threads() == 8
+    monkeypatch.setattr(runtime, "busy_cores", lambda: None)  # no /proc/stat: the load average
+    assert runtime.default_threads() == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert runtime.default_threads() is None  # the environment decides
 
@@ -168,3 +174,19 @@ def test_readme_lists_the_guarantees():
     for guarantee in ("atomic", "lock", "remote code", "markup", "--override-resume-config"):
         assert guarantee in section, guarantee
 
+
+
+def test_busy_cores_sees_a_spinning_process():
+    """A process spinning on one core while this one sleeps counts as (at least most of) a busy core."""
+    import time
+
+    import mdlm_cli.runtime as runtime
+
+    if runtime.busy_cores(0.05) is None:
+        pytest.skip("no /proc/stat on this platform")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert runtime.busy_cores(0.3) >= 0.6
+    finally:
+        spinner.kill()
