@@ -1,7 +1,7 @@
 """The GPU check's driver: every part in its own process with its own time limit, one line
 printed per part, JSON per part and a Markdown summary in one folder.
 
-    python benchmarks/gpu_check.py --out DIR [--budget-s 570] [--only parity,sampling] [--dry-run]
+    python benchmarks/gpu_check.py --out DIR [--budget-s 540] [--only parity,sampling] [--dry-run]
 
 `benchmarks/gpu_check.sh` installs what is missing first and then calls this; see
 benchmarks/README.md. The parts: 1 pytest tests/gpu, 2 logits parity, 3 training
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-check"))
     parser.add_argument(
-        "--budget-s", type=float, default=570.0, help="Wall-clock budget of all parts."
+        "--budget-s", type=float, default=540.0, help="Wall-clock budget of all parts."
     )
     parser.add_argument("--only", default="", help="Comma-separated part names (default: all).")
     parser.add_argument("--dry-run", action="store_true", help="Every part on the CPU, tiny sizes.")

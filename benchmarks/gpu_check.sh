@@ -14,7 +14,7 @@
 # and OUT/summary.md (tables for BENCHMARKS.md). See benchmarks/README.md.
 #
 # Environment: PYTHON (the interpreter; default: the first of python, python3 with torch),
-# GPU_CHECK_BUDGET_S (all of it, installs included; default 570), GPU_CHECK_INSTALL_S (the
+# GPU_CHECK_BUDGET_S (all of it, installs included; default 540), GPU_CHECK_INSTALL_S (the
 # installs' share; default 150), GPU_CHECK_INSTALL=0 (install nothing), GPU_CHECK_WHEELS (a
 # folder of wheels: install from it only, for a machine without the package index).
 set -u
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-BUDGET=${GPU_CHECK_BUDGET_S:-570}
+BUDGET=${GPU_CHECK_BUDGET_S:-540}
 INSTALL_S=${GPU_CHECK_INSTALL_S:-150}
 LOG="$OUT/install.log"
 : >"$LOG"

@@ -9,7 +9,6 @@ same code on the CPU with the test preset's model and tiny sizes.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import platform
 import subprocess
@@ -100,108 +99,10 @@ def part_env(out: Path, sz: Sizes) -> None:
     )
 
 
-# ---------------------------------------------------------------------- 2. logits parity
-
-
-@contextlib.contextmanager
-def attention_path(kind: str):
-    """Force one attention path of the DiT: 'flash-attn' (the package), or SDPA with one
-    backend ('sdpa' lets torch choose). mdlm calls flash-attn whenever it is installed
-    (bf16 on CUDA, no padding), so every SDPA path switches it off."""
-    from mdlm_cli.models import dit
-
-    saved = dit.flash_attn_func
-    backend = {
-        "sdpa-flash": "FLASH_ATTENTION",
-        "sdpa-efficient": "EFFICIENT_ATTENTION",
-        "sdpa-cudnn": "CUDNN_ATTENTION",
-        "sdpa-math": "MATH",
-    }.get(kind)
-    try:
-        if kind != "flash-attn":
-            dit.flash_attn_func = None
-        if backend is None:
-            yield
-        else:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            with sdpa_kernel([getattr(SDPBackend, backend)]):
-                yield
-    finally:
-        dit.flash_attn_func = saved
-
-
-def parity_cases(sz: Sizes) -> list[tuple[str, str, torch.dtype | None, bool]]:
-    """(label, attention path, autocast dtype, TF32) of each comparison with the CPU fp32 logits."""
-    if sz.dry:  # the CPU has SDPA only; bf16 autocast on the CPU runs the same code
-        return [("sdpa fp32", "sdpa", None, False), ("sdpa bf16", "sdpa", torch.bfloat16, False)]
-    cases = [
-        ("sdpa fp32", "sdpa", None, False),
-        ("sdpa fp32 tf32", "sdpa", None, True),
-        ("sdpa-math fp32", "sdpa-math", None, False),
-    ]
-    cases += [
-        (f"{k} bf16", k, torch.bfloat16, True)
-        for k in ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn")
-    ]
-    from mdlm_cli.models import dit
-
-    if dit.flash_attn_func is not None:
-        cases.append(("flash-attn bf16", "flash-attn", torch.bfloat16, True))
-    return cases
-
-
-def compare(logits: torch.Tensor, ref: torch.Tensor) -> dict:
-    diff = (logits.float() - ref).abs()
-    return {
-        "max_abs_diff": diff.max().item(),
-        "mean_abs_diff": diff.mean().item(),
-        "max_rel_diff": (diff.max() / ref.abs().max()).item(),
-        "argmax_agreement": (logits.argmax(-1) == ref.argmax(-1)).float().mean().item(),
-    }
-
-
-def part_parity(out: Path, sz: Sizes) -> None:
-    """The same random weights and tokens through every attention path on the device,
-    against the CPU fp32 forward: max |difference| of the logits."""
-    from mdlm_cli.models import autocast_for
-
-    cfg = preset_config(sz)
-    model = random_dit(cfg, sz.vocab)
-    x = torch.randint(
-        0, sz.mask_id, (sz.parity_batch, sz.length), generator=torch.Generator().manual_seed(0)
-    )
-    with torch.no_grad():
-        ref = model(x)  # (B, L, V) on the CPU in fp32
-    part = PartFile(out, "parity", model=model.describe(), length=sz.length, batch=sz.parity_batch)
-    device_model = model.to(sz.device)
-    xd = x.to(sz.device)
-    from mdlm_cli.models import dit
-
-    part.update(flash_attn_installed=dit.flash_attn_func is not None)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    for label, path, dtype, allow_tf32 in parity_cases(sz):
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allow_tf32
-        row = {"path": label}
-        try:
-            with torch.no_grad(), attention_path(path), autocast_for(sz.device, dtype):
-                row.update(compare(device_model(xd).cpu(), ref))
-        except Exception as e:  # noqa: BLE001 - a backend this GPU or torch lacks: say which
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        part.append("rows", row)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-    rows = part.data["rows"]
-    worst = ", ".join(f"{r['path']} {r['max_abs_diff']:.2g}" for r in rows if "max_abs_diff" in r)
-    failed = [r["path"] for r in rows if "error" in r]
-    part.update(
-        status="ok",
-        headline=f"max abs logit difference vs CPU fp32: {worst}"
-        + (f"; failed: {', '.join(failed)}" if failed else "")
-        + ("" if part.data["flash_attn_installed"] or sz.dry else "; flash-attn not installed"),
-    )
-
-
 # ---------------------------------------------------------------------- 3. training throughput
+
+
+FLOPS_FORMULA = "6 x 12 H^2 x blocks + 6 x H x V / 2 + 12 x blocks x L x H"
 
 
 def flops_per_token(cfg, length: int, vocab: int, masked_fraction: float = 0.5) -> float:
@@ -282,7 +183,22 @@ class Trainer:
 
 
 def is_oom(e: BaseException) -> bool:
-    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def try_measure(trainer: Trainer, batch: int, steps: int, warmup: int) -> dict:
+    """`Trainer.measure`, or {"oom": True} when the batch does not fit (memory freed after)."""
+    try:
+        row = trainer.measure(batch, steps, warmup)
+    except Exception as e:  # noqa: BLE001 - out of memory is an answer; anything else is raised
+        if not is_oom(e):
+            raise
+        row = {"micro_batch": batch, "oom": True}
+    trainer.optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    if trainer.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
 
 
 def largest_batch(trainer: Trainer, sz: Sizes, on_try) -> int | None:
@@ -290,29 +206,35 @@ def largest_batch(trainer: Trainer, sz: Sizes, on_try) -> int | None:
     cap); each size that fits is measured over one step after one warm-up."""
     batch, fits = sz.search_start, None
     while batch <= sz.search_cap:
-        oom = False
-        try:
-            row = trainer.measure(batch, steps=1, warmup=1)
-        except Exception as e:  # noqa: BLE001 - out of memory is the answer; anything else is raised
-            if not is_oom(e):
-                raise
-            oom, row = True, {"micro_batch": batch, "oom": True}
-        trainer.optimizer.zero_grad(set_to_none=True)
-        gc.collect()
-        if sz.device.type == "cuda":
-            torch.cuda.empty_cache()
+        row = try_measure(trainer, batch, steps=1, warmup=1)
         on_try(row)
-        if oom:
+        if row.get("oom"):
             break
         fits, batch = batch, batch * 2
     return fits
 
 
 def with_mfu(row: dict, flops: float, peak: tuple[str, float] | None) -> dict:
-    if peak is not None:
+    if peak is not None and "tokens_per_s" in row:
         row["tflops"] = row["tokens_per_s"] * flops / 1e12
         row["mfu"] = row["tflops"] / peak[1]
     return row
+
+
+def throughput_headline(data: dict, cap: int) -> str:
+    def one(r: dict) -> str:
+        kind = "compiled" if r["compiled"] else "eager"
+        if r.get("oom"):
+            return f"{kind}: out of memory"
+        mfu = f" (MFU {100 * r['mfu']:.1f}%)" if "mfu" in r else ""
+        return f"{kind} {r['tokens_per_s']:,.0f} tok/s{mfu}"
+
+    fits = data.get("largest_micro_batch")
+    return (
+        f"micro-batch {data['micro_batch']}: "
+        + ", ".join(one(r) for r in data["rows"])
+        + f"; largest micro-batch {fits}{'+' if fits == cap else ''}"
+    )
 
 
 def part_throughput(out: Path, sz: Sizes) -> None:
@@ -329,32 +251,22 @@ def part_throughput(out: Path, sz: Sizes) -> None:
         micro_batch=micro,
         flops_per_token=flops,
         peak=None if peak is None else list(peak),
-        flops_formula=flops_per_token.__doc__.split(":")[0].strip(),
+        flops_formula=FLOPS_FORMULA,
     )
     for compiled in (False, True):
         trainer = Trainer(cfg, sz, compiled)
-        row = trainer.measure(micro, sz.train_steps, sz.train_warmup)
+        row = try_measure(trainer, micro, sz.train_steps, sz.train_warmup)
         part.append("rows", with_mfu({"compiled": compiled, **row}, flops, peak))
         del trainer
         gc.collect()
     trainer = Trainer(cfg, sz, compiled=False)
-    fits = largest_batch(
-        trainer,
-        sz,
-        lambda r: part.append("search", with_mfu(r, flops, peak) if "tokens_per_s" in r else r),
-    )
+    fits = largest_batch(trainer, sz, lambda r: part.append("search", with_mfu(r, flops, peak)))
     part.update(largest_micro_batch=fits, search_capped=fits == sz.search_cap)
-    rows = part.data["rows"]
-    mfu = "" if peak is None else ", MFU " + " / ".join(f"{100 * r['mfu']:.1f}%" for r in rows)
-    part.update(
-        status="ok",
-        headline=f"{rows[0]['tokens_per_s']:,.0f} tok/s eager, "
-        f"{rows[1]['tokens_per_s']:,.0f} compiled (micro-batch {micro}){mfu}; "
-        f"largest micro-batch {fits}{'+' if fits == sz.search_cap else ''}",
-    )
+    part.update(status="ok", headline=throughput_headline(part.data, sz.search_cap))
 
 
 def main() -> None:
+    from gpu_parity import part_parity
     from gpu_sampling import part_sampling
 
     parts = {
