@@ -181,9 +181,10 @@ def finish(part: Part, out: Path, data: dict) -> dict:
 
 
 def run_part(part: Part, out: Path, dry: bool, deadline: float) -> dict:
-    limit = min(part.limit_s, int(deadline - time.monotonic() - RESERVE_S))
-    if limit < MIN_LIMIT_S:
+    left = int(deadline - time.monotonic() - RESERVE_S)
+    if left < MIN_LIMIT_S:
         return finish(part, out, {"status": "skipped", "reason": "out of the time budget"})
+    limit = min(part.limit_s, left)
     missing = [m for m in part.needs if importlib.util.find_spec(m) is None]
     if missing:
         return finish(

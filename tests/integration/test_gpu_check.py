@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,26 @@ def test_junit_results_and_the_budget(tmp_path, capsys):
     assert late["status"] == "skipped" and "budget" in late["reason"]
     assert json.loads((tmp_path / "parity.json").read_text())["status"] == "skipped"
     assert "2. logits parity: skipped" in capsys.readouterr().out
+
+
+def test_a_part_past_its_limit_keeps_what_it_wrote_and_the_next_runs(tmp_path):
+    """The child writes its JSON as it goes; at the limit its process group is stopped, the
+    JSON is kept with status timeout; a part that exits 1 is 'failed' with its log's tail."""
+    write_then_sleep = (
+        "import json, sys, time; "
+        "row = json.dumps({'status': 'running', 'rows': [1]}); "
+        "open(sys.argv[1] + '/slow.json', 'w').write(row); "
+        "print('measured one row', flush=True); time.sleep(60)")
+    slow = gpu_check.Part("slow", "7. slow", 2, (), ("-c", write_then_sleep, "{out}"))
+    broken = gpu_check.Part("broken", "8. broken", 30, (),
+                            ("-c", "raise SystemExit('no GPU here')"))
+    deadline = time.monotonic() + 300
+    t0 = time.monotonic()
+    late = gpu_check.run_part(slow, tmp_path, dry=True, deadline=deadline)
+    assert time.monotonic() - t0 < 30
+    assert late["status"] == "timeout" and late["rows"] == [1] and late["limit_s"] == 2
+    assert "measured one row" in late["log_tail"]
+    failed = gpu_check.run_part(broken, tmp_path, dry=False, deadline=deadline)
+    assert failed["status"] == "failed" and failed["rc"] == 1
+    assert "no GPU here" in failed["log_tail"]
+    assert json.loads((tmp_path / "broken.json").read_text())["status"] == "failed"
