@@ -19,21 +19,41 @@ def table(header: list[str], rows: list[list]) -> list[str]:
     return lines + ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in rows]
 
 
-def machine_line(env: dict, install: dict) -> str:
+def machine_table(env: dict, install: dict) -> list[str]:
+    """One row: the GPU, its memory, driver, torch, CUDA, cuDNN, Python, the commit and the
+    optional CUDA packages; then what the installs did."""
     packages = env.get("packages") or {}
-    optional = ", ".join(
-        f"{p} {packages.get(p) or 'not installed'}" for p in ("flash-attn", "mamba-ssm")
-    )
-    memory = f", {env['memory_gib']} GiB" if env.get("memory_gib") else ""
-    line = (
-        f"{env.get('device_name', '?')}{memory}, driver {env.get('driver', '-')}, "
-        f"torch {env.get('torch')}, "
-        f"CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}, Python {env.get('python')}, "
-        f"commit {env.get('commit')}; {optional}"
+    memory = f"{env['memory_gib']} GiB" if env.get("memory_gib") else "-"
+    row = [
+        env.get("device_name", "?"),
+        memory,
+        env.get("driver", "-"),
+        env.get("torch"),
+        env.get("cuda"),
+        env.get("cudnn"),
+        env.get("python"),
+        env.get("commit"),
+        packages.get("flash-attn") or "not installed",
+        packages.get("mamba-ssm") or "not installed",
+    ]
+    lines = table(
+        [
+            "GPU",
+            "memory",
+            "driver",
+            "torch",
+            "CUDA",
+            "cuDNN",
+            "Python",
+            "commit",
+            "flash-attn",
+            "mamba-ssm",
+        ],
+        [[_fmt(c) for c in row]],
     )
     if install:
-        line += "; installs: " + ", ".join(f"{k} {v}" for k, v in install.items())
-    return line
+        lines += ["", "Installs: " + "; ".join(f"{k} {v}" for k, v in install.items()) + "."]
+    return lines
 
 
 def parts_table(results: list[dict]) -> list[str]:
@@ -126,8 +146,7 @@ def throughput_section(r: dict) -> list[str]:
         out += [
             "",
             "Micro-batch search (eager, doubling): largest that fits "
-            f"{r.get('largest_micro_batch')}"
-            + (" (the cap)" if r.get("search_capped") else ""),
+            f"{r.get('largest_micro_batch')}" + (" (the cap)" if r.get("search_capped") else ""),
             "",
         ]
         out += table(
@@ -249,7 +268,7 @@ def render(env: dict, install: dict, results: list[dict]) -> str:
         f"## GPU check{' (dry run, CPU)' if env.get('dry_run') else ''}: "
         f"{env.get('device_name', '?')}",
         "",
-        machine_line(env, install),
+        *machine_table(env, install),
         "",
     ]
     out += parts_table(results)

@@ -87,6 +87,7 @@ def test_summary_markdown(dry_run):
     for heading in ("### 1. pytest tests/gpu", "### 2. Logits", "### 3. Training throughput",
                     "### 4. Sampling", "### 5. torchrun"):
         assert heading in md
+    assert "| GPU | memory | driver | torch | CUDA | cuDNN |" in md
     assert "| precision | sampler | steps | batch | s/sample |" in md
     summary = json.loads((out / "summary.json").read_text())
     assert [p["part"] for p in summary["parts"]] == PARTS
