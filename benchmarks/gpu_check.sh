@@ -86,7 +86,7 @@ pip_install() {
   local from=()
   [ "$SOURCE" = wheels ] && from=(--no-index --find-links "$GPU_CHECK_WHEELS")
   echo "== pip install $* (limit ${seconds}s)" >>"$LOG"
-  if timeout "$seconds" "$PYTHON" -m pip install --quiet --disable-pip-version-check --retries 0 \
+  if timeout -k 5 "$seconds" "$PYTHON" -m pip install --quiet --disable-pip-version-check --retries 0 \
       --timeout 15 "${from[@]}" "$@" >>"$LOG" 2>&1 && has "$module"; then
     STATUS[$module]=installed
   else

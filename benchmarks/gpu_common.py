@@ -98,8 +98,8 @@ FULL = Sizes(
     ddp_steps=20,
 )
 # the dry run: the test preset's 2x64 DiT with a small vocabulary, a few steps of everything;
-# a compiled model recompiles once at its second step (the rotary cache, then the masked count
-# goes dynamic), so the warm-up is at least 2 steps
+# a compiled model recompiles once at its second step (the count of masked positions, which the
+# output layer sees, becomes dynamic), so the warm-up is at least 2 steps
 DRY = Sizes(
     dry=True,
     preset="test",

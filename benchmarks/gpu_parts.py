@@ -54,27 +54,33 @@ def nvidia_smi() -> dict:
     return {"smi_name": name, "driver": driver, "memory_total": memory}
 
 
-def part_env(out: Path, sz: Sizes) -> None:
-    """The machine: GPU name, driver, torch, CUDA, cuDNN, optional packages, the commit."""
-    cuda = torch.cuda.is_available()
-    name = torch.cuda.get_device_name(0) if cuda else (platform.processor() or "cpu")
-    commit = (
-        subprocess.run(
+def git_commit() -> str | None:
+    """The checkout's commit; None where git or the repository's .git is missing (a copied tree)."""
+    try:
+        done = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             cwd=Path(__file__).parent,
-        ).stdout.strip()
-        or None
-    )
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def part_env(out: Path, sz: Sizes) -> None:
+    """The machine: GPU name, driver, torch, CUDA, cuDNN, optional packages, the commit."""
+    cuda = torch.cuda.is_available()
+    name = torch.cuda.get_device_name(0) if cuda else (platform.processor() or "cpu")
     info = {
+        "commit": git_commit(),
         "device_name": name,
         "cuda_available": cuda,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "python": platform.python_version(),
-        "commit": commit,
         "dry_run": sz.dry,
         "bf16_supported": cuda and torch.cuda.is_bf16_supported(),
         "gpu_count": torch.cuda.device_count() if cuda else 0,
@@ -127,6 +133,9 @@ class Trainer:
         self.objective = get_objective(cfg, sz.ids)
         net = self.model
         if compiled:  # the training loop's torch.compile(net); the dry run skips inductor
+            # the rotary cache filled first: a guard on its emptiness would recompile the trunk
+            # at the second step (only the masked count's dynamic shape is then left)
+            self.model.rotary_emb(sz.length, self.device)
             net = torch.compile(net, backend="eager") if sz.dry else torch.compile(net)
         self.dtype = autocast_dtype(self.device)
         self.denoiser = self.objective.denoiser(net, self.dtype)
