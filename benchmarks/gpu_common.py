@@ -124,7 +124,7 @@ def sizes(dry: bool) -> Sizes:
 
 def preset_config(sz: Sizes):
     """The preset's resolved config at the check's length (owt: DiT small, 12x768)."""
-    from mdlm_cli.config import resolve_config
+    from mdlm_cli.build import resolve_config
 
     return resolve_config(sz.preset, [f"data.length={sz.length}"])
 

@@ -108,7 +108,7 @@ def overrides(
 def train_once(out: Path, data: Path, parallel: str, steps: int, dry: bool) -> dict:
     from rich.console import Console
 
-    from mdlm_cli.config import resolve_config
+    from mdlm_cli.build import resolve_config
     from mdlm_cli.train import loop
 
     run = out / f"run-{parallel}"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mdlm_cli import engine
-from mdlm_cli.config import resolve_config
+from mdlm_cli.build import resolve_config
 from mdlm_cli.engine.categorical import sample_tokens
 from mdlm_cli.models import DiT, dit
 from mdlm_cli.objectives import get_objective
