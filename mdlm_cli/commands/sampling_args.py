@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..engine.options import describe, problem, value_type
+from ..engine.options import KINDS, describe, problem, value_type
 from ..engine.sampling import SAMPLERS, get_sampler
 from ..errors import MdlmError
 from .common import (
@@ -28,6 +28,7 @@ from .common import (
     TopPOpt,
     dashed,
     int_list,
+    resolve_sampler,
     user_errors,
 )
 
@@ -61,14 +62,23 @@ class Sampling:
     top_p: float = 1.0
     options: dict[str, Any] = field(default_factory=dict)  # option name -> value: flags, --opt
 
+    def resolve(self, objective) -> tuple[Any, int | None]:
+        """The sampler spec and steps to run for the objective (`resolve_sampler`: a warning
+        for each option given that the sampler does not read)."""
+        return resolve_sampler(objective, self.sampler, self.steps, self.options)
+
     def read_by(self, spec) -> dict[str, Any]:
         """The options given that the sampler `spec` reads (engine.sample's keywords)."""
         return {k: v for k, v in self.options.items() if k in spec.option_names}
 
     def engine_kwargs(self, spec) -> dict[str, Any]:
         """engine.sample's keywords of the drawing: precision, temperature, top_p, options."""
-        return {"precision": self.precision, "temperature": self.temperature, "top_p": self.top_p,
-                **self.read_by(spec)}
+        return {
+            "precision": self.precision,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            **self.read_by(spec),
+        }
 
     def record(self, spec, steps: int | None) -> dict[str, Any]:
         """How samples were drawn, for their JSONL records."""
@@ -78,9 +88,11 @@ class Sampling:
         """The sampling flags given on the command line (away from their defaults)."""
         out = [f"--{name}" for name in ("sampler", "steps") if getattr(self, name) is not None]
         out += [f"--{dashed(k)}" for k in self.options]
-        return out + [f"--{dashed(k)}" for k, default in
-                      (("precision", "fp64"), ("temperature", 1.0), ("top_p", 1.0))
-                      if getattr(self, k) != default]
+        return out + [
+            f"--{dashed(k)}"
+            for k, default in (("precision", "fp64"), ("temperature", 1.0), ("top_p", 1.0))
+            if getattr(self, k) != default
+        ]
 
 
 @dataclass
@@ -117,7 +129,9 @@ def _coerce(name: str, f: Field, text: str) -> Any:
     except ValueError:
         value = None
     if value is None:
-        raise MdlmError(f"--{dashed(name)} expects {describe(f)} (got {text!r})")
+        valid = describe(f)
+        expected = KINDS[kind] + ("" if valid == KINDS[kind] else f", {valid}")
+        raise MdlmError(f"--{dashed(name)} expects {expected} (got {text!r})")
     return _check(name, f, value)
 
 
@@ -130,8 +144,10 @@ def _opt_pairs(opt: list[str] | None, flags: dict[str, OptionFlag]) -> dict[str,
         if not eq:
             raise MdlmError(f"--opt expects name=value, e.g. --opt eta=0.02 (got {item!r})")
         if name not in flags:
-            raise MdlmError(f"--opt {item}: unknown sampler option {name!r}; the options are: "
-                            f"{', '.join(sorted(flags))}")
+            raise MdlmError(
+                f"--opt {item}: unknown sampler option {name!r}; the options are: "
+                f"{', '.join(sorted(flags))}"
+            )
         out[name] = text
     return out
 
@@ -165,8 +181,14 @@ def parse_sampling(values: dict[str, Any]) -> Sampling:
     _check_common([values["precision"]], values["temperature"], values["top_p"])
     given = {n: _check(n, flags[n].field, values[n]) for n in flags if values[n] is not None}
     opts = {n: _coerce(n, flags[n].field, t) for n, t in _opt_pairs(values["opt"], flags).items()}
-    return Sampling(values["sampler"], values["steps"], values["precision"], values["temperature"],
-                    values["top_p"], _merge(given, opts))
+    return Sampling(
+        values["sampler"],
+        values["steps"],
+        values["precision"],
+        values["temperature"],
+        values["top_p"],
+        _merge(given, opts),
+    )
 
 
 def _value_list(name: str, f: Field, text: str) -> list:
@@ -179,7 +201,11 @@ def _value_list(name: str, f: Field, text: str) -> list:
 def parse_sweep(values: dict[str, Any]) -> SamplingSweep:
     """bench-sampler's flags (comma-separated lists) as a checked `SamplingSweep`."""
     flags = option_flags()
-    names = [x.strip() for x in values["samplers"].split(",") if x.strip()] if values["samplers"] else None
+    names = (
+        [x.strip() for x in values["samplers"].split(",") if x.strip()]
+        if values["samplers"]
+        else None
+    )
     for name in names or []:
         get_sampler(name)
     precisions = [x.strip() for x in values["precision"].split(",") if x.strip()]
@@ -188,11 +214,23 @@ def parse_sweep(values: dict[str, Any]) -> SamplingSweep:
     given = {}
     for n, flag in flags.items():
         if values[n] is not None:
-            given[n] = ([_check(n, flag.field, values[n])] if value_type(flag.field) is bool
-                        else _value_list(n, flag.field, values[n]))
-    opts = {n: _value_list(n, flags[n].field, t) for n, t in _opt_pairs(values["opt"], flags).items()}
-    return SamplingSweep(names, steps, values["steps"], precisions, values["temperature"],
-                         values["top_p"], _merge(given, opts))
+            given[n] = (
+                [_check(n, flag.field, values[n])]
+                if value_type(flag.field) is bool
+                else _value_list(n, flag.field, values[n])
+            )
+    opts = {
+        n: _value_list(n, flags[n].field, t) for n, t in _opt_pairs(values["opt"], flags).items()
+    }
+    return SamplingSweep(
+        names,
+        steps,
+        values["steps"],
+        precisions,
+        values["temperature"],
+        values["top_p"],
+        _merge(given, opts),
+    )
 
 
 def _option_parameter(name: str, flag: OptionFlag, sweep: bool) -> inspect.Parameter:
@@ -204,37 +242,72 @@ def _option_parameter(name: str, flag: OptionFlag, sweep: bool) -> inspect.Param
         text = f"{readers}: {f.metadata['help']} Default: {default}."
     elif sweep:
         decl, annotation = f"--{dashed(name)}", str | None
-        text = (f"{readers}: {f.metadata['help']} Comma-separated values, a row each "
-                f"({describe(f)}; default {default}).")
+        text = (
+            f"{readers}: {f.metadata['help']} Comma-separated values, a row each "
+            f"({describe(f)}; default {default})."
+        )
     else:
         decl, annotation = f"--{dashed(name)}", kind | None
         text = f"{readers}: {f.metadata['help']} {describe(f).capitalize()}; default {default}."
-    return inspect.Parameter(name, KEYWORD, default=None,
-                             annotation=Annotated[annotation, typer.Option(decl, help=text)])
+    return inspect.Parameter(
+        name, KEYWORD, default=None, annotation=Annotated[annotation, typer.Option(decl, help=text)]
+    )
 
 
-OptOpt = Annotated[list[str] | None, typer.Option(
-    "--opt", help="A sampler option by name, e.g. --opt eta=0.02 (repeatable; the flags above "
-    "name the options and the samplers that read them).")]
-SweepOptOpt = Annotated[list[str] | None, typer.Option(
-    "--opt", help="A sampler option by name with comma-separated values, e.g. --opt eta=0,0.02 "
-    "(repeatable).")]
-SamplersOpt = Annotated[str | None, typer.Option(
-    help="Comma-separated samplers (default: every exact sampler of the model's objective; name an "
-         f"inexact one to add it: {', '.join(n for n, s in SAMPLERS.items() if not s.exact)}).")]
-StepsListOpt = Annotated[str | None, typer.Option(
-    "--steps", help="Comma-separated step counts, for the samplers that take steps (default 100,1000).")]
-PrecisionsOpt = Annotated[str, typer.Option(
-    "--precision", help="Comma-separated: fp64 (default), fp32 (the reference's draw).")]
+OptOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--opt",
+        help="A sampler option by name, e.g. --opt eta=0.02 (repeatable; the flags above "
+        "name the options and the samplers that read them).",
+    ),
+]
+SweepOptOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--opt",
+        help="A sampler option by name with comma-separated values, e.g. --opt eta=0,0.02 "
+        "(repeatable).",
+    ),
+]
+SamplersOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated samplers (default: every exact sampler of the model's objective; "
+        f"name an inexact one to add it: {', '.join(n for n, s in SAMPLERS.items() if not s.exact)}"
+        ")."
+    ),
+]
+StepsListOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--steps",
+        help="Comma-separated step counts, for the samplers that take steps (default 100,1000).",
+    ),
+]
+PrecisionsOpt = Annotated[
+    str,
+    typer.Option(
+        "--precision", help="Comma-separated: fp64 (default), fp32 (the reference's draw)."
+    ),
+]
 
 
 def _parameters(sweep: bool) -> list[inspect.Parameter]:
     """The generated parameters, in the order `--help` lists them."""
+
     def p(name, annotation, default=None):
         return inspect.Parameter(name, KEYWORD, default=default, annotation=annotation)
 
-    head = ([p("samplers", SamplersOpt), p("steps", StepsListOpt), p("precision", PrecisionsOpt, "fp64")]
-            if sweep else [p("sampler", SamplerOpt), p("steps", StepsOpt), p("precision", PrecisionOpt, "fp64")])
+    head = (
+        [
+            p("samplers", SamplersOpt),
+            p("steps", StepsListOpt),
+            p("precision", PrecisionsOpt, "fp64"),
+        ]
+        if sweep
+        else [p("sampler", SamplerOpt), p("steps", StepsOpt), p("precision", PrecisionOpt, "fp64")]
+    )
     head += [p("temperature", TemperatureOpt, 1.0), p("top_p", TopPOpt, 1.0)]
     options = [_option_parameter(name, flag, sweep) for name, flag in option_flags().items()]
     return head + options + [p("opt", SweepOptOpt if sweep else OptOpt)]
@@ -244,6 +317,7 @@ def sampling_arguments(*, sweep: bool = False):
     """Decorator: the shared sampling parameters in place of the command's `sampling`
     parameter, which receives them parsed (a `Sampling`, or with `sweep` a `SamplingSweep`).
     A mistake in them is a one-line error before the command runs."""
+
     def decorate(command):
         sig = inspect.signature(command, eval_str=True)
         params = list(sig.parameters.values())
@@ -251,7 +325,9 @@ def sampling_arguments(*, sweep: bool = False):
         generated = _parameters(sweep)
         clash = {q.name for q in generated} & set(names)
         if "sampling" not in names or clash:
-            raise TypeError(f"{command.__name__} needs a `sampling` parameter and none of {sorted(clash)}")
+            raise TypeError(
+                f"{command.__name__} needs a `sampling` parameter and none of {sorted(clash)}"
+            )
         at = names.index("sampling")
 
         @functools.wraps(command)
@@ -261,8 +337,11 @@ def sampling_arguments(*, sweep: bool = False):
                 kwargs["sampling"] = parse_sweep(values) if sweep else parse_sampling(values)
             return command(**kwargs)
 
-        new = [q.replace(kind=KEYWORD) for q in params[:at]] + generated + [
-            q.replace(kind=KEYWORD) for q in params[at + 1:]]
+        new = (
+            [q.replace(kind=KEYWORD) for q in params[:at]]
+            + generated
+            + [q.replace(kind=KEYWORD) for q in params[at + 1 :]]
+        )
         wrapper.__signature__ = sig.replace(parameters=new)
         wrapper.__annotations__ = {q.name: q.annotation for q in new}
         del wrapper.__wrapped__  # what Typer reads is the signature above

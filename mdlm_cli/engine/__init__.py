@@ -27,12 +27,20 @@ from .diffusion import (
 )
 from .errors import EngineError
 from .options import check_options, option
-from .sampling import SAMPLERS, SamplerSpec, SemiARResult, get_sampler, option_names, sample, semi_ar
+from .sampling import (
+    SAMPLERS,
+    SamplerSpec,
+    SemiARResult,
+    get_sampler,
+    option_names,
+    sample,
+    semi_ar,
+)
 from .schedules import SCHEDULES, Schedule, get_schedule
 
 __all__ = [
     "PRECISIONS", "SAMPLERS", "SCHEDULES", "CausalLM", "EngineError", "SampleStats", "SamplerContext",
-    "SamplerSpec", "Schedule", "SemiARResult", "ancestral_times", "check_options", "get_sampler", "get_schedule",
-    "mask_tokens", "masked_nll", "nelbo", "nelbo_terms", "option", "option_names", "sample", "sample_times",
-    "sample_tokens", "semi_ar", "subs_log_probs", "times_from_uniform",
+    "SamplerSpec", "Schedule", "SemiARResult", "ancestral_times", "check_options", "get_sampler",
+    "get_schedule", "mask_tokens", "masked_nll", "nelbo", "nelbo_terms", "option", "option_names",
+    "sample", "sample_times", "sample_tokens", "semi_ar", "subs_log_probs", "times_from_uniform",
 ]

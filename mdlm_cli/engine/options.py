@@ -16,18 +16,28 @@ from typing import Any
 from .errors import EngineError
 
 OPTION_TYPES = (bool, int, float, str)  # the types an option's default may have
+KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
-def option(default: Any,
-           help: str,
-           *,
-           choices: Iterable[str] | None = None,
-           low: float | None = None,
-           high: float | None = None) -> Any:
+def option(
+    default: Any,
+    help: str,
+    *,
+    choices: Iterable[str] | None = None,
+    low: float | None = None,
+    high: float | None = None,
+) -> Any:
     """A sampler option field: its default, one line of help, and its valid values
     (`choices`, or `low` <= value <= `high`, either bound optional)."""
-    return field(default=default, metadata={
-        "help": help, "choices": None if choices is None else tuple(choices), "low": low, "high": high})
+    return field(
+        default=default,
+        metadata={
+            "help": help,
+            "choices": None if choices is None else tuple(choices),
+            "low": low,
+            "high": high,
+        },
+    )
 
 
 def value_type(f: Field) -> type:
@@ -46,7 +56,7 @@ def describe(f: Field) -> str:
         return f"at least {low:g}"
     if high is not None:
         return f"at most {high:g}"
-    return "a " + value_type(f).__name__
+    return KINDS[value_type(f)]
 
 
 def problem(f: Field, value: Any) -> str | None:
@@ -60,7 +70,7 @@ def problem(f: Field, value: Any) -> str | None:
     else:
         fits = isinstance(value, kind)
     if not fits:
-        return f"must be a {kind.__name__} (got {value!r})"
+        return f"must be {KINDS[kind]} (got {value!r})"
     choices, low, high = f.metadata["choices"], f.metadata["low"], f.metadata["high"]
     if choices is not None and value not in choices:
         return f"must be {describe(f)} (got {value!r})"
@@ -77,11 +87,9 @@ def check_options(options: Any) -> None:
             raise EngineError(f"{f.name} {wrong}")
 
 
-def build_options(cls: type | None,
-                  instance: Any,
-                  values: Mapping[str, Any],
-                  known: Iterable[str],
-                  sampler: str) -> Any:
+def build_options(
+    cls: type | None, instance: Any, values: Mapping[str, Any], known: Iterable[str], sampler: str
+) -> Any:
     """The checked options of a sampler whose options dataclass is `cls` (None: it has none):
     `instance` (an instance of `cls`, or None for the defaults) with the keyword `values`
     that `cls` declares. Other keywords named in `known` (options of other samplers) are
@@ -89,15 +97,21 @@ def build_options(cls: type | None,
     known = sorted(set(known))
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise EngineError(f"unknown sampler option {unknown[0]!r}; the options are: {', '.join(known)}")
+        raise EngineError(
+            f"unknown sampler option {unknown[0]!r}; the options are: {', '.join(known)}"
+        )
     if instance is not None and (cls is None or not isinstance(instance, cls)):
         expected = "none" if cls is None else cls.__name__
-        raise EngineError(f"sampler {sampler} takes options={expected} (got {type(instance).__name__})")
+        raise EngineError(
+            f"sampler {sampler} takes options={expected} (got {type(instance).__name__})"
+        )
     if cls is None:
         return None
     names = {f.name for f in fields(cls)}
-    out = replace(instance if instance is not None else cls(),
-                  **{k: v for k, v in values.items() if k in names})
+    out = replace(
+        instance if instance is not None else cls(),
+        **{k: v for k, v in values.items() if k in names},
+    )
     check_options(out)
     return out
 
@@ -107,5 +121,7 @@ def convert_options(options: Any, cls: type | None) -> Any:
     that falls back to another runs with."""
     if cls is None or isinstance(options, cls):
         return options if cls is not None else None
-    shared = {f.name for f in fields(cls)} & ({f.name for f in fields(options)} if options else set())
+    shared = {f.name for f in fields(cls)} & (
+        {f.name for f in fields(options)} if options else set()
+    )
     return cls(**{name: getattr(options, name) for name in shared})

@@ -144,7 +144,8 @@ def _check_arguments(spec: SamplerSpec,
     if spec.uses_steps and (steps is None or steps < 1):
         raise EngineError(f"sampler {spec.name} needs steps >= 1 (got {steps})")
     if temperature <= 0 or not 0 < top_p <= 1:
-        raise EngineError(f"temperature must be > 0 and top_p in (0, 1] (got {temperature}, {top_p})")
+        raise EngineError(f"temperature must be > 0 and top_p in (0, 1] "
+                          f"(got {temperature}, {top_p})")
     if num_samples < 1 or length < 1:
         raise EngineError(f"num_samples and length must be positive (got {num_samples}, {length})")
 

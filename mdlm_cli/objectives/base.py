@@ -35,7 +35,7 @@ class Objective(ABC):
     uses_time: ClassVar[bool] = True  # training and evaluation draw a diffusion time per sequence
     scores_targets: ClassVar[bool] = True  # loss_terms(..., targets=) is a likelihood of the targets (lm-eval)
     default_sampler: ClassVar[str]  # "" for an objective without samplers (mlm)
-    sampler_names: ClassVar[tuple[str, ...]] = ()  # the samplers (engine.SAMPLERS) that serve its models
+    sampler_names: ClassVar[tuple[str, ...]] = ()  # the engine.SAMPLERS serving its models
     description: ClassVar[str]
     kind: ClassVar[str] = ""  # what `evaluate` gives: "" = exact or bound as `exact` says; "masked-token" (mlm)
 

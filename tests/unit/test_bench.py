@@ -161,4 +161,4 @@ def test_default_rows_are_every_exact_sampler_of_the_objective(tmp_path):
                                       "--batch-size", "1", "--repeats", "1", "--json", str(tmp_path / "b.json")])
     assert result.exit_code == 0, result.output
     rows = {r["sampler"] for r in json.loads((tmp_path / "b.json").read_text())["results"]}
-    assert rows == {name for name in OBJECTIVES["mdlm"].sampler_names if engine.SAMPLERS[name].exact}
+    assert rows == {n for n in OBJECTIVES["mdlm"].sampler_names if engine.SAMPLERS[n].exact}
