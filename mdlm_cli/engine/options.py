@@ -69,7 +69,7 @@ def problem(f: Field, value: Any) -> str | None:
         fits = isinstance(value, int) and not isinstance(value, bool)
     else:
         fits = isinstance(value, kind)
-    if not fits:
+    if not fits or value != value:  # value != value: NaN, which no range check would catch
         return f"must be {KINDS[kind]} (got {value!r})"
     choices, low, high = f.metadata["choices"], f.metadata["low"], f.metadata["high"]
     if choices is not None and value not in choices:
