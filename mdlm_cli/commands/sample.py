@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Annotated
 
 import typer
@@ -12,48 +13,42 @@ from ..errors import MdlmError
 from .common import (
     CheckpointOpt,
     DeviceOpt,
-    EtaOpt,
-    KScheduleOpt,
     NumSamplesOpt,
     OutOpt,
-    PrecisionOpt,
     PromptOpt,
     RawWeightsOpt,
-    RemdmScheduleOpt,
-    SamplerOpt,
     SeedOpt,
-    StepsOpt,
-    TemperatureOpt,
     ThreadsOpt,
-    ThresholdOpt,
-    TopPOpt,
     app,
     check_positive,
-    check_sampling_flags,
     console,
     err_console,
     load_for_command,
-    resolve_sampler,
-    sampler_options,
     user_errors,
 )
+from .sampling_args import Sampling, sampling_arguments
 
 InfillOpt = Annotated[str | None, typer.Option(help="Text with <mask> (one token) or <mask:N> spans to fill in.")]
 LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
-TokensPerStepOpt = Annotated[int, typer.Option(help="first-hitting: tokens revealed per network call (1 = exact).")]
-FinalDenoiseOpt = Annotated[bool, typer.Option(help="ancestral: argmax at masks left after the last step.")]
 QuietOpt = Annotated[bool, typer.Option(help="Do not print the samples.")]
 
 
 @app.command("sample")
+@sampling_arguments()
 def sample_cmd(
-    checkpoint: CheckpointOpt = "runs/demo", sampler: SamplerOpt = None, steps: StepsOpt = None,
-    num_samples: NumSamplesOpt = 4, batch_size: Annotated[int, typer.Option(help="Sequences per batch.")] = 4,
-    seed: SeedOpt = 0, prompt: PromptOpt = None, infill: InfillOpt = None, length: LengthOpt = None,
-    precision: PrecisionOpt = "fp64", temperature: TemperatureOpt = 1.0, top_p: TopPOpt = 1.0,
-    tokens_per_step: TokensPerStepOpt = 1, final_denoise: FinalDenoiseOpt = True, k_schedule: KScheduleOpt = None,
-    threshold: ThresholdOpt = None, eta: EtaOpt = None, remdm_schedule: RemdmScheduleOpt = None,
-    out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, quiet: QuietOpt = False,
+    *,
+    checkpoint: CheckpointOpt = "runs/demo",
+    sampling: Sampling,
+    num_samples: NumSamplesOpt = 4,
+    batch_size: Annotated[int, typer.Option(help="Sequences per batch.")] = 4,
+    seed: SeedOpt = 0,
+    prompt: PromptOpt = None,
+    infill: InfillOpt = None,
+    length: LengthOpt = None,
+    out: OutOpt = None,
+    device: DeviceOpt = None,
+    raw_weights: RawWeightsOpt = False,
+    quiet: QuietOpt = False,
     threads: ThreadsOpt = None,
 ) -> None:
     """Draw samples from a trained model and print them.
@@ -75,15 +70,11 @@ def sample_cmd(
     from ..sample.generate import generate, template, write_jsonl
 
     with user_errors():
-        check_sampling_flags(sampler, precision)
-        check_positive(num_samples=num_samples, batch_size=batch_size, length=length, tokens_per_step=tokens_per_step)
-        options = sampler_options(k_schedule=k_schedule, threshold=threshold, eta=eta, remdm_schedule=remdm_schedule)
+        check_positive(num_samples=num_samples, batch_size=batch_size, length=length)
         if out:
             check_writable(out)  # before the sampling, not after it
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
-        changed = {"tokens_per_step": tokens_per_step} if tokens_per_step != 1 else {}
-        spec, steps = resolve_sampler(loaded.objective, sampler, steps,
-                                      changed | options | ({"final_denoise": "off"} if not final_denoise else {}))
+        spec, steps = sampling.resolve(loaded.objective)
         length = length if length is not None else loaded.length
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
@@ -91,35 +82,37 @@ def sample_cmd(
             records, stats, seconds = generate(
                 loaded, sampler=spec.name, num_samples=num_samples, batch_size=batch_size, steps=steps,
                 seed=seed, device=rt.device, dtype=rt.dtype, length=length, prompt=fixed,
-                precision=precision, temperature=temperature, top_p=top_p, tokens_per_step=tokens_per_step,
-                final_denoise=final_denoise, options=options, on_batch=lambda n: progress.advance(task, n))
+                on_batch=lambda n: progress.advance(task, n), **sampling.engine_kwargs(spec))
         if out:  # before anything is printed: the samples are on disk whatever the terminal makes of them
-            extra = {"sampler": spec.name, "steps": steps, "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
-                     "precision": precision, "temperature": temperature, "top_p": top_p,
-                     "checkpoint": str(loaded.path), "seconds": seconds / num_samples, "prompt": prompt,
-                     "infill": infill, **{k: v for k, v in options.items() if k in spec.options}}
+            extra = {**sampling.record(spec, steps), "nfe": stats.nfe, "ncs": stats.ncs,
+                     "seed": seed, "checkpoint": str(loaded.path), "seconds": seconds / num_samples,
+                     "prompt": prompt, "infill": infill}
             write_jsonl(out, [r.to_json(**extra) for r in records])
         if not quiet:
             for r in records:  # model text is never rich markup
                 console.print(Panel(Text(r.text), title=f"sample {r.index}", title_align="left"), highlight=False)
         console.print(f"{spec.name}: {seconds / num_samples:.2f} s/sample, NFE {stats.nfe:.1f}, "
-                      f"NCS {stats.ncs:.1f} per sample ({precision})")
+                      f"NCS {stats.ncs:.1f} per sample ({sampling.precision})")
         if out:
             console.print(f"Wrote {len(records)} samples to {out}", markup=False)
 
 
 @app.command("semi-ar")
+@sampling_arguments()
 def semi_ar_cmd(
+    *,
     checkpoint: CheckpointOpt = "runs/demo",
     length: Annotated[int | None, typer.Option(help="Total tokens per sample (default: 2 windows).")] = None,
     stride: Annotated[int | None, typer.Option(help="New tokens per block L' (default: half the window).")] = None,
-    sampler: SamplerOpt = None, steps: StepsOpt = None, num_samples: NumSamplesOpt = 1, seed: SeedOpt = 0,
+    sampling: Sampling,
+    num_samples: NumSamplesOpt = 1,
+    seed: SeedOpt = 0,
     prompt: Annotated[str | None, typer.Option(help="Text the first window starts with.")] = None,
-    precision: PrecisionOpt = "fp64", temperature: TemperatureOpt = 1.0, top_p: TopPOpt = 1.0,
-    k_schedule: KScheduleOpt = None, threshold: ThresholdOpt = None, eta: EtaOpt = None,
-    remdm_schedule: RemdmScheduleOpt = None,
     stream: Annotated[bool, typer.Option(help="Print each block as it completes.")] = True,
-    out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, threads: ThreadsOpt = None,
+    out: OutOpt = None,
+    device: DeviceOpt = None,
+    raw_weights: RawWeightsOpt = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Generate text longer than the model's window, block by block (MDLM §4.2).
 
@@ -129,8 +122,6 @@ def semi_ar_cmd(
       mdlm semi-ar --length 512 --stride 64
       mdlm semi-ar --checkpoint runs/owt --length 2048 --stride 512 --sampler ancestral-cache
     """
-    import time
-
     import torch
 
     from .. import engine
@@ -138,13 +129,11 @@ def semi_ar_cmd(
     from ..sample.generate import SampleRecord, write_jsonl
 
     with user_errors():
-        check_sampling_flags(sampler, precision)
         check_positive(length=length, stride=stride, num_samples=num_samples)
-        options = sampler_options(k_schedule=k_schedule, threshold=threshold, eta=eta, remdm_schedule=remdm_schedule)
         if out:
             check_writable(out)
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
-        spec, steps = resolve_sampler(loaded.objective, sampler, steps, options)
+        spec, steps = sampling.resolve(loaded.objective)
         window, tok = loaded.length, loaded.tokenizer
         stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length)
         start = _prefix(loaded, prompt)
@@ -157,12 +146,12 @@ def semi_ar_cmd(
             target_length=length, mask_id=loaded.mask_id, prompt=start, steps=steps,
             on_block=lambda r, new: streaming and _write(tok.decode(new[0].tolist())),
             schedule=loaded.objective.schedule, generator=torch.Generator(device=rt.device).manual_seed(seed),
-            precision=precision, temperature=temperature, top_p=top_p, device=rt.device, **options)
+            device=rt.device, **sampling.engine_kwargs(spec))
         seconds = time.perf_counter() - t0
         texts = [tok.decode(row.tolist()) for row in result.tokens.cpu()]
         if out:  # before anything is printed
-            extra = {"sampler": spec.name, "steps": steps, "window": window, "stride": stride, "seed": seed,
-                     "precision": precision, "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
+            extra = {**sampling.record(spec, steps), "window": window, "stride": stride,
+                     "seed": seed, "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
                      "ncs": result.stats.ncs, "seconds": seconds / num_samples}
             write_jsonl(out, [SampleRecord(i, t, row.tolist()).to_json(**extra)
                               for i, (t, row) in enumerate(zip(texts, result.tokens.cpu(), strict=True))])

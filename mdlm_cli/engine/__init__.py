@@ -7,6 +7,8 @@
 A denoiser is any callable `denoiser(z_t (B, L) long, t (B,) float) -> logits (B, L, V)`
 with V including the mask token; the engine applies SUBS itself. It declares
 `time_agnostic = True` when its output ignores t (caching samplers need it).
+Sampler options are dataclasses (`SAMPLERS[name].options`), given as `options=` or as
+keywords (`engine.sample(..., sampler="remdm", steps=100, eta=0.02)`).
 Bad arguments raise `EngineError` (a ValueError).
 """
 
@@ -24,12 +26,21 @@ from .diffusion import (
     times_from_uniform,
 )
 from .errors import EngineError
-from .sampling import SAMPLERS, SamplerSpec, SemiARResult, get_sampler, sample, semi_ar
+from .options import check_options, option
+from .sampling import (
+    SAMPLERS,
+    SamplerSpec,
+    SemiARResult,
+    get_sampler,
+    option_names,
+    sample,
+    semi_ar,
+)
 from .schedules import SCHEDULES, Schedule, get_schedule
 
 __all__ = [
     "PRECISIONS", "SAMPLERS", "SCHEDULES", "CausalLM", "EngineError", "SampleStats", "SamplerContext",
-    "SamplerSpec", "Schedule", "SemiARResult", "ancestral_times", "get_sampler", "get_schedule", "mask_tokens",
-    "masked_nll", "nelbo", "nelbo_terms", "sample", "sample_times", "sample_tokens", "semi_ar", "subs_log_probs",
-    "times_from_uniform",
+    "SamplerSpec", "Schedule", "SemiARResult", "ancestral_times", "check_options", "get_sampler",
+    "get_schedule", "mask_tokens", "masked_nll", "nelbo", "nelbo_terms", "option", "option_names",
+    "sample", "sample_times", "sample_tokens", "semi_ar", "subs_log_probs", "times_from_uniform",
 ]

@@ -9,11 +9,27 @@ unmasks; `fp32` reproduces the reference's single float32 draw over V + 1 classe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from .categorical import reference_draw, token_weights
 from .context import SamplerContext, rows_active
+from .options import option
+
+
+def final_denoise_option() -> Any:
+    """The `final_denoise` field of the samplers that end with `finish_masks`."""
+    return option(True, "argmax at the masks left after the last step (else one last draw).")
+
+
+@dataclass(frozen=True)
+class AncestralOptions:
+    """The options of the ancestral samplers (and of D3PM's ancestral chain)."""
+
+    final_denoise: bool = final_denoise_option()
 
 
 def ancestral_times(steps: int, eps: float = 1e-5, device: torch.device | str | None = None) -> Tensor:
@@ -22,13 +38,13 @@ def ancestral_times(steps: int, eps: float = 1e-5, device: torch.device | str | 
     return torch.linspace(1.0, eps, steps + 1, dtype=torch.float64, device=device)
 
 
-def finish_masks(z: Tensor, ctx: SamplerContext, t_last: Tensor) -> Tensor:
-    """Remaining masks: argmax (final denoising step) or one last draw."""
+def finish_masks(z: Tensor, ctx: SamplerContext, t_last: Tensor, final_denoise: bool) -> Tensor:
+    """Remaining masks: argmax (`final_denoise`, the final denoising step) or one last draw."""
     masked = z == ctx.mask_id
     rows = masked.any(1).nonzero()[:, 0]
     if len(rows):
         logits = ctx.logits(z, t_last, masked, rows)
-        if ctx.final_denoise:
+        if final_denoise:
             logits[:, ctx.mask_id] = float("-inf")
             z[masked] = logits.argmax(-1)
         else:
@@ -62,7 +78,7 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
     times = ancestral_times(ctx.steps, ctx.eps, z.device)
     if ctx.precision == "fp32":
         _ancestral_reference(z, ctx, times, cache=cache)
-        return finish_masks(z, ctx, times[-1])
+        return finish_masks(z, ctx, times[-1], ctx.options.final_denoise)
     masked = z == ctx.mask_id
     at = _unmask_steps(masked, times, ctx)
     # Which rows to evaluate at which step is known now, so it is read to the host once:
@@ -87,7 +103,7 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
             logits = ctx.logits(z, times[i], unmask, rows_active(span, span_host, i))
             if logits.shape[0]:
                 z.masked_scatter_(unmask, ctx.draw(logits))
-    return finish_masks(z, ctx, times[-1])
+    return finish_masks(z, ctx, times[-1], ctx.options.final_denoise)
 
 
 def _ancestral_reference(z: Tensor, ctx: SamplerContext, times: Tensor, *, cache: bool) -> None:

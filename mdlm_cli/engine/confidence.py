@@ -12,12 +12,13 @@ effect like a lower temperature. What they buy is fewer network calls than token
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from .context import SamplerContext
-from .errors import EngineError
+from .options import option
 
 # Fraction of a sequence's masked positions still masked after step i of N, s = i / N:
 # `linear` reveals the same number at every step (LLaDA's get_num_transfer_tokens),
@@ -28,12 +29,24 @@ K_SCHEDULES = {
 }
 
 
+@dataclass(frozen=True)
+class ConfidenceOptions:
+    k_schedule: str = option(
+        "linear", "tokens revealed per step, linear (equal shares, LLaDA) or cosine (MaskGIT).",
+        choices=K_SCHEDULES)
+
+
+@dataclass(frozen=True)
+class ThresholdOptions:
+    threshold: float = option(
+        0.9, "reveal each drawn token whose probability exceeds this (0 = all in one call).",
+        low=0.0, high=1.0)
+
+
 def reveal_counts(n_masked: list[int], steps: int, k_schedule: str) -> Tensor:
     """Tokens each sequence reveals at each step, (B, steps) long on the host: the masked
     count left after step i is floor(n * f(i / steps)), f from K_SCHEDULES, 0 after the last.
     A step that reveals nothing for a sequence costs it no network call."""
-    if k_schedule not in K_SCHEDULES:
-        raise EngineError(f"k_schedule must be one of: {', '.join(K_SCHEDULES)} (got {k_schedule!r})")
     f = torch.tensor([K_SCHEDULES[k_schedule](i / steps) for i in range(steps + 1)], dtype=torch.float64)
     n = torch.tensor(n_masked, dtype=torch.float64)[:, None]
     left = torch.floor(n * f + 1e-9).long().clamp(min=0)  # + 1e-9: 0.7 * 10 is 7, not 6.999...
@@ -74,11 +87,11 @@ def _reveal(z: Tensor, rows: Tensor | None, chosen: Tensor, drawn: Tensor) -> No
 
 def confidence(z: Tensor, ctx: SamplerContext) -> Tensor:
     """`steps` steps; at step i a sequence keeps the k_i most confident of its drawn tokens,
-    k_i from `ctx.k_schedule` (reveal_counts). One network call per step that reveals
+    k_i from `ctx.options.k_schedule` (reveal_counts). One network call per step that reveals
     something: NFE = min(steps, masked positions) with the linear schedule; NCS = the
     masked positions summed over the calls."""
     B = len(z)
-    counts = reveal_counts((z == ctx.mask_id).sum(1).tolist(), ctx.steps, ctx.k_schedule)
+    counts = reveal_counts((z == ctx.mask_id).sum(1).tolist(), ctx.steps, ctx.options.k_schedule)
     for i in range(ctx.steps):
         k = counts[:, i]
         active = k.nonzero()[:, 0]
@@ -95,17 +108,15 @@ def confidence(z: Tensor, ctx: SamplerContext) -> Tensor:
 
 def threshold(z: Tensor, ctx: SamplerContext) -> Tensor:
     """Calls until nothing is masked; each keeps every drawn token whose probability exceeds
-    `ctx.threshold`, and at least the most confident one. Threshold 0 reveals everything in
-    one call, threshold 1 one token per call (a probability never exceeds 1)."""
-    if not 0.0 <= ctx.threshold <= 1.0:
-        raise EngineError(f"threshold must be in [0, 1] (got {ctx.threshold})")
+    `ctx.options.threshold`, and at least the most confident one. Threshold 0 reveals
+    everything in one call, threshold 1 one token per call (a probability never exceeds 1)."""
     B = len(z)
     left = (z == ctx.mask_id).sum(1).tolist()  # read once per call: what a call reveals depends on the model
     while any(left):
         active = [b for b, n in enumerate(left) if n]
         rows = None if len(active) == B else torch.tensor(active, device=z.device)
         masked, drawn, conf = _draw_masked(z, ctx, rows)
-        chosen = masked & (conf > ctx.threshold)
+        chosen = masked & (conf > ctx.options.threshold)
         chosen[torch.arange(len(chosen), device=z.device), conf.argmax(1)] = True
         _reveal(z, rows, chosen, drawn)
         left = (z == ctx.mask_id).sum(1).tolist()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,12 +52,9 @@ class SamplerContext:
     precision: str = "fp64"
     temperature: float = 1.0
     top_p: float = 1.0
-    final_denoise: bool = True
-    tokens_per_step: int = 1
-    k_schedule: str = "linear"  # confidence: how many tokens each step reveals (engine/confidence.py)
-    threshold: float = 0.9  # threshold: reveal the drawn tokens whose probability exceeds it
-    eta: float = 0.008  # remdm: the remasking strength (engine/remdm.py)
-    remdm_schedule: str = "cap"  # remdm: how eta becomes the remasking probability sigma_t
+    # the sampler's own options: an instance of its spec's options dataclass (None where it
+    # has none), checked before the run (engine/options.py), e.g. `ctx.options.final_denoise`
+    options: Any = None
     eps: float = 1e-5  # last time of the ancestral grid, as the reference
     # caching samplers report, per batch, the steps at which any sequence changed and the number
     # of steps run with a mask left (for benchmarks: what a whole-batch cache would have cost)

@@ -95,4 +95,4 @@ def d3pm_ancestral(z: Tensor, ctx: SamplerContext) -> Tensor:
             where = masked.clone()
             where[masked] = unmask
             z.masked_scatter_(where, ctx.draw(logits[unmask]))
-    return finish_masks(z, ctx, times[-1])
+    return finish_masks(z, ctx, times[-1], ctx.options.final_denoise)

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from .context import SamplerContext, rows_active
+from .options import option
+
+
+@dataclass(frozen=True)
+class FirstHittingOptions:
+    tokens_per_step: int = option(1, "tokens revealed per network call (1 = exact).", low=1)
 
 
 def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
@@ -22,7 +30,7 @@ def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
     and one draw per event.
     """
     B, L = z.shape
-    k = max(int(ctx.tokens_per_step), 1)
+    k = ctx.options.tokens_per_step
     masked = z == ctx.mask_id
     n0 = masked.sum(1)  # (B,)
     n_host = n0.tolist()

@@ -15,12 +15,14 @@ later, better-informed predictions can replace early tokens).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from .ancestral import ancestral_times, finish_masks
+from .ancestral import ancestral_times, final_denoise_option, finish_masks
 from .context import SamplerContext
-from .errors import EngineError
+from .options import option
 from .schedules import Schedule
 
 REMDM_SCHEDULES = {
@@ -29,12 +31,18 @@ REMDM_SCHEDULES = {
 }
 
 
+@dataclass(frozen=True)
+class RemdmOptions:
+    eta: float = option(0.008, "remasking strength eta (0 = ancestral).", low=0.0, high=1.0)
+    remdm_schedule: str = option(
+        "cap", "cap (sigma = min(eta, sigma_max)) or rescale (sigma = eta * sigma_max).",
+        choices=REMDM_SCHEDULES)
+    final_denoise: bool = final_denoise_option()
+
+
 def remask_probs(times: Tensor, schedule: Schedule, eta: float, name: str) -> Tensor:
-    """sigma_t of each step t_i -> t_i+1 (steps,) float64."""
-    if name not in REMDM_SCHEDULES:
-        raise EngineError(f"remdm_schedule must be one of: {', '.join(REMDM_SCHEDULES)} (got {name!r})")
-    if not 0.0 <= eta <= 1.0:
-        raise EngineError(f"eta must be in [0, 1] (got {eta})")
+    """sigma_t of each step t_i -> t_i+1 (steps,) float64 (eta and the schedule's name
+    checked with the options, RemdmOptions)."""
     alpha_t = 1.0 - schedule.mask_rate(times[:-1])
     rate_s = schedule.mask_rate(times[1:])
     sigma_max = torch.where(alpha_t > 0, rate_s / alpha_t.clamp_min(1e-300), torch.ones_like(rate_s)).clamp(max=1.0)
@@ -55,7 +63,7 @@ def remdm(z: Tensor, ctx: SamplerContext) -> Tensor:
     times = ancestral_times(ctx.steps, ctx.eps, z.device)
     # computed as the ancestral sampler computes its survival, so that eta = 0 matches it bit for bit
     rate_s, rate_t = ctx.schedule.mask_rate(times[1:]), ctx.schedule.mask_rate(times[:-1])  # (steps,)
-    sigma = remask_probs(times, ctx.schedule, ctx.eta, ctx.remdm_schedule)
+    sigma = remask_probs(times, ctx.schedule, ctx.options.eta, ctx.options.remdm_schedule)
     stay = (1.0 - sigma * (1.0 - rate_t) / rate_s).clamp(0.0, 1.0)  # the product's factors
     sigma_host = sigma.tolist()
     free = z == ctx.mask_id  # never remask a prompt's positions
@@ -76,4 +84,4 @@ def remdm(z: Tensor, ctx: SamplerContext) -> Tensor:
             u = torch.where(remask, ctx.rand(z.shape, z.device), u)
             since.masked_fill_(remask, float(rate_s[i]))
             product.masked_fill_(remask, 1.0)
-    return finish_masks(z, ctx, times[-1])
+    return finish_masks(z, ctx, times[-1], ctx.options.final_denoise)

@@ -1,9 +1,15 @@
 """The samplers registry and the two entry points, `sample` and `semi_ar` (§4.2).
 
 Every sampler is a `SamplerSpec`: the function (`run(z, ctx) -> z`, filling the masked
-positions of z in place), the objectives whose models it serves, whether it reads
-`steps` or needs a time-agnostic denoiser, and its help text. CLI choices, help,
-`bench-sampler`'s rows and the parametrised tests all come from `SAMPLERS`.
+positions of z in place), whether it reads `steps` or needs a time-agnostic denoiser, its
+help text, and its options: a frozen dataclass declared next to the function (fields made
+with `engine.options.option`: default, help, valid values), of which the run's context
+carries one checked instance (`ctx.options`). The objectives say which samplers serve
+their models (`Objective.sampler_names`); the engine knows no objective. CLI choices,
+flags and help, `bench-sampler`'s rows and the parametrised tests all come from `SAMPLERS`.
+
+Adding a sampler: its module (the function and its options dataclass), an entry here, and
+its name in the objectives that it serves.
 """
 
 from __future__ import annotations
@@ -11,21 +17,23 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from .ancestral import ancestral, ancestral_cache
+from .ancestral import AncestralOptions, ancestral, ancestral_cache
 from .autoregressive import autoregressive
 from .categorical import PRECISIONS
-from .confidence import confidence, threshold
+from .confidence import ConfidenceOptions, ThresholdOptions, confidence, threshold
 from .context import SamplerContext, SampleStats
 from .d3pm import d3pm_ancestral
 from .diffusion import Denoiser
 from .errors import EngineError
-from .first_hitting import first_hitting
-from .remdm import remdm
+from .first_hitting import FirstHittingOptions, first_hitting
+from .options import build_options, convert_options
+from .remdm import RemdmOptions, remdm
 from .schedules import Schedule, get_schedule
 from .sedd import analytic, euler
 
@@ -34,51 +42,62 @@ from .sedd import analytic, euler
 class SamplerSpec:
     name: str
     run: Callable[[Tensor, SamplerContext], Tensor]
-    objectives: tuple[str, ...]  # the objectives (objectives.OBJECTIVES) whose models it samples
     help: str  # one line, exactness included: what `--help` and `mdlm bench-sampler` show
     exact: bool  # draws from the model's distribution (given enough steps where it takes steps)
     uses_steps: bool = False  # reads `steps` (the number of sampling steps)
     needs_time_agnostic: bool = False  # reuses outputs across steps: the denoiser must ignore t
     fallback: str | None = None  # what runs instead when the denoiser is not time-agnostic
-    options: frozenset[str] = frozenset()  # sampler-specific options it reads
+    options: type | None = None  # its options dataclass (engine/options.py), None for none
     default_steps: int = 1000
+
+    @property
+    def option_names(self) -> frozenset[str]:
+        """The names of the options it reads."""
+        return frozenset(f.name for f in fields(self.options)) if self.options else frozenset()
 
 
 SAMPLERS: dict[str, SamplerSpec] = {spec.name: spec for spec in (
-    SamplerSpec("ancestral", ancestral, ("mdlm",), exact=True, uses_steps=True, options=frozenset({"final_denoise"}),
-                help="§4.1, one network call per step for every sequence with a mask left; exact as steps grow"),
-    SamplerSpec("ancestral-cache", ancestral_cache, ("mdlm",), exact=True, uses_steps=True,
-                needs_time_agnostic=True, fallback="ancestral", options=frozenset({"final_denoise"}),
+    SamplerSpec("ancestral", ancestral, exact=True, uses_steps=True, options=AncestralOptions,
+                help="§4.1, one network call per step for every sequence with a mask left; "
+                     "exact as steps grow"),
+    SamplerSpec("ancestral-cache", ancestral_cache, exact=True, uses_steps=True,
+                needs_time_agnostic=True, fallback="ancestral", options=AncestralOptions,
                 help="ancestral with per-sequence caching: a call only for sequences that changed "
                      "(models without time conditioning); same draws as ancestral"),
-    SamplerSpec("first-hitting", first_hitting, ("mdlm",), exact=True, options=frozenset({"tokens_per_step"}),
-                help="Zheng et al.: one call and one draw per revealed token, exact; --tokens-per-step k > 1 "
-                     "reveals k per call (approximate)"),
-    SamplerSpec("analytic", analytic, ("mdlm", "sedd"), exact=True, uses_steps=True,
-                help="SEDD's Tweedie tau-leaping on the model's scores (a SUBS model's converted), one call per "
-                     "step and a final denoising draw; exact as steps grow"),
-    SamplerSpec("euler", euler, ("sedd",), exact=True, uses_steps=True,
-                help="SEDD's Euler step of the reverse rate, one call per step and a final denoising draw; "
-                     "exact as steps grow"),
-    SamplerSpec("d3pm-ancestral", d3pm_ancestral, ("d3pm",), exact=True, uses_steps=True,
-                options=frozenset({"final_denoise"}),
-                help="D3PM's ancestral chain from t = 1 to 0 (eq. 9's posterior, the mask's mass included), one "
-                     "call per step; exact at steps = T"),
-    SamplerSpec("autoregressive-kv-cache", autoregressive, ("ar",), exact=True,
+    SamplerSpec("first-hitting", first_hitting, exact=True, options=FirstHittingOptions,
+                help="Zheng et al.: one call and one draw per revealed token, exact; "
+                     "--tokens-per-step k > 1 reveals k per call (approximate)"),
+    SamplerSpec("analytic", analytic, exact=True, uses_steps=True,
+                help="SEDD's Tweedie tau-leaping on the model's scores (a SUBS model's converted), "
+                     "one call per step and a final denoising draw; exact as steps grow"),
+    SamplerSpec("euler", euler, exact=True, uses_steps=True,
+                help="SEDD's Euler step of the reverse rate, one call per step and a final "
+                     "denoising draw; exact as steps grow"),
+    SamplerSpec("d3pm-ancestral", d3pm_ancestral, exact=True, uses_steps=True,
+                options=AncestralOptions,
+                help="D3PM's ancestral chain from t = 1 to 0 (eq. 9's posterior, the mask's mass "
+                     "included), one call per step; exact at steps = T"),
+    SamplerSpec("autoregressive-kv-cache", autoregressive, exact=True,
                 help="left to right with a key/value cache, one call per new token; exact"),
-    SamplerSpec("confidence", confidence, ("mdlm",), exact=False, uses_steps=True, default_steps=128,
-                options=frozenset({"k_schedule"}),
-                help="MaskGIT / LLaDA low-confidence remasking: each step draws a token at every masked position "
-                     "and keeps the k likeliest draws (k from --k-schedule over the steps); inexact: parallel, "
-                     "biased to likely tokens"),
-    SamplerSpec("threshold", threshold, ("mdlm",), exact=False, options=frozenset({"threshold"}),
-                help="Fast-dLLM parallel decoding: each call keeps every drawn token whose probability exceeds "
-                     "--threshold (at least one); inexact: parallel, biased to likely tokens"),
-    SamplerSpec("remdm", remdm, ("mdlm",), exact=False, uses_steps=True,
-                options=frozenset({"eta", "remdm_schedule", "final_denoise"}),
+    SamplerSpec("confidence", confidence, exact=False, uses_steps=True, default_steps=128,
+                options=ConfidenceOptions,
+                help="MaskGIT / LLaDA low-confidence remasking: each step draws a token at every "
+                     "masked position and keeps the k likeliest draws (k from --k-schedule over "
+                     "the steps); inexact: parallel, biased to likely tokens"),
+    SamplerSpec("threshold", threshold, exact=False, options=ThresholdOptions,
+                help="Fast-dLLM parallel decoding: each call keeps every drawn token whose "
+                     "probability exceeds --threshold (at least one); inexact: parallel, biased "
+                     "to likely tokens"),
+    SamplerSpec("remdm", remdm, exact=False, uses_steps=True, options=RemdmOptions,
                 help="ReMDM (Wang et al. 2025): ancestral steps that may remask revealed tokens "
-                     "(--remdm-schedule cap|rescale, --eta); eta 0 is ancestral; inexact at finite steps"),
+                     "(--remdm-schedule cap|rescale, --eta); eta 0 is ancestral; inexact at "
+                     "finite steps"),
 )}
+
+
+def option_names() -> list[str]:
+    """Every sampler option's name, sorted: the keywords `sample` accepts for them."""
+    return sorted(set().union(*(spec.option_names for spec in SAMPLERS.values())))
 
 
 def get_sampler(name: str) -> SamplerSpec:
@@ -113,15 +132,45 @@ def _resolve(spec: SamplerSpec, denoiser: Denoiser, time_agnostic: bool | None) 
     return SAMPLERS[spec.fallback]
 
 
-def sample(denoiser: Denoiser, *, sampler: str, num_samples: int, length: int, mask_id: int,
-           steps: int | None = None, schedule: str | Schedule = "loglinear",
-           generator: torch.Generator | None = None, prompt: Tensor | None = None,
-           batch_size: int | None = None, precision: str = "fp64", temperature: float = 1.0,
-           top_p: float = 1.0, final_denoise: bool = True, tokens_per_step: int = 1,
-           k_schedule: str = "linear", threshold: float = 0.9, eta: float = 0.008, remdm_schedule: str = "cap",
-           time_agnostic: bool | None = None, device: torch.device | str | None = None,
-           return_stats: bool = False, on_batch: Callable[[int], None] | None = None,
-           on_changes: Callable[[list[int], int], None] | None = None):
+def _check_arguments(spec: SamplerSpec,
+                     steps: int | None,
+                     precision: str,
+                     temperature: float,
+                     top_p: float,
+                     num_samples: int,
+                     length: int) -> None:
+    if precision not in PRECISIONS:
+        raise EngineError(f"precision must be one of: {', '.join(PRECISIONS)} (got {precision!r})")
+    if spec.uses_steps and (steps is None or steps < 1):
+        raise EngineError(f"sampler {spec.name} needs steps >= 1 (got {steps})")
+    if temperature <= 0 or not 0 < top_p <= 1:
+        raise EngineError(f"temperature must be > 0 and top_p in (0, 1] "
+                          f"(got {temperature}, {top_p})")
+    if num_samples < 1 or length < 1:
+        raise EngineError(f"num_samples and length must be positive (got {num_samples}, {length})")
+
+
+def sample(denoiser: Denoiser,
+           *,
+           sampler: str,
+           num_samples: int,
+           length: int,
+           mask_id: int,
+           steps: int | None = None,
+           schedule: str | Schedule = "loglinear",
+           generator: torch.Generator | None = None,
+           prompt: Tensor | None = None,
+           batch_size: int | None = None,
+           precision: str = "fp64",
+           temperature: float = 1.0,
+           top_p: float = 1.0,
+           time_agnostic: bool | None = None,
+           device: torch.device | str | None = None,
+           return_stats: bool = False,
+           on_batch: Callable[[int], None] | None = None,
+           on_changes: Callable[[list[int], int], None] | None = None,
+           options: Any = None,
+           **option_values: Any):
     """Draw `num_samples` sequences of `length` tokens: LongTensor (num_samples, length).
 
     `prompt` (length,) or (num_samples, length) holds mask_id at free positions; every
@@ -132,33 +181,30 @@ def sample(denoiser: Denoiser, *, sampler: str, num_samples: int, length: int, m
     evaluations per sequence) and NCS (categorical draws per sequence). `on_batch(n)` is
     called after each batch; `on_changes(steps, n_steps)` by caching samplers, per batch
     (the steps at which any sequence changed: what benchmarks need for a whole-batch cache).
-    Sampler options (each sampler reads those its spec lists): `final_denoise` (ancestral,
-    remdm), `tokens_per_step` (first-hitting), `k_schedule` (confidence: engine.confidence.K_SCHEDULES),
-    `threshold` (threshold), `eta` and `remdm_schedule` (remdm: engine.remdm.REMDM_SCHEDULES).
+
+    Sampler options: `options=` an instance of the sampler's dataclass (`SAMPLERS[name].options`,
+    e.g. AncestralOptions(final_denoise=False)) and/or keywords replacing its fields:
+    `final_denoise` (ancestral, ancestral-cache, d3pm-ancestral, remdm), `tokens_per_step`
+    (first-hitting), `k_schedule` (confidence), `threshold` (threshold), `eta` and
+    `remdm_schedule` (remdm). Another sampler's option is not read; an unknown name, or a
+    value out of its range or choices, is an EngineError naming it.
     """
     spec = get_sampler(sampler)
-    if precision not in PRECISIONS:
-        raise EngineError(f"precision must be one of: {', '.join(PRECISIONS)} (got {precision!r})")
-    if spec.uses_steps and (steps is None or steps < 1):
-        raise EngineError(f"sampler {sampler} needs steps >= 1 (got {steps})")
-    if temperature <= 0 or not 0 < top_p <= 1:
-        raise EngineError(f"temperature must be > 0 and top_p in (0, 1] (got {temperature}, {top_p})")
-    if num_samples < 1 or length < 1:
-        raise EngineError(f"num_samples and length must be positive (got {num_samples}, {length})")
+    _check_arguments(spec, steps, precision, temperature, top_p, num_samples, length)
+    checked = build_options(spec.options, options, option_values, option_names(), spec.name)
     spec = _resolve(spec, denoiser, time_agnostic)
     device = torch.device(device) if device is not None else (
         prompt.device if prompt is not None else torch.device("cpu"))
     z_all = _initial_state(prompt, num_samples, length, mask_id, device)
     batch_size = batch_size or num_samples
     stats = SampleStats(num_sequences=num_samples)
-    ctx = SamplerContext(denoiser, get_schedule(schedule), mask_id, generator, stats, steps=steps or 0,
-                         precision=precision, temperature=temperature, top_p=top_p,
-                         final_denoise=final_denoise, tokens_per_step=tokens_per_step, k_schedule=k_schedule,
-                         threshold=threshold, eta=eta, remdm_schedule=remdm_schedule, on_changes=on_changes)
+    ctx = SamplerContext(denoiser, get_schedule(schedule), mask_id, generator, stats,
+                         steps=steps or 0, precision=precision, temperature=temperature,
+                         top_p=top_p, options=convert_options(checked, spec.options),
+                         on_changes=on_changes)
     outputs = []
-    for start in range(0, num_samples, batch_size):
-        z = z_all[start:start + batch_size].clone()
-        outputs.append(spec.run(z, ctx))
+    for z in z_all.split(batch_size):
+        outputs.append(spec.run(z.clone(), ctx))
         if on_batch is not None:
             on_batch(len(z))
     tokens = torch.cat(outputs)
@@ -183,6 +229,8 @@ def semi_ar(denoiser: Denoiser, *, sampler: str, num_samples: int, window: int, 
     prefix, fills L' fresh masks with the inner sampler and appends them. Output
     length L + R * L' (or `target_length`, rounded up to whole blocks then cut).
     `on_block(round, new_tokens)` is called as each block completes (for streaming).
+    `sample_kwargs` go to every block's `sample` call (steps, schedule, generator, precision,
+    temperature, top_p, device, `options=` and the option keywords).
     """
     if not 0 < stride < window:
         raise EngineError(f"stride must be between 1 and window - 1 = {window - 1} (got {stride})")

@@ -1,5 +1,5 @@
-"""The objectives registry. Adding one is a module with an `Objective` subclass, one entry
-here and the samplers that serve it (their specs name it); the tests parametrised over
+"""The objectives registry. Adding one is a module with an `Objective` subclass (naming the
+samplers that serve it, `sampler_names`) and one entry here; the tests parametrised over
 `OBJECTIVES` then cover it."""
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 
 OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (MDLM, SEDD, D3PM, Autoregressive, MaskedLM)}
 
-__all__ = ["OBJECTIVES", "Objective", "get_objective"]
+__all__ = ["OBJECTIVES", "Objective", "get_objective", "objectives_served_by"]
+
+
+def objectives_served_by(sampler: str) -> list[str]:
+    """The objectives (registry order) whose models the sampler serves."""
+    return [name for name, cls in OBJECTIVES.items() if sampler in cls.sampler_names]
 
 
 def get_objective(cfg: Config, tokenizer: Tokenizer) -> Objective:

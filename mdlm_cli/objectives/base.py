@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..data.store import TokenSplit
 from ..engine.diffusion import call_denoiser
-from ..engine.sampling import SAMPLERS, SamplerSpec
+from ..engine.sampling import SamplerSpec, get_sampler
 from ..engine.schedules import get_schedule
 from ..errors import MdlmError
 from .bound import BoundResult, diffusion_times, sharded_sum
@@ -35,6 +35,7 @@ class Objective(ABC):
     uses_time: ClassVar[bool] = True  # training and evaluation draw a diffusion time per sequence
     scores_targets: ClassVar[bool] = True  # loss_terms(..., targets=) is a likelihood of the targets (lm-eval)
     default_sampler: ClassVar[str]  # "" for an objective without samplers (mlm)
+    sampler_names: ClassVar[tuple[str, ...]] = ()  # the engine.SAMPLERS serving its models
     description: ClassVar[str]
     kind: ClassVar[str] = ""  # what `evaluate` gives: "" = exact or bound as `exact` says; "masked-token" (mlm)
 
@@ -54,8 +55,8 @@ class Objective(ABC):
 
     @property
     def samplers(self) -> list[SamplerSpec]:
-        """The samplers that serve this objective's models (from their specs)."""
-        return [spec for spec in SAMPLERS.values() if self.name in spec.objectives]
+        """The samplers that serve this objective's models (its `sampler_names`)."""
+        return [get_sampler(name) for name in self.sampler_names]
 
     @abstractmethod
     def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> Any:

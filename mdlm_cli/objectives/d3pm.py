@@ -36,6 +36,7 @@ class D3PMDenoiser(DiffusionDenoiser):
 class D3PM(Objective):
     name = "d3pm"
     default_sampler = "d3pm-ancestral"
+    sampler_names = ("d3pm-ancestral",)
     description = "discrete-time absorbing D3PM (eq. 9): full posterior KL over T steps, a bound on the NLL"
 
     @classmethod

@@ -21,6 +21,8 @@ from .base import Objective
 class MDLM(Objective):
     name = "mdlm"
     default_sampler = "first-hitting"
+    sampler_names = ("ancestral", "ancestral-cache", "first-hitting", "analytic", "confidence",
+                     "threshold", "remdm")
     description = "masked diffusion, SUBS, continuous-time NELBO (a bound on the NLL)"
 
     @classmethod

@@ -36,6 +36,7 @@ class ScoreDenoiser(DiffusionDenoiser):
 class SEDD(Objective):
     name = "sedd"
     default_sampler = "analytic"
+    sampler_names = ("analytic", "euler")
     description = "score entropy discrete diffusion (Lou et al.), absorbing graph: a bound on the NLL"
 
     @classmethod

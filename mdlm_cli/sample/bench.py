@@ -127,6 +127,8 @@ def _sync(device: torch.device) -> None:
 def run_config(denoiser, *, sampler: str, steps: int | None, batch_size: int, precision: str,
                num_samples: int, length: int, mask_id: int, repeats: int, seed: int, device: torch.device,
                schedule=None, warmup: bool = True, options: dict | None = None,
+               temperature: float = 1.0,
+               top_p: float = 1.0,
                on_tokens: Callable[[torch.Tensor], None] | None = None) -> BenchRow:
     """One row: `repeats` timed runs of `num_samples` samples in batches (after a warm-up).
     `options`: sampler options (engine.sample's keywords); `on_tokens` gets the tokens of
@@ -135,16 +137,18 @@ def run_config(denoiser, *, sampler: str, steps: int | None, batch_size: int, pr
     options = dict(options or {})
     timed = TimedDenoiser(denoiser, device)
     schedule = schedule if schedule is not None else getattr(denoiser, "schedule", "loglinear")
+    drawing = {"length": length, "mask_id": mask_id, "schedule": schedule, "device": device,
+               "precision": precision, "temperature": temperature, "top_p": top_p, **options}
 
     def once(n: int, gen_seed: int):
         timed.seconds = 0.0
         whole = WholeBatchCount() if spec.needs_time_agnostic else None
         _sync(device)
         t0 = time.perf_counter()
-        tokens, stats = engine.sample(timed, sampler=sampler, num_samples=n, length=length, mask_id=mask_id,
-                                      steps=steps, schedule=schedule, batch_size=batch_size, precision=precision,
-                                      device=device, return_stats=True, on_changes=whole,
-                                      generator=torch.Generator(device=device).manual_seed(gen_seed), **options)
+        gen = torch.Generator(device=device).manual_seed(gen_seed)
+        tokens, stats = engine.sample(timed, sampler=sampler, num_samples=n, steps=steps,
+                                      batch_size=batch_size, return_stats=True, on_changes=whole,
+                                      generator=gen, **drawing)
         _sync(device)
         return time.perf_counter() - t0, timed.seconds, stats, whole, tokens
 
@@ -153,9 +157,9 @@ def run_config(denoiser, *, sampler: str, steps: int | None, batch_size: int, pr
         # a real token everywhere but the last 4 positions: first-hitting makes 4 calls, not L, and a
         # left-to-right model has a prefix to continue
         few[:, :length - 4] = int(mask_id == 0)
-        engine.sample(denoiser, sampler=sampler, num_samples=batch_size, length=length, mask_id=mask_id,
-                      steps=min(steps or 1, 4), schedule=schedule, precision=precision, device=device,
-                      prompt=few, generator=torch.Generator(device=device).manual_seed(seed), **options)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        engine.sample(denoiser, sampler=sampler, num_samples=batch_size, steps=min(steps or 1, 4),
+                      prompt=few, generator=gen, **drawing)
     walls, shares, last, whole = [], [], None, None
     for r in range(repeats):
         wall, network, last, whole, tokens = once(num_samples, seed + r)
@@ -178,7 +182,8 @@ def run_config(denoiser, *, sampler: str, steps: int | None, batch_size: int, pr
 
 def option_grid(sampler: str, options: dict[str, list] | None) -> list[dict]:
     """Every combination of the option values given (name -> values) that the sampler reads."""
-    read = sorted(name for name in (options or {}) if name in engine.get_sampler(sampler).options)
+    reads = engine.get_sampler(sampler).option_names
+    read = sorted(name for name in (options or {}) if name in reads)
     return [dict(zip(read, values, strict=True)) for values in itertools.product(*(options[n] for n in read))]
 
 
@@ -199,6 +204,8 @@ def grid(samplers: list[str], steps: list[int], batch_sizes: list[int], precisio
 def run_bench(denoiser, *, samplers: list[str], steps: list[int], batch_sizes: list[int],
               precisions: list[str], num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
               device: torch.device, meta: dict, schedule=None, options: dict[str, list] | None = None,
+              temperature: float = 1.0,
+              top_p: float = 1.0,
               on_tokens: Callable[[BenchRow, torch.Tensor], None] | None = None,
               on_row: Callable[[BenchRow], None] | None = None) -> BenchReport:
     """Every configuration of `grid`; `on_tokens(row, tokens)` sees each row's first timed
@@ -209,7 +216,8 @@ def run_bench(denoiser, *, samplers: list[str], steps: list[int], batch_sizes: l
         kept = []
         row = run_config(denoiser, sampler=sampler, steps=s, batch_size=b, precision=precision, num_samples=n,
                          length=length, mask_id=mask_id, repeats=repeats, seed=seed, device=device,
-                         schedule=schedule, options=opts, on_tokens=kept.append)
+                         schedule=schedule, options=opts, temperature=temperature, top_p=top_p,
+                         on_tokens=kept.append)
         if on_tokens is not None:
             on_tokens(row, kept[0])
         report.results.append(row)

@@ -65,15 +65,26 @@ class SampleRecord:
         return json.dumps({"index": self.index, "text": self.text, "tokens": self.tokens, **extra})
 
 
-def generate(loaded: LoadedModel, *, sampler: str, num_samples: int, batch_size: int, steps: int | None,
-             seed: int, device: torch.device, dtype: torch.dtype | None, length: int | None = None,
-             prompt: torch.Tensor | None = None, precision: str = "fp64", temperature: float = 1.0,
-             top_p: float = 1.0, tokens_per_step: int = 1, final_denoise: bool = True,
-             options: dict | None = None,
-             on_batch: Callable[[int], None] | None = None) -> tuple[list[SampleRecord], engine.SampleStats, float]:
+def generate(loaded: LoadedModel,
+             *,
+             sampler: str,
+             num_samples: int,
+             batch_size: int,
+             steps: int | None,
+             seed: int,
+             device: torch.device,
+             dtype: torch.dtype | None,
+             length: int | None = None,
+             prompt: torch.Tensor | None = None,
+             precision: str = "fp64",
+             temperature: float = 1.0,
+             top_p: float = 1.0,
+             on_batch: Callable[[int], None] | None = None,
+             **options,
+             ) -> tuple[list[SampleRecord], engine.SampleStats, float]:
     """Sample in batches with one of the objective's samplers; returns the decoded records,
-    the work counters and the seconds. `options`: further sampler options (engine.sample's
-    k_schedule, threshold, eta, remdm_schedule)."""
+    the work counters and the seconds. `options`: sampler options by name (engine.sample's
+    keywords: final_denoise, tokens_per_step, k_schedule, threshold, eta, remdm_schedule)."""
     length = length or loaded.length
     if loaded.objective.causal and length > loaded.length:
         raise MdlmError(f"a left-to-right model generates at most its training length "
@@ -83,8 +94,8 @@ def generate(loaded: LoadedModel, *, sampler: str, num_samples: int, batch_size:
     tokens, stats = engine.sample(
         loaded.denoiser(dtype), sampler=sampler, num_samples=num_samples, length=length, mask_id=loaded.mask_id,
         steps=steps, schedule=loaded.objective.schedule, generator=gen, prompt=prompt, batch_size=batch_size,
-        precision=precision, temperature=temperature, top_p=top_p, final_denoise=final_denoise,
-        tokens_per_step=tokens_per_step, device=device, return_stats=True, on_batch=on_batch, **(options or {}))
+        precision=precision, temperature=temperature, top_p=top_p, device=device, return_stats=True,
+        on_batch=on_batch, **options)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0

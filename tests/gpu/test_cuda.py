@@ -12,6 +12,7 @@ from mdlm_cli import engine
 from mdlm_cli.config import ModelConfig
 from mdlm_cli.engine.schedules import LogLinear
 from mdlm_cli.models import DiffusionDenoiser, DiT
+from mdlm_cli.objectives import OBJECTIVES
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -50,7 +51,7 @@ def test_nelbo_and_samplers_on_cuda():
     x0 = torch.randint(0, V - 1, (8, L), device="cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
     assert torch.isfinite(engine.nelbo(den, x0, mask_id=V - 1, generator=g)).all()
-    for sampler in (name for name, spec in engine.SAMPLERS.items() if "mdlm" in spec.objectives):
+    for sampler in OBJECTIVES["mdlm"].sampler_names:
         tokens = engine.sample(den, sampler=sampler, num_samples=4, length=L, mask_id=V - 1, steps=20,
                                generator=g, device="cuda")
         assert tokens.is_cuda and not (tokens == V - 1).any()

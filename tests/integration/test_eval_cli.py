@@ -75,8 +75,11 @@ def test_ar_sampling_and_gen_ppl_with_the_ar_judge(models, tmp_path):
     assert scored["entropy_of"] == "sample tokens"
 
     out = run("gen-ppl", "--sample-first", "-c", str(mdlm_run), "--sampler", "ancestral", "--steps", "8",
-              "-n", "4", "--judge", str(ar_run), "--samples", str(tmp_path / "sf.jsonl"))
-    assert len((tmp_path / "sf.jsonl").read_text().splitlines()) == 4
+              "-n", "4", "--judge", str(ar_run), "--samples", str(tmp_path / "sf.jsonl"),
+              "--no-final-denoise", "--temperature", "0.9", "--eta", "0.1")
+    records = [json.loads(line) for line in (tmp_path / "sf.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and records[0]["final_denoise"] is False and records[0]["temperature"] == 0.9
+    assert "--eta 0.1 does not apply to ancestral" in out  # the shared sampling flags, as in mdlm sample
     run("gen-ppl", "--samples", str(tmp_path / "m.jsonl"), "--judge", str(mdlm_run), code=1)  # not causal
     run("gen-ppl", code=1)
 

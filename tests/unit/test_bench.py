@@ -155,10 +155,10 @@ def test_frontier_plot_is_written(tmp_path):
 def test_default_rows_are_every_exact_sampler_of_the_objective(tmp_path):
     """MDLM's rows include SEDD's analytic sampler (through the SUBS -> score conversion): Table 10;
     the inexact samplers are frontier points, benchmarked when named."""
-    from mdlm_cli.engine.sampling import SAMPLERS
+    from mdlm_cli.objectives import OBJECTIVES
 
     result = CliRunner().invoke(app, ["bench-sampler", "--preset", "test", "--steps", "3", "-n", "1",
                                       "--batch-size", "1", "--repeats", "1", "--json", str(tmp_path / "b.json")])
     assert result.exit_code == 0, result.output
     rows = {r["sampler"] for r in json.loads((tmp_path / "b.json").read_text())["results"]}
-    assert rows == {name for name, spec in SAMPLERS.items() if spec.exact and "mdlm" in spec.objectives}
+    assert rows == {n for n in OBJECTIVES["mdlm"].sampler_names if engine.SAMPLERS[n].exact}

@@ -9,6 +9,7 @@ import torch
 from mdlm_cli import engine
 from mdlm_cli.engine import EngineError
 from mdlm_cli.engine.categorical import sample_tokens
+from mdlm_cli.objectives import objectives_served_by
 from mdlm_cli.sample.bench import WholeBatchCount
 
 from ..analytic import AnalyticDenoiser, AnalyticPosterior, AnalyticScore
@@ -102,13 +103,14 @@ def model_for(spec: engine.SamplerSpec, den: AnalyticDenoiser):
     """A model each sampler can serve: the analytic denoiser (as SUBS, SEDD or D3PM would see
     it), or a tiny random causal LM with the same vocabulary (BOS 0, mask 3) for left-to-right
     samplers."""
-    if "mdlm" in spec.objectives:
+    served = objectives_served_by(spec.name)
+    if "mdlm" in served:
         return den
-    if "sedd" in spec.objectives:
+    if "sedd" in served:
         from mdlm_cli.engine.schedules import LogLinear
 
         return AnalyticScore(den, LogLinear())
-    if "d3pm" in spec.objectives:
+    if "d3pm" in served:
         return AnalyticPosterior(den)
     from mdlm_cli.config import ModelConfig
     from mdlm_cli.models import DiT
@@ -403,7 +405,7 @@ def test_remdm_keeps_the_forward_marginals(remdm_schedule, eta):
     """Remasking and its raised reveal probability balance: after the grid from 1 to s, a
     position is masked with probability rate(s) / rate(1) (here 1/2), as without remasking."""
     from mdlm_cli.engine.context import SamplerContext, SampleStats
-    from mdlm_cli.engine.remdm import remdm
+    from mdlm_cli.engine.remdm import RemdmOptions, remdm
     from mdlm_cli.engine.schedules import LogLinear
 
     left = []
@@ -417,7 +419,7 @@ def test_remdm_keeps_the_forward_marginals(remdm_schedule, eta):
     uniform.supports_output_mask = True
     stats = SampleStats(num_sequences=4000)
     ctx = SamplerContext(uniform, LogLinear(), 3, torch.Generator().manual_seed(0), stats, steps=40, eps=0.5,
-                         eta=eta, remdm_schedule=remdm_schedule)
+                         options=RemdmOptions(eta=eta, remdm_schedule=remdm_schedule))
     z = remdm(torch.full((4000, 4), 3), ctx)
     n = z.numel()
     assert stats.draws > n - sum(left)  # tokens were remasked and drawn again (the rest: argmax at the end)
