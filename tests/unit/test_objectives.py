@@ -158,10 +158,12 @@ def test_version_1_checkpoints_are_upgraded(tmp_path):
     step = tmp_path / "run" / "checkpoints" / "step-00000003"
     step.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, step / "model.safetensors")
-    legacy = cfg.to_dict()
-    del legacy["model"]["mlp_ratio"], legacy["model"]["backbone"]  # keys the old config did not have
     import yaml
 
+    from mdlm_cli.build import config_dict
+
+    legacy = config_dict(cfg)  # as a checkpoint saves it
+    del legacy["model"]["mlp_ratio"], legacy["model"]["backbone"]  # keys the old config did not have
     (step / "config.yaml").write_text(yaml.safe_dump(legacy))
     (step / "model.json").write_text(json.dumps({"vocab_size": 35, "hidden_size": 64, "n_blocks": 2, "n_heads": 2,
                                                  "cond_dim": 32, "mlp_ratio": 4, "dropout": 0.0, "causal": True}))
@@ -194,7 +196,10 @@ def test_objective_config_checks():
 def test_one_model_config_builds_the_backbone():
     cfg = ModelConfig(hidden_size=32, n_blocks=3, n_heads=4, cond_dim=8, mlp_ratio=2)
     model = build_model(cfg, 17, causal=True)
-    assert isinstance(model, DiT) and model.config is cfg and model.vocab_size == 17 and model.causal
+    from mdlm_cli.models.dit import DiTConfig  # the DiT's own keys, read out of the flat section
+
+    assert model.config == DiTConfig(hidden_size=32, n_blocks=3, n_heads=4, cond_dim=8, mlp_ratio=2)
+    assert isinstance(model, DiT) and model.vocab_size == 17 and model.causal
     assert model.blocks[0].mlp[0].out_features == 2 * 32 and len(model.blocks) == 3
 
 
