@@ -119,36 +119,19 @@ def flag_text(name: str, value) -> str:
 
 def resolve_sampler(objective, sampler: str | None, steps: int | None, options: dict | None = None):
     """The sampler spec and steps a command runs, from the user's flags and the objective's
-    samplers; no flag is silently ignored (a warning says what does not apply).
+    samplers (`Objective.choose_sampler`); a warning for each flag the sampler does not read.
 
-    `options`: the sampler options the user gave (name -> value); a warning for each one
-    the chosen sampler does not read.
+    `options`: the sampler options the user gave (name -> value).
     """
-    from ..engine import get_sampler
-
-    served = objective.samplers
-    if not served:
-        raise MdlmError(f"{objective.name} models have no sampler ({objective.description})")
-    if sampler is None and steps is not None:  # `--steps N` means "a step-based sampler with N steps"
-        stepped = [s for s in served if s.uses_steps and s.exact
-                   and (not objective.takes_time or not s.needs_time_agnostic)]
-        spec = max(stepped, key=lambda s: s.needs_time_agnostic) if stepped else get_sampler(objective.default_sampler)
-        if stepped:
-            err_console.print(f"[dim]--steps {steps}: sampling with {spec.name}[/]", highlight=False)
-    else:
-        spec = get_sampler(sampler or objective.default_sampler)
-    if spec not in served:
-        raise MdlmError(f"sampler {spec.name} does not serve {objective.name} models; choose one of: "
-                        f"{', '.join(s.name for s in served)}")
-    if spec.uses_steps:
-        steps = steps or objective.sampling_steps(spec)
-    elif steps is not None:
-        warn(f"{spec.name} takes no steps; --steps {steps} is ignored")
-        steps = None
-    for name, value in (options or {}).items():
-        if name not in spec.option_names:
-            warn(f"{flag_text(name, value)} does not apply to {spec.name}; ignored")
-    return spec, steps
+    choice = objective.choose_sampler(sampler, steps, options)
+    if choice.note:
+        err_console.print(f"[dim]--{choice.note}[/]", highlight=False)
+    for name, value in choice.ignored.items():
+        if name == "steps":
+            warn(f"{choice.spec.name} takes no steps; --steps {value} is ignored")
+        else:
+            warn(f"{flag_text(name, value)} does not apply to {choice.spec.name}; ignored")
+    return choice.spec, choice.steps
 
 
 def check_positive(**values: int | None) -> None:

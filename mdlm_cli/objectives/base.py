@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -19,6 +20,14 @@ from .bound import BoundResult, diffusion_times, sharded_sum
 if TYPE_CHECKING:
     from ..config import Config
     from ..data.tokenizers import Tokenizer
+
+
+@dataclass
+class SamplerChoice:
+    spec: SamplerSpec
+    steps: int | None  # None for a sampler without steps
+    note: str = ""  # how an unnamed sampler was chosen
+    ignored: dict[str, Any] = field(default_factory=dict)  # asked-for settings the sampler does not read
 
 
 class Objective(ABC):
@@ -89,6 +98,33 @@ class Objective(ABC):
     def sampling_steps(self, spec: SamplerSpec) -> int:
         """Steps of a step-based sampler when none are asked for."""
         return spec.default_steps
+
+    def choose_sampler(self, sampler: str | None, steps: int | None,
+                       options: dict | None = None) -> SamplerChoice:
+        """The sampler and steps to run from what the user asked (None: not asked), among the
+        samplers serving this objective; what does not apply comes back in `ignored` (nothing
+        is silently dropped: the caller warns)."""
+        served = self.samplers
+        if not served:
+            raise MdlmError(f"{self.name} models have no sampler ({self.description})")
+        note = ""
+        if sampler is None and steps is not None:  # `--steps N` means "a step-based sampler with N steps"
+            stepped = [s for s in served if s.uses_steps and s.exact
+                       and (not self.takes_time or not s.needs_time_agnostic)]
+            spec = (max(stepped, key=lambda s: s.needs_time_agnostic) if stepped
+                    else get_sampler(self.default_sampler))
+            note = f"steps {steps}: sampling with {spec.name}" if stepped else ""
+        else:
+            spec = get_sampler(sampler or self.default_sampler)
+        if spec not in served:
+            raise MdlmError(f"sampler {spec.name} does not serve {self.name} models; choose one of: "
+                            f"{', '.join(s.name for s in served)}")
+        ignored = {name: value for name, value in (options or {}).items() if name not in spec.option_names}
+        if spec.uses_steps:
+            steps = steps or self.sampling_steps(spec)
+        elif steps is not None:
+            ignored, steps = {"steps": steps, **ignored}, None
+        return SamplerChoice(spec, steps, note, ignored)
 
     @classmethod
     def refuse_unused(cls, cfg: Config, *keys: str) -> None:

@@ -58,7 +58,6 @@ class MdlmLM(LM):
                  max_batch_size: int | None = None, loaded=None, warn=None) -> None:
         super().__init__()
         from ...checkpoints.load import load_on_device
-        from ...commands.common import resolve_sampler
         from ...runtime import Runtime
 
         if str(batch_size).startswith("auto"):
@@ -73,7 +72,10 @@ class MdlmLM(LM):
         self.loaded, self._device, self.dtype = loaded, rt.device, rt.dtype
         self.scorer = ConditionalScorer(loaded, mc_samples=int(mc_samples), batch_size=int(batch_size),
                                         device=rt.device, dtype=rt.dtype, seed=int(seed))
-        spec, steps = resolve_sampler(loaded.objective, sampler, None if steps is None else int(steps))
+        choice = loaded.objective.choose_sampler(sampler, None if steps is None else int(steps))
+        for name, value in choice.ignored.items():
+            self.warn(f"{name}={value} does not apply to {choice.spec.name}; ignored")
+        spec, steps = choice.spec, choice.steps
         self.generation = GenerationSettings(spec.name, steps, None if stride is None else int(stride),
                                              precision, int(seed))
         self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(list)  # task -> (request type, score)
