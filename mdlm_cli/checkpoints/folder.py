@@ -55,7 +55,7 @@ from ..io.files import (
     write_failure,
     write_text_atomic,
 )
-from ..models import build_model
+from ..models import build_model, unwrap
 from ..objectives import Objective, get_objective
 
 SCHEMA_VERSION = 2
@@ -90,7 +90,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
             save_file(ema_weights, tmp / "ema.safetensors")
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / "optimizer.pt")
-        base = getattr(model, "_orig_mod", model)
+        base = unwrap(model)
         base.save_checkpoint_files(tmp)  # what the backbone needs beside the weights (hf-mlm: its HF config)
         (tmp / "model.json").write_text(json.dumps(model_metadata(base, cfg), indent=2))
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
@@ -287,7 +287,7 @@ def load_training_state(step_dir: Path, model: nn.Module, ema_model: nn.Module |
                         optimizer: torch.optim.Optimizer) -> dict:
     """Restore model, EMA and optimizer in place for --resume (on every rank, whatever
     the number of ranks that wrote the checkpoint); returns state.json."""
-    load_state_into(getattr(model, "_orig_mod", model), load_weights(step_dir / "model.safetensors"),
+    load_state_into(unwrap(model), load_weights(step_dir / "model.safetensors"),
                     step_dir / "model.safetensors")
     if ema_model is not None:
         ema_file = step_dir / "ema.safetensors"

@@ -21,6 +21,7 @@ import torch
 
 from ...config import ModelConfig
 from ...errors import MdlmError
+from ...models import unwrap
 
 if TYPE_CHECKING:
     from ..folder import LoadedModel
@@ -192,7 +193,7 @@ def backbone_state(state: dict, source) -> dict[str, torch.Tensor]:
 
 def reference_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """mdlm's DiT weights under the reference's `MDLM` names, rotary table included."""
-    base = getattr(model, "_orig_mod", model)
+    base = unwrap(model)
     out = {f"backbone.{k}": v.detach().to("cpu", torch.float32).contiguous() for k, v in base.state_dict().items()}
     out[f"backbone.{INV_FREQ}"] = base.rotary_emb.inv_freq.detach().cpu().float().contiguous()
     return out
