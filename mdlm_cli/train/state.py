@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 _OPTIONAL = ("threads", "valid_nats", "final_step")  # written once set
+_NOT_KEYS = ("extra", "order")  # fields that are not keys of the file
 
 
 @dataclass
@@ -43,14 +44,15 @@ class TrainState:
     @classmethod
     def from_dict(cls, data: dict) -> TrainState:
         """From state.json's content; missing keys take the defaults of a fresh run."""
-        known = {f.name for f in fields(cls)} - {"extra", "order"}
+        known = {f.name for f in fields(cls)} - set(_NOT_KEYS)
         return cls(**{k: v for k, v in data.items() if k in known},
                    extra={k: v for k, v in data.items() if k not in known}, order=tuple(data))
 
     def to_dict(self) -> dict:
         """state.json's content."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("extra", "order")}
-        values = {k: v for k, v in values.items() if k not in _OPTIONAL or v is not None or k in self.order}
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_KEYS}
+        values = {k: v for k, v in values.items()
+                  if k not in _OPTIONAL or v is not None or k in self.order}
         values.update(self.extra)
         first = {k: values[k] for k in self.order if k in values}
         return {**first, **{k: v for k, v in values.items() if k not in first}}
