@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...config import ModelConfig
+from ...engine.schedules import SCHEDULES, get_schedule
 from ...errors import MdlmError
 from ...models import unwrap
 
@@ -33,8 +34,10 @@ PREFIXES = ("backbone.backbone.", "backbone.", "")
 # the reference's noise.type -> mdlm's schedule
 REFERENCE_SCHEDULES = {"loglinear": "loglinear", "cosine": "cosine", "cosinesqr": "cosine-squared",
                        "linear": "linear", "geometric": "geometric"}
-# mdlm's schedules with fixed sigmas (engine/schedules.py): a checkpoint must record these
-SIGMA_RANGES = {"linear": (1e-3, 7.0), "geometric": (1e-4, 20.0)}
+# mdlm's schedules with fixed sigmas (their defaults in engine/schedules.py): a checkpoint must
+# record these
+SIGMA_RANGES = {name: (s.sigma_min, s.sigma_max) for name, s in
+                ((name, get_schedule(name)) for name in SCHEDULES) if hasattr(s, "sigma_min")}
 # the reference's `parameterization` -> mdlm's objective and the switches it implies: its d3pm always
 # adds the reconstruction term (no carry-over) and zero-masks only with `subs_masking`
 PARAMETERIZATIONS = {"subs": {"objective": "mdlm"}, "sedd": {"objective": "sedd"},
