@@ -79,7 +79,7 @@ class SequenceClassifier(nn.Module):
 
 def strand_recipe(model: nn.Module, cfg: ClassifyConfig) -> tuple[bool, bool]:
     """(rc_augment, conjoin) for this backbone, as Caduceus's scripts, unless the config says."""
-    ps, causal = bool(getattr(model, "rcps", False)), bool(getattr(model, "causal", False))
+    ps, causal = bool(getattr(model, "rcps", False)), bool(model.causal)  # rcps: DNA encoders only
     rc_aug = causal if cfg.rc_augment is None else cfg.rc_augment  # Mamba: RC augmentation
     conjoin = (not ps and not causal) if cfg.conjoin is None else cfg.conjoin  # Ph: post-hoc conjoining
     return rc_aug, conjoin
