@@ -17,7 +17,8 @@ def tiny():
 
 def data(n_batches=2):
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g)) for _ in range(n_batches)]
+    return [(torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g))
+            for _ in range(n_batches)]
 
 
 def mse(model, batch):
@@ -32,10 +33,11 @@ def test_it_stops_mid_epoch_at_total_steps_with_the_tasks_learning_rates():
         return 0.1 * (1 - step / 5)
 
     assert epochs_for(5, 2) == 3
-    result = fit(model, lambda: iter(data()), mse, epochs=3, total_steps=5, lr_at=lr_at, weight_decay=0.0,
-                 grad_clip=1.0, on_step=lambda s, t, loss: steps.append((s, t)))
-    assert steps == [(i, 5) for i in range(1, 6)] and rates[1:] == [0, 1, 2, 3, 4]  # rates[0]: the optimizer's start
-    assert result.best_epoch is None and math.isfinite(result.last_epoch_loss)  # the last epoch's one step
+    result = fit(model, lambda: iter(data()), mse, epochs=3, total_steps=5, lr_at=lr_at,
+                 weight_decay=0.0, grad_clip=1.0, on_step=lambda s, t, loss: steps.append((s, t)))
+    assert steps == [(i, 5) for i in range(1, 6)]
+    assert rates[1:] == [0, 1, 2, 3, 4]  # rates[0]: the optimizer's start
+    assert result.best_epoch is None and math.isfinite(result.last_epoch_loss)
 
 
 def test_the_best_epoch_is_kept():

@@ -25,7 +25,8 @@ def test_every_backbone_has_the_members_of_the_contract(name):
     assert isinstance(cls.config_keys, tuple) and all(k in resolve_config("test").model.__dict__
                                                       for k in cls.config_keys)
     call = inspect.signature(cls.forward).parameters
-    assert list(call)[:3] == ["self", "tokens", "sigma"] and {"attention_mask", "output_mask"} <= set(call)
+    assert list(call)[:3] == ["self", "tokens", "sigma"]
+    assert {"attention_mask", "output_mask"} <= set(call)
 
 
 def test_a_built_backbone_and_its_adapters_keep_the_contracts():
@@ -35,10 +36,12 @@ def test_a_built_backbone_and_its_adapters_keep_the_contracts():
     plain = DiffusionDenoiser(model, LogLinear())
     timed = DiffusionDenoiser(model, LogLinear(), time_conditioning=True)
     assert is_time_agnostic(plain) and not is_time_agnostic(timed) and supports_output_mask(plain)
-    assert score_method(plain) is None and score_method(ScoreDenoiser(model, LogLinear())) is not None
+    assert score_method(plain) is None
+    assert score_method(ScoreDenoiser(model, LogLinear())) is not None
     assert not is_time_agnostic(object()) and not supports_output_mask(lambda z, t: z)
     lm = CausalLMAdapter(build_model(cfg.model, 35, causal=True), bos_id=0, mask_id=34)
-    members = [*CausalLM.__annotations__, *(m for m in vars(CausalLM) if not m.startswith("_")), "__call__"]
+    methods = [m for m in vars(CausalLM) if not m.startswith("_")]
+    members = [*CausalLM.__annotations__, *methods, "__call__"]
     assert all(hasattr(lm, m) for m in members), members
 
 
