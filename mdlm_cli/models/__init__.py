@@ -27,8 +27,8 @@ BACKBONES: dict[str, type[Backbone]] = {
 }
 
 __all__ = [
-    "BACKBONES", "Backbone", "Caduceus", "DiT", "DiffusionDenoiser", "HFMaskedLM", "KVCache", "Mamba",
-    "autocast_for", "build_model", "check_data", "unwrap",
+    "BACKBONES", "Backbone", "Caduceus", "DiT", "DiffusionDenoiser", "HFMaskedLM", "KVCache",
+    "Mamba", "autocast_for", "build_model", "check_data", "unwrap",
 ]
 
 

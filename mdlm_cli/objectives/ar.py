@@ -97,11 +97,20 @@ class Autoregressive(Objective):
             raise MdlmError("the autoregressive objective has no time input; set model.time_conditioning=false")
         cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
 
-    def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> CausalLMAdapter:
-        return CausalLMAdapter(model, bos_id=self.bos_id, mask_id=self.mask_id, autocast_dtype=autocast_dtype)
+    def denoiser(self,
+                 model: nn.Module,
+                 autocast_dtype: torch.dtype | None = None) -> CausalLMAdapter:
+        return CausalLMAdapter(model, bos_id=self.bos_id, mask_id=self.mask_id,
+                               autocast_dtype=autocast_dtype)
 
-    def loss_terms(self, denoiser: CausalLMAdapter, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
-                   T: int | None = None, targets: Tensor | None = None) -> Tensor:
+    def loss_terms(self,
+                   denoiser: CausalLMAdapter,
+                   x0: Tensor,
+                   t: Tensor | None, *,
+                   generator,
+                   attention_mask,
+                   T: int | None = None,
+                   targets: Tensor | None = None) -> Tensor:
         return denoiser.nll(x0, attention_mask, targets)
 
     def greedy_tokens(self, denoiser: CausalLMAdapter, x0: Tensor, targets: Tensor,
