@@ -166,6 +166,21 @@ class Dist:
         return ddp
 
 
+def unwrap(model: nn.Module, *, data_parallel: bool = True) -> nn.Module:
+    """The module under its wrappers: torch.compile's (`_orig_mod`) and, unless
+    `data_parallel=False`, DistributedDataParallel's (`.module`). FSDP2 shards a module in
+    place, so there is nothing to unwrap there. Also `models.unwrap`."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif data_parallel and isinstance(model, DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
 def _allreduce_sum_hook(process_group, bucket):  # no annotations: DDP compares them to real types
     """DDP gradient hook: sum over ranks (DDP's default divides by the world size)."""
     work = tdist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
@@ -178,7 +193,7 @@ def set_gradient_sync(net: nn.Module, enabled: bool) -> None:
     unsharded gradients are what it saves memory on); one process has nothing to sync."""
     from torch.nn.parallel import DistributedDataParallel
 
-    net = getattr(net, "_orig_mod", net)  # torch.compile
+    net = unwrap(net, data_parallel=False)  # under torch.compile
     if isinstance(net, DistributedDataParallel):
         net.require_backward_grad_sync = enabled  # what no_sync() toggles
 
@@ -206,7 +221,7 @@ def _full_options():
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Complete CPU weights on rank 0 ({} elsewhere). Collective for FSDP2 (gathers
     the shards with torch.distributed.checkpoint); a plain copy otherwise."""
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap(model)
     if _is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -218,7 +233,7 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def load_full_model_state(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
     """Load complete weights; FSDP2 keeps only this rank's shard."""
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap(model)
     if _is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -229,7 +244,7 @@ def load_full_model_state(model: nn.Module, weights: dict[str, torch.Tensor]) ->
 
 def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     """Parameter names in the optimizer's numbering (the order of its param groups)."""
-    name_of = {id(p): n for n, p in getattr(model, "_orig_mod", model).named_parameters()}
+    name_of = {id(p): n for n, p in unwrap(model).named_parameters()}
     return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
@@ -237,10 +252,10 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     """The optimizer state as one process's `optimizer.state_dict()` would hold it
     (parameters numbered in order, full tensors) on rank 0; {} elsewhere. Collective
     for FSDP2."""
-    if _is_fsdp(getattr(model, "_orig_mod", model)):
+    if _is_fsdp(unwrap(model)):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        by_name = get_optimizer_state_dict(getattr(model, "_orig_mod", model), optimizer, options=_full_options())
+        by_name = get_optimizer_state_dict(unwrap(model), optimizer, options=_full_options())
         if not by_name:
             return {}
         index = {name: i for i, name in enumerate(_param_names(model, optimizer))}
@@ -251,13 +266,13 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Inverse of `full_optimizer_state`; FSDP2 keeps only this rank's shard."""
-    if _is_fsdp(getattr(model, "_orig_mod", model)):
+    if _is_fsdp(unwrap(model)):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         names = _param_names(model, optimizer)
         by_name = {"state": {names[i]: v for i, v in state["state"].items()},
                    "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]]}
-        set_optimizer_state_dict(getattr(model, "_orig_mod", model), optimizer, by_name,
+        set_optimizer_state_dict(unwrap(model), optimizer, by_name,
                                  options=StateDictOptions(full_state_dict=True))
     else:
         optimizer.load_state_dict(state)

@@ -32,8 +32,7 @@ from ..errors import MdlmError
 from ..io.files import remove_stale_temporaries, swap_folder, temporary
 from ..models import HFMaskedLM
 from .folder import LoadedModel
-from .formats.reference import hf_config as reference_config
-from .formats.reference import reference_state_dict
+from .formats.reference import hf_config, reference_state_dict
 from .load import load_checkpoint
 
 FORMAT = 1
@@ -46,11 +45,11 @@ def weights_kind(loaded: LoadedModel, ema: bool) -> str:
     return "ema" if ema and (loaded.path / "ema.safetensors").is_file() else "raw"
 
 
-def hf_config(loaded: LoadedModel, weights: str) -> dict:
-    """config.json: the reference's MDLMConfig fields, then everything mdlm needs to reload it."""
-    return reference_config(loaded, {"format": FORMAT, "version": __version__, "weights": weights,
-                                     "tokenizer": loaded.tokenizer.describe(), "config": config_dict(loaded.config),
-                                     "data": loaded.data_meta, "state": loaded.state})
+def mdlm_section(loaded: LoadedModel, weights: str) -> dict:
+    """config.json's "mdlm" section: everything mdlm needs to reload the export."""
+    return {"format": FORMAT, "version": __version__, "weights": weights,
+            "tokenizer": loaded.tokenizer.describe(), "config": config_dict(loaded.config),
+            "data": loaded.data_meta, "state": loaded.state}
 
 
 def write_model_files(loaded: LoadedModel, folder: Path, weights: str) -> dict:
@@ -59,10 +58,10 @@ def write_model_files(loaded: LoadedModel, folder: Path, weights: str) -> dict:
     (transformers loads it as it is), with mdlm's section added to its config.json."""
     if isinstance(loaded.model, HFMaskedLM):
         config = loaded.model.save_pretrained_folder(folder)
-        config["mdlm"] = hf_config(loaded, weights)["mdlm"]
+        config["mdlm"] = mdlm_section(loaded, weights)
     else:
         save_file(reference_state_dict(loaded.model), folder / "model.safetensors", metadata={"format": "pt"})
-        config = hf_config(loaded, weights)
+        config = hf_config(loaded, mdlm_section(loaded, weights))  # the reference's fields + mdlm's
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return config
 

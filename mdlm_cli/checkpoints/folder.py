@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -56,7 +57,7 @@ from ..io.files import (
     write_failure,
     write_text_atomic,
 )
-from ..models import build_model
+from ..models import build_model, unwrap
 from ..objectives import Objective, get_objective
 
 SCHEMA_VERSION = 2
@@ -91,7 +92,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
             save_file(ema_weights, tmp / "ema.safetensors")
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / "optimizer.pt")
-        base = getattr(model, "_orig_mod", model)
+        base = unwrap(model)
         base.save_checkpoint_files(tmp)  # what the backbone needs beside the weights (hf-mlm: its HF config)
         (tmp / "model.json").write_text(json.dumps(model_metadata(base, cfg), indent=2))
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
@@ -212,19 +213,30 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
         raise MdlmError(f"{path} is not a readable safetensors file ({e}); the checkpoint is corrupted") from None
 
 
+def weight_mismatch(target: dict[str, torch.Tensor],
+                    weights: dict[str, torch.Tensor], *,
+                    may_lack: Callable[[str], bool] = lambda key: False,
+                    ) -> tuple[list[str], list[str], str | None]:
+    """How `weights` fail a model whose state dict is `target`: (missing keys, unexpected keys,
+    the first shared key whose shape differs), all empty / None when they fit; keys that
+    `may_lack` accepts are not missing."""
+    missing = sorted(k for k in set(target) - set(weights) if not may_lack(k))
+    unexpected = sorted(set(weights) - set(target))
+    reshaped = [k for k, v in weights.items() if k in target and target[k].shape != v.shape]
+    return missing, unexpected, reshaped[0] if reshaped else None
+
+
 def load_state_into(model: nn.Module, weights: dict[str, torch.Tensor], source: Path) -> None:
     """Strict load with a one-line error naming the first mismatch."""
     target = model.state_dict()
-    missing = sorted(set(target) - set(weights))
-    unexpected = sorted(set(weights) - set(target))
+    missing, unexpected, reshaped = weight_mismatch(target, weights)
     if missing or unexpected:
         what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
         raise MdlmError(f"{source} does not fit this model ({what}, "
                         f"{len(missing)} missing / {len(unexpected)} unexpected keys)")
-    for key, value in weights.items():
-        if target[key].shape != value.shape:
-            raise MdlmError(f"{source}: {key} has shape {tuple(value.shape)}, the model expects "
-                            f"{tuple(target[key].shape)}")
+    if reshaped is not None:
+        got, want = tuple(weights[reshaped].shape), tuple(target[reshaped].shape)
+        raise MdlmError(f"{source}: {reshaped} has shape {got}, the model expects {want}")
     distributed.load_full_model_state(model, weights)
 
 
@@ -293,7 +305,7 @@ def load_training_state(step_dir: Path, model: nn.Module, ema_model: nn.Module |
                         optimizer: torch.optim.Optimizer) -> dict:
     """Restore model, EMA and optimizer in place for --resume (on every rank, whatever
     the number of ranks that wrote the checkpoint); returns state.json."""
-    load_state_into(getattr(model, "_orig_mod", model), load_weights(step_dir / "model.safetensors"),
+    load_state_into(unwrap(model), load_weights(step_dir / "model.safetensors"),
                     step_dir / "model.safetensors")
     if ema_model is not None:
         ema_file = step_dir / "ema.safetensors"

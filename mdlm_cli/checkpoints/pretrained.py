@@ -32,9 +32,7 @@ otherwise), never from flags.
 from __future__ import annotations
 
 import json
-import logging
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +46,7 @@ from ..io.hub import download
 from ..io.packaged import resolve_model
 from ..io.safe_load import plain, read_torch_file
 from ..models import build_model
+from ..models.hf_mlm import quiet_transformers
 from ..objectives import get_objective
 from .folder import LoadedModel, load_state_into, load_weights
 from .formats import reference as ref
@@ -158,10 +157,7 @@ def _from_hf_mlm_folder(folder: Path, raw: dict, mdlm_meta: dict, *, label: str,
                      "max_rows": PLAIN_MLM_ROWS, "max_eval_rows": PLAIN_MLM_ROWS},
             "model": model_section})
     model = HFMaskedLM(config.model, tokenizer.vocab_size, folder=folder)
-    data_meta = dict(mdlm_meta.get("data") or {})
-    data_meta.update({"length": config.data.length, "packing": config.data.packing,
-                      "tokenizer": tokenizer.describe()})
-    data_meta.setdefault("source", {"name": config.data.dataset})
+    data_meta = _data_meta(mdlm_meta, config, tokenizer)
     state = dict(mdlm_meta.get("state") or {})
     state.update({"format": "hugging-face", "source": label, "weights": mdlm_meta.get("weights", "as stored")})
     if model.notes:
@@ -174,7 +170,7 @@ def _hf_mlm_tokenizer(folder: Path, label: str) -> Tokenizer:
     if not any((folder / f).is_file() for f in TOKENIZER_FILES):
         raise MdlmError(f"{folder} carries no tokenizer files; a masked LM needs its own tokenizer next to "
                         "its config.json")
-    with _quiet_transformers():
+    with quiet_transformers():
         tokenizer = load_tokenizer(str(folder))
     if not (folder / "mdlm_tokenizer.json").is_file() and not Path(label).is_dir():
         tokenizer.name = label  # a hub id or packaged name, as load_tokenizer(label) names it
@@ -249,14 +245,21 @@ def _assemble(weights: dict[str, torch.Tensor], partial: dict, *, source: str, p
         weights = ref.apply_ema(model, weights, shadow, source)
     load_state_into(model, weights, source)
     ref.check_rotary(inv_freq, model_cfg, source)
-    data_meta = dict(mdlm_meta.get("data") or {})
-    data_meta.update({"length": config.data.length, "packing": config.data.packing,
-                      "tokenizer": tokenizer.describe()})
-    data_meta.setdefault("source", {"name": config.data.dataset})
+    data_meta = _data_meta(mdlm_meta, config, tokenizer)
     if partial["inferred"]:
         state["inferred"] = partial["inferred"]
     model.to(device).eval()
     return LoadedModel(path, model, config, tokenizer, data_meta, state)
+
+
+def _data_meta(mdlm_meta: dict, config: Config, tokenizer: Tokenizer) -> dict:
+    """data.json of an imported model: an export's own (its "mdlm" section), with what the
+    resolved config says of the rows and the tokeniser."""
+    data_meta = dict(mdlm_meta.get("data") or {})
+    data_meta.update({"length": config.data.length, "packing": config.data.packing,
+                      "tokenizer": tokenizer.describe()})
+    data_meta.setdefault("source", {"name": config.data.dataset})
+    return data_meta
 
 
 def mdlm_config(model_cfg, partial: dict, tokenizer: Tokenizer, mdlm_meta: dict, label: str) -> Config:
@@ -287,25 +290,13 @@ def mdlm_config(model_cfg, partial: dict, tokenizer: Tokenizer, mdlm_meta: dict,
 def _tokenizer(folder: Path | None, name: str | None, vocab_size: int, source) -> Tokenizer:
     """The checkpoint's own tokeniser files, else the reference tokeniser its config or vocabulary names."""
     if folder is not None and any((folder / f).is_file() for f in TOKENIZER_FILES):
-        with _quiet_transformers():
+        with quiet_transformers():
             return load_tokenizer(str(folder))
     name = name or KNOWN_VOCABS.get(vocab_size)
     if name is None:
         raise MdlmError(f"{source} carries no tokenizer files and its vocabulary ({vocab_size}) is not GPT-2's "
                         "(50258), BERT's (30522) or text8's (35); put the tokenizer files next to its config.json")
     return load_tokenizer(name)
-
-
-@contextmanager
-def _quiet_transformers():
-    """transformers warns that config.json's model_type 'mdlm' is not one of its own; that is expected."""
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _first_line(e: BaseException) -> str:

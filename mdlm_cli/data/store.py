@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import MdlmError
+from ..io.files import pid_alive
 from .packing import PACKERS
 from .sources import Source, get_source
 from .tokenizers import Tokenizer, default_cache_root, load_tokenizer
@@ -270,16 +271,7 @@ def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = 
 def _remove_stale_partials(folder: Path) -> None:
     for partial in folder.parent.glob(f"{folder.name}.partial-*"):
         pid = partial.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and _pid_alive(int(pid)) and int(pid) != os.getpid():
+        if pid.isdigit() and pid_alive(int(pid)) and int(pid) != os.getpid():
             continue
         shutil.rmtree(partial, ignore_errors=True)
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

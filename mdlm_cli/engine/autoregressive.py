@@ -1,29 +1,20 @@
 """Left-to-right sampling of a causal language model with a key/value cache.
 
-The model contract (`CausalLM`): `lm.bos_id` (the start token put before every row),
-`lm.new_cache(batch, max_len, device)` and `lm(tokens (B, n), cache) -> logits (B, n, V)`
-for n new tokens after the cached ones. One network call per new token, each processing
+The model is a `CausalLM` (engine/protocols.py): `lm.bos_id` (the start token put before
+every row), `lm.new_cache(batch, max_len, device)` and `lm(tokens (B, n), cache) -> logits
+(B, n, V)` for n new tokens after the cached ones. One network call per new token, each processing
 only that token (the reference AR sampler recomputes the whole prefix at every step and
 pre-allocates a B x L x V noise buffer).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 import torch
 from torch import Tensor
 
 from .context import SamplerContext
 from .errors import EngineError
-
-
-class CausalLM(Protocol):
-    bos_id: int
-
-    def new_cache(self, batch: int, max_len: int, device: torch.device) -> Any: ...
-
-    def __call__(self, tokens: Tensor, cache: Any) -> Tensor: ...
+from .protocols import CausalLM
 
 
 def prefix_length(z: Tensor, mask_id: int) -> int:

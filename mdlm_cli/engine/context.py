@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from .categorical import sample_tokens, sample_tokens_with_probs
-from .diffusion import Denoiser, call_denoiser, subs_log_score
+from .diffusion import call_denoiser, subs_log_score
+from .protocols import Denoiser, score_method
 from .schedules import Schedule
 
 
@@ -85,7 +86,7 @@ class SamplerContext:
         `log_score(z_t, t, output_mask=)` where it has one (a score model: SEDD), else its
         logits read as SUBS's p_theta and converted (`subs_log_score`)."""
         z, t, positions = self._select(z, t, positions, rows)
-        scorer = getattr(self.denoiser, "log_score", None)
+        scorer = score_method(self.denoiser)
         with torch.no_grad():
             if scorer is not None:
                 return scorer(z, t.float(), output_mask=positions)

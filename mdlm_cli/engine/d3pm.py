@@ -15,7 +15,8 @@ from torch import Tensor
 from .ancestral import finish_masks
 from .categorical import reference_draw, token_weights
 from .context import SamplerContext, rows_active
-from .diffusion import Denoiser, call_denoiser, mask_tokens, noised_positions, reconstruction_terms
+from .diffusion import call_denoiser, mask_tokens, noised_positions, reconstruction_terms
+from .protocols import Denoiser
 from .schedules import Schedule
 
 

@@ -1,27 +1,19 @@
 """Masked diffusion: forward masking, SUBS, the NELBO and its time sampler.
 
-A *denoiser* is any callable `denoiser(z_t (B, L) long, t (B,) float) -> logits
-(B, L, V)`, V including the mask token; the engine applies SUBS itself. It may
-declare two attributes:
-- `time_agnostic = True`: its output does not depend on t (a model without time
-  conditioning); caching samplers need this, and nothing guesses it (default False);
-- `supports_output_mask = True`: it is called with `output_mask=` (B, L) bool and
-  returns logits (N, V) only at those positions (the DiT does this: the loss needs
-  only the masked positions).
-If an `attention_mask` is given it is passed on as a keyword argument.
+The model is a `Denoiser` (engine/protocols.py): `denoiser(z_t (B, L) long, t (B,) float)
+-> logits (B, L, V)`, V including the mask token; the engine applies SUBS itself. Its
+optional `supports_output_mask` lets the loss ask for the masked positions only, and an
+`attention_mask` (when given) is passed on as a keyword argument.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .protocols import Denoiser, supports_output_mask
 from .schedules import Schedule, get_schedule
-
-Denoiser = Callable[..., Tensor]
 
 
 def sample_times(n: int, *, generator: torch.Generator | None = None, antithetic: bool = True,
@@ -127,7 +119,7 @@ def call_denoiser(denoiser: Denoiser, z_t: Tensor, t: Tensor, *,
                   attention_mask: Tensor | None = None) -> Tensor:
     """Logits at `output_mask` positions (N, V) if given, else (B, L, V)."""
     kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
-    if output_mask is not None and getattr(denoiser, "supports_output_mask", False):
+    if output_mask is not None and supports_output_mask(denoiser):
         return denoiser(z_t, t, output_mask=output_mask, **kwargs)
     logits = denoiser(z_t, t, **kwargs)
     return logits if output_mask is None else logits[output_mask]

@@ -29,10 +29,10 @@ from .categorical import PRECISIONS
 from .confidence import ConfidenceOptions, ThresholdOptions, confidence, threshold
 from .context import SamplerContext, SampleStats
 from .d3pm import d3pm_ancestral
-from .diffusion import Denoiser
 from .errors import EngineError
 from .first_hitting import FirstHittingOptions, first_hitting
 from .options import build_options, convert_options
+from .protocols import Denoiser, is_time_agnostic
 from .remdm import RemdmOptions, remdm
 from .schedules import Schedule, get_schedule
 from .sedd import analytic, euler
@@ -124,7 +124,7 @@ def _resolve(spec: SamplerSpec, denoiser: Denoiser, time_agnostic: bool | None) 
     """The sampler that will run: a caching sampler falls back where the denoiser may depend on t."""
     if not spec.needs_time_agnostic:
         return spec
-    agnostic = getattr(denoiser, "time_agnostic", False) if time_agnostic is None else time_agnostic
+    agnostic = is_time_agnostic(denoiser) if time_agnostic is None else time_agnostic
     if agnostic:
         return spec
     warnings.warn(f"{spec.name} needs a denoiser that ignores t (time_agnostic=True; a model without time "

@@ -1,4 +1,5 @@
-"""Backbones (one registry) and the adapter that turns one into an engine denoiser."""
+"""Backbones (one registry of `Backbone`s, models/protocols.py) and the adapter that turns one
+into an engine `Denoiser` (engine/protocols.py)."""
 
 from __future__ import annotations
 
@@ -9,24 +10,26 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from ..distributed import unwrap
 from ..engine.schedules import Schedule
 from .caduceus import Caduceus
 from .dit import DiT, KVCache
 from .hf_mlm import HFMaskedLM
 from .mamba import Mamba
+from .protocols import Backbone
 
 if TYPE_CHECKING:
     from ..config import Config, ModelConfig
 
-# model.backbone -> the module class. Each is built as cls(model_cfg, vocab_size, causal=...) for
-# training and declares: `config_keys` (the ModelConfig keys it reads), `validate_config(cfg)`,
-# `from_checkpoint(model_cfg, vocab_size, folder, causal=)` with `save_checkpoint_files(folder)`
-# (what it needs beside the weights to be rebuilt offline), `describe()`, `num_parameters()`;
-# optionally `check_data(cfg, tokenizer)` (called before a run prepares its data).
-BACKBONES: dict[str, type[nn.Module]] = {"dit": DiT, "hf-mlm": HFMaskedLM, "caduceus": Caduceus, "mamba": Mamba}
+# model.backbone -> the module class, each a `Backbone` (models/protocols.py: the contract)
+BACKBONES: dict[str, type[Backbone]] = {
+    "dit": DiT, "hf-mlm": HFMaskedLM, "caduceus": Caduceus, "mamba": Mamba,
+}
 
-__all__ = ["BACKBONES", "Caduceus", "DiT", "DiffusionDenoiser", "HFMaskedLM", "KVCache", "Mamba", "autocast_for",
-           "build_model", "check_data"]
+__all__ = [
+    "BACKBONES", "Backbone", "Caduceus", "DiT", "DiffusionDenoiser", "HFMaskedLM", "KVCache",
+    "Mamba", "autocast_for", "build_model", "check_data", "unwrap",
+]
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, *, causal: bool = False, folder: Path | None = None) -> nn.Module:
@@ -57,7 +60,7 @@ def autocast_for(device: torch.device, dtype: torch.dtype | None):
 
 
 class DiffusionDenoiser:
-    """`denoiser(z_t, t)` for the engine: maps t to the DiT's noise level sigma(t).
+    """The engine's `Denoiser` over a backbone: maps t to the DiT's noise level sigma(t).
 
     Without time conditioning (the reference default) the DiT gets no time at all
     and uses its constant sigma = 0 embedding; the engine's t is ignored, and the

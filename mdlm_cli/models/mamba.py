@@ -8,7 +8,7 @@ Left-to-right decoding keeps each layer's recurrent state instead of keys and va
 `model(tokens, kv_cache=cache)` with a `MambaCache` from `model.new_cache(...)` processes
 only the new tokens (the first call runs the parallel scan over BOS and the prompt and
 keeps the final states; later calls advance the recurrence one token each), which is the
-contract of the AR objective's `CausalLM`.
+contract of the AR objective's `CausalLMAdapter` (the engine's `CausalLM`).
 """
 
 from __future__ import annotations

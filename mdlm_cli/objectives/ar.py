@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import MdlmError
-from ..models import KVCache, autocast_for
+from ..models import KVCache, autocast_for, unwrap
 from .base import Objective
 
 
@@ -53,9 +53,9 @@ def sequence_nll(model: nn.Module, x0: Tensor, *, bos_id: int, mask_id: int,
     return nll.sum(dim=1)
 
 
-class CausalLM:
-    """The engine's causal-LM contract over a causal DiT (`engine.autoregressive`): BOS,
-    a key/value cache, and logits of the new tokens after the cached ones."""
+class CausalLMAdapter:
+    """The engine's `CausalLM` (engine/protocols.py) over a causal backbone: BOS, a key/value
+    cache (or the backbone's own), and logits of the new tokens after the cached ones."""
 
     def __init__(self, model: nn.Module, *, bos_id: int, mask_id: int, autocast_dtype: torch.dtype | None = None):
         self.model, self.bos_id, self.mask_id, self.autocast_dtype = model, bos_id, mask_id, autocast_dtype
@@ -63,7 +63,7 @@ class CausalLM:
     def new_cache(self, batch: int, max_len: int, device: torch.device):
         """The DiT's key/value cache, or the backbone's own (`model.new_cache`, e.g. Mamba's recurrent state)."""
         dtype = self.autocast_dtype or torch.float32
-        make = getattr(getattr(self.model, "_orig_mod", self.model), "new_cache", None)
+        make = getattr(unwrap(self.model), "new_cache", None)  # a Backbone's optional member
         if make is not None:
             return make(batch, max_len, device, dtype)
         return KVCache.empty(self.model, batch, max_len, device, dtype)
@@ -98,14 +98,23 @@ class Autoregressive(Objective):
             raise MdlmError("the autoregressive objective has no time input; set model.time_conditioning=false")
         cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
 
-    def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> CausalLM:
-        return CausalLM(model, bos_id=self.bos_id, mask_id=self.mask_id, autocast_dtype=autocast_dtype)
+    def denoiser(self,
+                 model: nn.Module,
+                 autocast_dtype: torch.dtype | None = None) -> CausalLMAdapter:
+        return CausalLMAdapter(model, bos_id=self.bos_id, mask_id=self.mask_id,
+                               autocast_dtype=autocast_dtype)
 
-    def loss_terms(self, denoiser: CausalLM, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
-                   T: int | None = None, targets: Tensor | None = None) -> Tensor:
+    def loss_terms(self,
+                   denoiser: CausalLMAdapter,
+                   x0: Tensor,
+                   t: Tensor | None, *,
+                   generator,
+                   attention_mask,
+                   T: int | None = None,
+                   targets: Tensor | None = None) -> Tensor:
         return denoiser.nll(x0, attention_mask, targets)
 
-    def greedy_tokens(self, denoiser: CausalLM, x0: Tensor, targets: Tensor,
+    def greedy_tokens(self, denoiser: CausalLMAdapter, x0: Tensor, targets: Tensor,
                       attention_mask: Tensor | None = None) -> Tensor:
         """Greedy decoding's token at each target position given the true tokens before it."""
         return torch.where(targets.bool(), denoiser.next_token_argmax(x0), x0)

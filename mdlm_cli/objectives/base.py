@@ -69,7 +69,8 @@ class Objective(ABC):
 
     @abstractmethod
     def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> Any:
-        """The callable the engine's losses and samplers take (a denoiser or a causal LM)."""
+        """The callable the engine's losses and samplers take: a `Denoiser` or a `CausalLM`
+        (engine/protocols.py) over the backbone."""
 
     @abstractmethod
     def loss_terms(self, denoiser: Any, x0: Tensor, t: Tensor | None, *, generator: torch.Generator | None,

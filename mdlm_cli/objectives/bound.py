@@ -20,7 +20,8 @@ import torch.distributed as tdist
 from torch import Tensor
 
 from ..data.store import TokenSplit
-from ..engine.diffusion import Denoiser, nelbo_terms, sample_times, times_from_uniform
+from ..engine.diffusion import nelbo_terms, sample_times, times_from_uniform
+from ..engine.protocols import Denoiser
 from ..engine.schedules import Schedule
 from ..errors import MdlmError
 from ..runtime import derive_seed, generator

@@ -17,8 +17,8 @@ from .base import Objective
 
 
 class ScoreDenoiser(DiffusionDenoiser):
-    """SEDD's network for the engine: `log_score(z_t, t, output_mask=)` applies SEDD's
-    parameterisation to the DiT's logits at the masked positions.
+    """SEDD's network for the engine, a `ScoreModel` (engine/protocols.py): `log_score(z_t, t,
+    output_mask=)` applies SEDD's parameterisation to the DiT's logits at the masked positions.
 
     Called as a plain denoiser it returns the DiT's logits: at a masked position their
     softmax over the real tokens is the normalised score, the denoiser SEDD's score implies.

@@ -8,7 +8,8 @@ decay 0.1), cosine schedule with 1% warmup down to 0.1 x lr, gradient clipping 1
 checkpoint of the best validation accuracy (checked after every epoch) is tested. A sweep
 over learning rates {1e-3, 2e-3} and batch sizes {128, 256} picks, per task, the setting of
 the best mean validation accuracy over the seeds; its test accuracy is reported as the mean
-over the seeds and the max - min spread (Table 7's "±").
+over the seeds and the max - min spread (Table 7's "±"). The loop is the one GLUE shares
+(tasks/finetune.py), the schedule the trainer's (train/optim.py).
 
 Strands, as Caduceus treats each model: PS averages the head's logits of its two strands;
 Ph trains without RC augmentation and averages the logits of x and rc(x) at evaluation
@@ -18,7 +19,6 @@ Ph trains without RC augmentation and averages the logits of x and rc(x) at eval
 from __future__ import annotations
 
 import copy
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,6 +31,8 @@ from ..checkpoints.folder import LoadedModel
 from ..data.dna import GenomicTask, encode_left_padded, reverse_complement
 from ..errors import MdlmError
 from ..runtime import derive_seed
+from ..train.optim import warmup_cosine
+from .finetune import fit
 
 
 @dataclass
@@ -77,18 +79,10 @@ class SequenceClassifier(nn.Module):
 
 def strand_recipe(model: nn.Module, cfg: ClassifyConfig) -> tuple[bool, bool]:
     """(rc_augment, conjoin) for this backbone, as Caduceus's scripts, unless the config says."""
-    ps, causal = bool(getattr(model, "rcps", False)), bool(getattr(model, "causal", False))
+    ps, causal = bool(getattr(model, "rcps", False)), bool(model.causal)  # rcps: DNA encoders only
     rc_aug = causal if cfg.rc_augment is None else cfg.rc_augment  # Mamba: RC augmentation
     conjoin = (not ps and not causal) if cfg.conjoin is None else cfg.conjoin  # Ph: post-hoc conjoining
     return rc_aug, conjoin
-
-
-def lr_factor(step: int, total: int, cfg: ClassifyConfig) -> float:
-    warmup = max(1, round(cfg.warmup_fraction * total))
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 @torch.no_grad()
@@ -99,9 +93,19 @@ def accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: to
     return correct / max(len(x), 1)
 
 
-def fine_tune(loaded: LoadedModel, task: GenomicTask, x: Tensor, y: Tensor, x_test: Tensor, y_test: Tensor, *,
-              lr: float, batch_size: int, seed: int, cfg: ClassifyConfig, device: torch.device) -> dict:
-    """One seed of one sweep setting: split, fine-tune, early-stop on validation, test."""
+def fine_tune(loaded: LoadedModel,
+              task: GenomicTask,
+              x: Tensor,
+              y: Tensor,
+              x_test: Tensor,
+              y_test: Tensor, *,
+              lr: float,
+              batch_size: int,
+              seed: int,
+              cfg: ClassifyConfig,
+              device: torch.device) -> dict:
+    """One seed of one sweep setting: split, fine-tune (the shared loop, tasks/finetune.py),
+    keep the epoch of the best validation accuracy, test."""
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(x), generator=g)
     n_val = max(1, round(cfg.val_fraction * len(x)))
@@ -110,12 +114,9 @@ def fine_tune(loaded: LoadedModel, task: GenomicTask, x: Tensor, y: Tensor, x_te
     torch.manual_seed(derive_seed(seed, "classify-head"))
     model = SequenceClassifier(copy.deepcopy(loaded.model), len(task.classes), conjoin=conjoin,
                                complement=loaded.tokenizer.complement).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-    steps_per_epoch = -(-len(train_idx) // batch_size)
-    total, step = cfg.epochs * steps_per_epoch, 0
-    best = (-1.0, None, 0)
-    for epoch in range(cfg.epochs):
-        model.train()
+    total = cfg.epochs * -(-len(train_idx) // batch_size)
+
+    def batches():
         perm = train_idx[torch.randperm(len(train_idx), generator=g)]
         for i in range(0, len(perm), batch_size):
             rows = perm[i:i + batch_size]
@@ -123,22 +124,19 @@ def fine_tune(loaded: LoadedModel, task: GenomicTask, x: Tensor, y: Tensor, x_te
             if rc_aug:
                 flip = (torch.rand(len(rows), generator=g) < 0.5).to(device)
                 xb = torch.where(flip[:, None], reverse_complement(xb, model.complement), xb)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * lr_factor(step, total, cfg)
-            loss = F.cross_entropy(model(xb), yb)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            step += 1
-        val = accuracy(model, x[val_idx], y[val_idx], cfg.eval_batch_size, device)
-        if val > best[0]:
-            best = (val, copy.deepcopy(model.state_dict()), epoch + 1)
-    model.load_state_dict(best[1])
+            yield xb, yb
+
+    warmup = max(1, round(cfg.warmup_fraction * total))
+    x_val, y_val = x[val_idx], y[val_idx]
+    result = fit(model, batches, lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]),
+                 epochs=cfg.epochs, total_steps=total,
+                 lr_at=lambda step: warmup_cosine(step, lr=lr, warmup=warmup, total=total,
+                                                  min_lr_ratio=cfg.min_lr_ratio),
+                 weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+                 evaluate=lambda m: accuracy(m, x_val, y_val, cfg.eval_batch_size, device))
     test = accuracy(model, x_test, y_test, cfg.eval_batch_size, device)
-    return {"seed": seed, "val_accuracy": best[0], "best_epoch": best[2], "test_accuracy": test,
-            "rc_augment": rc_aug, "conjoin": conjoin}
+    return {"seed": seed, "val_accuracy": result.best_score, "best_epoch": result.best_epoch,
+            "test_accuracy": test, "rc_augment": rc_aug, "conjoin": conjoin}
 
 
 def classify(loaded: LoadedModel, task: GenomicTask, cfg: ClassifyConfig, device: torch.device,

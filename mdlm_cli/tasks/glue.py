@@ -6,11 +6,12 @@ fine-tuning" row). `AutoModelForSequenceClassification` of the same architecture
 encoder's weights; its pooler (BERT) and classifier are freshly initialised (seeded) whatever
 the source, so an encoder saved with or without a pooler is compared on equal terms.
 
-Recipe (`GlueRecipe`): batch 16, as app. D.6 says the paper ran the Hugging Face script; the
-seeds give no epochs or learning rate, so those come from the Hugging Face text-classification
-example's README (`run_glue.py`: 3 epochs, lr 2e-5, max_seq_length 128), with the Trainer's
-defaults for the rest (AdamW, weight decay 0, no warmup, linear decay to 0, gradient clipping
-at 1.0, seed 42). Evaluation on GLUE's validation splits (its test labels are hidden).
+Recipe (`GlueRecipe`, run by the fine-tuning loop both tasks share, tasks/finetune.py): batch
+16, as app. D.6 says the paper ran the Hugging Face script; the seeds give no epochs or
+learning rate, so those come from the Hugging Face text-classification example's README
+(`run_glue.py`: 3 epochs, lr 2e-5, max_seq_length 128), with the Trainer's defaults for the
+rest (AdamW, weight decay 0, no warmup, linear decay to 0, gradient clipping at 1.0, seed 42).
+Evaluation on GLUE's validation splits (its test labels are hidden).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import MdlmError
+from .finetune import epochs_for, fit
 from .glue_data import GlueTask, load_rows, metrics, subset
 
 
@@ -114,33 +116,29 @@ def collate(examples: list[dict], pad_id: int, device: torch.device, regression:
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def fine_tune(model: nn.Module, train: list[dict], task: GlueTask, recipe: GlueRecipe, *, pad_id: int,
-              device: torch.device, on_step: Callable[[int, int, float], None] | None = None) -> float:
-    """AdamW with a linear decay to 0 over `epochs`; returns the mean loss of the last epoch."""
-    model.to(device).train()
+def fine_tune(model: nn.Module, train: list[dict], task: GlueTask, recipe: GlueRecipe, *,
+              pad_id: int,
+              device: torch.device,
+              on_step: Callable[[int, int, float], None] | None = None) -> float:
+    """The shared loop (tasks/finetune.py) with the HF Trainer's recipe: AdamW with a linear
+    decay to 0 over `epochs` (fractional epochs end mid-epoch), gradients clipped, no
+    evaluation during training; returns the mean loss of the last epoch."""
+    model.to(device)
     steps_per_epoch = math.ceil(len(train) / recipe.batch_size)
     total = max(1, math.ceil(recipe.epochs * steps_per_epoch))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1 - step / total))
-    rng, step, losses = np.random.default_rng(recipe.seed), 0, []
-    while step < total:
-        order, losses = rng.permutation(len(train)), []
+    rng = np.random.default_rng(recipe.seed)
+
+    def batches():
+        order = rng.permutation(len(train))
         for start in range(0, len(train), recipe.batch_size):
-            batch = collate([train[i] for i in order[start:start + recipe.batch_size]], pad_id, device,
-                            task.num_labels == 1)
-            loss = model(**batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            losses.append(loss.item())
-            if on_step is not None:
-                on_step(step, total, loss.item())
-            if step == total:
-                break
-    return float(np.mean(losses))
+            rows = [train[i] for i in order[start:start + recipe.batch_size]]
+            yield collate(rows, pad_id, device, task.num_labels == 1)
+
+    result = fit(model, batches, lambda m, batch: m(**batch).loss,
+                 epochs=epochs_for(total, steps_per_epoch), total_steps=total,
+                 lr_at=lambda step: recipe.lr * max(0.0, 1 - step / total),
+                 weight_decay=recipe.weight_decay, grad_clip=recipe.grad_clip, on_step=on_step)
+    return result.last_epoch_loss
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..checkpoints.folder import weight_mismatch
 from ..data.tokenizers import Tokenizer
 from ..errors import MdlmError
 
@@ -27,16 +28,16 @@ def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
         raise MdlmError(f"train.init_from {spec}: its tokenizer {loaded.tokenizer.name} (vocab "
                         f"{loaded.tokenizer.vocab_size}) is not this run's {tokenizer.name} ({tokenizer.vocab_size})")
     weights, target = loaded.model.state_dict(), model.state_dict()
-    unexpected = sorted(set(weights) - set(target))
-    missing = sorted(k for k in set(target) - set(weights) if not any(f in k for f in FRESH))
+    missing, unexpected, reshaped = weight_mismatch(target, weights,
+                                                    may_lack=lambda k: any(f in k for f in FRESH))
     if unexpected or missing:
         what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
         raise MdlmError(f"train.init_from {spec} does not fit this run's {loaded.config.model.backbone} model "
                         f"({what}); the model section must match the checkpoint's")
-    for key, value in weights.items():
-        if value.shape != target[key].shape:
-            raise MdlmError(f"train.init_from {spec}: {key} has shape {tuple(value.shape)}, this run's model "
-                            f"{tuple(target[key].shape)}; the model section must match the checkpoint's")
+    if reshaped is not None:
+        got, want = tuple(weights[reshaped].shape), tuple(target[reshaped].shape)
+        raise MdlmError(f"train.init_from {spec}: {reshaped} has shape {got}, this run's model "
+                        f"{want}; the model section must match the checkpoint's")
     model.load_state_dict({**target, **weights})
     fresh = len(set(target) - set(weights))
     return f"{spec} ({loaded.objective.name} model, {len(weights)} tensors" + (

@@ -38,6 +38,7 @@ from ..objectives.bound import BoundResult
 from ..runtime import Runtime, derive_seed, generator
 from .optim import EMA, lr_at
 from .run_folder import ResumePoint, finished, locked, log_config_change, resume_point, truncate_metrics
+from .state import TrainState
 
 
 @dataclass
@@ -91,7 +92,7 @@ class Run:
     net: torch.nn.Module  # what the loss calls: DDP / compiled wrappers around `model`
     ema: EMA | None
     optimizer: torch.optim.Optimizer
-    state: dict
+    state: TrainState
     accum: int  # micro-batches per rank per step
     mine: slice  # this rank's share of every global batch
     order: DataOrder
@@ -129,15 +130,15 @@ def _already_done(cfg: Config, start: ResumePoint) -> TrainResult:
 
     state = start.state
     char_level = load_tokenizer(str(start.step_dir / "tokenizer")).is_character_level
-    return TrainResult(cfg.out_dir, start.step_dir, state["step"], state.get("tokens_seen", 0),
-                       state.get("train_seconds", 0.0), 0.0, None, None, [], already_done=True,
+    return TrainResult(cfg.out_dir, start.step_dir, state.step, state.tokens_seen,
+                       state.train_seconds, 0.0, None, None, [], already_done=True,
                        char_level=char_level)
 
 
 def _set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *, load_dataset) -> Run:
     """Data, objective, model, EMA, optimizer; the checkpoint to resume; the run folder."""
     # a resumed run keeps the CPU threads it chose (gradients can round differently with another count)
-    threads = cfg.train.threads or (0 if os.environ.get("OMP_NUM_THREADS") else start.state.get("threads", 0))
+    threads = cfg.train.threads or (0 if os.environ.get("OMP_NUM_THREADS") else start.state.threads or 0)
     rt = Runtime.create(str(dist.device), cfg.train.precision, threads)
     check_data(cfg)  # the backbone's checks of the data config, before any data is prepared
     data = _prepare_data(cfg, console, load_dataset, wait=dist.local_rank != 0)
@@ -163,28 +164,29 @@ def _set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *, lo
                                   eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
                                   fused=(rt.device.type == "cuda") or None)
     state = _restore(model, ema, optimizer, console, start.step_dir)
-    state["threads"] = torch.get_num_threads()
+    state.threads = torch.get_num_threads()
     run = Run(cfg, dist, rt, console, data, tokenizer, train_split, valid_split, objective, model, net, ema,
               optimizer, state, accum, dist.batch_shard(tc.global_batch_size), DataOrder(len(train_split), tc.seed),
               objective.denoiser(net, rt.dtype))
     if dist.is_main:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.run_dir / "config.yaml", config_yaml(cfg))
-        truncate_metrics(run.run_dir / "metrics.jsonl", run.state["step"])
+        truncate_metrics(run.run_dir / "metrics.jsonl", run.state.step)
         if start.changes:  # allowed by --override-resume-config: on the record
-            log_config_change(run.run_dir, run.state["step"], start.changes, console)
+            log_config_change(run.run_dir, run.state.step, start.changes, console)
     _describe(run)
     return run
 
 
-def _restore(model, ema: EMA | None, optimizer, console: Console, step_dir: Path | None) -> dict:
+def _restore(model, ema: EMA | None, optimizer, console: Console, step_dir: Path | None) -> TrainState:
     """The training state: fresh, or the checkpoint's (weights restored in place)."""
-    state = {"step": 0, "samples_seen": 0, "tokens_seen": 0, "best_valid_nats": None, "train_seconds": 0.0}
+    state = TrainState()
     if step_dir is not None:
-        state = load_training_state(step_dir, model, ema.model if ema else None, optimizer)
+        ema_model = ema.model if ema else None
+        state = TrainState.from_dict(load_training_state(step_dir, model, ema_model, optimizer))
         if ema is not None:
-            ema.updates = state["step"]
-        console.print(f"Resumed from {step_dir} at step {state['step']}", markup=False, highlight=False)
+            ema.updates = state.step
+        console.print(f"Resumed from {step_dir} at step {state.step}", markup=False, highlight=False)
     return state
 
 
@@ -212,7 +214,7 @@ def _step(run: Run, step: int) -> tuple[float, int, float]:
     lr = lr_at(step, cfg)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    rows = run.order.rows(run.state["samples_seen"], tc.global_batch_size)
+    rows = run.order.rows(run.state.samples_seen, tc.global_batch_size)
     n_tokens = run.train_split.count(rows)
     t = None
     if run.objective.uses_time:  # stratified over the global batch, then this rank's share
@@ -264,9 +266,9 @@ def _evaluate(run: Run, rows: int) -> BoundResult:
 
 
 def _checkpoint(run: Run, best: bool = False) -> Path:
-    return save_checkpoint(run.run_dir, run.state["step"], model=run.model,
+    return save_checkpoint(run.run_dir, run.state.step, model=run.model,
                            ema_model=run.ema.model if run.ema else None, optimizer=run.optimizer, cfg=run.cfg,
-                           state=run.state, tokenizer=run.tokenizer, data_meta=run.data.meta,
+                           state=run.state.to_dict(), tokenizer=run.tokenizer, data_meta=run.data.meta,
                            keep_last=run.cfg.train.keep_last, best=best)
 
 
@@ -286,10 +288,10 @@ class _Window:
 def _log(run: Run, window: _Window, log, progress: Progress, task, *, lr: float, grad_norm: float | None,
          elapsed_s: float) -> None:
     """One JSONL record (means over the window), the progress line, and a text line every 10 logs."""
-    done = run.state["step"]
+    done = run.state.step
     mean_loss = window.loss / window.steps
     record = {"step": done, "loss": mean_loss, "ppl_bound": math.exp(min(mean_loss, 700)), "lr": lr,
-              "tokens": run.state["tokens_seen"],
+              "tokens": run.state.tokens_seen,
               "tokens_per_s": window.tokens / max(time.perf_counter() - window.t0, 1e-9),
               "grad_norm": grad_norm, "elapsed_s": elapsed_s}
     log.write(json.dumps(record) + "\n")
@@ -314,15 +316,15 @@ def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
     tc, state = run.cfg.train, run.state
     metrics_path = run.run_dir / "metrics.jsonl" if run.dist.is_main else Path(os.devnull)  # files: rank 0 only
     window, progress = _Window(), _progress(run)
-    start_step, start_tokens, start_time = state["step"], state["tokens_seen"], time.perf_counter()
-    base_seconds = state["train_seconds"]  # every checkpoint holds the run's time so far: a kill loses none
+    start_step, start_tokens, start_time = state.step, state.tokens_seen, time.perf_counter()
+    base_seconds = state.train_seconds  # every checkpoint holds the run's time so far: a kill loses none
     step_seconds, preempted = 0.0, 0.0  # time in steps only; > 0 once any rank has received SIGTERM
     try:
         with progress, open(metrics_path, "a") as log:
             task = progress.add_task("train", total=tc.max_steps, completed=start_step, info="")
             run.model.train()
-            while state["step"] < tc.max_steps:
-                step, step_t0 = state["step"], time.perf_counter()
+            while state.step < tc.max_steps:
+                step, step_t0 = state.step, time.perf_counter()
                 loss, n_tokens, lr = _step(run, step)
                 out_of_time = time_limit_s > 0 and time.perf_counter() - start_time > time_limit_s
                 # one reduction per step: the global loss, and whether any rank must stop
@@ -330,17 +332,16 @@ def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
                 grad_norm = _update(run, step, loss)
                 run.losses.append(loss)
                 step_seconds += time.perf_counter() - step_t0
-                state.update(step=step + 1, samples_seen=state["samples_seen"] + tc.global_batch_size,
-                             tokens_seen=state["tokens_seen"] + n_tokens)
+                state.advance(tc.global_batch_size, n_tokens)
                 window.add(loss, n_tokens)
-                done = state["step"]
+                done = state.step
                 if done % tc.log_every == 0 or done == tc.max_steps:
                     _log(run, window, log, progress, task, lr=lr, grad_norm=grad_norm,
                          elapsed_s=base_seconds + time.perf_counter() - start_time)
                 progress.update(task, completed=done)
                 if preempted:
                     break
-                state["train_seconds"] = base_seconds + time.perf_counter() - start_time
+                state.train_seconds = base_seconds + time.perf_counter() - start_time
                 if done % tc.eval_every == 0 and done < tc.max_steps and not out_of_time:
                     _checkpoint(run, best=_record_eval(state, _evaluate(run, tc.eval_rows), done, log, run.console,
                                                        char_level=run.tokenizer.is_character_level))
@@ -350,13 +351,13 @@ def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
                     run.console.print(f"Time limit reached at step {done}")
                     break
     except KeyboardInterrupt:
-        state["train_seconds"] = base_seconds + time.perf_counter() - start_time
+        state.train_seconds = base_seconds + time.perf_counter() - start_time
         path = _checkpoint(run)
-        raise MdlmError(f"interrupted at step {state['step']}; checkpoint saved to {path}; "
+        raise MdlmError(f"interrupted at step {state.step}; checkpoint saved to {path}; "
                         "continue with --resume") from None
     train_seconds = time.perf_counter() - start_time
-    state["train_seconds"] = base_seconds + train_seconds
-    speed = (state["tokens_seen"] - start_tokens) / max(step_seconds, 1e-9)
+    state.train_seconds = base_seconds + train_seconds
+    speed = (state.tokens_seen - start_tokens) / max(step_seconds, 1e-9)
     return _finish(run, stop, metrics_path, train_seconds, speed, preempted=bool(preempted))
 
 
@@ -366,29 +367,26 @@ def _finish(run: Run, stop: StopSignals, metrics_path: Path, train_seconds: floa
     state, unigram = run.state, run.data.meta.get("unigram_valid_nats")
     if preempted:
         path = _checkpoint(run)
-        run.console.print(f"{stop.received or 'SIGTERM'} at step {state['step']}: checkpoint saved to {path}",
+        run.console.print(f"{stop.received or 'SIGTERM'} at step {state.step}: checkpoint saved to {path}",
                           markup=False, highlight=False)
-        return TrainResult(run.run_dir, path, state["step"], state["tokens_seen"], train_seconds, speed, None,
+        return TrainResult(run.run_dir, path, state.step, state.tokens_seen, train_seconds, speed, None,
                            unigram, run.losses, stopped_by=stop.received or "SIGTERM",
                            char_level=run.tokenizer.is_character_level)
     final = _evaluate(run, 0) if len(run.valid_split) else None
     best = False
     if final is not None:
         with open(metrics_path, "a") as log:
-            best = _record_eval(state, final, state["step"], log, run.console, final=True,
+            best = _record_eval(state, final, state.step, log, run.console, final=True,
                                 char_level=run.tokenizer.is_character_level)
-    state["final_step"] = state["step"]  # a --resume at max_steps finds nothing left to do
-    return TrainResult(run.run_dir, _checkpoint(run, best=best), state["step"], state["tokens_seen"], train_seconds,
+    state.final_step = state.step  # a --resume at max_steps finds nothing left to do
+    return TrainResult(run.run_dir, _checkpoint(run, best=best), state.step, state.tokens_seen, train_seconds,
                        speed, final, unigram, run.losses, char_level=run.tokenizer.is_character_level)
 
 
-def _record_eval(state: dict, result: BoundResult, step: int, log, console: Console,
+def _record_eval(state: TrainState, result: BoundResult, step: int, log, console: Console,
                  final: bool = False, char_level: bool = False) -> bool:
     nats = result.nats_per_token
-    best = state["best_valid_nats"] is None or nats < state["best_valid_nats"]
-    if best:
-        state["best_valid_nats"] = nats
-    state["valid_nats"] = nats
+    best = state.record_validation(nats)
     record = {"step": step, "valid_nats": nats, "valid_ppl_bound": result.perplexity,
               "valid_tokens": result.tokens, "final": final}
     log.write(json.dumps(record) + "\n")

@@ -1,4 +1,5 @@
-"""Optimisation helpers of the train loop: the learning-rate schedule and the EMA of the weights."""
+"""Optimisation helpers: the learning-rate schedule (the fine-tuning loop's too) and the EMA
+of the weights."""
 
 from __future__ import annotations
 
@@ -12,16 +13,22 @@ if TYPE_CHECKING:
     from ..config import Config
 
 
+def warmup_cosine(step: int, *, lr: float, warmup: int, total: int, min_lr_ratio: float) -> float:
+    """The learning rate at `step` (from 0): linear warmup over `warmup` steps, then cosine
+    decay to min_lr_ratio * lr at step `total` (min_lr_ratio = 1: constant after warmup)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
 def lr_at(step: int, cfg: Config) -> float:
-    """Linear warmup, then constant or cosine decay to min_lr_ratio * lr."""
+    """The training run's schedule: linear warmup, then constant or cosine decay to
+    min_lr_ratio * lr."""
     o = cfg.optim
-    if o.warmup_steps and step < o.warmup_steps:
-        return o.lr * (step + 1) / o.warmup_steps
-    if o.schedule == "cosine":
-        span = max(cfg.train.max_steps - o.warmup_steps, 1)
-        progress = min((step - o.warmup_steps) / span, 1.0)
-        return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-    return o.lr
+    floor = o.min_lr_ratio if o.schedule == "cosine" else 1.0
+    return warmup_cosine(step, lr=o.lr, warmup=o.warmup_steps, total=cfg.train.max_steps,
+                         min_lr_ratio=floor)
 
 
 class EMA:

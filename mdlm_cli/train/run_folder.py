@@ -26,6 +26,7 @@ from ..distributed import Dist
 from ..errors import MdlmError, MdlmWarning
 from ..io.files import write_text_atomic
 from .run_lock import RunLock
+from .state import TrainState
 
 
 @dataclass
@@ -33,7 +34,7 @@ class ResumePoint:
     """Where a run starts: nothing (fresh), or a checkpoint, with the config keys that changed."""
 
     step_dir: Path | None = None
-    state: dict = field(default_factory=dict)
+    state: TrainState = field(default_factory=TrainState)
     changes: dict = field(default_factory=dict)
 
 
@@ -80,21 +81,21 @@ def resume_point(cfg: Config, dist: Dist, console: Console, resume: bool, overri
     except (OSError, json.JSONDecodeError) as e:
         raise MdlmError(f"{step_dir}/state.json is unreadable ({type(e).__name__}); the checkpoint is "
                         "corrupted") from None
-    return ResumePoint(step_dir, state, changes)
+    return ResumePoint(step_dir, TrainState.from_dict(state), changes)
 
 
 def finished(cfg: Config, start: ResumePoint) -> bool:
     """At max_steps (or past it) with its final validation done: nothing left to run."""
     state = start.state
-    if start.step_dir is None or state.get("step", 0) < cfg.train.max_steps:
+    if start.step_dir is None or state.step < cfg.train.max_steps:
         return False
-    if state.get("final_step") == state["step"]:
+    if state.final_step == state.step:
         return True
     metrics = cfg.out_dir / "metrics.jsonl"  # runs saved before `final_step` existed
     if not metrics.is_file():
         return False
     records = [json.loads(line) for line in read_metrics(metrics, warn_torn=False)[0]]
-    return any(r.get("final") is True and r.get("step") == state["step"] for r in records)
+    return any(r.get("final") is True and r.get("step") == state.step for r in records)
 
 
 def read_metrics(path: Path, *, warn_torn: bool = True) -> tuple[list[str], bool]:

@@ -16,7 +16,7 @@ from mdlm_cli.engine import EngineError
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.models import DiT, KVCache, build_model
 from mdlm_cli.objectives import get_objective
-from mdlm_cli.objectives.ar import CausalLM, sequence_nll
+from mdlm_cli.objectives.ar import CausalLMAdapter, sequence_nll
 
 from .test_sampling import chi2_pvalue
 
@@ -96,7 +96,8 @@ def test_generation_samples_the_model_distribution():
     probs = torch.exp(-sequence_nll(model, configs, bos_id=BOS, mask_id=MASK)).double().detach()
     assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
     n = 6000
-    tokens, stats = engine.sample(CausalLM(model, bos_id=BOS, mask_id=MASK), sampler=SAMPLER, num_samples=n,
+    lm = CausalLMAdapter(model, bos_id=BOS, mask_id=MASK)
+    tokens, stats = engine.sample(lm, sampler=SAMPLER, num_samples=n,
                                   length=L, mask_id=MASK, generator=torch.Generator().manual_seed(0), batch_size=2000,
                                   return_stats=True)
     assert not (tokens == MASK).any()
@@ -108,7 +109,7 @@ def test_generation_samples_the_model_distribution():
 
 def test_prompt_is_continued_and_infill_refused():
     model = tiny(scale=0.5)
-    lm = CausalLM(model, bos_id=BOS, mask_id=MASK)
+    lm = CausalLMAdapter(model, bos_id=BOS, mask_id=MASK)
     template = torch.tensor([2, 0, MASK, MASK, MASK])
     tokens, stats = engine.sample(lm, sampler=SAMPLER, num_samples=4, length=5, mask_id=MASK, prompt=template,
                                   generator=torch.Generator().manual_seed(1), return_stats=True)

@@ -14,7 +14,7 @@ from mdlm_cli import engine
 from mdlm_cli.config import ModelConfig
 from mdlm_cli.models import build_model
 from mdlm_cli.models.tied import canonical_state
-from mdlm_cli.objectives.ar import CausalLM
+from mdlm_cli.objectives.ar import CausalLMAdapter
 
 pytest.importorskip("mambapy", reason="the torch Mamba mixer needs mambapy (pip install mambapy)")
 
@@ -201,7 +201,7 @@ def test_mamba_recurrent_cache_matches_the_full_forward_and_samples_one_call_per
     cfg = ModelConfig(backbone="mamba", hidden_size=16, n_blocks=2, dropout=0.0)
     model = build_model(cfg, 16, causal=True).eval()
     x = dna(B=3, L=12)
-    lm = CausalLM(model, bos_id=2, mask_id=3)
+    lm = CausalLMAdapter(model, bos_id=2, mask_id=3)
     cache = lm.new_cache(3, 12, torch.device("cpu"))
     pieces = [lm(x[:, :5], cache)] + [lm(x[:, j:j + 1], cache) for j in range(5, 12)]
     assert torch.allclose(torch.cat(pieces, 1), model(x), atol=1e-5, rtol=0)

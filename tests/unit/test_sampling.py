@@ -114,12 +114,12 @@ def model_for(spec: engine.SamplerSpec, den: AnalyticDenoiser):
         return AnalyticPosterior(den)
     from mdlm_cli.config import ModelConfig
     from mdlm_cli.models import DiT
-    from mdlm_cli.objectives.ar import CausalLM
+    from mdlm_cli.objectives.ar import CausalLMAdapter
 
     torch.manual_seed(0)
     model = DiT(ModelConfig(hidden_size=16, n_blocks=1, n_heads=2, cond_dim=8, dropout=0.0), den.vocab + 1, causal=True)
     torch.nn.init.normal_(model.output_layer.linear.weight, std=1.0)
-    return CausalLM(model.eval(), bos_id=0, mask_id=den.mask_id)
+    return CausalLMAdapter(model.eval(), bos_id=0, mask_id=den.mask_id)
 
 
 @pytest.mark.parametrize("sampler", list(engine.SAMPLERS))

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...config import ModelConfig
+from ...engine.schedules import SCHEDULES, get_schedule
 from ...errors import MdlmError
+from ...models import unwrap
 
 if TYPE_CHECKING:
     from ..folder import LoadedModel
@@ -29,7 +31,13 @@ INV_FREQ = "rotary_emb.inv_freq"
 # Key prefixes, tried in order: a Lightning module around the HF model, the Lightning
 # module or the HF `MDLM` (`backbone.`), a bare DiT state dict.
 PREFIXES = ("backbone.backbone.", "backbone.", "")
-REFERENCE_SCHEDULES = {"loglinear": "loglinear", "cosine": "cosine", "cosinesqr": "cosine-squared"}
+# the reference's noise.type -> mdlm's schedule
+REFERENCE_SCHEDULES = {"loglinear": "loglinear", "cosine": "cosine", "cosinesqr": "cosine-squared",
+                       "linear": "linear", "geometric": "geometric"}
+# mdlm's schedules with fixed sigmas (their defaults in engine/schedules.py): a checkpoint must
+# record these
+SIGMA_RANGES = {name: (s.sigma_min, s.sigma_max) for name, s in
+                ((name, get_schedule(name)) for name in SCHEDULES) if hasattr(s, "sigma_min")}
 # the reference's `parameterization` -> mdlm's objective and the switches it implies: its d3pm always
 # adds the reconstruction term (no carry-over) and zero-masks only with `subs_masking`
 PARAMETERIZATIONS = {"subs": {"objective": "mdlm"}, "sedd": {"objective": "sedd"},
@@ -110,16 +118,32 @@ def _schedule(get, source) -> str | None:
     noise = get("noise.type")
     if noise is None:
         return None
-    schedule = REFERENCE_SCHEDULES.get(noise)
-    if noise == "linear" and (get("noise.sigma_min"), get("noise.sigma_max")) in ((1e-3, 7), (0.001, 7.0)):
-        schedule = "linear"
-    if noise == "geometric" and (get("noise.sigma_min"), get("noise.sigma_max")) in ((1e-4, 20), (0.0001, 20.0)):
-        schedule = "geometric"
-    if schedule is None:
+    sigmas = (get("noise.sigma_min"), get("noise.sigma_max"))
+    return noise_schedule(noise, sigmas, REFERENCE_SCHEDULES, source)
+
+
+def noise_schedule(noise: str, sigmas: tuple, names: dict[str, str], source) -> str:
+    """mdlm's schedule for a format's noise `noise` with (sigma_min, sigma_max): `names` maps the
+    format's noise names to mdlm's; the schedules with fixed sigmas (SIGMA_RANGES) match only
+    with those (a sigma of a schedule without one, such as loglinear's, is not read)."""
+    name = names.get(noise)
+    if name is None:
+        supported = [f"{k} with {_sigma_text(SIGMA_RANGES[v])}" if v in SIGMA_RANGES else k
+                     for k, v in names.items()]
         raise MdlmError(f"{source} uses the noise schedule {noise!r}, which mdlm does not implement "
-                        f"(supported: {', '.join(REFERENCE_SCHEDULES)}, linear with sigma 1e-3..7, "
-                        "geometric with sigma 1e-4..20)")
-    return schedule
+                        f"(supported: {', '.join(supported)})")
+    if name in SIGMA_RANGES:
+        keys = ("noise.sigma_min", "noise.sigma_max")
+        got = tuple(number(v, float, k, source) for k, v in zip(keys, sigmas, strict=True))
+        if got != SIGMA_RANGES[name]:
+            recorded = "no sigma range" if None in got else _sigma_text(got)
+            raise MdlmError(f"{source} uses the noise schedule {noise!r} with {recorded}; mdlm "
+                            f"implements {noise} noise with {_sigma_text(SIGMA_RANGES[name])} only")
+    return name
+
+
+def _sigma_text(sigmas: tuple) -> str:
+    return f"sigma {sigmas[0]}..{sigmas[1]}"
 
 
 def model_config(weights: dict[str, torch.Tensor], partial: dict, inv_freq: torch.Tensor | None,
@@ -192,7 +216,7 @@ def backbone_state(state: dict, source) -> dict[str, torch.Tensor]:
 
 def reference_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """mdlm's DiT weights under the reference's `MDLM` names, rotary table included."""
-    base = getattr(model, "_orig_mod", model)
+    base = unwrap(model)
     out = {f"backbone.{k}": v.detach().to("cpu", torch.float32).contiguous() for k, v in base.state_dict().items()}
     out[f"backbone.{INV_FREQ}"] = base.rotary_emb.inv_freq.detach().cpu().float().contiguous()
     return out

@@ -13,13 +13,14 @@ id, `tokens`, so the model vocabulary is `tokens + 1`.
 from __future__ import annotations
 
 from ...errors import MdlmError
-from .reference import new_partial, number
+from .reference import new_partial, noise_schedule, number
 
 # SEDD's model fields -> mdlm's config (section, key, type)
 MODEL_FIELDS = {"hidden_size": ("model", "hidden_size", int), "n_blocks": ("model", "n_blocks", int),
                 "n_heads": ("model", "n_heads", int), "cond_dim": ("model", "cond_dim", int),
                 "dropout": ("model", "dropout", float), "length": ("data", "length", int)}
-SCHEDULES = {"loglinear": ("loglinear", None), "geometric": ("geometric", (1e-4, 20.0))}
+# SEDD's noise.type -> mdlm's schedule
+SCHEDULES = {"loglinear": "loglinear", "geometric": "geometric"}
 
 
 def sedd_config(raw: dict) -> dict | None:
@@ -56,13 +57,5 @@ def partial_from_sedd_config(config: dict, source) -> dict:
 
 
 def _schedule(noise: dict, source) -> str:
-    kind = noise.get("type", "loglinear")
-    if kind not in SCHEDULES:
-        raise MdlmError(f"{source} uses SEDD's {kind!r} noise; mdlm implements {', '.join(SCHEDULES)}")
-    name, sigmas = SCHEDULES[kind]
-    if sigmas is not None:
-        got = tuple(number(noise.get(k), float, f"noise.{k}", source) for k in ("sigma_min", "sigma_max"))
-        if got != sigmas:
-            raise MdlmError(f"{source}: geometric noise with sigma {got[0]}..{got[1]}; mdlm's geometric schedule "
-                            f"is SEDD's default {sigmas[0]}..{sigmas[1]}")
-    return name
+    sigmas = (noise.get("sigma_min"), noise.get("sigma_max"))
+    return noise_schedule(noise.get("type", "loglinear"), sigmas, SCHEDULES, source)

@@ -1,0 +1,65 @@
+"""The contracts of the models the engine calls: a denoiser (masked diffusion) and a causal
+language model (left-to-right sampling). Structural types: any object with these members
+serves, nothing is subclassed; `models.DiffusionDenoiser` and `objectives.ar.CausalLMAdapter`
+are the package's own.
+
+A `Denoiser` may declare three optional members, read through the helpers below (absent
+means False / None) so that nothing guesses them:
+- `time_agnostic = True`: its output does not depend on t (a model without time
+  conditioning); caching samplers need this;
+- `supports_output_mask = True`: it accepts `output_mask=` (B, L) bool and then returns
+  logits (N, V) only at those positions (the DiT does: the loss needs only masked positions);
+  without it the engine never passes `output_mask`;
+- `log_score(z_t, t, *, output_mask) -> (N, V)`: log concrete scores of its own (a score
+  model: SEDD); without it score-based samplers convert the logits (`subs_log_score`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+
+class Denoiser(Protocol):
+    """`denoiser(z_t (B, L) long, t (B,) float) -> logits (B, L, V)`, V including the mask
+    token; the engine applies SUBS itself. `attention_mask` (B, L) is passed only when given."""
+
+    def __call__(self, z_t: Tensor, t: Tensor, *,
+                 output_mask: Tensor | None = None,
+                 attention_mask: Tensor | None = None) -> Tensor: ...
+
+
+class ScoreModel(Denoiser, Protocol):
+    """A denoiser that also gives log concrete scores at the `output_mask` positions (N, V)."""
+
+    def log_score(self, z_t: Tensor, t: Tensor, *, output_mask: Tensor) -> Tensor: ...
+
+
+class CausalLM(Protocol):
+    """Left-to-right model with a key/value (or state) cache: `bos_id` (the start token put
+    before every row), `new_cache(batch, max_len, device)`, and `lm(tokens (B, n), cache) ->
+    logits (B, n, V)` for n new tokens after the cached ones."""
+
+    bos_id: int
+
+    def new_cache(self, batch: int, max_len: int, device: torch.device) -> Any: ...
+
+    def __call__(self, tokens: Tensor, cache: Any) -> Tensor: ...
+
+
+def is_time_agnostic(denoiser: Denoiser) -> bool:
+    """Whether the denoiser declared that its output ignores t (`time_agnostic`)."""
+    return bool(getattr(denoiser, "time_agnostic", False))
+
+
+def supports_output_mask(denoiser: Denoiser) -> bool:
+    """Whether the denoiser declared that it takes `output_mask=` (`supports_output_mask`)."""
+    return bool(getattr(denoiser, "supports_output_mask", False))
+
+
+def score_method(denoiser: Denoiser) -> Callable[..., Tensor] | None:
+    """The denoiser's own `log_score` (a `ScoreModel`), or None."""
+    return getattr(denoiser, "log_score", None)

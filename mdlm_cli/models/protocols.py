@@ -1,0 +1,60 @@
+"""The backbone contract: what every class in `models.BACKBONES` provides (a structural type,
+nothing is subclassed), so that training, checkpoints and the objectives can build, save,
+describe and call any of them alike.
+
+Optional members, each read where it is needed and absent on most backbones:
+- `requires_causal: bool` (class attribute): the attention it is built with whatever the
+  objective asks (Mamba: True, a bidirectional encoder: False); checked against the objective;
+- `check_data(cfg, tokenizer)` (classmethod): checks of the data a run trains on (its
+  tokeniser, the row length), called before the data is prepared;
+- `new_cache(batch, max_len, device, dtype)`: its own decoding cache (Mamba's recurrent
+  state) where the DiT's key/value cache does not fit (`objectives.ar.CausalLMAdapter`);
+- `notes: list[str]`: what a user should know about how it was built (an encoder's fresh
+  MLM head), printed by training and sampling;
+- `blocks`: the modules FSDP2 shards one by one;
+- `features(tokens)` -> hidden states (B, L, H) and `rcps` (DNA encoders): what
+  `mdlm classify` fine-tunes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from ..config import Config, ModelConfig
+
+
+class Backbone(Protocol):
+    """A module built as `cls(model_cfg, vocab_size, causal=...)` for training (vocabulary with
+    the mask token) and called as `model(tokens (B, L), sigma (B,) or None, attention_mask=,
+    output_mask=) -> logits (B, L, V)`, or (N, V) at the N True positions of `output_mask`."""
+
+    config_keys: ClassVar[tuple[str, ...]]  # the ModelConfig keys it reads
+    config: ModelConfig
+    vocab_size: int
+    causal: bool
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, causal: bool = False) -> None: ...
+
+    @classmethod
+    def validate_config(cls, cfg: Config) -> None:
+        """Refuse (MdlmError) model settings it cannot be built with."""
+
+    @classmethod
+    def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *,
+                        causal: bool = False) -> Backbone:
+        """Rebuilt offline from a checkpoint folder, ready for its weights."""
+
+    def save_checkpoint_files(self, folder: Path) -> None:
+        """What it needs beside the weights to be rebuilt offline (hf-mlm: its HF config)."""
+
+    def describe(self) -> str: ...
+
+    def num_parameters(self) -> int: ...
+
+    def __call__(self, tokens: Tensor, sigma: Tensor | None = None, *,
+                 attention_mask: Tensor | None = None,
+                 output_mask: Tensor | None = None) -> Tensor: ...
