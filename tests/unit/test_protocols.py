@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from mdlm_cli.config import resolve_config
+from mdlm_cli.build import resolve_config
 from mdlm_cli.engine.protocols import CausalLM, is_time_agnostic, score_method, supports_output_mask
 from mdlm_cli.engine.schedules import LogLinear
 from mdlm_cli.models import BACKBONES, Backbone, DiffusionDenoiser, build_model, unwrap
@@ -32,7 +32,7 @@ def test_every_backbone_has_the_members_of_the_contract(name):
 def test_a_built_backbone_and_its_adapters_keep_the_contracts():
     cfg = resolve_config("test")
     model = build_model(cfg.model, 35)
-    assert isinstance(model.vocab_size, int) and model.causal is False and model.config is cfg.model
+    assert isinstance(model.vocab_size, int) and model.causal is False and model.config.hidden_size == cfg.model.hidden_size
     plain = DiffusionDenoiser(model, LogLinear())
     timed = DiffusionDenoiser(model, LogLinear(), time_conditioning=True)
     assert is_time_agnostic(plain) and not is_time_agnostic(timed) and supports_output_mask(plain)
