@@ -143,6 +143,8 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
             return_stats=True,
             **kwargs,
         )
+        if plan.states:  # the last state: every position decided
+            emit(("state", state_pieces(served, tokens)))
         if plan.endpoint == "infill":
             return _infill_outcome(
                 plan, served, tokens.cpu(), stats, time.perf_counter() - t0, emit

@@ -203,3 +203,43 @@ def test_a_checkpoint_that_does_not_load_ends_the_command_with_one_line(tmp_path
     assert proc.wait(timeout=120) == 1
     errors = [line for line in log.read_text().splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "missing" in errors[0]
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def test_the_page_shows_the_masks_filling_in(server, tmp_path):
+    """The page at / in a headless chromium: a template submitted, its masked positions filled in
+    state by state; screenshots (mid-way and done) in the test's folder."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not CHROMIUM.exists():
+        pytest.skip("no chromium at /usr/bin/chromium (Debian: apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 520})
+            page.set_default_timeout(60_000)
+            page.goto(server[0] + "/")
+            page.fill("#key", KEY)
+            page.dispatch_event("#key", "change")
+            page.wait_for_function("document.querySelectorAll('#sampler option').length > 0")
+            page.select_option("#sampler", "first-hitting")
+            page.fill("#seed", "4")
+            page.fill("#prompt", "the <mask:12> of the <mask:8>")
+            page.click("#go")
+            page.wait_for_function("window.mdlmMasked.length > 3 && window.mdlmMasked.at(-1) > 0"
+                                   " && window.mdlmMasked.at(-1) < window.mdlmMasked[0]")
+            page.screenshot(path=str(tmp_path / "serve-page-midway.png"))
+            page.wait_for_function("document.getElementById('status').dataset.done === '1'")
+            page.screenshot(path=str(tmp_path / "serve-page.png"))
+            masked = page.evaluate("window.mdlmMasked")
+            text = page.inner_text("#text")
+            status = page.inner_text("#status")
+        finally:
+            browser.close()
+    assert masked[0] == 32 - len("the  of the ") and masked[-1] == 0
+    assert all(a >= b for a, b in zip(masked, masked[1:], strict=False)) and len(masked) > 3
+    assert text.startswith("the ") and " of the " in text and "first-hitting" in status
+    assert (tmp_path / "serve-page.png").stat().st_size > 0

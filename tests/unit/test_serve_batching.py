@@ -254,3 +254,33 @@ def test_a_rows_logits_are_the_same_bits_in_every_batch():
         assert torch.equal(worker._network("logits", z.flip(0), t.flip(0))[-1:], alone)
     finally:
         worker.stop()
+
+
+def test_a_full_queue_refuses_and_a_late_request_times_out():
+    from mdlm_cli.serve.app import api_error
+    from mdlm_cli.serve.worker import Cancelled, QueueFull
+
+    served = served_model("mdlm")
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=1, queue_size=1)
+    release, outcomes = threading.Event(), []
+    try:
+        blocking = Job(1, lambda d: release.wait(30), lambda r, e: outcomes.append(e), 60)
+        worker.submit(blocking)
+        for _ in range(200):  # bounded: until the first job runs
+            if worker.depth() == (0, 1):
+                break
+            threading.Event().wait(0.01)
+        z = torch.full((1, 32), served.loaded.mask_id)
+        late = Job(1, lambda d: d(z, torch.ones(1)), lambda r, e: outcomes.append(e), 0.0)
+        worker.submit(late)  # waits in the queue, past its time limit when its turn comes
+        with pytest.raises(QueueFull):
+            worker.submit(Job(1, lambda d: None, lambda r, e: None, 60))
+        release.set()
+        for _ in range(500):
+            if len(outcomes) == 2:
+                break
+            threading.Event().wait(0.01)
+    finally:
+        worker.stop()
+    assert outcomes[0] is None and isinstance(outcomes[1], Cancelled)
+    assert api_error(outcomes[1], 1).status == 504
