@@ -167,7 +167,7 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 def check_fields(body: dict, allowed: tuple[str, ...]) -> None:
     for name, value in body.items():
         if name in NEUTRAL and name not in allowed:
-            if not any(value == v and type(value) is type(v) for v in NEUTRAL[name]):
+            if isinstance(value, bool) or value not in NEUTRAL[name]:  # 0 and 0.0 both neutral
                 raise invalid(
                     f"{name} is not supported by mdlm serve", name, "unsupported_parameter"
                 )

@@ -217,6 +217,15 @@ def test_bad_requests_are_refused_with_the_field_named(body, param):
     assert set(e.value.body()["error"]) == {"message", "type", "param", "code"}
 
 
+def test_openai_fields_at_their_neutral_values_are_accepted():
+    served = served_model("mdlm")
+    body = {"prompt": "x", "logprobs": None, "presence_penalty": 0.0, "frequency_penalty": 0,
+            "best_of": 1, "user": "someone", "model": "test"}
+    assert parse_completion(body, served, Limits()).n == 1
+    with pytest.raises(ApiError):
+        parse_completion({**body, "presence_penalty": 0.5}, served, Limits())
+
+
 def test_semi_ar_allows_more_than_the_window_and_infill_takes_templates():
     served = served_model("mdlm")
     plan = parse_completion({"prompt": "x", "stride": 8, "max_tokens": 100}, served, Limits())
