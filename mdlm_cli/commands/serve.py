@@ -24,9 +24,10 @@ from .common import (
 
 HostOpt = Annotated[str, typer.Option(help="Address to bind (a non-loopback one wants --api-key).")]
 PortOpt = Annotated[int, typer.Option(help="TCP port.", min=0, max=65535)]
-MaxBatchOpt = Annotated[int, typer.Option(
+MaxBatchOpt = Annotated[int | None, typer.Option(
     help="Rows per network call: concurrent requests are sampled together up to this many rows; "
-         "every call has this shape (1 = no batching).")]
+         "every call has this shape, padded (1 = no batching). Default: 8 on a GPU, 1 on a CPU, "
+         "where a padded call costs all its rows.")]
 MaxWaitOpt = Annotated[float, typer.Option(
     help="How long a network call waits for the calls of the other running requests (ms).")]
 QueueOpt = Annotated[int, typer.Option(help="Requests that may wait; beyond them 429 Retry-After.")]
@@ -68,8 +69,8 @@ def serve_cmd(
     checkpoint: CheckpointOpt = "runs/demo",
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8000,
-    max_batch: MaxBatchOpt = 8,
-    max_wait_ms: MaxWaitOpt = 5.0,
+    max_batch: MaxBatchOpt = None,
+    max_wait_ms: MaxWaitOpt = 20.0,
     queue_size: QueueOpt = 64,
     api_key: ApiKeyOpt = None,
     timeout: TimeoutOpt = 300.0,
@@ -83,6 +84,7 @@ def serve_cmd(
 
     [dim]Examples:[/]
       mdlm serve                                     # runs/demo on http://127.0.0.1:8000
+      mdlm serve --max-batch 8                       # batch concurrent requests on a CPU too
       mdlm serve -c runs/owt --device cuda --max-batch 16
       mdlm serve --host 0.0.0.0 --api-key $KEY       # reachable from other machines
     """
@@ -91,8 +93,12 @@ def serve_cmd(
         if max_wait_ms < 0 or timeout <= 0:
             raise MdlmError("--max-wait-ms must be >= 0 and --timeout > 0")
         uvicorn = _imports()
+        from ..runtime import pick_device
         from ..serve.app import Settings, create_app
         from ..serve.served import Served
+
+        if max_batch is None:  # (an unknown device fails here, before the server starts)
+            max_batch = 1 if pick_device(device or "auto").type == "cpu" else 8
 
         if not is_loopback(host) and not api_key:
             warn(f"binding {host} without --api-key: anyone who reaches it can use the model")

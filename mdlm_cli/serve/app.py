@@ -37,7 +37,7 @@ from .worker import Cancelled, Job, QueueFull, Worker
 class Settings:
     api_key: str | None = None
     max_batch: int = 8
-    max_wait_ms: float = 5.0
+    max_wait_ms: float = 20.0
     queue_size: int = 64
     timeout_s: float = 300.0  # a request's time limit, queueing included (then 504)
     max_body_bytes: int = 1 << 20  # larger bodies: 413
