@@ -243,3 +243,10 @@ def test_the_page_shows_the_masks_filling_in(server, tmp_path):
     assert all(a >= b for a, b in zip(masked, masked[1:], strict=False)) and len(masked) > 3
     assert text.startswith("the ") and " of the " in text and "first-hitting" in status
     assert (tmp_path / "serve-page.png").stat().st_size > 0
+
+
+def test_serve_without_its_extra_names_it(monkeypatch):
+    from .conftest import one_line_error
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    assert "pip install 'mdlm[serve]'" in one_line_error("serve", "--port", "0")
