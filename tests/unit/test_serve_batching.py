@@ -293,3 +293,55 @@ def test_a_full_queue_refuses_and_a_late_request_times_out():
         worker.stop()
     assert outcomes[0] is None and isinstance(outcomes[1], Cancelled)
     assert api_error(outcomes[1], 1).status == 504
+
+
+def asgi_get(app, path: str) -> tuple[int, dict]:
+    """(status, JSON body) of a GET through the ASGI interface, without a server."""
+    import asyncio
+    import json
+
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "headers": [], "scheme": "http", "http_version": "1.1",
+             "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 1), "root_path": ""}
+    asyncio.run(app(scope, receive, send))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], json.loads(body)
+
+
+def test_health_is_503_until_the_model_is_loaded_and_then_200():
+    from mdlm_cli.serve.app import _load, create_app
+
+    app = create_app(lambda: served_model("mdlm"))
+    state = app.state.mdlm
+    assert asgi_get(app, "/health") == (503, {"status": "loading"})
+    status, body = asgi_get(app, "/v1/models")
+    assert status == 503 and body["error"]["code"] == "model_loading"
+    _load(state, lambda: served_model("mdlm"), None)  # what the app's start-up thread runs
+    try:
+        assert asgi_get(app, "/health")[1]["status"] == "ok"
+        assert asgi_get(app, "/v1/models")[1]["data"][0]["mdlm"]["length"] == 32
+    finally:
+        state.worker.stop()
+    failed = create_app(lambda: None)
+
+    def missing():
+        raise OSError("no such checkpoint")
+
+    _load(failed.state.mdlm, missing, None)
+    error = {"status": "error", "message": "no such checkpoint"}
+    assert asgi_get(failed, "/health") == (503, error)
+
+
+def test_only_loopback_addresses_count_as_loopback():
+    from mdlm_cli.commands.serve import is_loopback
+
+    assert all(map(is_loopback, ("127.0.0.1", "localhost", "::1", "127.0.0.2")))
+    assert not any(map(is_loopback, ("0.0.0.0", "192.168.1.4", "example.org", "::")))
