@@ -153,6 +153,33 @@ def test_semi_ar_streams_blocks_that_join_to_the_unstreamed_text(client, server)
     assert whole.usage.completion_tokens == 60
 
 
+def batch_rows(url: str) -> tuple[float, float]:
+    """(network calls, calls holding one row) from the server's metrics."""
+    _, text = request(f"{url}/metrics")
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                  if line.startswith("mdlm_batch"))
+    return float(values["mdlm_batch_rows_count"]), float(values['mdlm_batch_rows_bucket{le="1.0"}'])
+
+
+def test_a_seeded_request_gets_the_same_text_alone_and_among_concurrent_ones(client, server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def complete(seed: int, prompt: str) -> str:
+        out = client.completions.create(model=server[1], prompt=prompt, max_tokens=20, seed=seed,
+                                        extra_body={"sampler": "ancestral", "steps": 30})
+        return out.choices[0].text
+
+    alone = complete(21, "she ")
+    calls0, single0 = batch_rows(server[0])
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(complete, seed, prompt)
+                   for seed, prompt in ((5, "a"), (21, "she "), (6, "the "), (7, ""))]
+        together = [f.result(timeout=120) for f in futures]
+    calls, single = batch_rows(server[0])
+    assert together[1] == alone
+    assert (calls - calls0) - (single - single0) > 0  # some calls held rows of several requests
+
+
 def test_errors_come_back_as_the_client_raises_them(client, server):
     name = server[1]
     with pytest.raises(openai.BadRequestError) as e:
