@@ -8,7 +8,8 @@ import importlib
 from .commands.common import app
 
 # Importing a command module registers its commands; this order is the order of `mdlm --help`.
-for _module in ("data", "train", "sample", "evaluate", "lm_eval", "bench", "export", "classify", "glue", "reproduce"):
+for _module in ("data", "train", "sample", "evaluate", "lm_eval", "bench", "export", "serve", "classify", "glue",
+                "reproduce"):
     importlib.import_module(f".commands.{_module}", __package__)
 
 __all__ = ["app", "main"]

@@ -16,7 +16,7 @@ from mdlm_cli.config import list_presets
 from .conftest import invoke, one_line_error
 from .test_nothing_lost import ROOT, make_run
 
-MODEL_COMMANDS = ("train", "sample", "semi-ar", "eval-ppl", "gen-ppl", "bench-sampler", "export")
+MODEL_COMMANDS = ("train", "sample", "semi-ar", "eval-ppl", "gen-ppl", "bench-sampler", "export", "serve")
 
 
 @pytest.fixture(scope="module")

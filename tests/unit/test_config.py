@@ -107,7 +107,8 @@ def test_every_package_and_preset_is_shipped_in_the_wheel(tmp_path):
     names = set(zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist())
     modules = {str(p.relative_to(root)) for p in (root / "mdlm_cli").rglob("*.py")}
     presets = {"mdlm_cli/" + str(p.relative_to(root)) for p in (root / "presets").rglob("*.yaml")}
-    assert modules | presets <= names, sorted((modules | presets) - names)
+    pages = {str(p.relative_to(root)) for p in (root / "mdlm_cli").rglob("*.html")}  # mdlm serve's
+    assert modules | presets | pages <= names, sorted((modules | presets | pages) - names)
 
 
 def test_each_backbone_reads_its_own_dataclass_with_the_flat_sections_defaults():

@@ -32,7 +32,8 @@ def test_every_backbone_has_the_members_of_the_contract(name):
 def test_a_built_backbone_and_its_adapters_keep_the_contracts():
     cfg = resolve_config("test")
     model = build_model(cfg.model, 35)
-    assert isinstance(model.vocab_size, int) and model.causal is False and model.config.hidden_size == cfg.model.hidden_size
+    assert isinstance(model.vocab_size, int) and model.causal is False
+    assert model.config.hidden_size == cfg.model.hidden_size
     plain = DiffusionDenoiser(model, LogLinear())
     timed = DiffusionDenoiser(model, LogLinear(), time_conditioning=True)
     assert is_time_agnostic(plain) and not is_time_agnostic(timed) and supports_output_mask(plain)

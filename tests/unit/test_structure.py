@@ -97,6 +97,7 @@ LAYERS = (
     ("mdlm_cli.sample",),
     ("mdlm_cli.train",),
     ("mdlm_cli.tasks",),
+    ("mdlm_cli.serve",),
     ("mdlm_cli.recipes",),
     ("mdlm_cli.commands", "mdlm_cli.cli", "mdlm_cli.__main__"),
 )

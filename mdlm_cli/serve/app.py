@@ -1,0 +1,338 @@
+"""The ASGI app of `mdlm serve` (Starlette): OpenAI's completion endpoint, mdlm's infill
+endpoint, models, health, metrics and the page at `/`. The model loads in a thread when the
+app starts (`/health` answers 503 until then); one `Worker` owns it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..engine.errors import EngineError
+from ..errors import MdlmError
+from .completion import parse_completion
+from .generation import Outcome, run_plan, state_pieces
+from .metrics import Metrics
+from .schema import ApiError, Limits, Plan, parse_infill
+from .served import Served
+from .worker import Cancelled, Job, QueueFull, Worker
+
+
+@dataclass(frozen=True)
+class Settings:
+    api_key: str | None = None
+    max_batch: int = 8
+    max_wait_ms: float = 20.0
+    queue_size: int = 64
+    timeout_s: float = 300.0  # a request's time limit, queueing included (then 504)
+    max_body_bytes: int = 1 << 20  # larger bodies: 413
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass
+class State:
+    settings: Settings
+    metrics: Metrics = field(default_factory=Metrics)
+    served: Served | None = None
+    worker: Worker | None = None
+    load_error: str | None = None
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def api_error(exc: BaseException, timeout_s: float) -> ApiError:
+    """A failed job's answer: the time limit (504), a client gone (499), a user mistake the engine
+    caught (400), anything else a 500 whose traceback goes to the server's log."""
+    if isinstance(exc, Cancelled):
+        if exc.reason == "timeout":
+            return ApiError(504, f"the request ran past the server's time limit of {timeout_s:g} s",
+                            code="timeout", kind="timeout_error")
+        if exc.reason == "disconnect":
+            return ApiError(499, "the client disconnected", code="client_closed_request")
+        return ApiError(503, "the server is shutting down", code="unavailable", kind="server_error")
+    if isinstance(exc, MdlmError | EngineError):
+        return ApiError(400, str(exc))
+    traceback.print_exception(exc, file=sys.stderr)
+    return ApiError(500, f"internal error ({type(exc).__name__}): {exc}", kind="server_error",
+                    code="internal_error")
+
+
+def _ready(request: Request) -> State:
+    """The app's state once the caller is authorised and the model loaded."""
+    state: State = request.app.state.mdlm
+    key = state.settings.api_key
+    if key is not None:
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
+                           code="invalid_api_key", kind="authentication_error")
+    if state.served is None or state.worker is None:
+        message = f"the model failed to load: {state.load_error}" if state.load_error else (
+            "the model is loading; retry shortly")
+        raise ApiError(503, message, code="model_loading", kind="server_error",
+                       headers={"Retry-After": "2"})
+    return state
+
+
+async def _json_body(request: Request, limit: int) -> dict:
+    too_large = ApiError(413, f"the body is larger than the server's limit of {limit} bytes",
+                         code="request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError) as e:
+        raise ApiError(400, f"the body is not valid JSON ({e})", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _submit(state: State, plan: Plan) -> tuple[Job, asyncio.Queue]:
+    """The plan as a job on the worker; its events (text, states, done) arrive on the queue."""
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
+    served = state.served
+
+    def emit(event: tuple) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens any more
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+    on_call = (lambda z: emit(("state", state_pieces(served, z)))) if plan.states else None
+    job = Job(plan.num_rows, lambda d: run_plan(plan, served, d, emit),
+              lambda result, error: emit(("done", result, error)), state.settings.timeout_s,
+              on_call)
+    try:
+        state.worker.submit(job)
+    except QueueFull:
+        raise ApiError(429, "the server's queue is full; retry shortly", code="rate_limit_exceeded",
+                       kind="rate_limit_error", headers={"Retry-After": "1"}) from None
+    return job, events
+
+
+def _mdlm_info(plan: Plan, outcome: Outcome, job: Job) -> dict:
+    queued = (job.started or job.submitted) - job.submitted
+    info = {"sampler": plan.sampler.name, "steps": plan.steps, "seed": plan.seed,
+            "precision": plan.precision, "nfe": outcome.stats.nfe, "ncs": outcome.stats.ncs,
+            "network_calls": outcome.stats.calls, "seconds": round(outcome.seconds, 6),
+            "queue_seconds": round(queued, 6), **plan.options}
+    if plan.stride is not None:
+        info["stride"] = plan.stride
+    return info
+
+
+def _usage(outcome: Outcome) -> dict:
+    return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
+
+
+def _object(plan: Plan) -> str:
+    return "text_completion" if plan.endpoint == "completion" else "mdlm.infill"
+
+
+async def _answer(request: Request, state: State, plan: Plan, job: Job,
+                  events: asyncio.Queue) -> dict:
+    """The whole answer of a non-streamed request; a client that goes away cancels it."""
+    while True:
+        try:
+            event = await asyncio.wait_for(events.get(), 0.25)
+        except asyncio.TimeoutError:  # (not the builtin TimeoutError before Python 3.11)
+            if await request.is_disconnected():
+                job.cancel("disconnect")
+                raise api_error(Cancelled("disconnect"), 0) from None
+            continue
+        if event[0] == "done":
+            break
+    _, outcome, error = event
+    if error is not None:
+        raise api_error(error, state.settings.timeout_s)
+    state.metrics.samples.inc(plan.num_rows)
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": _object(plan), "created": int(time.time()),
+            "model": state.served.name, "choices": outcome.choices, "usage": _usage(outcome),
+            "mdlm": _mdlm_info(plan, outcome, job)}
+
+
+def _sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+async def _stream(state: State, plan: Plan, job: Job, events: asyncio.Queue, endpoint: str,
+                  t0: float):
+    """Server-sent events in OpenAI's chunk format, then [DONE]; the text of each choice as it
+    is decided, denoising states (if asked for) in the `mdlm` extension field only."""
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": _object(plan), "created": int(time.time()),
+            "model": state.served.name}
+    finished = False
+    try:
+        while not finished:
+            event = await events.get()
+            if event[0] == "text":
+                choice = {"index": event[1], "text": event[2], "logprobs": None,
+                          "finish_reason": None}
+                yield _sse({**head, "choices": [choice]})
+            elif event[0] == "state":
+                choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": None}
+                yield _sse({**head, "choices": [choice], "mdlm": {"state": event[1]}})
+            else:
+                finished = True
+                for text in _final_chunks(state, plan, job, head, event[1], event[2]):
+                    yield text
+    finally:
+        if not finished:
+            job.cancel("disconnect")
+        state.metrics.answered(endpoint, 200 if finished else 499, time.monotonic() - t0)
+
+
+def _final_chunks(state: State, plan: Plan, job: Job, head: dict, outcome: Outcome | None,
+                  error: BaseException | None) -> list[str]:
+    if error is not None:
+        return [_sse(api_error(error, state.settings.timeout_s).body()), _sse("[DONE]")]
+    state.metrics.samples.inc(plan.num_rows)
+    ends = [{"index": c["index"], "text": "", "logprobs": None, "finish_reason": c["finish_reason"]}
+            for c in outcome.choices]
+    out = [_sse({**head, "choices": ends, "mdlm": _mdlm_info(plan, outcome, job)})]
+    if plan.include_usage:
+        out.append(_sse({**head, "choices": [], "usage": _usage(outcome)}))
+    return out + [_sse("[DONE]")]
+
+
+def _generate_route(endpoint: str, parse: Callable) -> Callable:
+    async def handle(request: Request) -> Response:
+        t0 = time.monotonic()
+        state: State = request.app.state.mdlm
+        try:
+            state = _ready(request)
+            body = await _json_body(request, state.settings.max_body_bytes)
+            plan = parse(body, state.served, state.settings.limits)
+            job, events = _submit(state, plan)
+            if plan.stream:
+                return StreamingResponse(_stream(state, plan, job, events, endpoint, t0),
+                                         media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"})
+            answer = await _answer(request, state, plan, job, events)
+        except ApiError as e:
+            state.metrics.answered(endpoint, e.status, time.monotonic() - t0)
+            return error_response(e)
+        state.metrics.answered(endpoint, 200, time.monotonic() - t0)
+        return JSONResponse(answer)
+
+    return handle
+
+
+async def models(request: Request) -> Response:
+    try:
+        state = _ready(request)
+    except ApiError as e:
+        return error_response(e)
+    card = state.served.card()
+    model_id = request.path_params.get("model")
+    if model_id is None:
+        return JSONResponse({"object": "list", "data": [card]})
+    if model_id != card["id"]:
+        return error_response(ApiError(404, f"model {model_id!r} is not served here", param="model",
+                                       code="model_not_found"))
+    return JSONResponse(card)
+
+
+async def health(request: Request) -> Response:
+    state: State = request.app.state.mdlm
+    if state.load_error:
+        return JSONResponse({"status": "error", "message": state.load_error}, status_code=503)
+    if state.served is None or state.worker is None:
+        return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
+    queued, running = state.worker.depth()
+    return JSONResponse({"status": "ok", "model": state.served.name, "queued": queued,
+                         "running": running, "auth": state.settings.api_key is not None})
+
+
+async def metrics(request: Request) -> Response:
+    state: State = request.app.state.mdlm
+    try:
+        _ready(request)
+    except ApiError as e:
+        if e.status != 503:  # while loading the counters are there, all zero
+            return error_response(e)
+    if state.worker is not None:
+        queued, running = state.worker.depth()
+        state.metrics.queue.set(queued)
+        state.metrics.running.set(running)
+    return Response(state.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def page(request: Request) -> Response:
+    return HTMLResponse(resources.files(__package__).joinpath("page.html").read_text("utf-8"))
+
+
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own errors (no such route, wrong method) in OpenAI's shape."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return error_response(ApiError(exc.status_code, f"{request.method} {request.url.path}: "
+                                   f"{exc.detail}", code=code))
+
+
+def _load(state: State, load: Callable[[], Served], on_error: Callable[[str], None] | None) -> None:
+    try:
+        served = load()
+        settings = state.settings
+        state.worker = Worker(served.denoiser, mask_id=served.loaded.mask_id,
+                              max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000,
+                              queue_size=settings.queue_size, exclusive=served.causal,
+                              metrics=state.metrics)
+        state.served = served
+    except Exception as e:  # the server says why on /health, and the command exits with it
+        state.load_error = str(e) or type(e).__name__
+        if on_error is not None:
+            on_error(state.load_error)
+
+
+def create_app(load: Callable[[], Served], settings: Settings | None = None,
+               on_load_error: Callable[[str], None] | None = None) -> Starlette:
+    """The app; `load()` builds the served model in a thread once the app starts."""
+    state = State(settings or Settings())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        thread = threading.Thread(target=_load, args=(state, load, on_load_error),
+                                  name="mdlm-load", daemon=True)
+        thread.start()
+        yield
+        if state.worker is not None:
+            state.worker.stop()
+
+    routes = [
+        Route("/", page, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", models, methods=["GET"]),
+        Route("/v1/completions", _generate_route("completions", parse_completion),
+              methods=["POST"]),
+        Route("/v1/mdlm/infill", _generate_route("infill", parse_infill), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error})
+    app.state.mdlm = state
+    return app

@@ -1,0 +1,180 @@
+"""`POST /v1/completions`: OpenAI's completion body (prompts as text or token ids, suffix
+infilling, stop strings, echo) and mdlm's semi-AR fields, checked and made into a `Plan`."""
+
+from __future__ import annotations
+
+import torch
+
+from .schema import (
+    MDLM_FIELDS,
+    OPENAI_FIELDS,
+    Limits,
+    Plan,
+    Row,
+    check_fields,
+    check_model,
+    check_states,
+    common_fields,
+    get_bool,
+    get_int,
+    get_value,
+    invalid,
+)
+from .served import Served
+
+
+def _prompts(body: dict, served: Served, limits: Limits) -> list[list[int]]:
+    """The prompts as token ids: a string, strings, token ids, or lists of token ids."""
+    tok = served.loaded.tokenizer
+    value = body.get("prompt", "")
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise invalid(
+            "prompt must be a string, a list of strings, token ids or a list of token-id lists",
+            "prompt",
+        )
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        value = [value]
+    if len(value) > limits.max_prompts:
+        raise invalid(
+            f"at most {limits.max_prompts} prompts per request (got {len(value)})", "prompt"
+        )
+    out = []
+    for item in value:
+        if isinstance(item, str):
+            out.append(tok.encode(item) if item else [])
+        elif isinstance(item, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in item
+        ):
+            bad = [x for x in item if not 0 <= x < tok.vocab_size or x == served.loaded.mask_id]
+            if bad:
+                raise invalid(
+                    f"token id {bad[0]} is not a token of this model "
+                    f"(ids 0 to {tok.vocab_size - 1}, "
+                    f"not the mask {served.loaded.mask_id})",
+                    "prompt",
+                )
+            out.append(list(item))
+        else:
+            raise invalid(
+                "prompt must be a string, a list of strings, token ids or a list of token-id lists",
+                "prompt",
+            )
+    return out
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stop = [stop] if isinstance(stop, str) else stop
+    if (
+        not isinstance(stop, list)
+        or not 1 <= len(stop) <= 4
+        or not all(isinstance(s, str) and s for s in stop)
+    ):
+        raise invalid("stop must be a non-empty string or a list of 1 to 4 of them", "stop")
+    return stop
+
+
+def _stride(body: dict, served: Served) -> int | None:
+    """Semi-AR's new tokens per window (MDLM §4.2): `stride`, or `semi_ar: true` (half of L)."""
+    window = served.loaded.length
+    stride = get_int(body, "stride", 1, window - 1, None)
+    semi_ar = body.get("semi_ar")
+    if semi_ar is not None and not isinstance(semi_ar, bool):
+        raise invalid("semi_ar must be true or false", "semi_ar")
+    if semi_ar is False and stride is not None:
+        raise invalid("stride asks for semi-AR generation; drop semi_ar: false", "stride")
+    if stride is None and semi_ar:
+        stride = window // 2
+    if stride is not None and served.loaded.objective.causal:
+        raise invalid(
+            f"semi-AR is for diffusion models; a left-to-right "
+            f"({served.loaded.objective.name}) model "
+            "generates up to its length",
+            "stride",
+        )
+    return stride
+
+
+def _rows(
+    prompts: list[list[int]],
+    suffix: list[int],
+    max_tokens: int | None,
+    stride: int | None,
+    served: Served,
+    limits: Limits,
+) -> tuple[list[Row], int]:
+    """One `Row` per prompt and the number of new tokens; the lengths checked against the window."""
+    loaded = served.loaded
+    window, mask_id, start = loaded.length, loaded.mask_id, loaded.row_start()
+    longest = max(len(p) for p in prompts)
+    if stride is not None:
+        if suffix or len(prompts) > 1:
+            raise invalid(
+                "semi-AR (stride) takes one prompt and no suffix",
+                "stride" if not suffix else "suffix",
+            )
+        if len(start) + longest >= window:
+            raise invalid(
+                f"a semi-AR prompt must be shorter than the window: {len(start) + longest} tokens, "
+                f"window {window}",
+                "prompt",
+                "context_length_exceeded",
+            )
+        room = limits.max_semi_ar_windows * window - len(start) - longest
+        max_tokens = window - len(start) - longest if max_tokens is None else max_tokens
+    else:
+        room = window - len(start) - longest - len(suffix)
+        max_tokens = room if max_tokens is None else max_tokens
+    if room < 1 or max_tokens > room:
+        parts = f"prompt ({longest} tokens)" + (f" + suffix ({len(suffix)})" if suffix else "")
+        limit = "the semi-AR limit" if stride else "the window"
+        hint = "" if stride or suffix else "; ask for semi-AR generation with stride"
+        raise invalid(
+            f"{parts} + max_tokens ({max_tokens}) exceeds {limit} of "
+            f"{room + longest + len(suffix) + len(start)} tokens{hint}",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    rows = []
+    for ids in prompts:
+        prefix = start + ids
+        fixed = None
+        if stride is None:
+            fixed = torch.full((window,), mask_id, dtype=torch.long)
+            fixed[: len(prefix)] = torch.tensor(prefix, dtype=torch.long)
+            end = len(prefix) + max_tokens
+            fixed[end : end + len(suffix)] = torch.tensor(suffix, dtype=torch.long)
+        rows.append(Row(fixed, prefix, len(ids), len(suffix), loaded.tokenizer.decode(ids)))
+    return rows, max_tokens
+
+
+def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
+    """`POST /v1/completions`: OpenAI's fields and mdlm's diffusion fields, checked."""
+    check_fields(body, OPENAI_FIELDS + MDLM_FIELDS)
+    check_model(body, served)
+    prompts = _prompts(body, served, limits)
+    suffix_text = get_value(body, "suffix", (str,), "", "a string")
+    if suffix_text and served.loaded.objective.causal:
+        raise invalid(
+            f"a left-to-right ({served.loaded.objective.name}) model cannot infill a suffix",
+            "suffix",
+        )
+    suffix = served.loaded.tokenizer.encode(suffix_text) if suffix_text else []
+    stride = _stride(body, served)
+    max_tokens = get_int(body, "max_tokens", 1, 2**31 - 1, None)
+    rows, max_tokens = _rows(prompts, suffix, max_tokens, stride, served, limits)
+    common = common_fields(body, served, limits, "completion")
+    return check_states(
+        Plan(
+            rows=rows,
+            max_tokens=max_tokens,
+            stride=stride,
+            stop=_stop(body),
+            echo=get_bool(body, "echo"),
+            **common,
+        )
+    )

@@ -1,0 +1,243 @@
+"""Running a `Plan`: the engine's sampler (or semi-AR) over the request's rows with its own
+generator, and the text of each choice, decoded as it is decided.
+
+Streamed and non-streamed answers come from the same code: each choice's `ChoiceText` is fed
+the new tokens (every semi-AR block as it is committed, a single window's tokens once), cuts
+them at `max_tokens`, at the end of text and at a stop string, and hands out the new text;
+the final text is what it handed out, so the joined stream is the non-streamed text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import engine
+from .schema import Plan
+from .served import Served
+
+Emit = Callable[[tuple], None]  # ("text", choice index, new text) | ("state", pieces)
+
+
+class _AllFinished(Exception):
+    """Every choice has its text: the remaining semi-AR blocks are not needed."""
+
+
+@dataclass
+class ChoiceText:
+    """A choice's text as its tokens arrive: cut at max_tokens, end of text and stop strings."""
+
+    decode: Callable[[list[int]], str]
+    max_tokens: int
+    stop: list[str]
+    eos_id: int | None  # the end-of-text token (BOS-started rows), None where rows have none
+    prefix: str = ""  # echo: the prompt's text comes first
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""  # handed out so far, prefix included
+    finish_reason: str | None = None
+
+    def feed(self, new: list[int]) -> str:
+        """The text the new tokens decide; held back: what a stop string or a split character
+        may still change."""
+        if self.finish_reason is not None:
+            return ""
+        new = new[: self.max_tokens - len(self.tokens)]
+        if self.eos_id is not None and self.eos_id in new:
+            new, self.finish_reason = new[: new.index(self.eos_id)], "stop"
+        self.tokens += new
+        body = self.decode(self.tokens)
+        hits = [i for i in (body.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            body, self.finish_reason = body[: min(hits)], "stop"
+            self.tokens = self._tokens_of(body)
+        elif len(self.tokens) >= self.max_tokens:
+            self.finish_reason = "length"
+        full = self.prefix + body
+        if self.finish_reason is None:
+            hold = max((len(s) - 1 for s in self.stop), default=0)
+            full = full[: len(full) - hold] if hold else full
+            full = full.rstrip("\ufffd")  # a character split across tokens waits for its next byte
+        return self._hand_out(full)
+
+    def finish(self) -> str:
+        """The rest of the text once no more tokens come."""
+        self.finish_reason = self.finish_reason or "length"
+        return self._hand_out(self.prefix + self.decode(self.tokens))
+
+    def _hand_out(self, full: str) -> str:
+        if not full.startswith(self.text) or len(full) <= len(self.text):
+            return ""
+        delta, self.text = full[len(self.text) :], full
+        return delta
+
+    def _tokens_of(self, body: str) -> list[int]:
+        """The fewest leading tokens whose text holds `body` (what usage counts after a stop)."""
+        for k in range(len(self.tokens) + 1):
+            if len(self.decode(self.tokens[:k])) >= len(body):
+                return self.tokens[:k]
+        return self.tokens
+
+
+@dataclass
+class Outcome:
+    choices: list[dict]
+    stats: engine.SampleStats
+    seconds: float
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def _texts(plan: Plan, served: Served) -> list[ChoiceText]:
+    tok = served.loaded.tokenizer
+    eos = tok.eos_id if plan.endpoint == "completion" and served.loaded.row_start() else None
+    texts = []
+    for row in plan.rows:
+        for _ in range(plan.n):
+            texts.append(
+                ChoiceText(
+                    tok.decode,
+                    plan.max_tokens,
+                    plan.stop,
+                    eos,
+                    prefix=row.echo if plan.echo else "",
+                )
+            )
+    return texts
+
+
+def _sample_kwargs(plan: Plan, served: Served, generator: torch.Generator) -> dict:
+    return dict(
+        sampler=plan.sampler.name,
+        steps=plan.steps,
+        schedule=served.loaded.objective.schedule,
+        generator=generator,
+        precision=plan.precision,
+        temperature=plan.temperature,
+        top_p=plan.top_p,
+        device=served.device,
+        **plan.options,
+    )
+
+
+def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
+    """Sample the plan's rows (prompt-major: choice index = prompt * n + j) and decode them."""
+    loaded = served.loaded
+    generator = torch.Generator(device=served.device).manual_seed(plan.seed)
+    kwargs = _sample_kwargs(plan, served, generator)
+    texts = _texts(plan, served)
+    t0 = time.perf_counter()
+    if plan.stride is not None:
+        stats = _semi_ar(plan, served, denoiser, kwargs, texts, emit)
+    else:
+        prompt = torch.stack([row.template for row in plan.rows]).repeat_interleave(plan.n, dim=0)
+        tokens, stats = engine.sample(
+            denoiser,
+            num_samples=plan.num_rows,
+            length=loaded.length,
+            mask_id=loaded.mask_id,
+            prompt=prompt,
+            return_stats=True,
+            **kwargs,
+        )
+        if plan.states:  # the last state: every position decided
+            emit(("state", state_pieces(served, tokens)))
+        if plan.endpoint == "infill":
+            return _infill_outcome(
+                plan, served, tokens.cpu(), stats, time.perf_counter() - t0, emit
+            )
+        for i, row in enumerate(tokens.cpu()):
+            fixed = plan.rows[i // plan.n]
+            start = len(fixed.prefix)
+            _send(emit, i, texts[i].feed(row[start : start + plan.max_tokens].tolist()))
+    for i, text in enumerate(texts):
+        _send(emit, i, text.finish())
+    choices = [
+        {"index": i, "text": t.text, "logprobs": None, "finish_reason": t.finish_reason}
+        for i, t in enumerate(texts)
+    ]
+    prompt_tokens = plan.n * sum(r.n_prompt + r.n_suffix for r in plan.rows)
+    return Outcome(
+        choices, stats, time.perf_counter() - t0, prompt_tokens, sum(len(t.tokens) for t in texts)
+    )
+
+
+def _send(emit: Emit, index: int, delta: str) -> None:
+    if delta:
+        emit(("text", index, delta))
+
+
+def _semi_ar(
+    plan: Plan, served: Served, denoiser, kwargs: dict, texts: list[ChoiceText], emit: Emit
+) -> engine.SampleStats:
+    """Semi-AR blocks, each one's text handed out as it is committed; stops once every choice
+    is done."""
+    loaded = served.loaded
+    prefix = plan.rows[0].prefix
+
+    def on_block(_round: int, new: torch.Tensor) -> None:
+        for i, row in enumerate(new.cpu().tolist()):
+            _send(emit, i, texts[i].feed(row))
+        if all(t.finish_reason is not None for t in texts):
+            raise _AllFinished
+
+    try:
+        return engine.semi_ar(
+            denoiser,
+            num_samples=plan.num_rows,
+            window=loaded.length,
+            stride=plan.stride,
+            mask_id=loaded.mask_id,
+            target_length=len(prefix) + plan.max_tokens,
+            prompt=torch.tensor(prefix, dtype=torch.long) if prefix else None,
+            on_block=on_block,
+            **kwargs,
+        ).stats
+    except _AllFinished:  # the work done so far, as the request's denoiser counted it
+        return engine.SampleStats(
+            num_sequences=plan.num_rows,
+            calls=getattr(denoiser, "calls", 0),
+            sequence_evals=getattr(denoiser, "sequence_evals", 0),
+        )
+
+
+def _infill_outcome(
+    plan: Plan, served: Served, tokens: torch.Tensor, stats, seconds: float, emit: Emit
+) -> Outcome:
+    """The filled templates: each row's whole text and the text of each filled span."""
+    loaded = served.loaded
+    tok, row = loaded.tokenizer, plan.rows[0]
+    free = (row.template == loaded.mask_id).tolist()
+    start = len(row.prefix)
+    spans, i = [], start
+    while i < len(free):  # the runs of free positions
+        if free[i]:
+            j = i
+            while j < len(free) and free[j]:
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            i += 1
+    choices = []
+    for index, ids in enumerate(tokens.tolist()):
+        text = tok.decode(ids[start:])
+        _send(emit, index, text)
+        choices.append(
+            {
+                "index": index,
+                "text": text,
+                "spans": [tok.decode(ids[a:b]) for a, b in spans],
+                "logprobs": None,
+                "finish_reason": "length",
+            }
+        )
+    return Outcome(choices, stats, seconds, plan.n * row.n_prompt, plan.num_rows * plan.max_tokens)
+
+
+def state_pieces(served: Served, z: torch.Tensor) -> list[str | None]:
+    """A denoising state for the page: each position's text, None where it is still masked."""
+    tok, mask_id = served.loaded.tokenizer, served.loaded.mask_id
+    return [None if i == mask_id else tok.decode([i]) for i in z[0].tolist()]

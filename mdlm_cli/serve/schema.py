@@ -1,0 +1,322 @@
+"""Requests of `mdlm serve`: OpenAI's completion body (plus mdlm's diffusion fields at the top
+level, as OpenAI clients send extra fields) checked and turned into a `Plan` the worker runs.
+
+Every mistake is an `ApiError` (OpenAI's error shape, 4xx); nothing in a request names a file.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from ..engine.options import problem
+from ..engine.sampling import PRECISIONS, SamplerSpec, get_sampler, option_names
+from ..errors import MdlmError
+from ..sample.generate import template
+from .served import Served
+
+OPENAI_FIELDS = (
+    "model",
+    "prompt",
+    "suffix",
+    "max_tokens",
+    "n",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "echo",
+    "user",
+)
+# OpenAI fields mdlm cannot honour: accepted only at their neutral value
+NEUTRAL = {
+    "logprobs": (None,),
+    "best_of": (None, 1),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None,),
+    "functions": (None, []),
+    "response_format": (None,),
+}
+SAMPLER_OPTIONS = (
+    "tokens_per_step",
+    "final_denoise",
+    "k_schedule",
+    "threshold",
+    "eta",
+    "remdm_schedule",
+)
+MDLM_FIELDS = (
+    "sampler",
+    "steps",
+    "precision",
+    "stride",
+    "semi_ar",
+    "stream_states",
+    *SAMPLER_OPTIONS,
+)
+INFILL_FIELDS = (
+    "model",
+    "template",
+    "n",
+    "temperature",
+    "top_p",
+    "seed",
+    "stream",
+    "stream_options",
+    "sampler",
+    "steps",
+    "precision",
+    "stream_states",
+    "user",
+    *SAMPLER_OPTIONS,
+)
+
+
+class ApiError(Exception):
+    """A request the server refuses: HTTP status and OpenAI's error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = (
+            status,
+            message,
+            param,
+            code,
+            kind,
+        )
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_n: int = 16  # choices per prompt
+    max_prompts: int = 16
+    max_steps: int = 10000
+    max_semi_ar_windows: int = 16  # semi-AR: at most this many windows of new tokens
+
+
+@dataclass
+class Row:
+    """One prompt: the fixed tokens around the positions the sampler fills."""
+
+    template: torch.Tensor | None  # (L,) mask_id at free positions; None = semi-AR's prefix only
+    prefix: list[int]  # row start (BOS) and prompt tokens
+    n_prompt: int  # prompt tokens (without the row start)
+    n_suffix: int = 0
+    echo: str = ""  # the prompt's text, for echo
+
+
+@dataclass
+class Plan:
+    """What one request runs: a sampler on every (prompt, choice) row with its own generator."""
+
+    endpoint: str  # completion | infill
+    sampler: SamplerSpec
+    steps: int | None
+    seed: int
+    n: int
+    rows: list[Row]
+    max_tokens: int
+    options: dict = field(default_factory=dict)  # engine sampler options
+    precision: str = "fp64"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stride: int | None = None  # semi-AR
+    stop: list[str] = field(default_factory=list)
+    echo: bool = False
+    stream: bool = False
+    states: bool = False
+    include_usage: bool = False
+
+    @property
+    def num_rows(self) -> int:
+        return self.n * len(self.rows)
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def check_fields(body: dict, allowed: tuple[str, ...]) -> None:
+    for name, value in body.items():
+        if name in NEUTRAL and name not in allowed:
+            if isinstance(value, bool) or value not in NEUTRAL[name]:  # 0 and 0.0 both neutral
+                raise invalid(
+                    f"{name} is not supported by mdlm serve", name, "unsupported_parameter"
+                )
+        elif name not in allowed:
+            raise invalid(
+                f"unknown field {name!r}; the fields are: {', '.join(allowed)}",
+                name,
+                "unknown_parameter",
+            )
+
+
+def get_value(body: dict, name: str, kinds: tuple, default, what: str):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise invalid(f"{name} must be {what}", name)
+    return value
+
+
+def get_int(body: dict, name: str, lo: int, hi: int, default: int | None) -> int | None:
+    value = get_value(body, name, (int,), default, "an integer")
+    if value is not None and not lo <= value <= hi:
+        raise invalid(f"{name} must be between {lo} and {hi} (got {value})", name)
+    return value
+
+
+def _float(
+    body: dict, name: str, lo: float, hi: float, default: float, *, open_lo: bool = False
+) -> float:
+    value = float(get_value(body, name, (int, float), default, "a number"))
+    if not (lo < value if open_lo else lo <= value) or value > hi:
+        raise invalid(f"{name} must be in {'(' if open_lo else '['}{lo}, {hi}] (got {value})", name)
+    return value
+
+
+def _choice(body: dict, name: str, choices, default: str | None) -> str | None:
+    value = get_value(body, name, (str,), default, "a string")
+    if value is not None and value not in choices:
+        raise invalid(f"{name} must be one of: {', '.join(choices)} (got {value!r})", name)
+    return value
+
+
+def get_bool(body: dict, name: str, default: bool = False) -> bool:
+    return get_value(body, name, (bool,), default, "true or false")
+
+
+def check_model(body: dict, served: Served) -> None:
+    model = body.get("model")
+    if model is not None and model != served.name:
+        raise ApiError(
+            404,
+            f"model {model!r} is not served here; this server serves {served.name!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def sampler_settings(
+    body: dict, served: Served, limits: Limits
+) -> tuple[SamplerSpec, int | None, dict]:
+    """The sampler the request runs, its steps and its options: `Objective.choose_sampler`, the
+    rules of `mdlm sample`'s flags (steps alone pick the model's step-based sampler), except that
+    a setting the sampler does not read is an error here, not a warning."""
+    objective = served.loaded.objective
+    if not objective.samplers:
+        raise invalid(f"{objective.name} models have no sampler", "sampler")
+    name = _choice(body, "sampler", [s.name for s in objective.samplers], None)
+    steps = get_int(body, "steps", 1, limits.max_steps, None)
+    options = {key: body[key] for key in option_names() if body.get(key) is not None}
+    choice = objective.choose_sampler(name, steps, options)
+    for key in choice.ignored:
+        raise invalid(f"{key} does not apply to the {choice.spec.name} sampler", key)
+    spec = choice.spec
+    if spec.needs_time_agnostic and not served.time_agnostic:
+        spec = get_sampler(spec.fallback)  # what the engine would run; the response names it
+    _check_options(spec, options)
+    return spec, choice.steps, options
+
+
+def _check_options(spec: SamplerSpec, options: dict) -> None:
+    """Each option against its declared type and range (engine/options.py), as a 400 naming it."""
+    for f in fields(spec.options) if spec.options else ():
+        if f.name in options:
+            wrong = problem(f, options[f.name])
+            if wrong is not None:
+                raise invalid(f"{f.name} {wrong}", f.name)
+
+
+def common_fields(body: dict, served: Served, limits: Limits, endpoint: str) -> dict:
+    """The fields both endpoints share, checked."""
+    spec, steps, options = sampler_settings(body, served, limits)
+    stream = get_bool(body, "stream")
+    stream_options = get_value(body, "stream_options", (dict,), {}, "an object")
+    if stream_options and not stream:
+        raise invalid("stream_options needs stream: true", "stream_options")
+    if set(stream_options) - {"include_usage"}:
+        raise invalid("stream_options takes only include_usage", "stream_options")
+    seed = get_int(body, "seed", 0, 2**63 - 1, None)
+    return dict(
+        endpoint=endpoint,
+        sampler=spec,
+        steps=steps,
+        options=options,
+        seed=secrets.randbits(63) if seed is None else seed,
+        n=get_int(body, "n", 1, limits.max_n, 1),
+        precision=_choice(body, "precision", PRECISIONS, "fp64"),
+        temperature=_float(body, "temperature", 0.0, 2.0, 1.0, open_lo=True),
+        top_p=_float(body, "top_p", 0.0, 1.0, 1.0, open_lo=True),
+        stream=stream,
+        states=get_bool(body, "stream_states"),
+        include_usage=get_bool(stream_options, "include_usage"),
+    )
+
+
+def check_states(plan: Plan) -> Plan:
+    if plan.states and not plan.stream:
+        raise invalid("stream_states needs stream: true", "stream_states")
+    if plan.states and plan.num_rows != 1:
+        raise invalid(
+            "stream_states follows one sequence: give one prompt and n = 1", "stream_states"
+        )
+    return plan
+
+
+def parse_infill(body: dict, served: Served, limits: Limits) -> Plan:
+    """`POST /v1/mdlm/infill`: a template with `<mask>` and `<mask:N>` spans (`sample --infill`)."""
+    check_fields(body, INFILL_FIELDS)
+    check_model(body, served)
+    loaded = served.loaded
+    if loaded.objective.causal:
+        raise invalid(f"a left-to-right ({loaded.objective.name}) model cannot infill", "template")
+    text = get_value(body, "template", (str,), None, "a string with <mask> or <mask:N> spans")
+    if text is None:
+        raise invalid("template is required: text with <mask> or <mask:N> spans", "template")
+    try:
+        fixed = template(loaded, loaded.length, infill=text)
+    except MdlmError as e:
+        raise invalid(
+            str(e).replace("--infill", "template").replace("--length", "the model's length"),
+            "template",
+            "context_length_exceeded" if "length" in str(e) else None,
+        ) from None
+    start = len(loaded.row_start())
+    n_fixed = int((fixed[start:] != loaded.mask_id).sum())
+    row = Row(fixed, fixed[:start].tolist(), n_fixed)
+    return check_states(
+        Plan(
+            rows=[row],
+            max_tokens=int((fixed == loaded.mask_id).sum()),
+            **common_fields(body, served, limits, "infill"),
+        )
+    )

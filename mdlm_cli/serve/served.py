@@ -1,0 +1,64 @@
+"""The model a server holds: the loaded checkpoint, its device and what `/v1/models` says of it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from ..checkpoints.folder import LoadedModel
+
+
+@dataclass
+class Served:
+    loaded: LoadedModel
+    device: torch.device
+    dtype: torch.dtype | None  # autocast dtype, None = fp32
+    name: str  # the model id requests name
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @cached_property
+    def denoiser(self):
+        """The engine-facing callable (a denoiser, or a causal LM)."""
+        return self.loaded.denoiser(self.dtype)
+
+    @property
+    def time_agnostic(self) -> bool:
+        return bool(getattr(self.denoiser, "time_agnostic", False))
+
+    @property
+    def causal(self) -> bool:
+        return self.loaded.objective.causal
+
+    def card(self) -> dict:
+        """`GET /v1/models`'s entry: OpenAI's fields and what a diffusion request may set."""
+        objective = self.loaded.objective
+        samplers = [
+            s for s in objective.samplers if not s.needs_time_agnostic or self.time_agnostic
+        ]
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "mdlm",
+            "mdlm": {
+                "objective": objective.name,
+                "length": self.loaded.length,
+                "vocab_size": self.loaded.tokenizer.vocab_size,
+                "tokenizer": self.loaded.tokenizer.name,
+                "default_sampler": objective.default_sampler or None,
+                "samplers": {
+                    s.name: {
+                        "exact": s.exact,
+                        "steps": objective.sampling_steps(s) if s.uses_steps else None,
+                        "options": sorted(s.option_names),
+                        "help": s.help,
+                    }
+                    for s in samplers
+                },
+                "infill": not objective.causal,
+                "semi_ar": not objective.causal,
+            },
+        }
