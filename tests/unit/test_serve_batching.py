@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from mdlm_cli.build import resolve_config
 from mdlm_cli.checkpoints.folder import LoadedModel
-from mdlm_cli.config import resolve_config
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.engine.sampling import SAMPLERS
 from mdlm_cli.models import build_model
-from mdlm_cli.objectives import get_objective
+from mdlm_cli.objectives import get_objective, objectives_served_by
 from mdlm_cli.serve.completion import parse_completion
 from mdlm_cli.serve.generation import ChoiceText, run_plan
 from mdlm_cli.serve.schema import ApiError, Limits, parse_infill
@@ -72,7 +72,7 @@ def run(worker: Worker, served: Served, bodies: list[dict], parse=parse_completi
 
 
 def objective_of(sampler: str) -> str:
-    return SAMPLERS[sampler].objectives[0]
+    return objectives_served_by(sampler)[0]
 
 
 @pytest.mark.parametrize("sampler", list(SAMPLERS))
