@@ -24,7 +24,7 @@ import numpy as np
 
 
 def ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
-    return [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
 
 
 def distinct_n(samples: list[list[str]], n: int) -> float:
@@ -80,7 +80,9 @@ def self_bleu(samples: list[list[str]], max_n: int = 4) -> float:
             logs.append(math.log(matched / total) if matched else -math.inf)
         length = len(samples[i])
         bp = 1.0 if length > refs[i] else math.exp(1 - refs[i] / length) if length else 0.0
-        scores.append(bp * math.exp(sum(logs) / max_n) if all(math.isfinite(v) for v in logs) else 0.0)
+        scores.append(
+            bp * math.exp(sum(logs) / max_n) if all(math.isfinite(v) for v in logs) else 0.0
+        )
     return float(np.mean(scores))
 
 
@@ -100,6 +102,11 @@ class Diversity:
 def diversity(texts: list[str]) -> Diversity:
     """Dist-1/2/3, self-BLEU-4 and 4-gram repetition of a set of texts."""
     samples = [text.split() for text in texts]
-    return Diversity(distinct_n(samples, 1), distinct_n(samples, 2), distinct_n(samples, 3),
-                     self_bleu(samples), float(np.mean([repetition(w) for w in samples])) if samples else 0.0,
-                     sum(map(len, samples)))
+    return Diversity(
+        distinct_n(samples, 1),
+        distinct_n(samples, 2),
+        distinct_n(samples, 3),
+        self_bleu(samples),
+        float(np.mean([repetition(w) for w in samples])) if samples else 0.0,
+        sum(map(len, samples)),
+    )

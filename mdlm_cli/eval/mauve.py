@@ -48,10 +48,16 @@ class MauveResult:
     frontier: list[tuple[float, float]] = field(default_factory=list)  # of the first seed
 
     def to_dict(self) -> dict:
-        return {"mauve": self.mauve, "mauve_sd": self.mauve_sd, "mauve_per_seed": self.per_seed,
-                "mauve_buckets": self.buckets, "mauve_pca_dims": self.pca_dims,
-                "mauve_num_samples": self.num_p, "mauve_num_reference": self.num_q,
-                "mauve_scale": self.scale}
+        return {
+            "mauve": self.mauve,
+            "mauve_sd": self.mauve_sd,
+            "mauve_per_seed": self.per_seed,
+            "mauve_buckets": self.buckets,
+            "mauve_pca_dims": self.pca_dims,
+            "mauve_num_samples": self.num_p,
+            "mauve_num_reference": self.num_q,
+            "mauve_scale": self.scale,
+        }
 
 
 def joint_pca(x: Tensor, explained_variance: float = 0.9) -> Tensor:
@@ -59,37 +65,39 @@ def joint_pca(x: Tensor, explained_variance: float = 0.9) -> Tensor:
     variance reaches `explained_variance` (all of them with 1.0)."""
     centred = x - x.mean(0, keepdim=True)
     _, s, vh = torch.linalg.svd(centred, full_matrices=False)
-    share = (s ** 2).cumsum(0) / max(float((s ** 2).sum()), 1e-300)
+    share = (s**2).cumsum(0) / max(float((s**2).sum()), 1e-300)
     dims = int((share < explained_variance - 1e-12).sum()) + 1
     return centred @ vh[: min(dims, vh.shape[0])].T
 
 
 def kmeans(x: Tensor, k: int, *, seed: int, max_iter: int = 300) -> Tensor:
     """Cluster labels (N,) of x (N, d): k-means++ seeding from `seed`, then Lloyd iterations
-    until no label changes (or `max_iter`). An emptied cluster takes the farthest point."""
+    until no label changes (or `max_iter`). Equal points always share a cluster."""
     gen = torch.Generator().manual_seed(seed)
     n = x.shape[0]
     centres = x[torch.randint(n, (1,), generator=gen)]
     d2 = ((x - centres[0]) ** 2).sum(1)
     for _ in range(1, k):  # k-means++: the next centre with probability ~ squared distance
-        pick = torch.multinomial(d2 / d2.sum(), 1, generator=gen) if float(d2.sum()) > 0 else \
-            torch.randint(n, (1,), generator=gen)
+        pick = (
+            torch.multinomial(d2 / d2.sum(), 1, generator=gen)
+            if float(d2.sum()) > 0
+            else torch.randint(n, (1,), generator=gen)
+        )
         centres = torch.cat([centres, x[pick]])
         d2 = torch.minimum(d2, ((x - x[pick]) ** 2).sum(1))
     labels = torch.full((n,), -1, dtype=torch.long)
-    x2 = (x ** 2).sum(1, keepdim=True)  # (N, 1)
+    x2 = (x**2).sum(1, keepdim=True)  # (N, 1)
     for _ in range(max_iter):
-        dist = x2 - 2 * x @ centres.T + (centres ** 2).sum(1)  # squared distances (N, k)
+        dist = x2 - 2 * x @ centres.T + (centres**2).sum(1)  # squared distances (N, k)
         new = dist.argmin(1)
-        sizes = torch.bincount(new, minlength=k)
-        for j in (sizes == 0).nonzero().flatten().tolist():  # an emptied cluster takes the farthest point
-            far = int(dist.gather(1, new[:, None]).argmax())
-            new[far], centres[j], dist[far] = j, x[far], 0.0
         if torch.equal(new, labels):
             break
         labels = new
-        sizes = torch.bincount(labels, minlength=k).to(x.dtype)
-        centres = torch.zeros_like(centres).index_add_(0, labels, x) / sizes[:, None]
+        sizes = torch.bincount(labels, minlength=k).to(x.dtype)[:, None]
+        sums = torch.zeros_like(centres).index_add_(0, labels, x)
+        centres = torch.where(
+            sizes > 0, sums / sizes.clamp_min(1), centres
+        )  # an empty cluster stays put
     return labels
 
 
@@ -99,23 +107,24 @@ def kl(p: Tensor, r: Tensor) -> float:
     return float((p[keep] * (p[keep] / r[keep]).log()).sum())
 
 
-def divergence_frontier(p: Tensor,
-                        q: Tensor,
-                        *,
-                        scale: float = SCALE,
-                        grid: int = GRID) -> list[tuple[float, float]]:
+def divergence_frontier(
+    p: Tensor, q: Tensor, *, scale: float = SCALE, grid: int = GRID
+) -> list[tuple[float, float]]:
     """The points (exp(-c KL(q||r)), exp(-c KL(p||r))) of r = l p + (1 - l) q for l on a
-    grid in (0, 1), with the end points (0, 1) and (1, 0), sorted by the first coordinate."""
+    grid in (0, 1), with the end points (0, 1) and (1, 0), in order along the curve: by the
+    first coordinate, and on ties by the second, falling (the curve falls from (0, 1) to (1, 0))."""
     points = [(0.0, 1.0), (1.0, 0.0)]
     for lam in torch.linspace(0, 1, grid + 2, dtype=torch.float64)[1:-1].tolist():
         r = lam * p + (1 - lam) * q
         points.append((math.exp(-scale * kl(q, r)), math.exp(-scale * kl(p, r))))
-    return sorted(points)
+    return sorted(points, key=lambda xy: (xy[0], -xy[1]))
 
 
 def area_under(points: list[tuple[float, float]]) -> float:
     """Trapezoidal area under a curve given as (x, y) points sorted by x."""
-    return sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False))
+    return sum(
+        (x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False)
+    )
 
 
 def histograms(labels: Tensor, n_p: int, k: int) -> tuple[Tensor, Tensor]:
@@ -125,23 +134,29 @@ def histograms(labels: Tensor, n_p: int, k: int) -> tuple[Tensor, Tensor]:
     return p / p.sum(), q / q.sum()
 
 
-def mauve(p_features: Tensor,
-          q_features: Tensor,
-          *,
-          seeds: tuple[int, ...] | list[int] = (0, 1, 2, 3, 4),
-          buckets: int | None = None,
-          scale: float = SCALE,
-          explained_variance: float = 0.9,
-          grid: int = GRID) -> MauveResult:
+def mauve(
+    p_features: Tensor,
+    q_features: Tensor,
+    *,
+    seeds: tuple[int, ...] | list[int] = (0, 1, 2, 3, 4),
+    buckets: int | None = None,
+    scale: float = SCALE,
+    explained_variance: float = 0.9,
+    grid: int = GRID,
+) -> MauveResult:
     """MAUVE of samples (p_features (n_p, d)) against reference text (q_features (n_q, d)),
     mean and standard deviation over the k-means `seeds`; `buckets` default: n / 10 of the
     smaller set (at least 2)."""
     if p_features.ndim != 2 or q_features.ndim != 2 or p_features.shape[1] != q_features.shape[1]:
-        raise MdlmError(f"MAUVE needs two (n, d) feature sets of one width (got {tuple(p_features.shape)} "
-                        f"and {tuple(q_features.shape)})")
+        raise MdlmError(
+            f"MAUVE needs two (n, d) feature sets of one width (got {tuple(p_features.shape)} "
+            f"and {tuple(q_features.shape)})"
+        )
     n_p, n_q = len(p_features), len(q_features)
     if min(n_p, n_q) < 2:
-        raise MdlmError(f"MAUVE needs at least 2 texts in each set (got {n_p} samples, {n_q} reference texts)")
+        raise MdlmError(
+            f"MAUVE needs at least 2 texts in each set (got {n_p} samples, {n_q} reference texts)"
+        )
     if not seeds:
         raise MdlmError("MAUVE needs at least one k-means seed")
     k = buckets or max(2, round(min(n_p, n_q) / 10))
@@ -157,5 +172,31 @@ def mauve(p_features: Tensor,
         values.append(area_under(curve))
         first = first or curve
     mean = sum(values) / len(values)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
+    sd = (
+        math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        if len(values) > 1
+        else None
+    )
     return MauveResult(mean, sd, values, k, x.shape[1], n_p, n_q, scale, first)
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """--mauve-seeds: comma-separated k-means seeds, at least one."""
+    try:
+        seeds = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise MdlmError(f"--mauve-seeds expects comma-separated integers (got {text!r})") from None
+    if not seeds:
+        raise MdlmError("--mauve-seeds needs at least one seed")
+    return seeds
+
+
+def size_warning(n_p: int, n_q: int) -> str | None:
+    """The CLI's warning where either set is under MAUVE_MIN_SAMPLES texts."""
+    if min(n_p, n_q) >= MAUVE_MIN_SAMPLES:
+        return None
+    return (
+        f"MAUVE of {n_p} samples against {n_q} reference texts: below {MAUVE_MIN_SAMPLES:,} "
+        "per set the estimate is biased upward (coarser clusters); compare it only with MAUVE "
+        "at the same size (docs/evaluation.md)"
+    )
