@@ -100,6 +100,10 @@ class EncoderFeatures:
                 max_length=self.context,
                 return_tensors="pt",
             ).to(self.device)
+            if enc["input_ids"].shape[1] == 0:  # only empty texts: no token to pool
+                out.append(torch.zeros(enc["input_ids"].shape[0], self.model.config.hidden_size,
+                                       dtype=torch.float64))
+                continue
             hidden = self.model(**enc).last_hidden_state.double()  # (b, n, H)
             mask = enc["attention_mask"][..., None].double()
             out.append(((hidden * mask).sum(1) / mask.sum(1).clamp_min(1)).cpu())
