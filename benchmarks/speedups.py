@@ -20,7 +20,6 @@ import json
 import math
 import sys
 
-
 USE_MAUVE = "--no-mauve" not in sys.argv
 
 
