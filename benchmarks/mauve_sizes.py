@@ -37,7 +37,8 @@ def main(sizes: list[int]) -> None:
         for w in ps:
             b = torch.tensor([math.log1p(bigrams[p]) for p in zip(w, w[1:], strict=False)])
             u = torch.tensor([math.log1p(unigrams[x]) for x in w])
-            rows.append(torch.cat([torch.histc(b, 8, 0, 10) / len(b), torch.histc(u, 4, 0, 12) / len(u)]))
+            rows.append(torch.cat([torch.histc(b, 8, 0, 10) / len(b),
+                                   torch.histc(u, 4, 0, 12) / len(u)]))
         return torch.stack(rows).double()
 
     def shuffled(w: list[str], seed: int) -> list[str]:
@@ -49,14 +50,17 @@ def main(sizes: list[int]) -> None:
     print("|---:|---:|---:|---:|---:|")
     for n in sizes:
         if 3 * n > len(passages):
-            raise SystemExit(f"the corpus holds {len(passages)} passages: at most {len(passages) // 3} per set")
+            raise SystemExit(f"the corpus holds {len(passages)} passages: "
+                             f"at most {len(passages) // 3} per set")
         a, b = passages[:n], passages[n:2 * n]
         half = [shuffled(w, i) if i % 2 else w for i, w in enumerate(passages[2 * n:3 * n])]
         t0 = time.perf_counter()
         same, mixed = mauve(features(a), features(b)), mauve(features(half), features(a))
         print(f"| {n:,} | {same.buckets} | {same.mauve:.3f} ± {same.mauve_sd:.3f} | "
-              f"{mixed.mauve:.3f} ± {mixed.mauve_sd:.3f} | {time.perf_counter() - t0:.1f} |", flush=True)
+              f"{mixed.mauve:.3f} ± {mixed.mauve_sd:.3f} | {time.perf_counter() - t0:.1f} |",
+              flush=True)
 
 
 if __name__ == "__main__":
-    main([int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "100,300,1000,3000,5000").split(",")])
+    sizes = sys.argv[1] if len(sys.argv) > 1 else "100,300,1000,3000,5000"
+    main([int(x) for x in sizes.split(",")])

@@ -3,7 +3,7 @@
     python benchmarks/speedups.py benchmarks/frontier-demo.json             # the speed-ups
     python benchmarks/speedups.py benchmarks/frontier-demo.json --markdown  # the table, as in BENCHMARKS.md
     python benchmarks/speedups.py benchmarks/frontier-demo.json --plot out.png [nfe]  # the frontier plot again
-    python benchmarks/speedups.py benchmarks/frontier-demo.json --no-mauve  # equal quality without MAUVE
+    python benchmarks/speedups.py benchmarks/frontier-demo.json --no-mauve  # quality without MAUVE
 
 For each sampler other than the anchor (first-hitting, one token per call, fp64) it finds
 the fastest setting (fewest NFE) whose gen PPL and entropy stay within
@@ -31,15 +31,15 @@ def same_as(row: dict, anchor: dict) -> bool:
     q, a = row["quality"], anchor["quality"]
     d_nll = abs(q["nats_per_token"] - a["nats_per_token"])
     d_ent = abs(q["entropy"] - a["entropy"])
-    same_mauve = not (has_mauve(q) and has_mauve(a)) or abs(q["mauve"] - a["mauve"]) <= 2 * math.hypot(
-        q["mauve_sd"] or 0.0, a["mauve_sd"] or 0.0)
+    same_mauve = not (has_mauve(q) and has_mauve(a)) or abs(q["mauve"] - a["mauve"]) <= (
+        2 * math.hypot(q["mauve_sd"] or 0.0, a["mauve_sd"] or 0.0))
     return (d_nll <= 2 * math.hypot(q["nats_per_token_se"], a["nats_per_token_se"])
             and d_ent <= 2 * math.hypot(q["entropy_se"], a["entropy_se"]) and same_mauve)
 
 
 def in_band(row: dict, band: dict) -> bool:
     q = row["quality"]
-    names = ("gen_ppl", "entropy", "mauve") if has_mauve(q) and "mauve" in band else ("gen_ppl", "entropy")
+    names = ("gen_ppl", "entropy") + (("mauve",) if has_mauve(q) and "mauve" in band else ())
     return all(band[k][0] <= q[k] <= band[k][1] for k in names)
 
 
@@ -70,10 +70,12 @@ def main(path: str) -> None:
             mauve = f"  MAUVE {best['quality']['mauve']:.3f}" if has_mauve(best["quality"]) else ""
             print(f"  {sampler:16s} {setting(best):24s} NFE {best['nfe']:7.1f} ({anchor['nfe'] / best['nfe']:5.2f}x)"
                   f"  wall {wall:.3f} s ({wall_anchor / wall:5.2f}x)"
-                  f"  gen PPL {best['quality']['gen_ppl']:.2f}  entropy {best['quality']['entropy']:.3f}{mauve}")
+                  f"  gen PPL {best['quality']['gen_ppl']:.2f}"
+                  f"  entropy {best['quality']['entropy']:.3f}{mauve}")
 
 
-EXTRA = (("dist_2", "Dist-2"), ("self_bleu", "self-BLEU"), ("repetition_4", "rep-4"), ("mauve", "MAUVE"))
+EXTRA = (("dist_2", "Dist-2"), ("self_bleu", "self-BLEU"), ("repetition_4", "rep-4"),
+         ("mauve", "MAUVE"))
 
 
 def extra_cells(q: dict, band: dict | None = None) -> str:
@@ -100,7 +102,8 @@ def markdown(path: str) -> None:
         q = r["quality"]
         print(f"| {r['precision']} | {r['sampler']} | {setting(r)} | {r['nfe']:.1f} | {r['ncs']:,.0f} | "
               f"{r['seconds_per_sample']:.2f} | {q['gen_ppl']:.2f} | {q['nats_per_char']:.3f} | "
-              f"{q['entropy']:.3f} ± {q['entropy_se']:.3f} |" + (" " + extra_cells(q) if extra else ""))
+              f"{q['entropy']:.3f} ± {q['entropy_se']:.3f} |"
+              + (" " + extra_cells(q) if extra else ""))
     ref = report.get("reference")
     if ref:
         q, band = ref["quality"], ref["band"]

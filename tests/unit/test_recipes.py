@@ -146,7 +146,8 @@ def test_mauve_rows_write_out_the_protocol_and_report_gen_ppls_mauve(tmp_path):
     for job in jobs:
         record = {"gen_ppl": 40.0, "mauve": {"mauve": 0.5, "mauve_sd": 0.01}}
         job.output.write_text(json.dumps(record))
-    row = {r.name: r for r in report_rows(recipe, out=out, runs=runs, scale="paper")}["first-hitting"]
+    rows = {r.name: r for r in report_rows(recipe, out=out, runs=runs, scale="paper")}
+    row = rows["first-hitting"]
     assert row.ours == 0.5 and row.extra == "± 0.010 (k-means seeds), gen PPL 40.00"
 
 
