@@ -236,13 +236,17 @@ def _quality(bm, judge: str | None, reference_text: str | None, save_samples: st
         scorer = load_judge(judge, device=bm.rt.device)
     reference, mauve_set = None, None
     if reference_text is not None:
-        features = load_featurizer(featurizer, device=bm.rt.device, judge=scorer)
+        features = None
+        if num_samples >= 2:
+            features = load_featurizer(featurizer, device=bm.rt.device, judge=scorer)
+            if (message := size_warning(num_samples, num_samples)) is not None:
+                warn(message)
+        else:
+            warn("MAUVE needs at least 2 samples per row: -n 1 rows get no MAUVE")
         split, name = reference_split(bm.data_cfg, bm.tokenizer, reference_text)
         reference, mauve_set = reference_quality(scorer, bm.tokenizer, split, split_name=name,
                                                  length=length, per_group=num_samples,
                                                  featurizer=features, seeds=seeds)
-        if (message := size_warning(num_samples, num_samples)) is not None:
-            warn(message)
     elif featurizer is not None:
         raise MdlmError("--featurizer needs --reference-text (MAUVE compares the samples with "
                         "real text)")

@@ -275,8 +275,9 @@ def _report(result, judge, texts: list[str], tokens, mauve: dict, device) -> dic
     reference, featurizer, seed_list = mauve["reference"], mauve["featurizer"], mauve["seeds"]
     div = diversity(texts)
     out: dict = {**result.to_dict(), "diversity": div.to_dict()}
+    bleu = "-" if div.self_bleu is None else f"{div.self_bleu:.3f}"
     line = (f"Dist-1/2/3 {div.dist_1:.3f} / {div.dist_2:.3f} / {div.dist_3:.3f}, "
-            f"self-BLEU-4 {div.self_bleu:.3f}, 4-gram repetition {div.repetition_4:.3f} "
+            f"self-BLEU-4 {bleu}, 4-gram repetition {div.repetition_4:.3f} "
             f"(over {div.words:,} words)")
     if reference is not None:
         length = max((len(t) for t in tokens), default=0) if tokens else 0
@@ -286,12 +287,12 @@ def _report(result, judge, texts: list[str], tokens, mauve: dict, device) -> dic
             warn(message)
         with err_console.status(Text(f"MAUVE ({featurizer or judge.name} features)")):
             feats = load_featurizer(featurizer, device=device, judge=judge)
-            result = text_mauve(feats, texts, real, seeds=seed_list)
-        out["mauve"] = {**result.to_dict(), "featurizer": feats.name, "pooling": feats.pooling,
+            scored = text_mauve(feats, texts, real, seeds=seed_list)
+        out["mauve"] = {**scored.to_dict(), "featurizer": feats.name, "pooling": feats.pooling,
                         "reference": reference}
-        sd = "" if result.mauve_sd is None else f" ± {result.mauve_sd:.4f}"
-        line += (f"; MAUVE {result.mauve:.4f}{sd} ({len(seed_list)} k-means seeds, "
-                 f"{result.buckets} clusters, {result.pca_dims} PCA dims, {len(texts)} samples vs "
+        sd = "" if scored.mauve_sd is None else f" ± {scored.mauve_sd:.4f}"
+        line += (f"; MAUVE {scored.mauve:.4f}{sd} ({len(seed_list)} k-means seeds, "
+                 f"{scored.buckets} clusters, {scored.pca_dims} PCA dims, {len(texts)} samples vs "
                  f"{len(real)} real texts, features of {feats.name})")
     console.print(Text(line))
     return out

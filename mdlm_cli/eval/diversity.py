@@ -49,10 +49,11 @@ def _closest_lengths(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
-def self_bleu(samples: list[list[str]], max_n: int = 4) -> float:
-    """Mean BLEU-`max_n` of each sample against all the others (see the module docstring)."""
+def self_bleu(samples: list[list[str]], max_n: int = 4) -> float | None:
+    """Mean BLEU-`max_n` of each sample against all the others (see the module docstring);
+    None for fewer than 2 samples."""
     if len(samples) < 2:
-        return float("nan")
+        return None
     counts = [[Counter(ngrams(words, n)) for n in range(1, max_n + 1)] for words in samples]
     # per order, each n-gram's two highest counts over the samples and the owner of the highest:
     # the clipping count against "all the others" without a pass per sample
@@ -91,7 +92,7 @@ class Diversity:
     dist_1: float
     dist_2: float
     dist_3: float
-    self_bleu: float  # BLEU-4 against the other samples; nan with a single sample
+    self_bleu: float | None  # BLEU-4 against the other samples; None with a single sample
     repetition_4: float  # mean fraction of repeated 4-grams within a sample
     words: int  # total words
 

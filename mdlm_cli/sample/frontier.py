@@ -63,7 +63,8 @@ class Quality:
 
     def with_texts(self, texts: list[str], mauve_set: MauveSet | None = None) -> Quality:
         """The same figures with the texts' diversity and, given a MAUVE set, their MAUVE."""
-        extra = {name: getattr(diversity(texts), name) for name in DIVERSITY_FIELDS}
+        measured = diversity(texts)
+        extra = {name: getattr(measured, name) for name in DIVERSITY_FIELDS}
         if mauve_set is not None:
             result = mauve_set.mauve(texts)
             extra.update(mauve=result.mauve, mauve_sd=result.mauve_sd)

@@ -127,6 +127,7 @@ def test_self_bleu_of_identical_samples_is_one_and_of_disjoint_vocabularies_zero
         ["c1", "c2", "c3", "c4", "c5"],
     ]
     assert self_bleu(disjoint) == 0.0
+    assert self_bleu([["a", "b"]]) is None  # no other sample to compare with
 
 
 def test_self_bleu_by_hand():
