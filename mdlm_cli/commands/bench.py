@@ -51,11 +51,16 @@ JudgeOpt = Annotated[str | None, typer.Option(
 ReferenceOpt = Annotated[str | None, typer.Option(
     help="With --judge: score real text of the same length from this split (test, valid, train) of the "
          "model's own prepared data, and its band over up to 8 sets of -n rows.")]
+FeaturizerOpt = Annotated[str | None, typer.Option(
+    help="With --reference-text: MAUVE's feature model (HF causal or masked LM, an mdlm AR "
+         "checkpoint; default: the judge).")]
+MauveSeedsOpt = Annotated[str, typer.Option(
+    help="With --reference-text: MAUVE's k-means seeds (mean, sd).")]
 SaveSamplesOpt = Annotated[str | None, typer.Option(
     help="With --judge: write each row's scored samples here as mdlm sample JSONL (for mdlm gen-ppl).")]
 COLUMNS = ("precision", "sampler", "steps / options", "batch", "s/sample", "min-max", "tok/s", "NFE",
            "NFE whole-batch", "NCS", "overhead")
-QUALITY_COLUMNS = ("gen PPL", "nats/char", "entropy")
+QUALITY_COLUMNS = ("gen PPL", "nats/char", "entropy", "Dist-2", "self-BLEU", "rep-4", "MAUVE")
 
 
 @app.command("bench-sampler")
@@ -75,6 +80,8 @@ def bench_sampler_cmd(
     judge: JudgeOpt = None,
     reference_text: ReferenceOpt = None,
     save_samples: SaveSamplesOpt = None,
+    featurizer: FeaturizerOpt = None,
+    mauve_seeds: MauveSeedsOpt = "0,1,2,3,4",
     compile: CompileOpt = False,
     json_out: JsonOpt = None,
     plot_out: PlotOpt = None,
@@ -82,7 +89,7 @@ def bench_sampler_cmd(
     threads: ThreadsOpt = None,
 ) -> None:
     """Time the samplers: seconds per sample, tokens/s, NFE, categorical draws, sampler overhead;
-    with --judge, the quality of the same samples (gen PPL, nats/char, unigram entropy).
+    with --judge, the quality of the same samples (gen PPL, entropy, diversity, MAUVE vs real text).
 
     Option lists (--tokens-per-step, --threshold, --eta, ..., or --opt name=v1,v2) add a row
     per value to the samplers that read them.
@@ -114,7 +121,8 @@ def bench_sampler_cmd(
                 **sampling.drawing(), "vocab_size": bm.model.vocab_size, "judge": judge,
                 "command": "mdlm " + " ".join(sys.argv[1:])}
         _announce(meta)
-        scorer, reference = _quality(bm, judge, reference_text, save_samples, length, num_samples, seed)
+        scorer, reference = _quality(bm, judge, reference_text, save_samples, length, num_samples,
+                                     seed, featurizer=featurizer, mauve_seeds=mauve_seeds)
         report = _run(bm, sampling, sampler_list, batch_list, meta, scorer, reference)
         _write_outputs(report, json_out, plot_out, plot_x, frontier=judge is not None)
 
@@ -139,9 +147,7 @@ def _run(bm: BenchModel,
                        repeats=meta["repeats"], seed=meta["seed"], device=bm.rt.device, meta=meta,
                        schedule=bm.objective.schedule, options=sampling.options, on_tokens=scorer,
                        on_row=lambda r: _add_row(table, r, judge is not None), **sampling.drawing())
-    report.reference = reference
-    if reference is not None:
-        _add_reference_row(table, reference)
+    report.reference = _add_reference_row(table, reference)  # None without --reference-text
     (console if console.is_terminal else Console(width=200)).print(table)
     return report
 
@@ -203,21 +209,39 @@ def _check_quality_flags(judge: str | None, reference_text: str | None, save_sam
 
 
 def _quality(bm, judge: str | None, reference_text: str | None, save_samples: str | None, length: int,
-             num_samples: int, seed: int):
+             num_samples: int, seed: int, *, featurizer: str | None = None, mauve_seeds: str = "0"):
     """The row scorer (judge loaded once) and the real-text reference, or (None, None)."""
     if judge is None:
+        if featurizer is not None:
+            raise MdlmError("--featurizer needs --judge and --reference-text (MAUVE against "
+                            "real text)")
         return None, None
+    from ..eval.features import load_featurizer
     from ..eval.genppl import load_judge
+    from ..eval.mauve import parse_seeds, size_warning
     from ..sample.frontier import RowScorer, reference_quality, reference_split
 
+    seeds = parse_seeds(mauve_seeds)
     with err_console.status(f"loading judge {judge}"):
         scorer = load_judge(judge, device=bm.rt.device)
-    reference = None
+    reference, mauve_set = None, None
     if reference_text is not None:
+        features = None
+        if num_samples >= 2:
+            features = load_featurizer(featurizer, device=bm.rt.device, judge=scorer)
+            if (message := size_warning(num_samples, num_samples)) is not None:
+                warn(message)
+        else:
+            warn("MAUVE needs at least 2 samples per row: -n 1 rows get no MAUVE")
         split, name = reference_split(bm.data_cfg, bm.tokenizer, reference_text)
-        reference = reference_quality(scorer, bm.tokenizer, split, split_name=name, length=length,
-                                      per_group=num_samples)
-    return RowScorer(scorer, bm.tokenizer, save_dir=save_samples, source=bm.source, seed=seed), reference
+        reference, mauve_set = reference_quality(scorer, bm.tokenizer, split, split_name=name,
+                                                 length=length, per_group=num_samples,
+                                                 featurizer=features, seeds=seeds)
+    elif featurizer is not None:
+        raise MdlmError("--featurizer needs --reference-text (MAUVE compares the samples with "
+                        "real text)")
+    return RowScorer(scorer, bm.tokenizer, save_dir=save_samples, source=bm.source, seed=seed,
+                     mauve_set=mauve_set), reference
 
 
 def _check_flags(batch_size: str,
@@ -245,7 +269,8 @@ def _add_row(table: Table, r, with_quality: bool = False) -> None:
            f"{100 * r.overhead_share:.1f}%")
     if with_quality:
         q = r.quality
-        row += (f"{q.gen_ppl:.2f}", f"{q.nats_per_char:.4f}", f"{q.entropy:.3f}" + _pm(q.entropy_se))
+        row += (f"{q.gen_ppl:.2f}", f"{q.nats_per_char:.4f}",
+                f"{q.entropy:.3f}" + _pm(q.entropy_se), *_extra_cells(q))
     table.add_row(*row)
     err_console.print("  " + "  ".join(row), highlight=False, markup=False)
 
@@ -254,12 +279,31 @@ def _pm(se: float | None) -> str:
     return "" if se is None else f" ±{se:.3f}"
 
 
-def _add_reference_row(table: Table, ref) -> None:
+def _extra_cells(q, band: dict | None = None) -> tuple[str, ...]:
+    """Dist-2, self-BLEU, rep-4 and MAUVE (with its sd over seeds, or the band's range)."""
+    cells = []
+    for name in ("dist_2", "self_bleu", "repetition_4", "mauve"):
+        value = getattr(q, name)
+        text = "-" if value is None else f"{value:.3f}"
+        if value is not None and band and name in band:
+            text += f" [{band[name][0]:.3f}-{band[name][1]:.3f}]"
+        elif name == "mauve" and value is not None:
+            text += _pm(q.mauve_sd)
+        cells.append(text)
+    return tuple(cells)
+
+
+def _add_reference_row(table: Table, ref):
+    """The real-text row (where there is a reference); returns the reference."""
+    if ref is None:
+        return None
     q, band = ref.quality, ref.band
     table.add_row("", f"real text ({ref.split})", f"{ref.groups} x {ref.per_group} rows", *[""] * 8,
                   f"{q.gen_ppl:.2f} [{band['gen_ppl'][0]:.2f}-{band['gen_ppl'][1]:.2f}]",
                   f"{q.nats_per_char:.4f}",
-                  f"{q.entropy:.3f} [{band['entropy'][0]:.3f}-{band['entropy'][1]:.3f}]")
+                  f"{q.entropy:.3f} [{band['entropy'][0]:.3f}-{band['entropy'][1]:.3f}]",
+                  *_extra_cells(q, band))
+    return ref
 
 
 def _samplers(objective, names: list[str] | None) -> list[str]:

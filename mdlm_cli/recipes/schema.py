@@ -2,7 +2,8 @@
 
     title: "Table 8: ..."
     source: "where the paper's numbers come from"
-    metric: ppl            # what a row reports: ppl | bpc | nats | gen_ppl | seconds | variance | accuracy
+    metric: ppl            # what a row reports: ppl | bpc | nats | gen_ppl | mauve | seconds |
+                           # variance | accuracy
     plot: loss             # optional: loss (training curves) | series (rows' values against `x`)
     needs: "network for LM1B; judges: none"
     models:                # training runs (or published checkpoints) the rows evaluate
@@ -35,7 +36,7 @@ from ..build import resolve_config
 from ..config import load_preset, preset_dir
 from ..errors import MdlmError
 
-METRICS = ("ppl", "bpc", "nats", "gen_ppl", "seconds", "variance", "accuracy")
+METRICS = ("ppl", "bpc", "nats", "gen_ppl", "mauve", "seconds", "variance", "accuracy")
 PLOTS = ("loss", "series")
 # commands a step may run; the runner adds --checkpoint and the output file where they take one
 STEP_COMMANDS = ("eval-ppl", "gen-ppl", "sample", "semi-ar", "bench-sampler", "classify")

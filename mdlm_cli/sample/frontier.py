@@ -7,6 +7,11 @@ then its generative perplexity drops together with its entropy. So each benchmar
 samples are scored as `mdlm gen-ppl` scores them (`genppl.score_samples`, the same
 defaults: every token, chunks of the judge's context, 8 chunks per pass), and put next
 to real text of the same length scored the same way.
+
+Gen PPL and entropy can be gamed together; the rows also get the set's diversity (Dist-n,
+self-BLEU, repetition: `eval/diversity.py`) and, with a reference, MAUVE against a set of
+real rows disjoint from the reference's own sets (`eval/mauve.py`): each of those sets gets
+the same MAUVE against it, so the band covers MAUVE too.
 """
 
 from __future__ import annotations
@@ -19,7 +24,11 @@ import numpy as np
 import torch
 
 from ..errors import MdlmError
+from ..eval.diversity import diversity
 from ..eval.genppl import GenPplResult, Judge, score_samples
+
+# Quality's figures that a reference band covers (with the gen PPL, entropy and nats/char)
+DIVERSITY_FIELDS = ("dist_1", "dist_2", "dist_3", "self_bleu", "repetition_4")
 
 
 @dataclass
@@ -33,6 +42,13 @@ class Quality:
     nats_per_char: float
     entropy: float  # mean per-sample unigram entropy (nats)
     entropy_se: float | None
+    dist_1: float | None = None  # diversity over words (eval/diversity.py)
+    dist_2: float | None = None
+    dist_3: float | None = None
+    self_bleu: float | None = None
+    repetition_4: float | None = None
+    mauve: float | None = None  # against the reference's MAUVE set, mean over the k-means seeds
+    mauve_sd: float | None = None  # sd over the seeds
 
     @classmethod
     def of(cls, result: GenPplResult) -> Quality:
@@ -44,6 +60,33 @@ class Quality:
         se = math.sqrt(((nll - r * tokens) ** 2).sum() / (n - 1) * n) / max(tokens.sum(), 1) if n > 1 else None
         return cls(n, result.gen_ppl, r, se, result.nats_per_char, result.entropy,
                    float(entropy.std(ddof=1) / math.sqrt(n)) if n > 1 else None)
+
+    def with_texts(self, texts: list[str], mauve_set: MauveSet | None = None) -> Quality:
+        """The same figures with the texts' diversity and, given a MAUVE set, their MAUVE."""
+        measured = diversity(texts)
+        extra = {name: getattr(measured, name) for name in DIVERSITY_FIELDS}
+        if mauve_set is not None:
+            result = mauve_set.mauve(texts)
+            extra.update(mauve=result.mauve, mauve_sd=result.mauve_sd)
+        return dataclasses.replace(self, **extra)
+
+
+@dataclass
+class MauveSet:
+    """Real text that MAUVE compares against: its features, computed once for the table."""
+
+    featurizer: object  # eval.features.Featurizer
+    features: torch.Tensor  # (n, d)
+    seeds: tuple[int, ...]
+
+    @classmethod
+    def of(cls, featurizer, texts: list[str], seeds: tuple[int, ...]) -> MauveSet:
+        return cls(featurizer, featurizer.features(texts), tuple(seeds))
+
+    def mauve(self, texts: list[str]):
+        from ..eval.features import text_mauve
+
+        return text_mauve(self.featurizer, texts, self.features, seeds=self.seeds)
 
 
 def score_tokens(judge: Judge, tokenizer, tokens: torch.Tensor) -> GenPplResult:
@@ -67,9 +110,10 @@ class Reference:
     band: dict[str, tuple[float, float]]
 
     def contains(self, quality: Quality) -> bool:
-        """Whether gen PPL and entropy both lie in the band."""
-        return all(lo <= getattr(quality, name) <= hi for name, (lo, hi) in self.band.items()
-                   if name in ("gen_ppl", "entropy"))
+        """Whether gen PPL and entropy (and MAUVE, where measured) all lie in the band."""
+        checked = [(getattr(quality, name), lo, hi) for name, (lo, hi) in self.band.items()
+                   if name in ("gen_ppl", "entropy", "mauve")]
+        return all(lo <= value <= hi for value, lo, hi in checked if value is not None)
 
 
 def reference_rows(split, *, length: int, count: int) -> torch.Tensor:
@@ -85,18 +129,46 @@ def reference_rows(split, *, length: int, count: int) -> torch.Tensor:
     return torch.from_numpy(np.asarray(split.tokens[pick, :length]).astype(np.int64))
 
 
-def reference_quality(judge: Judge, tokenizer, split, *, split_name: str, length: int, per_group: int,
-                      max_groups: int = 8) -> Reference:
-    """Score up to `max_groups` sets of `per_group` real rows (as many as the split holds)."""
+def reference_quality(judge: Judge,
+                      tokenizer,
+                      split,
+                      *,
+                      split_name: str,
+                      length: int,
+                      per_group: int,
+                      max_groups: int = 8,
+                      featurizer=None,
+                      seeds: tuple[int, ...] = (0, 1, 2, 3, 4),
+                      ) -> tuple[Reference, MauveSet | None]:
+    """Score up to `max_groups` sets of `per_group` real rows (as many as the split holds).
+    With a featurizer, one more set of `per_group` rows, disjoint from them, is MAUVE's
+    reference (returned): every set gets its MAUVE against it, so the band covers MAUVE."""
     available = int((split.lengths >= length).sum())
-    groups = max(min(max_groups, available // per_group), 1)
-    result = score_tokens(judge, tokenizer, reference_rows(split, length=length, count=groups * per_group))
+    spare = 0 if featurizer is None else 1
+    groups = max(min(max_groups, available // per_group - spare), 1)
+    rows = reference_rows(split, length=length, count=(groups + spare) * per_group)
+    mauve_set = None
+    if featurizer is not None:  # every (groups + 1)-th row: spread over the split like the sets
+        pick = torch.arange(len(rows)) % (groups + 1) == groups
+        real = [tokenizer.decode(r) for r in rows[pick].tolist()]
+        mauve_set = MauveSet.of(featurizer, real, seeds)
+        rows = rows[~pick]
+    result = score_tokens(judge, tokenizer, rows)
+    texts = [tokenizer.decode(r) for r in rows.tolist()]
+    sets = [Quality.of(_subset(result, g * per_group, (g + 1) * per_group))
+            .with_texts(texts[g * per_group:(g + 1) * per_group], mauve_set) for g in range(groups)]
     band = {}
-    for name in ("gen_ppl", "entropy", "nats_per_char"):
-        values = [getattr(Quality.of(_subset(result, g * per_group, (g + 1) * per_group)), name)
-                  for g in range(groups)]
-        band[name] = (min(values), max(values))
-    return Reference(split_name, length, per_group, groups, Quality.of(result), band)
+    for name in ("gen_ppl", "entropy", "nats_per_char", *DIVERSITY_FIELDS, "mauve"):
+        values = [getattr(q, name) for q in sets]
+        if all(v is not None for v in values):
+            band[name] = (min(values), max(values))
+    # the pooled figures; a set's diversity and MAUVE depend on its size: their mean over the sets
+    means = {name: float(np.mean([getattr(q, name) for q in sets])) for name in band
+             if name in (*DIVERSITY_FIELDS, "mauve")}
+    if mauve_set is not None:
+        means["mauve_sd"] = float(np.mean([q.mauve_sd or 0.0 for q in sets]))
+    pooled = dataclasses.replace(Quality.of(result), **means)
+    return Reference(split_name, length, per_group, groups, pooled, band), mauve_set
 
 
 def _subset(result: GenPplResult, start: int, end: int) -> GenPplResult:
@@ -121,34 +193,33 @@ X_AXES = {"seconds": ("seconds_per_sample", "seconds per sample"),
           "nfe": ("nfe", "network evaluations per sample (NFE)")}
 
 
+PANELS = {"gen_ppl": "generative perplexity", "entropy": "entropy (nats)", "mauve": "MAUVE"}
+
+
 def plot_frontier(report, path: str, x: str = "seconds") -> None:
-    """Gen PPL (left) and entropy (right) against seconds per sample or NFE: one line per
-    sampler (and precision, batch size, options other than steps), points labelled by their
-    steps or options, with one standard error over the samples; real text as a horizontal
-    line with its band shaded."""
+    """Gen PPL (left), entropy and, where measured, MAUVE against seconds per sample or NFE:
+    one line per sampler (and precision, batch size, options other than steps), points
+    labelled by their steps or options, with one standard error over the samples (over the
+    k-means seeds for MAUVE); real text as a horizontal line with its band shaded."""
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .. import engine
-
     field, xlabel = X_AXES[x]
     rows = [r for r in report.results if r.quality is not None]
-    fig, (ax_ppl, ax_ent) = plt.subplots(1, 2, figsize=(12, 4.6))
-
-    def line_key(r):  # a line runs over the steps of a stepped sampler, over the options of the others
-        stepped = engine.get_sampler(r.sampler).uses_steps
-        return r.sampler, r.precision, r.batch_size, tuple(sorted(r.options.items())) if stepped else ()
-
-    for key in sorted({line_key(r) for r in rows}, key=str):
+    names = [n for n in PANELS if n != "mauve" or any(r.quality.mauve is not None for r in rows)]
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.6))
+    panels = dict(zip(names, axes, strict=True))
+    for key, points in _lines(rows, field):
         sampler, precision, batch, opts = key
-        points = sorted((r for r in rows if line_key(r) == key), key=lambda r: getattr(r, field))
         label = f"{sampler}{''.join(f' {k}={v}' for k, v in opts)} ({precision}, batch {batch})"
         xs = [getattr(r, field) for r in points]
-        for ax, name in ((ax_ppl, "gen_ppl"), (ax_ent, "entropy")):
+        for name, ax in panels.items():
             ys = [getattr(r.quality, name) for r in points]
+            if any(y is None for y in ys):
+                continue
             (handle,) = ax.plot(xs, ys, "o-" if len(xs) > 1 else "o", label=label, markersize=4)
             ax.errorbar(xs, ys, yerr=_error_bars(points, name), fmt="none", ecolor=handle.get_color(),
                         elinewidth=0.8, capsize=2)
@@ -157,14 +228,15 @@ def plot_frontier(report, path: str, x: str = "seconds") -> None:
                 ax.annotate(text, (xv, yv), fontsize=6, xytext=(3, 3), textcoords="offset points",
                             color=handle.get_color())
     ref = report.reference
-    for ax, name, ylabel in ((ax_ppl, "gen_ppl", "generative perplexity"), (ax_ent, "entropy", "entropy (nats)")):
-        if ref is not None:
+    for name, ax in panels.items():
+        if ref is not None and name in ref.band:
             ax.axhline(getattr(ref.quality, name), color="black", linestyle="--", linewidth=1,
                        label=f"real text ({ref.split})")
             ax.axhspan(*ref.band[name], color="grey", alpha=0.2, label=f"real-text band ({ref.groups} sets)")
         ax.set_xscale("log")
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(PANELS[name])
+    ax_ppl = panels["gen_ppl"]
     ax_ppl.set_yscale("log")
     ax_ppl.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax_ppl.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
@@ -176,13 +248,27 @@ def plot_frontier(report, path: str, x: str = "seconds") -> None:
     plt.close(fig)
 
 
+def _lines(rows, field: str):
+    """(key, rows sorted by x) of each line: a line runs over the steps of a stepped sampler,
+    over the options of the others."""
+    from .. import engine
+
+    def line_key(r):
+        stepped = engine.get_sampler(r.sampler).uses_steps
+        options = tuple(sorted(r.options.items())) if stepped else ()
+        return r.sampler, r.precision, r.batch_size, options
+
+    for key in sorted({line_key(r) for r in rows}, key=str):
+        yield key, sorted((r for r in rows if line_key(r) == key), key=lambda r: getattr(r, field))
+
+
 def _error_bars(rows, name: str) -> list[list[float]]:
     """One standard error below and above: of the entropy, or of nats/token mapped to gen PPL."""
     lo, hi = [], []
     for r in rows:
         q = r.quality
-        if name == "entropy":
-            se = q.entropy_se or 0.0
+        if name in ("entropy", "mauve"):
+            se = (q.entropy_se if name == "entropy" else q.mauve_sd) or 0.0
             lo.append(se)
             hi.append(se)
         else:
@@ -197,11 +283,21 @@ class RowScorer:
     the table) and, with `save_dir`, writes them as `mdlm sample --out` JSONL, so that
     `mdlm gen-ppl --samples FILE --judge J` gives the row's numbers."""
 
-    def __init__(self, judge: Judge, tokenizer, *, save_dir: str | None = None, source: str = "", seed: int = 0):
+    def __init__(self,
+                 judge: Judge,
+                 tokenizer,
+                 *,
+                 save_dir: str | None = None,
+                 source: str = "",
+                 seed: int = 0,
+                 mauve_set: MauveSet | None = None):
         self.judge, self.tokenizer, self.save_dir, self.source, self.seed = judge, tokenizer, save_dir, source, seed
+        self.mauve_set = mauve_set
 
     def __call__(self, row, tokens: torch.Tensor) -> None:
-        row.quality = Quality.of(score_tokens(self.judge, self.tokenizer, tokens))
+        texts = [self.tokenizer.decode(ids) for ids in tokens.cpu().tolist()]
+        scored = Quality.of(score_tokens(self.judge, self.tokenizer, tokens))
+        row.quality = scored.with_texts(texts, self.mauve_set)
         if self.save_dir is not None:
             self._save(row, tokens)
 
@@ -217,3 +313,29 @@ class RowScorer:
                  **row.options}
         write_jsonl(path, [SampleRecord(i, self.tokenizer.decode(ids), ids).to_json(**extra)
                            for i, ids in enumerate(tokens.cpu().tolist())])
+
+
+def mauve_reference_texts(spec: str,
+                          *,
+                          checkpoint: str | None,
+                          count: int,
+                          length: int) -> list[str]:
+    """`mdlm gen-ppl --mauve-reference`: the texts of a JSONL file (`mdlm sample --out`'s
+    format), or `count` rows of `length` tokens of a split (test, valid, train) of the
+    sampled checkpoint's prepared data."""
+    from pathlib import Path
+
+    from ..data.sources import SPLITS
+    from ..eval.genppl import read_samples
+
+    if Path(spec).is_file() or spec not in SPLITS:
+        return read_samples(spec)[0]
+    if checkpoint is None:
+        raise MdlmError(f"--mauve-reference {spec}: a split of the model's own data needs "
+                        "--sample-first --checkpoint; else give a JSONL file of real text")
+    from ..checkpoints.load import load_checkpoint
+
+    loaded = load_checkpoint(checkpoint, device=torch.device("cpu"))
+    split, _ = reference_split(loaded.config.data, loaded.tokenizer, spec)
+    rows = reference_rows(split, length=length, count=count)
+    return [loaded.tokenizer.decode(r) for r in rows.tolist()]

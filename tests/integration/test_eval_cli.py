@@ -81,7 +81,31 @@ def test_ar_sampling_and_gen_ppl_with_the_ar_judge(models, tmp_path):
     assert len(records) == 4 and records[0]["final_denoise"] is False and records[0]["temperature"] == 0.9
     assert "--eta 0.1 does not apply to ancestral" in out  # the shared sampling flags, as in mdlm sample
     run("gen-ppl", "--samples", str(tmp_path / "m.jsonl"), "--judge", str(mdlm_run), code=1)  # not causal
-    run("gen-ppl", code=1)
+
+
+@pytest.mark.slow
+def test_gen_ppl_diversity_and_mauve(models, tmp_path):
+    """MAUVE against a JSONL of texts and against a split of the model's data, with the judge's
+    features (the AR checkpoint's last hidden state); the samples against themselves score 1."""
+    ar_run, mdlm_run = models
+    samples, judge = str(tmp_path / "s.jsonl"), str(ar_run)
+    out = run("gen-ppl", "--sample-first", "-c", str(mdlm_run), "--sampler", "ancestral",
+              "--steps", "8", "-n", "12", "--judge", judge, "--samples", samples,
+              "--mauve-reference", "test", "--mauve-seeds", "0,1",
+              "--json", str(tmp_path / "g.json"))
+    assert "biased upward" in out and "MAUVE" in out and "self-BLEU" in out
+    scored = json.loads((tmp_path / "g.json").read_text())
+    m, d = scored["mauve"], scored["diversity"]
+    assert 0 < m["mauve"] <= 1 and len(m["mauve_per_seed"]) == 2
+    assert m["mauve_num_reference"] == 12 and 0 <= d["dist_1"] <= 1
+    assert m["featurizer"].startswith(judge) and m["pooling"] == "last token"
+    run("gen-ppl", "--samples", samples, "--judge", judge, "--mauve-reference", samples,
+        "--json", str(tmp_path / "self.json"))
+    assert json.loads((tmp_path / "self.json").read_text())["mauve"]["mauve"] == pytest.approx(1.0)
+    for flags, message in ((["--mauve-reference", "test"], "needs --sample-first"),
+                           (["--featurizer", judge], "needs --mauve-reference"),
+                           (["--mauve-seeds", "a"], "--mauve-seeds")):
+        assert message in run("gen-ppl", "--samples", samples, "--judge", judge, *flags, code=1)
 
 
 @pytest.mark.slow
@@ -126,3 +150,8 @@ def test_bench_quality_columns_are_gen_ppl_of_the_same_samples(models, tmp_path)
     ref = bench["reference"]
     assert ref["split"] == "test" and ref["per_group"] == 4 and ref["groups"] == 8
     assert ref["band"]["gen_ppl"][0] <= ref["quality"]["gen_ppl"] <= ref["band"]["gen_ppl"][1]
+    # MAUVE (the judge's features) and diversity: every row, and the band over the real sets
+    for name in ("mauve", "self_bleu", "dist_2", "repetition_4"):
+        assert ref["band"][name][0] <= ref["quality"][name] <= ref["band"][name][1]
+        assert all(0 <= row["quality"][name] <= 1 for row in bench["results"])
+    assert all(row["quality"]["mauve_sd"] >= 0 for row in bench["results"])

@@ -152,6 +152,35 @@ def test_frontier_plot_is_written(tmp_path):
         assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_frontier_plot_gets_a_mauve_panel_and_the_band_judges_mauve(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from mdlm_cli.sample.frontier import Quality, Reference, plot_frontier
+
+    def row(steps, mauve):
+        q = Quality(4, 30.0, 3.0, 0.1, 2.0, 2.8, 0.05, mauve=mauve, mauve_sd=0.02)
+        return BenchRow("ancestral", steps, 4, "fp64", 4, 1, 0.1, 0.1, 0.1, 100.0, steps, 48.0, 10,
+                        None, None, 0.9, 0.1, {}, q)
+
+    band = {"gen_ppl": (25.0, 35.0), "entropy": (2.7, 2.9), "mauve": (0.8, 0.95)}
+    report = BenchReport(meta={"model": "m", "length": L, "judge": "j"},
+                         results=[row(10, 0.5), row(100, 0.9)])
+    real = Quality(32, 30.0, 3.0, 0.01, 2.0, 2.8, 0.01, mauve=0.9)
+    report.reference = Reference("test", L, 4, 8, real, band)
+    assert [report.reference.contains(r.quality) for r in report.results] == [False, True]
+    unmeasured = Quality(4, 30.0, 3.0, 0.1, 2.0, 2.8, 0.05)
+    assert report.reference.contains(unmeasured)  # no MAUVE: judged on gen PPL and entropy
+    figures = []
+    original = plt.subplots
+    try:
+        plt.subplots = lambda *a, **k: figures.append(original(*a, **k)) or figures[-1]
+        plot_frontier(report, str(tmp_path / "f.png"))
+    finally:
+        plt.subplots = original
+    assert len(figures[0][1]) == 3 and figures[0][1][2].get_ylabel() == "MAUVE"
+
+
 def test_default_rows_are_every_exact_sampler_of_the_objective(tmp_path):
     """MDLM's rows include SEDD's analytic sampler (through the SUBS -> score conversion): Table 10;
     the inexact samplers are frontier points, benchmarked when named."""

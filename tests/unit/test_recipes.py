@@ -26,7 +26,7 @@ def load_recipe(name: str) -> recipes.Recipe:
 def list_recipes() -> dict[str, recipes.Recipe]:
     return recipes.list_recipes(command_flags)
 TABLES = ["demo", "table1", "table2", "table3", "table5", "table8", "table9", "table10", "table11", "table12",
-          "mc-samples", "text8", "table6", "table7", "zheng"]
+          "mc-samples", "text8", "table6", "table7", "zheng", "mauve"]
 
 
 def test_every_paper_table_named_by_the_issue_has_a_recipe():
@@ -132,6 +132,23 @@ def test_zheng_sweep_is_one_benchmark_whose_judged_rows_fill_the_report(tmp_path
     assert all(r.status == "done" for r in rows.values())
     assert rows["cache-fp32-10000"].ours == pytest.approx(100.0 - 10 - 20) and rows["cache-fp64-10000"].ours == 90.0
     assert rows["first-hitting-fp64"].extra == "entropy 5.100"
+
+
+def test_mauve_rows_write_out_the_protocol_and_report_gen_ppls_mauve(tmp_path):
+    recipe = load_recipe("mauve")
+    out, runs = tmp_path / "o", tmp_path / "r"
+    jobs = plan(recipe, out=out, runs=runs)
+    command = jobs[0].command()
+    for flag in ("--num-samples 5000", "--featurizer gpt2-large", "--mauve-reference valid",
+                 "--mauve-seeds 0,1,2,3,4", "--judge gpt2-large", "--sample-first"):
+        assert flag in command
+    out.mkdir()
+    for job in jobs:
+        record = {"gen_ppl": 40.0, "mauve": {"mauve": 0.5, "mauve_sd": 0.01}}
+        job.output.write_text(json.dumps(record))
+    rows = {r.name: r for r in report_rows(recipe, out=out, runs=runs, scale="paper")}
+    row = rows["first-hitting"]
+    assert row.ours == 0.5 and row.extra == "± 0.010 (k-means seeds), gen PPL 40.00"
 
 
 def test_scale_is_labelled_and_never_mixed(tmp_path):
