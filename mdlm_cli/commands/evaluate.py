@@ -228,20 +228,31 @@ def gen_ppl_cmd(
         for path in (json_out, samples if sample_first else None):
             if path:
                 check_writable(path)
-        if sample_first:
-            if checkpoint is None:
-                raise MdlmError("--sample-first needs --checkpoint (the model to sample)")
-            texts, tokens = _sample_for_judging(checkpoint, sampling, num_samples, seed, device,
-                                                samples, threads)
-        else:
-            texts, tokens = _given_samples(samples, ["--checkpoint"] * (checkpoint is not None)
-                                           + sampling.given())
+        texts, tokens = _texts_to_score(sample_first, checkpoint, sampling, num_samples, seed,
+                                        device, samples, threads)
         rt = Runtime.create(device or "auto", threads=threads or 0)
         result, scorer = _score(judge, texts, tokens, rt, context=context, batch_size=batch_size, eos=eos)
         record = _report(result, scorer, texts, tokens, mauve, rt.device)
         if json_out:
             Path(json_out).write_text(json.dumps({"samples": samples, **record}, indent=2))
             console.print(f"Wrote {json_out}", markup=False)
+
+
+def _texts_to_score(sample_first: bool,
+                    checkpoint: str | None,
+                    sampling: Sampling,
+                    num_samples: int,
+                    seed: int,
+                    device: str | None,
+                    samples: str | None,
+                    threads: int | None):
+    """The texts and token ids to score: drawn first (--sample-first), or read from --samples
+    (then the sampling flags are refused)."""
+    if not sample_first:
+        return _given_samples(samples, ["--checkpoint"] * (checkpoint is not None) + sampling.given())
+    if checkpoint is None:
+        raise MdlmError("--sample-first needs --checkpoint (the model to sample)")
+    return _sample_for_judging(checkpoint, sampling, num_samples, seed, device, samples, threads)
 
 
 def _score(judge: str,
