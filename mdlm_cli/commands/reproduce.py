@@ -139,8 +139,9 @@ def _print_plan(jobs, launcher: str, scale: str, rows) -> None:
     for row in rows:
         value = row.paper.get("value")
         quoted = ", quoted, not run" if row.paper_only else ""
-        sys.stdout.write(f"#   {row.name} ({row.label}{quoted}): {'-' if value is None else value}; "
-                         f"{row.paper.get('source', '')}\n")
+        shown = "-" if value is None else value
+        source = row.paper.get("source", "")
+        sys.stdout.write(f"#   {row.name} ({row.label}{quoted}): {shown}; {source}\n")
 
 
 def _run(jobs, out: Path, launcher: str) -> None:

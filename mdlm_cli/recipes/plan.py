@@ -24,8 +24,9 @@ TINY_ARGS = {"eval-ppl": {"rows": 32}, "gen-ppl": {"num-samples": 2}, "sample": 
              "classify": {"seeds": "1", "epochs": 1}, "lm-eval": {"limit": 4},
              "glue": {"max-train-rows": 32, "max-eval-rows": 32, "epochs": 1}}
 OUTPUT_FLAG = {"eval-ppl": ("json", ".json"), "gen-ppl": ("json", ".json"), "bench-sampler": ("json", ".json"),
-               "sample": ("out", ".jsonl"), "semi-ar": ("out", ".jsonl"), "classify": ("json", ".json"),
-               "glue": ("json", ".json"), "lm-eval": ("json", ".json")}
+               "sample": ("out", ".jsonl"), "semi-ar": ("out", ".jsonl"),
+               "classify": ("json", ".json"), "glue": ("json", ".json"),
+               "lm-eval": ("json", ".json")}
 
 
 @dataclass

@@ -50,7 +50,7 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
         return quality.get("gen_ppl"), None, f"entropy {entropy:.3f}"
     if m == "seconds":
         return record.get("seconds_per_sample"), None, f"NFE {record.get('nfe', float('nan')):.0f}"
-    if m == "accuracy" and "best" not in record:  # lm-eval's acc (with its stderr), or a glue task's metric
+    if m == "accuracy" and "best" not in record:  # lm-eval's acc (and stderr), or a glue task's
         if "acc,none" in record:
             return record["acc,none"], record.get("acc_stderr,none"), "lm-eval acc"
         return record.get("value"), None, str(record.get("metric", ""))

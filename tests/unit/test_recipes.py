@@ -17,8 +17,8 @@ from mdlm_cli.recipes.schema import command_flags
 
 runner = CliRunner()
 TABLES = ["demo", "table1", "table2", "table3", "table5", "table8", "table9", "table10", "table11", "table12",
-          "mc-samples", "text8", "table6", "table7", "zheng", "table4", "table4-glue", "lambada-acc", "ar-speed",
-          "ar-speed-quality", "zheng-speed"]
+          "mc-samples", "text8", "table6", "table7", "zheng", "table4", "table4-glue",
+          "lambada-acc", "ar-speed", "ar-speed-quality", "zheng-speed"]
 
 
 def test_every_paper_table_named_by_the_issue_has_a_recipe():
@@ -171,8 +171,8 @@ def test_demo_recipe_at_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
 
 # where a paper value may come from (defect 9 of issue 25): a seed file, REFERENCE.md (a named
 # transcription), a file of the reference repository, or "from nowhere"
-SOURCE_KINDS = ("seeds/00", "REFERENCE.md", "reference README", "scripts/", "configs/", "dataloader.py",
-                "from nowhere")
+SOURCE_KINDS = ("seeds/00", "REFERENCE.md", "reference README", "scripts/", "configs/",
+                "dataloader.py", "from nowhere")
 
 
 @pytest.mark.parametrize("name", TABLES)
@@ -195,7 +195,8 @@ def _measurement(recipe, row, tmp_path) -> tuple:
     for i, step in enumerate(row.steps):
         argv = _step_job(row, i, step, context, "paper").argv
         drop = {f"--{OUTPUT_FLAG[step.command][0]}", "--mc-samples"}
-        kept = [a for j, a in enumerate(argv) if a not in drop and (j == 0 or argv[j - 1] not in drop)]
+        kept = [a for j, a in enumerate(argv)
+                if a not in drop and (j == 0 or argv[j - 1] not in drop)]
         steps.append(tuple(a.replace(str(out), "{out}") for a in kept))
     return context["run"], tuple(steps), tuple(sorted(row.pick.items()))
 
@@ -216,7 +217,8 @@ def test_rows_measuring_one_quantity_of_one_model_share_its_paper_value(tmp_path
             value = float(row.paper["value"])
             if key in seen:
                 where, other = seen[key]
-                assert abs(value - other) <= 0.01 * abs(other), (f"{name}:{row.name}", value, where, other)
+                assert abs(value - other) <= 0.01 * abs(other), (
+                    f"{name}:{row.name}", value, where, other)
             else:
                 seen[key] = (f"{name}:{row.name}", value)
     assert len(seen) > 20
@@ -236,27 +238,34 @@ def test_table11_is_the_scripts_model_without_time_conditioning():
     recipe = load_recipe("table11")
     (model,) = recipe.models.values()
     assert not resolve_config(model.preset, model.overrides).model.time_conditioning
-    assert [row.steps[0].args["T"] for row in recipe.rows] == [0, 1000]  # scripts/eval_owt_T_mdlm.sh
+    # the T values of scripts/eval_owt_T_mdlm.sh
+    assert [row.steps[0].args["T"] for row in recipe.rows] == [0, 1000]
 
 
 def test_dna_tables_fine_tune_the_released_caduceus():
     for name in ("table6", "table7"):
         recipe = load_recipe(name)
         for key, model in recipe.models.items():
-            if model.preset and resolve_config(model.preset, model.overrides).diffusion.objective != "ar":
-                assert any(o.startswith("train.init_from=kuleshov-group/caduceus") for o in model.overrides), key
+            cfg = resolve_config(model.preset, model.overrides) if model.preset else None
+            if cfg is not None and cfg.diffusion.objective != "ar":
+                released = "train.init_from=kuleshov-group/caduceus"
+                assert any(o.startswith(released) for o in model.overrides), key
 
 
 def test_glue_and_lm_eval_records_fill_the_report(tmp_path):
     out, runs = tmp_path / "o", tmp_path / "r"
     out.mkdir()
     (out / "glue-bert.json").write_text(json.dumps({"tasks": [
-        {"task": "cola", "metric": "accuracy", "value": 0.81}, {"task": "mrpc", "metric": "f1", "value": 0.88}]}))
-    rows = {r.name: r for r in report_rows(load_recipe("table4-glue"), out=out, runs=runs, scale="paper")}
-    assert rows["bert-cola"].ours == 0.81 and rows["bert-mrpc"].ours == 0.88 and rows["bert-mrpc"].extra == "f1"
+        {"task": "cola", "metric": "accuracy", "value": 0.81},
+        {"task": "mrpc", "metric": "f1", "value": 0.88}]}))
+    glue = load_recipe("table4-glue")
+    rows = {r.name: r for r in report_rows(glue, out=out, runs=runs, scale="paper")}
+    assert rows["bert-cola"].ours == 0.81 and rows["bert-mrpc"].ours == 0.88
+    assert rows["bert-mrpc"].extra == "f1"
     assert rows["bert-ft-cola"].status == "pending"
     (out / "mdlm.0.lm-eval.json").write_text(json.dumps({"results": {
         "lambada_openai": {"acc,none": 0.52, "acc_stderr,none": 0.007, "perplexity,none": 40.0}}}))
-    rows = {r.name: r for r in report_rows(load_recipe("lambada-acc"), out=out, runs=runs, scale="paper")}
+    lambada = load_recipe("lambada-acc")
+    rows = {r.name: r for r in report_rows(lambada, out=out, runs=runs, scale="paper")}
     assert rows["mdlm"].ours == 0.52 and rows["mdlm"].ours_se == 0.007
     assert rows["mdlm"].difference == pytest.approx(0.52 - 0.5310)
