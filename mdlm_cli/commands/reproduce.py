@@ -71,7 +71,8 @@ def reproduce_cmd(
         if report:
             return _report(recipe, out_dir, runs_dir, scale)
         if dry_run:
-            return _print_plan(jobs, launcher, scale)
+            chosen = [r for r in recipe.rows if selected is None or r.name in selected]
+            return _print_plan(jobs, launcher, scale, chosen)
         if emit is not None:
             if emit != "slurm":
                 raise MdlmError(f"--emit supports slurm (got {emit!r})")
@@ -128,12 +129,19 @@ def _gpu_days(recipe) -> str:
     return f"{flops / (A100_BF16_FLOPS * ASSUMED_MFU) / 86400:,.1f}" if flops else "-"
 
 
-def _print_plan(jobs, launcher: str, scale: str) -> None:
+def _print_plan(jobs, launcher: str, scale: str, rows) -> None:
     from ..recipes.plan import scale_label
 
     sys.stdout.write(f"# {len(jobs)} jobs, {scale_label(scale)}; in order, each skipped when its output exists\n")
     for job in jobs:
         sys.stdout.write(("# done: " if job.done() else "") + job.command(launcher) + "\n")
+    sys.stdout.write("# rows (the paper's value and where it comes from):\n")
+    for row in rows:
+        value = row.paper.get("value")
+        quoted = ", quoted, not run" if row.paper_only else ""
+        shown = "-" if value is None else value
+        source = row.paper.get("source", "")
+        sys.stdout.write(f"#   {row.name} ({row.label}{quoted}): {shown}; {source}\n")
 
 
 def _run(jobs, out: Path, launcher: str) -> None:

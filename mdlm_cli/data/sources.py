@@ -180,7 +180,8 @@ class HubDataset(Source):
 
     @property
     def fingerprint(self) -> str:
-        detok = self.detokenize.__name__ if self.detokenize else "none"
+        # -v2: the rules follow the reference's order (data prepared by the earlier ones is stale)
+        detok = f"{self.detokenize.__name__}-v2" if self.detokenize else "none"
         return f"hub:{self.hub_id}:{self.config}:{self.revision}:{self.split_specs}:{detok}"
 
     def load(self, split: str, load_dataset: Callable | None, **kwargs):

@@ -21,9 +21,12 @@ TINY_MODEL = ["model.hidden_size=64", "model.n_blocks=2", "model.n_heads=2", "mo
 TINY_STEPS = 6
 TINY_ARGS = {"eval-ppl": {"rows": 32}, "gen-ppl": {"num-samples": 2}, "sample": {"num-samples": 2},
              "semi-ar": {"num-samples": 1}, "bench-sampler": {"num-samples": 1, "repeats": 1, "batch-size": "1"},
-             "classify": {"seeds": "1", "epochs": 1}}
+             "classify": {"seeds": "1", "epochs": 1}, "lm-eval": {"limit": 4},
+             "glue": {"max-train-rows": 32, "max-eval-rows": 32, "epochs": 1}}
 OUTPUT_FLAG = {"eval-ppl": ("json", ".json"), "gen-ppl": ("json", ".json"), "bench-sampler": ("json", ".json"),
-               "sample": ("out", ".jsonl"), "semi-ar": ("out", ".jsonl"), "classify": ("json", ".json")}
+               "sample": ("out", ".jsonl"), "semi-ar": ("out", ".jsonl"),
+               "classify": ("json", ".json"), "glue": ("json", ".json"),
+               "lm-eval": ("json", ".json")}
 
 
 @dataclass

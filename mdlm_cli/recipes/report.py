@@ -30,9 +30,15 @@ class ReportRow:
 
 
 def _records(path: Path) -> list[dict]:
-    """The records of a step's JSON output: eval-ppl and bench-sampler hold a `results` list."""
+    """The records of a step's JSON output: eval-ppl and bench-sampler hold a `results` list,
+    lm-eval a `results` mapping task -> metrics, glue a `tasks` list."""
     data = json.loads(path.read_text())
-    return data["results"] if isinstance(data.get("results"), list) else [data]
+    results = data.get("results")
+    if isinstance(results, list):
+        return results
+    if isinstance(results, dict):  # lm-eval: one record per task, named by `task` (for `pick`)
+        return [{"task": task, **metrics} for task, metrics in results.items()]
+    return data["tasks"] if isinstance(data.get("tasks"), list) else [data]
 
 
 def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float | None, str]:
@@ -50,6 +56,10 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
         return mauve.get("mauve"), None, f"{sd}gen PPL {q.get('gen_ppl', float('nan')):.2f}"
     if m == "seconds":
         return record.get("seconds_per_sample"), None, f"NFE {record.get('nfe', float('nan')):.0f}"
+    if m == "accuracy" and "best" not in record:  # lm-eval's acc (and stderr), or a glue task's
+        if "acc,none" in record:
+            return record["acc,none"], record.get("acc_stderr,none"), "lm-eval acc"
+        return record.get("value"), None, str(record.get("metric", ""))
     if m == "accuracy":  # mdlm classify: the best setting's test accuracy, mean and max - min over the seeds
         best = record.get("best", {})
         spread = best.get("test_accuracy_max_minus_min")

@@ -39,7 +39,8 @@ from ..errors import MdlmError
 METRICS = ("ppl", "bpc", "nats", "gen_ppl", "mauve", "seconds", "variance", "accuracy")
 PLOTS = ("loss", "series")
 # commands a step may run; the runner adds --checkpoint and the output file where they take one
-STEP_COMMANDS = ("eval-ppl", "gen-ppl", "sample", "semi-ar", "bench-sampler", "classify")
+STEP_COMMANDS = ("eval-ppl", "gen-ppl", "sample", "semi-ar", "bench-sampler", "classify", "glue",
+                 "lm-eval")
 
 
 @dataclass
@@ -162,6 +163,10 @@ def _row(value, models: dict[str, Model], where: str) -> Row:
     if "name" not in value:
         raise MdlmError(f"{where} needs a name")
     paper = _mapping(value.get("paper") or {}, f"{where}.paper", ("value", "source", "se", "note"))
+    if "value" in paper and not str(paper.get("source") or "").strip():
+        raise MdlmError(f"{where}: paper value {paper['value']} needs a source (the seed file and "
+                        "its sentence, the reference file and key, a named transcription, or "
+                        "'from nowhere')")
     row = Row(str(value["name"]), str(value.get("label", value["name"])), value.get("model"),
               [_step(s, f"{where}.steps[{i}]") for i, s in enumerate(value.get("steps") or [])], paper,
               _mapping(value.get("pick") or {}, f"{where}.pick"), bool(value.get("paper_only", False)),
