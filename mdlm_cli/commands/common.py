@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from contextlib import contextmanager
@@ -28,6 +29,48 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True)
+
+def check_float(
+    flag: str,
+    value: float,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_in: bool = True,
+    high_in: bool = True,
+) -> float:
+    """A float flag's value, refused (MdlmError) unless finite and in its interval: nan compares
+    false both ways, so a plain `value <= 0` check lets it through."""
+    inside = (low <= value if low_in else low < value) and (value <= high if high_in else value < high)
+    if not (math.isfinite(value) and inside):
+        if math.isinf(high):
+            where = f"{'at least' if low_in else 'above'} {low:g}"
+        else:
+            where = f"in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+        raise MdlmError(f"{flag} must be a finite number {where} (got {value})")
+    return value
+
+
+def float_in(
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_in: bool = True,
+    high_in: bool = True,
+):
+    """The callback of a float option: `check_float` at parse time, its error as one red line."""
+
+    def check(param: typer.CallbackParam, value: float | None) -> float | None:
+        if value is None:
+            return value
+        try:
+            return check_float(param.opts[0], value, low, high, low_in=low_in, high_in=high_in)
+        except MdlmError as e:
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return check
+
 
 PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="Preset name (see `mdlm presets`) or a YAML file.")]
 SetOpt = Annotated[list[str] | None, typer.Option(
@@ -80,8 +123,10 @@ StepsOpt = Annotated[int | None, typer.Option(
 KScheduleOpt = Annotated[str | None, typer.Option(
     help="confidence: tokens revealed per step, linear (equal shares, LLaDA) or cosine (MaskGIT).")]
 ThresholdOpt = Annotated[float | None, typer.Option(
-    help="threshold: reveal each drawn token whose probability exceeds this (default 0.9; 0 = all in one call).")]
-EtaOpt = Annotated[float | None, typer.Option(help="remdm: remasking strength eta in [0, 1] (default 0.008).")]
+    help="threshold: reveal each drawn token whose probability exceeds this (default 0.9; 0 = all in one call).",
+    callback=float_in(0, 1))]
+EtaOpt = Annotated[float | None, typer.Option(help="remdm: remasking strength eta in [0, 1] (default 0.008).",
+                                              callback=float_in(0, 1))]
 RemdmScheduleOpt = Annotated[str | None, typer.Option(
     help="remdm: cap (sigma = min(eta, sigma_max), the default) or rescale (sigma = eta * sigma_max).")]
 NumSamplesOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Sequences to draw.")]
@@ -89,8 +134,8 @@ SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
 PromptOpt = Annotated[str | None, typer.Option(help="Text the samples start with.")]
 PrecisionOpt = Annotated[str, typer.Option(
     help="Categorical sampling: fp64 (exact) or fp32 (the reference's truncated draw).")]
-TemperatureOpt = Annotated[float, typer.Option(help="Softmax temperature.")]
-TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass.")]
+TemperatureOpt = Annotated[float, typer.Option(help="Softmax temperature.", callback=float_in(0, low_in=False))]
+TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass.", callback=float_in(0, 1, low_in=False))]
 OutOpt = Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
 RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..config import resolve_config
-from .common import PresetOpt, SetOpt, ThreadsOpt, app, console, err_console, user_errors
+from .common import PresetOpt, SetOpt, ThreadsOpt, app, console, err_console, float_in, user_errors
 
 
 @app.command("train")
@@ -22,7 +22,8 @@ def train_cmd(
     max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
-    time_limit: Annotated[float, typer.Option(help="Stop after this many minutes (0 = no limit).")] = 0.0,
+    time_limit: Annotated[float, typer.Option(help="Stop after this many minutes (0 = no limit).",
+                                              callback=float_in(0))] = 0.0,
     print_config: Annotated[bool, typer.Option(help="Print the resolved config.")] = True,
     override_resume_config: Annotated[bool, typer.Option(
         help="With --resume: continue although the data, model, objective, optimisation or batch settings differ "

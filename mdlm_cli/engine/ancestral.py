@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .categorical import reference_draw, token_weights
+from .categorical import check_logits, reference_draw, token_weights
 from .context import SamplerContext, rows_active
 
 
@@ -30,6 +30,7 @@ def finish_masks(z: Tensor, ctx: SamplerContext, t_last: Tensor) -> Tensor:
         logits = ctx.logits(z, t_last, masked, rows)
         if ctx.final_denoise:
             logits[:, ctx.mask_id] = float("-inf")
+            check_logits(logits)
             z[masked] = logits.argmax(-1)
         else:
             z[masked] = ctx.draw(logits)

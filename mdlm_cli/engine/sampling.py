@@ -23,7 +23,7 @@ from .confidence import confidence, threshold
 from .context import SamplerContext, SampleStats
 from .d3pm import d3pm_ancestral
 from .diffusion import Denoiser
-from .errors import EngineError
+from .errors import EngineError, ProbabilityError
 from .first_hitting import first_hitting
 from .remdm import remdm
 from .schedules import Schedule, get_schedule
@@ -141,7 +141,7 @@ def sample(denoiser: Denoiser, *, sampler: str, num_samples: int, length: int, m
         raise EngineError(f"precision must be one of: {', '.join(PRECISIONS)} (got {precision!r})")
     if spec.uses_steps and (steps is None or steps < 1):
         raise EngineError(f"sampler {sampler} needs steps >= 1 (got {steps})")
-    if temperature <= 0 or not 0 < top_p <= 1:
+    if not (math.isfinite(temperature) and temperature > 0) or not 0 < top_p <= 1:
         raise EngineError(f"temperature must be > 0 and top_p in (0, 1] (got {temperature}, {top_p})")
     if num_samples < 1 or length < 1:
         raise EngineError(f"num_samples and length must be positive (got {num_samples}, {length})")
@@ -158,7 +158,10 @@ def sample(denoiser: Denoiser, *, sampler: str, num_samples: int, length: int, m
     outputs = []
     for start in range(0, num_samples, batch_size):
         z = z_all[start:start + batch_size].clone()
-        outputs.append(spec.run(z, ctx))
+        try:
+            outputs.append(spec.run(z, ctx))
+        except ProbabilityError as e:  # which sampler, and how far it got
+            raise ProbabilityError(f"{spec.name} sampler, at network call {ctx.stats.calls}: {e}") from None
         if on_batch is not None:
             on_batch(len(z))
     tokens = torch.cat(outputs)
