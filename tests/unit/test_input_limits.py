@@ -68,3 +68,22 @@ def test_a_non_finite_float_flag_is_refused_in_one_line(command, flag, value):
 def test_a_float_flag_out_of_its_range_is_refused(flag, value):
     result = CliRunner().invoke(app, ["sample", flag, value])
     assert result.exit_code == 1 and result.output.startswith(f"error: {flag} must be a finite number")
+
+
+def test_a_jsonl_given_as_checkpoint_is_called_what_it_is(tmp_path):
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text('{"index": 0, "text": "hello", "tokens": [1, 2]}\n')
+    result = CliRunner().invoke(app, ["sample", "-c", str(samples), "-n", "1"])
+    assert result.exit_code == 1
+    assert "is not a PyTorch checkpoint" in result.output and "JSON-lines" in result.output
+    assert "pickle" not in result.output
+
+
+@pytest.mark.parametrize("judge", ["/nonexistent", "./no-such-folder", "../x/y"])
+def test_a_missing_judge_folder_is_not_explained_with_the_hubs_rules(tmp_path, judge):
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text('{"index": 0, "text": "hello there", "tokens": [1, 2]}\n')
+    result = CliRunner().invoke(app, ["gen-ppl", "--samples", str(samples), "--judge", judge])
+    assert result.exit_code == 1
+    assert f"judge {judge}: no such folder, and not a Hugging Face hub id" in " ".join(result.output.split())
+    assert "repo_name" not in result.output and "Repo id" not in result.output
