@@ -7,7 +7,6 @@ CLI flags. Unknown sections or keys are errors that list the valid ones.
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from .errors import MdlmError
+from .numbers import check_config_float
 
 PACKINGS = ("wrap", "pad", "chunk", "window")
 LR_SCHEDULES = ("constant", "cosine")
@@ -194,17 +194,6 @@ def load_preset(name_or_path: str) -> dict:
 
 # ----------------------------------------------------------------------------- building
 
-def _finite(number: float, where: str) -> float:
-    """nan compares false both ways and inf passes every lower bound: no range check sees them."""
-    if not math.isfinite(number):
-        raise _NotFinite(f"{where} must be a finite number (got {number})")
-    return number
-
-
-class _NotFinite(MdlmError):
-    """Not the type error `_coerce` turns ValueErrors into."""
-
-
 def _coerce(value, typ, where: str):
     origin = typing.get_origin(typ)
     try:
@@ -224,7 +213,7 @@ def _coerce(value, typ, where: str):
         if typ is float:
             if isinstance(value, bool):
                 raise TypeError
-            return _finite(float(value), where)
+            return float(value)
         if typ is str:
             return str(value)
         if origin is tuple:
@@ -233,8 +222,6 @@ def _coerce(value, typ, where: str):
             if len(items) != len(args):
                 raise TypeError
             return tuple(_coerce(v, a, where) for v, a in zip(items, args, strict=True))
-    except _NotFinite:
-        raise
     except (TypeError, ValueError):
         pass
     else:
@@ -251,25 +238,10 @@ def _section_from_dict(cls, values: dict, section: str):
         if key not in valid:
             raise MdlmError(f"unknown key {section}.{key}; valid keys: {', '.join(valid)}")
         kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
-        _check_range(f"{section}.{key}", kwargs[key])
+        for number in kwargs[key] if isinstance(kwargs[key], tuple) else (kwargs[key],):
+            if isinstance(number, float):  # finite and in range, before any check compares it
+                check_config_float(f"{section}.{key}", number)
     return cls(**kwargs)
-
-
-# Ranges of the floats that nothing below checks (the others: validate, _check_optim and the
-# backbones' validate_config): (low, high, low included, high included).
-FLOAT_RANGES = {
-    "diffusion.eps": (0.0, 1.0, True, False),  # the schedule's floor: alpha(1) = eps
-    "model.norm_epsilon": (0.0, math.inf, False, False),
-}
-
-
-def _check_range(where: str, value) -> None:
-    if where not in FLOAT_RANGES:
-        return
-    low, high, low_in, high_in = FLOAT_RANGES[where]
-    if not ((low <= value if low_in else low < value) and (value <= high if high_in else value < high)):
-        interval = f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
-        raise MdlmError(f"{where} must be in {interval} (got {value})")
 
 
 def config_from_dict(data: dict) -> Config:

@@ -16,6 +16,7 @@ from ..engine.errors import EngineError
 from ..engine.sampling import SAMPLERS
 from ..errors import MdlmError, MdlmWarning
 from ..io.files import os_error_message
+from ..numbers import check_float
 
 app = typer.Typer(
     name="mdlm",
@@ -29,27 +30,6 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True)
-
-def check_float(
-    flag: str,
-    value: float,
-    low: float = -math.inf,
-    high: float = math.inf,
-    *,
-    low_in: bool = True,
-    high_in: bool = True,
-) -> float:
-    """A float flag's value, refused (MdlmError) unless finite and in its interval: nan compares
-    false both ways, so a plain `value <= 0` check lets it through."""
-    inside = (low <= value if low_in else low < value) and (value <= high if high_in else value < high)
-    if not (math.isfinite(value) and inside):
-        if math.isinf(high):
-            where = f"{'at least' if low_in else 'above'} {low:g}"
-        else:
-            where = f"in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
-        raise MdlmError(f"{flag} must be a finite number {where} (got {value})")
-    return value
-
 
 def float_in(
     low: float = -math.inf,

@@ -43,14 +43,14 @@ def test_the_lists_hold_what_the_issue_names():
 @pytest.mark.parametrize("key", float_keys())
 def test_a_non_finite_config_float_is_refused_naming_its_key(key, value):
     assignment = f"{key}=[{value}, 0.9]" if key == "optim.betas" else f"{key}={value}"
-    with pytest.raises(MdlmError, match=rf"^{key} must be a finite number \(got -?(nan|inf)\)$"):
+    with pytest.raises(MdlmError, match=rf"^{key} must be a finite number[^(]* \(got -?(nan|inf)\)$"):
         resolve_config("test", [assignment])
 
 
 @pytest.mark.parametrize(("key", "value"), [("diffusion.eps", "1.5"), ("diffusion.eps", "-1e-3"),
                                             ("model.norm_epsilon", "0")])
 def test_a_config_float_out_of_its_range_is_refused(key, value):
-    with pytest.raises(MdlmError, match=rf"^{key} must be in "):
+    with pytest.raises(MdlmError, match=rf"^{key} must be a finite number (in|above) "):
         resolve_config(None, [f"{key}={value}", "model.backbone=caduceus"] if "norm" in key else [f"{key}={value}"])
 
 
