@@ -17,9 +17,12 @@ from ..config import resolve_config
 from ..engine.sampling import SAMPLERS
 from ..errors import MdlmError
 from .common import (
+    AllowLongerOpt,
     SetOpt,
     ThreadsOpt,
     app,
+    check_length,
+    check_memory,
     check_positive,
     console,
     err_console,
@@ -81,7 +84,7 @@ def bench_sampler_cmd(
     k_schedule: KScheduleListOpt = None, remdm_schedule: RemdmScheduleListOpt = None,
     judge: JudgeOpt = None, reference_text: ReferenceOpt = None, save_samples: SaveSamplesOpt = None,
     compile: CompileOpt = False, json_out: JsonOpt = None, plot_out: PlotOpt = None, plot_x: PlotXOpt = "seconds",
-    threads: ThreadsOpt = None,
+    threads: ThreadsOpt = None, allow_longer: AllowLongerOpt = False,
 ) -> None:
     """Time the samplers: seconds per sample, tokens/s, NFE, categorical draws, sampler overhead;
     with --judge, the quality of the same samples (gen PPL, nats/char, unigram entropy).
@@ -114,6 +117,11 @@ def bench_sampler_cmd(
         sampler_list = _samplers(bm.objective, samplers)
         _warn_unread(sampler_list, steps, options)
         length = length or bm.length
+        if checkpoint is not None:  # a preset's random weights have no trained length
+            check_length(bm, length, allow_longer)
+        check_memory(bm.model, bm.model_cfg, bm.tokenizer.vocab_size, batch=max(batch_list), length=length,
+                     device=bm.rt.device, what=f"benchmarking {max(batch_list)} x {length} tokens",
+                     fix="lower --length or --batch-size")
         meta = {**environment(bm.rt.device, bm.rt.dtype), "model": bm.source, "objective": bm.objective.name,
                 "length": length, "seed": seed, "num_samples": num_samples, "repeats": repeats, "compile": compile,
                 "vocab_size": bm.model.vocab_size, "judge": judge, "command": "mdlm " + " ".join(sys.argv[1:])}
@@ -298,6 +306,7 @@ class BenchModel:
     rt: Any  # Runtime
     tokenizer: Any
     data_cfg: Any  # DataConfig of its training data (the reference text)
+    model_cfg: Any = None  # its ModelConfig (the memory estimate)
 
 
 def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str], device: str | None,
@@ -313,6 +322,7 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
         loaded, rt = load_for_command(checkpoint, device, raw_weights=False, threads=threads)
         objective, model, mask_id, length = loaded.objective, loaded.model, loaded.mask_id, loaded.length
         source, tokenizer, data_cfg = str(loaded.path), loaded.tokenizer, loaded.config.data
+        model_cfg = loaded.config.model
     else:
         from ..data.tokenizers import load_tokenizer
 
@@ -322,10 +332,10 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
         objective = get_objective(cfg, tokenizer)
         torch.manual_seed(0)
         model = build_model(cfg.model, tokenizer.vocab_size, causal=objective.causal).to(rt.device).eval()
-        mask_id, length, data_cfg = tokenizer.mask_id, cfg.data.length, cfg.data
+        mask_id, length, data_cfg, model_cfg = tokenizer.mask_id, cfg.data.length, cfg.data, cfg.model
         source = f"preset {cfg.name} (random weights, vocab {tokenizer.vocab_size})"
     if compile:
         if not hasattr(model, "trunk"):
             raise MdlmError(f"--compile captures the DiT's trunk; {model.describe()} has none")
         model.trunk = torch.compile(model.trunk, mode="reduce-overhead" if rt.device.type == "cuda" else None)
-    return BenchModel(objective, model, mask_id, length, source, rt, tokenizer, data_cfg)
+    return BenchModel(objective, model, mask_id, length, source, rt, tokenizer, data_cfg, model_cfg)

@@ -214,3 +214,41 @@ def int_list(text: str, name: str) -> list[int]:
     if not values or min(values) < 1:
         raise MdlmError(f"{name} expects positive integers (got {text!r})")
     return values
+
+
+AllowLongerOpt = Annotated[bool, typer.Option(
+    help="Allow --length beyond the length L the model was trained at: the rotary DiT runs at any "
+         "length, but its quality past L is unknown (it never saw those positions).")]
+
+
+def check_length(loaded, length: int, allow_longer: bool) -> None:
+    """A length beyond the model's trained L only with --allow-longer (said as a warning)."""
+    if length <= loaded.length:
+        return
+    if not allow_longer:
+        raise MdlmError(f"--length {length} is beyond the {loaded.length} tokens the model was trained at; "
+                        "add --allow-longer to run it anyway (its quality past that length is unknown)")
+    warn(f"--length {length} is beyond the trained length {loaded.length}: quality past it is unknown")
+
+
+def check_memory(
+    model,
+    model_cfg,
+    vocab: int,
+    *,
+    batch: int,
+    length: int,
+    device,
+    what: str,
+    fix: str,
+) -> None:
+    """Refuse, before anything large is allocated, a forward pass of `batch` rows of `length`
+    tokens through `model` (its ModelConfig `model_cfg`) that the device cannot hold: one
+    line with the estimate and the memory available."""
+    from ..memory import check_fits, footprint
+
+    m = model_cfg
+    params = sum(p.numel() for p in model.parameters())
+    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks, mlp_ratio=m.mlp_ratio,
+                     vocab=vocab, batch=batch, length=length)
+    check_fits(what, need, device, fix)

@@ -23,6 +23,7 @@ from .common import (
     StepsOpt,
     ThreadsOpt,
     app,
+    check_memory,
     check_sampling_flags,
     console,
     err_console,
@@ -81,6 +82,10 @@ def eval_ppl_cmd(
         options = {"split": split, "mc_samples": mc_samples, "T": T, "seed": seed, "rows": rows,
                    "batch_size": batch_size or loaded.config.train.micro_batch_size,
                    "rank": dist.rank, "world_size": dist.world_size}
+        batch = min(options["batch_size"], rows) if rows > 0 else options["batch_size"]
+        check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
+                     length=loaded.length, device=rt.device,
+                     what=f"evaluating {batch} rows of {loaded.length} tokens per batch", fix="lower --batch-size")
         results = [_eval_one(loaded, rt, name, data, options) for name in names]
         if not dist.is_main:
             return

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from ..errors import MdlmError
 from .common import (
+    AllowLongerOpt,
     CheckpointOpt,
     DeviceOpt,
     EtaOpt,
@@ -28,6 +29,8 @@ from .common import (
     ThresholdOpt,
     TopPOpt,
     app,
+    check_length,
+    check_memory,
     check_positive,
     check_sampling_flags,
     console,
@@ -54,7 +57,7 @@ def sample_cmd(
     tokens_per_step: TokensPerStepOpt = 1, final_denoise: FinalDenoiseOpt = True, k_schedule: KScheduleOpt = None,
     threshold: ThresholdOpt = None, eta: EtaOpt = None, remdm_schedule: RemdmScheduleOpt = None,
     out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, quiet: QuietOpt = False,
-    threads: ThreadsOpt = None,
+    threads: ThreadsOpt = None, allow_longer: AllowLongerOpt = False,
 ) -> None:
     """Draw samples from a trained model and print them.
 
@@ -85,6 +88,10 @@ def sample_cmd(
         spec, steps = resolve_sampler(loaded.objective, sampler, steps,
                                       changed | options | ({"final_denoise": "off"} if not final_denoise else {}))
         length = length if length is not None else loaded.length
+        check_length(loaded, length, allow_longer)
+        check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=min(batch_size, num_samples),
+                     length=length, device=rt.device, what=f"sampling {min(batch_size, num_samples)} x {length} tokens",
+                     fix="lower --length or --batch-size")
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
             task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
@@ -146,6 +153,9 @@ def semi_ar_cmd(
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         spec, steps = resolve_sampler(loaded.objective, sampler, steps, options)
         window, tok = loaded.length, loaded.tokenizer
+        check_memory(loaded.model, loaded.config.model, tok.vocab_size, batch=num_samples, length=window,
+                     device=rt.device, what=f"sampling {num_samples} windows of {window} tokens",
+                     fix="lower --num-samples")
         stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length)
         start = _prefix(loaded, prompt)
         streaming = stream and num_samples == 1

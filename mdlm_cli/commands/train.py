@@ -54,10 +54,37 @@ def train_cmd(
             err_console.rule(f"config: {escape(cfg.name)}")
             err_console.print(cfg.to_yaml().rstrip(), highlight=False, markup=False)
             err_console.rule()
+        check_train_memory(cfg)
         result = train(cfg, resume=resume, console=err_console, time_limit_s=time_limit * 60,
                        override_resume_config=override_resume_config)
         if is_main_process():
             _report(result)
+
+
+# vocabulary sizes of the named tokenisers (the estimate needs one before any data is prepared)
+VOCAB_GUESS = {"gpt2": 50_258, "bert-base-uncased": 30_522, "char": 256, "dna": 16}
+
+
+def check_train_memory(cfg) -> None:
+    """Refuse, before the data and the model are set up, a micro-batch the device cannot hold:
+    the weights, gradients, AdamW state and EMA of the model, built on the meta device (no
+    memory), and the activations and logits at data.length."""
+    import torch
+
+    from ..memory import check_fits, footprint
+    from ..models import BACKBONES, build_model
+    from ..runtime import pick_device
+
+    if "hidden_size" not in BACKBONES[cfg.model.backbone].config_keys:
+        return  # a Hugging Face backbone: its shape is the hub model's, not the config's
+    vocab = VOCAB_GUESS.get(cfg.data.tokenizer, 50_258)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in build_model(cfg.model, vocab).parameters())
+    m, t = cfg.model, cfg.train
+    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks, mlp_ratio=m.mlp_ratio,
+                     vocab=vocab, batch=t.micro_batch_size, length=cfg.data.length, training=True)
+    check_fits(f"training at data.length={cfg.data.length} with train.micro_batch_size={t.micro_batch_size}",
+               need, pick_device(t.device), "lower data.length or train.micro_batch_size")
 
 
 def _report(result) -> None:
