@@ -60,9 +60,13 @@ SetOpt = Annotated[list[str] | None, typer.Option(
 @contextmanager
 def user_errors():
     """One red line and exit code 1 for user mistakes and I/O failures (disk full, read-only
-    folder); tracebacks only with MDLM_DEBUG=1. MdlmWarnings print as one yellow line."""
+    folder); tracebacks only with MDLM_DEBUG=1. MdlmWarnings print as one yellow line.
+    A first SIGTERM stops as Ctrl-C does, a second SIGTERM or Ctrl-C at once (signals.StopSignals)."""
+    from ..signals import StopSignals
+
     try:
-        with warnings.catch_warnings():
+        stop = StopSignals(first="stopping", kept="the files written so far stay as they are")
+        with warnings.catch_warnings(), stop:
             warnings.simplefilter("always", MdlmWarning)
             shown = warnings.showwarning
 
