@@ -108,7 +108,7 @@ class StopSignals:
 
 def _say(message: str) -> None:
     """One line on stderr from the watcher thread (no rich console: it may be mid-render)."""
-    try:
-        os.write(2, f"\n{message}\n".encode())
+    try:  # a progress bar may have hidden the cursor: show it again
+        os.write(2, ("\x1b[?25h" if os.isatty(2) else "").encode() + f"\n{message}\n".encode())
     except OSError:
         pass
