@@ -116,12 +116,7 @@ def bench_sampler_cmd(
         bm = _bench_model(checkpoint, preset, overrides or [], device, compile, threads)
         sampler_list = _samplers(bm.objective, samplers)
         _warn_unread(sampler_list, steps, options)
-        length = length or bm.length
-        if checkpoint is not None:  # a preset's random weights have no trained length
-            check_length(bm, length, allow_longer)
-        check_memory(bm.model, bm.model_cfg, bm.tokenizer.vocab_size, batch=max(batch_list), length=length,
-                     device=bm.rt.device, what=f"benchmarking {max(batch_list)} x {length} tokens",
-                     fix="lower --length or --batch-size")
+        length = _checked_length(bm, checkpoint is not None, length or bm.length, max(batch_list), allow_longer)
         meta = {**environment(bm.rt.device, bm.rt.dtype), "model": bm.source, "objective": bm.objective.name,
                 "length": length, "seed": seed, "num_samples": num_samples, "repeats": repeats, "compile": compile,
                 "vocab_size": bm.model.vocab_size, "judge": judge, "command": "mdlm " + " ".join(sys.argv[1:])}
@@ -150,6 +145,17 @@ def _model_source(checkpoint: str | None, preset: str | None, overrides: list[st
     if checkpoint is not None and overrides:
         raise MdlmError("--set applies to --preset models; a checkpoint carries its own config")
     return checkpoint, preset
+
+
+def _checked_length(bm, trained: bool, length: int, batch: int, allow_longer: bool) -> int:
+    """`length`, refused past a checkpoint's trained L without --allow-longer (a preset's random
+    weights have none), or where a batch of it cannot fit in memory."""
+    if trained:
+        check_length(bm, length, allow_longer)
+    check_memory(bm.model, bm.model_cfg, bm.tokenizer.vocab_size, batch=batch, length=length,
+                 device=bm.rt.device, what=f"benchmarking {batch} x {length} tokens",
+                 fix="lower --length or --batch-size")
+    return length
 
 
 def _announce(meta: dict) -> None:

@@ -87,11 +87,7 @@ def sample_cmd(
         changed = {"tokens_per_step": tokens_per_step} if tokens_per_step != 1 else {}
         spec, steps = resolve_sampler(loaded.objective, sampler, steps,
                                       changed | options | ({"final_denoise": "off"} if not final_denoise else {}))
-        length = length if length is not None else loaded.length
-        check_length(loaded, length, allow_longer)
-        check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=min(batch_size, num_samples),
-                     length=length, device=rt.device, what=f"sampling {min(batch_size, num_samples)} x {length} tokens",
-                     fix="lower --length or --batch-size")
+        length = _checked_length(loaded, length, min(batch_size, num_samples), rt.device, allow_longer)
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
             task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
@@ -153,10 +149,7 @@ def semi_ar_cmd(
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         spec, steps = resolve_sampler(loaded.objective, sampler, steps, options)
         window, tok = loaded.length, loaded.tokenizer
-        check_memory(loaded.model, loaded.config.model, tok.vocab_size, batch=num_samples, length=window,
-                     device=rt.device, what=f"sampling {num_samples} windows of {window} tokens",
-                     fix="lower --num-samples")
-        stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length)
+        stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length, num_samples, rt.device)
         start = _prefix(loaded, prompt)
         streaming = stream and num_samples == 1
         if start is not None and streaming:
@@ -191,8 +184,29 @@ def _prefix(loaded, prompt: str | None):
     return start[start != loaded.mask_id]
 
 
-def _semi_ar_lengths(loaded, checkpoint: str, stride: int | None, length: int | None) -> tuple[int, int]:
-    """(stride, total length) for a diffusion model's window; left-to-right models are refused."""
+def _checked_length(loaded, length: int | None, batch: int, device, allow_longer: bool) -> int:
+    """The length to sample (default: the model's L), refused past L without --allow-longer, or
+    where a batch of it cannot fit in memory."""
+    length = length if length is not None else loaded.length
+    check_length(loaded, length, allow_longer)
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch, length=length,
+                 device=device, what=f"sampling {batch} x {length} tokens", fix="lower --length or --batch-size")
+    return length
+
+
+def _semi_ar_lengths(
+    loaded,
+    checkpoint: str,
+    stride: int | None,
+    length: int | None,
+    num_samples: int,
+    device,
+) -> tuple[int, int]:
+    """(stride, total length) for a diffusion model's window; left-to-right models are refused,
+    and windows that cannot fit in memory."""
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=num_samples,
+                 length=loaded.length, device=device, what=f"sampling {num_samples} windows of {loaded.length} "
+                 "tokens", fix="lower --num-samples")
     if loaded.objective.causal:
         raise MdlmError(f"{checkpoint} is a left-to-right ({loaded.objective.name}) model; it generates up to "
                         "its length with mdlm sample (semi-ar is for diffusion models)")
