@@ -29,10 +29,11 @@ class Footprint:
     activations: int
     logits: int
     optimizer: int = 0  # gradients, AdamW moments, EMA
+    token_ids: int = 0  # every sample's ids, held until the end (int64)
 
     @property
     def total(self) -> int:
-        return self.weights + self.activations + self.logits + self.optimizer
+        return self.weights + self.activations + self.logits + self.optimizer + self.token_ids
 
 
 def footprint(
@@ -93,6 +94,6 @@ def check_fits(what: str, need: Footprint, device: torch.device, fix: str) -> No
         return
     parts = ", ".join(f"{name} {size_text(value)}" for name, value in (
         ("activations", need.activations), ("logits", need.logits), ("weights", need.weights),
-        ("gradients and optimizer state", need.optimizer)) if value)
+        ("gradients and optimizer state", need.optimizer), ("token ids", need.token_ids)) if value)
     raise MdlmError(f"{what} needs about {size_text(need.total)} of memory ({parts}); this machine has "
                     f"{size_text(free)} {source}; {fix}")

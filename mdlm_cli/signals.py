@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
+
+# signals this close to the first are the same request (tools often deliver one twice)
+SAME_REQUEST_S = 1.0
 
 
 class StopSignals:
@@ -20,7 +24,8 @@ class StopSignals:
     `received` (reproduce, which lets its running job stop first). The loop agrees on
     stopping across ranks with one reduction per step.
 
-    The second is seen by a watcher thread woken by the signal itself (`signal.set_wakeup_fd`),
+    The second (a second or more after the first: closer ones are the same request, sent to
+    the process and its group) is seen by a watcher thread woken by the signal itself (`signal.set_wakeup_fd`),
     not by the main thread, which runs Python signal handlers only between bytecodes and so
     not during a long tensor operation. `forward(signum)` is called by the watcher for every
     signal (reproduce hands them to its running job)."""
@@ -44,6 +49,7 @@ class StopSignals:
         self.first, self.kept, self.forward = first, kept, forward
         self.received: str | None = None
         self.count = 0
+        self._first_at = 0.0
         self._previous: dict[int, object] = {}
         self._pipe: tuple[int, int] | None = None
         self._old_fd = -1
@@ -69,11 +75,15 @@ class StopSignals:
                     self._on_signal(signum)
 
     def _on_signal(self, signum: int) -> None:
+        now = time.monotonic()
+        if self.count and now - self._first_at < SAME_REQUEST_S:
+            return  # the same request delivered twice (GNU timeout signals the child, then its group)
         self.count += 1
         name = signal.Signals(signum).name
         if self.forward is not None:
             self.forward(signum)
         if self.count == 1:
+            self._first_at = now
             _say(f"{name}: {self.first}; send it again (Ctrl-C or SIGTERM) to stop at once ({self.kept})")
             return
         _say(f"second signal ({name}): stopped at once; {self.kept}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import warnings
@@ -245,14 +246,15 @@ def check_memory(
     device,
     what: str,
     fix: str,
+    rows: int = 0,
 ) -> None:
     """Refuse, before anything large is allocated, a forward pass of `batch` rows of `length`
     tokens through `model` (its ModelConfig `model_cfg`) that the device cannot hold: one
-    line with the estimate and the memory available."""
+    line with the estimate and the memory available. `rows`: sequences whose ids are all held."""
     from ..memory import check_fits, footprint
 
     m = model_cfg
     params = sum(p.numel() for p in model.parameters())
     need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks, mlp_ratio=m.mlp_ratio,
                      vocab=vocab, batch=batch, length=length)
-    check_fits(what, need, device, fix)
+    check_fits(what, dataclasses.replace(need, token_ids=8 * rows * length), device, fix)

@@ -87,7 +87,7 @@ def sample_cmd(
         changed = {"tokens_per_step": tokens_per_step} if tokens_per_step != 1 else {}
         spec, steps = resolve_sampler(loaded.objective, sampler, steps,
                                       changed | options | ({"final_denoise": "off"} if not final_denoise else {}))
-        length = _checked_length(loaded, length, min(batch_size, num_samples), rt.device, allow_longer)
+        length = _checked_length(loaded, length, min(batch_size, num_samples), num_samples, rt.device, allow_longer)
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
             task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
@@ -184,13 +184,21 @@ def _prefix(loaded, prompt: str | None):
     return start[start != loaded.mask_id]
 
 
-def _checked_length(loaded, length: int | None, batch: int, device, allow_longer: bool) -> int:
+def _checked_length(
+    loaded,
+    length: int | None,
+    batch: int,
+    num_samples: int,
+    device,
+    allow_longer: bool,
+) -> int:
     """The length to sample (default: the model's L), refused past L without --allow-longer, or
     where a batch of it cannot fit in memory."""
     length = length if length is not None else loaded.length
     check_length(loaded, length, allow_longer)
     check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch, length=length,
-                 device=device, what=f"sampling {batch} x {length} tokens", fix="lower --length or --batch-size")
+                 device=device, what=f"sampling {num_samples} x {length} tokens ({batch} per batch)",
+                 fix="lower --length, --num-samples or --batch-size", rows=num_samples)
     return length
 
 
