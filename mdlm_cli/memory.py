@@ -92,8 +92,18 @@ def check_fits(what: str, need: Footprint, device: torch.device, fix: str) -> No
     free, source = available(device)
     if free is None or need.total <= free:
         return
-    parts = ", ".join(f"{name} {size_text(value)}" for name, value in (
-        ("activations", need.activations), ("logits", need.logits), ("weights", need.weights),
-        ("gradients and optimizer state", need.optimizer), ("token ids", need.token_ids)) if value)
-    raise MdlmError(f"{what} needs about {size_text(need.total)} of memory ({parts}); this machine has "
-                    f"{size_text(free)} {source}; {fix}")
+    parts = ", ".join(
+        f"{name} {size_text(value)}"
+        for name, value in (
+            ("activations", need.activations),
+            ("logits", need.logits),
+            ("weights", need.weights),
+            ("gradients and optimizer state", need.optimizer),
+            ("token ids", need.token_ids),
+        )
+        if value
+    )
+    raise MdlmError(
+        f"{what} needs about {size_text(need.total)} of memory ({parts}); this machine has "
+        f"{size_text(free)} {source}; {fix}"
+    )

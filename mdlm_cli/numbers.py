@@ -25,7 +25,9 @@ def check_float(
     high_in: bool = True,
 ) -> float:
     """`value` if it is finite and in the interval, else an MdlmError naming `where`."""
-    inside = (low <= value if low_in else low < value) and (value <= high if high_in else value < high)
+    inside = (low <= value if low_in else low < value) and (
+        value <= high if high_in else value < high
+    )
     if math.isfinite(value) and inside:
         return value
     if math.isinf(low) and math.isinf(high):

@@ -25,10 +25,10 @@ class StopSignals:
     stopping across ranks with one reduction per step.
 
     The second (a second or more after the first: closer ones are the same request, sent to
-    the process and its group) is seen by a watcher thread woken by the signal itself (`signal.set_wakeup_fd`),
-    not by the main thread, which runs Python signal handlers only between bytecodes and so
-    not during a long tensor operation. `forward(signum)` is called by the watcher for every
-    signal (reproduce hands them to its running job)."""
+    the process and its group) is seen by a watcher thread woken by the signal itself
+    (`signal.set_wakeup_fd`), not by the main thread, which runs Python signal handlers only
+    between bytecodes and so not during a long tensor operation. `forward(signum)` is called
+    by the watcher for every signal (reproduce hands them to its running job)."""
 
     def __init__(
         self,
@@ -77,14 +77,15 @@ class StopSignals:
     def _on_signal(self, signum: int) -> None:
         now = time.monotonic()
         if self.count and now - self._first_at < SAME_REQUEST_S:
-            return  # the same request delivered twice (GNU timeout signals the child, then its group)
+            return  # one request delivered twice (GNU timeout signals the child, then its group)
         self.count += 1
         name = signal.Signals(signum).name
         if self.forward is not None:
             self.forward(signum)
         if self.count == 1:
             self._first_at = now
-            _say(f"{name}: {self.first}; send it again (Ctrl-C or SIGTERM) to stop at once ({self.kept})")
+            again = "send it again (Ctrl-C or SIGTERM) to stop at once"
+            _say(f"{name}: {self.first}; {again} ({self.kept})")
             return
         _say(f"second signal ({name}): stopped at once; {self.kept}")
         os._exit(128 + signum)
@@ -100,7 +101,9 @@ class StopSignals:
         os.set_blocking(write, False)
         self._pipe = (read, write)
         self._old_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        self._thread = threading.Thread(target=self._watch, args=(read,), name="mdlm-signals", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, args=(read,), name="mdlm-signals", daemon=True
+        )
         self._thread.start()
         return self
 

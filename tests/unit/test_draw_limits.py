@@ -64,13 +64,23 @@ class RandomCausalLM(RandomDenoiser):
 
 def run(name: str, model, precision: str, seed: int) -> torch.Tensor:
     spec = engine.SAMPLERS[name]
-    return engine.sample(model, sampler=name, num_samples=3, length=L, mask_id=MASK,
-                         steps=4 if spec.uses_steps else None, precision=precision,
-                         generator=torch.Generator().manual_seed(seed), final_denoise=seed % 2 == 0)
+    return engine.sample(
+        model,
+        sampler=name,
+        num_samples=3,
+        length=L,
+        mask_id=MASK,
+        steps=4 if spec.uses_steps else None,
+        precision=precision,
+        generator=torch.Generator().manual_seed(seed),
+        final_denoise=seed % 2 == 0,
+    )
 
 
 def model(name: str, rng: random.Random, bad: float):
-    return (RandomCausalLM if "ar" in engine.SAMPLERS[name].objectives else RandomDenoiser)(rng, bad)
+    return (RandomCausalLM if "ar" in engine.SAMPLERS[name].objectives else RandomDenoiser)(
+        rng, bad
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
@@ -114,5 +124,11 @@ def test_the_messages_say_what_is_wrong():
 @pytest.mark.parametrize("temperature", [float("nan"), float("inf"), 0.0, -1.0])
 def test_a_temperature_that_is_not_a_positive_number_is_refused(temperature):
     with pytest.raises(EngineError, match="temperature must be > 0"):
-        engine.sample(RandomDenoiser(random.Random(0), 0.0), sampler="first-hitting", num_samples=1, length=L,
-                      mask_id=MASK, temperature=temperature)
+        engine.sample(
+            RandomDenoiser(random.Random(0), 0.0),
+            sampler="first-hitting",
+            num_samples=1,
+            length=L,
+            mask_id=MASK,
+            temperature=temperature,
+        )

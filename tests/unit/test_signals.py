@@ -37,8 +37,13 @@ app()
 def start(tmp_path: Path, target: str, argv: list[str]) -> tuple[subprocess.Popen, Path, Path]:
     marker, log = tmp_path / "marker", tmp_path / "stderr.txt"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "300"}
-    proc = subprocess.Popen([sys.executable, "-c", SLOW, str(marker), target, *argv], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW, str(marker), target, *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "w"),
+    )
     deadline = time.monotonic() + 240  # the set-up before the slow step: seconds on an idle machine
     while not marker.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -49,19 +54,39 @@ def start(tmp_path: Path, target: str, argv: list[str]) -> tuple[subprocess.Pope
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_train_second_sigterm_stops_at_once_and_leaves_the_checkpoint(tmp_path):
     out = tmp_path / "run"
-    proc, _, log = start(tmp_path, "mdlm_cli.train.loop._step", [
-        "train", "--preset", "test", "--out", str(out), "--max-steps", "5", "--no-print-config",
-        "--set", "train.save_every=1", "--set", "train.log_every=1"])
+    proc, _, log = start(
+        tmp_path,
+        "mdlm_cli.train.loop._step",
+        [
+            "train",
+            "--preset",
+            "test",
+            "--out",
+            str(out),
+            "--max-steps",
+            "5",
+            "--no-print-config",
+            "--set",
+            "train.save_every=1",
+            "--set",
+            "train.log_every=1",
+        ],
+    )
     before = snapshot(out / "checkpoints")
     assert any(name.startswith("step-00000001") for name in before), before
     proc.send_signal(signal.SIGTERM)
-    proc.send_signal(signal.SIGTERM)  # a duplicate, as GNU timeout sends (the child, then its group)
+    proc.send_signal(
+        signal.SIGTERM
+    )  # a duplicate, as GNU timeout sends (the child, then its group)
     time.sleep(1.5)
     assert proc.poll() is None, "the first SIGTERM waits for the step"
     t0 = time.monotonic()
@@ -76,17 +101,39 @@ def test_train_second_sigterm_stops_at_once_and_leaves_the_checkpoint(tmp_path):
     assert snapshot(out / "checkpoints") == before
     text = log.read_text()
     assert "SIGTERM: stopping after this step with a checkpoint; send it again" in text
-    assert "second signal (SIGTERM): stopped at once; the last saved checkpoint stays as it was" in text
+    assert (
+        "second signal (SIGTERM): stopped at once; the last saved checkpoint stays as it was"
+        in text
+    )
 
 
 def test_sample_first_sigterm_stops_as_ctrl_c_does(tmp_path):
     run = tmp_path / "run"
-    trained = subprocess.run([sys.executable, "-m", "mdlm_cli", "train", "--preset", "test", "--out", str(run),
-                              "--max-steps", "1", "--no-print-config"], cwd=ROOT, capture_output=True, text=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    trained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mdlm_cli",
+            "train",
+            "--preset",
+            "test",
+            "--out",
+            str(run),
+            "--max-steps",
+            "1",
+            "--no-print-config",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert trained.returncode == 0, trained.stderr[-2000:]
-    proc, _, log = start(tmp_path, "mdlm_cli.sample.generate.generate",
-                         ["sample", "-c", str(run), "-n", "1", "--quiet"])
+    proc, _, log = start(
+        tmp_path,
+        "mdlm_cli.sample.generate.generate",
+        ["sample", "-c", str(run), "-n", "1", "--quiet"],
+    )
     proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout=5)
@@ -94,5 +141,7 @@ def test_sample_first_sigterm_stops_as_ctrl_c_does(tmp_path):
         proc.kill()
         pytest.fail("SIGTERM did not stop sample")
     text = log.read_text()
-    assert code == 130 and "SIGTERM: stopping; send it again" in text and "interrupted" in text, text[-2000:]
+    assert code == 130 and "SIGTERM: stopping; send it again" in text and "interrupted" in text, (
+        text[-2000:]
+    )
     assert "Traceback" not in text
