@@ -116,7 +116,7 @@ def bench_sampler_cmd(
         bm = _bench_model(checkpoint, preset, overrides or [], device, compile, threads)
         sampler_list = _samplers(bm.objective, samplers)
         _warn_unread(sampler_list, steps, options)
-        length = _checked_length(bm, checkpoint is not None, length or bm.length, max(batch_list), allow_longer)
+        length = _checked_length(bm, checkpoint, length, max(batch_list), allow_longer)
         meta = {**environment(bm.rt.device, bm.rt.dtype), "model": bm.source, "objective": bm.objective.name,
                 "length": length, "seed": seed, "num_samples": num_samples, "repeats": repeats, "compile": compile,
                 "vocab_size": bm.model.vocab_size, "judge": judge, "command": "mdlm " + " ".join(sys.argv[1:])}
@@ -147,10 +147,11 @@ def _model_source(checkpoint: str | None, preset: str | None, overrides: list[st
     return checkpoint, preset
 
 
-def _checked_length(bm, trained: bool, length: int, batch: int, allow_longer: bool) -> int:
-    """`length`, refused past a checkpoint's trained L without --allow-longer (a preset's random
-    weights have none), or where a batch of it cannot fit in memory."""
-    if trained:
+def _checked_length(bm, checkpoint, length: int | None, batch: int, allow_longer: bool) -> int:
+    """`length` (default: the model's L), refused past a checkpoint's trained L without
+    --allow-longer (a preset's random weights have none), or where a batch cannot fit."""
+    length = length or bm.length
+    if checkpoint is not None:
         check_length(bm, length, allow_longer)
     check_memory(bm.model, bm.model_cfg, bm.tokenizer.vocab_size, batch=batch, length=length,
                  device=bm.rt.device, what=f"benchmarking {batch} x {length} tokens",
@@ -338,7 +339,8 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
         objective = get_objective(cfg, tokenizer)
         torch.manual_seed(0)
         model = build_model(cfg.model, tokenizer.vocab_size, causal=objective.causal).to(rt.device).eval()
-        mask_id, length, data_cfg, model_cfg = tokenizer.mask_id, cfg.data.length, cfg.data, cfg.model
+        mask_id, length, data_cfg = tokenizer.mask_id, cfg.data.length, cfg.data
+        model_cfg = cfg.model
         source = f"preset {cfg.name} (random weights, vocab {tokenizer.vocab_size})"
     if compile:
         if not hasattr(model, "trunk"):

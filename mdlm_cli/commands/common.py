@@ -47,7 +47,8 @@ def float_in(
         try:
             return check_float(param.opts[0], value, low, high, low_in=low_in, high_in=high_in)
         except MdlmError as e:
-            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False,
+                              soft_wrap=True)
             raise typer.Exit(1) from None
 
     return check
@@ -62,7 +63,8 @@ SetOpt = Annotated[list[str] | None, typer.Option(
 def user_errors():
     """One red line and exit code 1 for user mistakes and I/O failures (disk full, read-only
     folder); tracebacks only with MDLM_DEBUG=1. MdlmWarnings print as one yellow line.
-    A first SIGTERM stops as Ctrl-C does, a second SIGTERM or Ctrl-C at once (signals.StopSignals)."""
+    A first SIGTERM stops as Ctrl-C does, a second SIGTERM or Ctrl-C at once
+    (signals.StopSignals)."""
     from ..signals import StopSignals
 
     try:
@@ -109,9 +111,10 @@ KScheduleOpt = Annotated[str | None, typer.Option(
     help="confidence: tokens revealed per step, linear (equal shares, LLaDA) or cosine (MaskGIT).")]
 ThresholdOpt = Annotated[float | None, typer.Option(
     help="threshold: reveal each drawn token whose probability exceeds this (default 0.9; 0 = all in one call).",
-    callback=float_in(0, 1))]
-EtaOpt = Annotated[float | None, typer.Option(help="remdm: remasking strength eta in [0, 1] (default 0.008).",
-                                              callback=float_in(0, 1))]
+    callback=float_in(0, 1),
+)]
+EtaOpt = Annotated[float | None, typer.Option(
+    help="remdm: remasking strength eta in [0, 1] (default 0.008).", callback=float_in(0, 1))]
 RemdmScheduleOpt = Annotated[str | None, typer.Option(
     help="remdm: cap (sigma = min(eta, sigma_max), the default) or rescale (sigma = eta * sigma_max).")]
 NumSamplesOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Sequences to draw.")]
@@ -119,8 +122,10 @@ SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
 PromptOpt = Annotated[str | None, typer.Option(help="Text the samples start with.")]
 PrecisionOpt = Annotated[str, typer.Option(
     help="Categorical sampling: fp64 (exact) or fp32 (the reference's truncated draw).")]
-TemperatureOpt = Annotated[float, typer.Option(help="Softmax temperature.", callback=float_in(0, low_in=False))]
-TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass.", callback=float_in(0, 1, low_in=False))]
+TemperatureOpt = Annotated[float, typer.Option(
+    help="Softmax temperature.", callback=float_in(0, low_in=False))]
+TopPOpt = Annotated[float, typer.Option(
+    help="Nucleus sampling mass.", callback=float_in(0, 1, low_in=False))]
 OutOpt = Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
 RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]
@@ -231,9 +236,11 @@ def check_length(loaded, length: int, allow_longer: bool) -> None:
     if length <= loaded.length:
         return
     if not allow_longer:
-        raise MdlmError(f"--length {length} is beyond the {loaded.length} tokens the model was trained at; "
-                        "add --allow-longer to run it anyway (its quality past that length is unknown)")
-    warn(f"--length {length} is beyond the trained length {loaded.length}: quality past it is unknown")
+        raise MdlmError(f"--length {length} is beyond the {loaded.length} tokens the model was "
+                        "trained at; add --allow-longer to run it anyway (its quality past that "
+                        "length is unknown)")
+    warn(f"--length {length} is beyond the trained length {loaded.length}: quality past it is "
+         "unknown")
 
 
 def check_memory(
@@ -255,6 +262,6 @@ def check_memory(
 
     m = model_cfg
     params = sum(p.numel() for p in model.parameters())
-    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks, mlp_ratio=m.mlp_ratio,
-                     vocab=vocab, batch=batch, length=length)
+    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
+                     mlp_ratio=m.mlp_ratio, vocab=vocab, batch=batch, length=length)
     check_fits(what, dataclasses.replace(need, token_ids=8 * rows * length), device, fix)

@@ -153,16 +153,19 @@ def _run(jobs, out: Path, launcher: str) -> None:
     err_console.print(f"{len(jobs) - len(todo)} of {len(jobs)} jobs already done; running {len(todo)}",
                       highlight=False)
     stop = StopSignals(first="stopping: the running job is asked to stop, and no other job starts",
-                       kept="checkpoints and finished results stay as they are", forward=_forward, flag_both=True)
+                       kept="checkpoints and finished results stay as they are", forward=_forward,
+                       flag_both=True)
     with stop:
         for i, job in enumerate(todo, 1):
             code, log = _run_job(job, i, len(todo), out, launcher, device)
             if stop.requested:
-                raise MdlmError(f"stopped by {stop.received} in job {job.kind} {job.name} (exit {code}); run the "
-                                "same command again to continue (finished jobs are skipped)")
+                raise MdlmError(f"stopped by {stop.received} in job {job.kind} {job.name} (exit "
+                                f"{code}); run the same command again to continue (finished jobs "
+                                "are skipped)")
             if code != 0:
-                raise MdlmError(f"job {job.kind} {job.name} failed (exit {code}); its output is in {log}; fix it "
-                                "and run the same command again (finished jobs are skipped)")
+                raise MdlmError(f"job {job.kind} {job.name} failed (exit {code}); its output is in "
+                                f"{log}; fix it and run the same command again (finished jobs are "
+                                "skipped)")
 
 
 def _run_job(
@@ -192,8 +195,9 @@ def _run_job(
 def _tee(argv: list[str], log: Path) -> int:
     """Run a command, its output shown as it comes and kept in `log`. It runs in its own session,
     so a terminal's Ctrl-C reaches this command only, which hands it on (`_forward`): once."""
-    with open(log, "w") as f, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                               text=True, bufsize=1, start_new_session=True) as proc:
+    with open(log, "w") as f, subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                               start_new_session=True) as proc:
         RUNNING[:] = [proc]
         for line in proc.stdout:
             f.write(line)

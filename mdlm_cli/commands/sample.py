@@ -87,7 +87,7 @@ def sample_cmd(
         changed = {"tokens_per_step": tokens_per_step} if tokens_per_step != 1 else {}
         spec, steps = resolve_sampler(loaded.objective, sampler, steps,
                                       changed | options | ({"final_denoise": "off"} if not final_denoise else {}))
-        length = _checked_length(loaded, length, min(batch_size, num_samples), num_samples, rt.device, allow_longer)
+        length = _checked_length(loaded, length, batch_size, num_samples, rt.device, allow_longer)
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
             task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
@@ -194,10 +194,11 @@ def _checked_length(
 ) -> int:
     """The length to sample (default: the model's L), refused past L without --allow-longer, or
     where a batch of it cannot fit in memory."""
-    length = length if length is not None else loaded.length
+    length, batch = length if length is not None else loaded.length, min(batch, num_samples)
     check_length(loaded, length, allow_longer)
-    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch, length=length,
-                 device=device, what=f"sampling {num_samples} x {length} tokens ({batch} per batch)",
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
+                 length=length, device=device,
+                 what=f"sampling {num_samples} x {length} tokens ({batch} per batch)",
                  fix="lower --length, --num-samples or --batch-size", rows=num_samples)
     return length
 
@@ -213,8 +214,9 @@ def _semi_ar_lengths(
     """(stride, total length) for a diffusion model's window; left-to-right models are refused,
     and windows that cannot fit in memory."""
     check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=num_samples,
-                 length=loaded.length, device=device, what=f"sampling {num_samples} windows of {loaded.length} "
-                 "tokens", fix="lower --num-samples")
+                 length=loaded.length, device=device,
+                 what=f"sampling {num_samples} windows of {loaded.length} tokens",
+                 fix="lower --num-samples")
     if loaded.objective.causal:
         raise MdlmError(f"{checkpoint} is a left-to-right ({loaded.objective.name}) model; it generates up to "
                         "its length with mdlm sample (semi-ar is for diffusion models)")

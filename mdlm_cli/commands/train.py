@@ -81,10 +81,12 @@ def check_train_memory(cfg) -> None:
     with torch.device("meta"):
         params = sum(p.numel() for p in build_model(cfg.model, vocab).parameters())
     m, t = cfg.model, cfg.train
-    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks, mlp_ratio=m.mlp_ratio,
-                     vocab=vocab, batch=t.micro_batch_size, length=cfg.data.length, training=True)
-    check_fits(f"training at data.length={cfg.data.length} with train.micro_batch_size={t.micro_batch_size}",
-               need, pick_device(t.device), "lower data.length or train.micro_batch_size")
+    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
+                     mlp_ratio=m.mlp_ratio, vocab=vocab, batch=t.micro_batch_size,
+                     length=cfg.data.length, training=True)
+    what = (f"training at data.length={cfg.data.length} with "
+            f"train.micro_batch_size={t.micro_batch_size}")
+    check_fits(what, need, pick_device(t.device), "lower data.length or train.micro_batch_size")
 
 
 def _report(result) -> None:

@@ -161,7 +161,8 @@ def sample(denoiser: Denoiser, *, sampler: str, num_samples: int, length: int, m
         try:
             outputs.append(spec.run(z, ctx))
         except ProbabilityError as e:  # which sampler, and how far it got
-            raise ProbabilityError(f"{spec.name} sampler, at network call {ctx.stats.calls}: {e}") from None
+            where = f"{spec.name} sampler, at network call {ctx.stats.calls}"
+            raise ProbabilityError(f"{where}: {e}") from None
         if on_batch is not None:
             on_batch(len(z))
     tokens = torch.cat(outputs)

@@ -109,8 +109,9 @@ class HFJudge:
             from ..io.hub import hub_offline, is_hub_id
 
             if not is_hub_id(spec):
-                raise MdlmError(f"judge {spec}: no such folder, and not a Hugging Face hub id (name or "
-                                "owner/name); give an existing folder, a .gguf file, smollm2 or a hub id")
+                raise MdlmError(f"judge {spec}: no such folder, and not a Hugging Face hub id "
+                                "(name or owner/name); give an existing folder, a .gguf file, "
+                                "smollm2 or a hub id")
             hub_offline()  # no network: fail at once unless the judge is in the local HF cache
         where = str(path) if path.exists() else spec
         refuse_remote_code(where, model=True)

@@ -30,7 +30,8 @@ HUB_ID = re.compile(r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?(?:/[A-Za-z0-9](?:[\w.-]
 
 def is_hub_id(spec: str) -> bool:
     """Whether `spec` could name a Hub repository (a path such as /x or ./x cannot)."""
-    return len(spec) <= 96 and ".." not in spec and "--" not in spec and HUB_ID.fullmatch(spec) is not None
+    doubled = ".." in spec or "--" in spec
+    return len(spec) <= 96 and not doubled and HUB_ID.fullmatch(spec) is not None
 
 
 @lru_cache(maxsize=1)

@@ -97,11 +97,14 @@ def _check_pickle(path: Path) -> None:
     if text is None:
         kind = "an unknown binary file"
     elif text.lstrip()[:1] in ("{", "["):
-        kind = "a JSON or JSON-lines text file" + (" (samples from mdlm sample --out?)" if '"tokens"' in text else "")
+        kind = "a JSON or JSON-lines text file"
+        if '"tokens"' in text:
+            kind += " (samples from mdlm sample --out?)"
     else:
         kind = "a text file"
-    raise MdlmError(f"{path} is not a PyTorch checkpoint (a torch.save or Lightning file): it is {kind}; "
-                    "--checkpoint takes a run folder, a step folder, a hub id or a .ckpt file")
+    raise MdlmError(f"{path} is not a PyTorch checkpoint (a torch.save or Lightning file): it is "
+                    f"{kind}; --checkpoint takes a run folder, a step folder, a hub id or a "
+                    ".ckpt file")
 
 
 def read_torch_file(path: Path) -> Any:
