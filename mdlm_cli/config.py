@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from .errors import MdlmError
+from .numbers import check_config_float
 
 PACKINGS = ("wrap", "pad", "chunk", "window")
 LR_SCHEDULES = ("constant", "cosine")
@@ -220,6 +221,9 @@ def _section_from_dict(cls, values: dict, section: str):
         if key not in valid:
             raise MdlmError(f"unknown key {section}.{key}; valid keys: {', '.join(valid)}")
         kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
+        for number in kwargs[key] if isinstance(kwargs[key], tuple) else (kwargs[key],):
+            if isinstance(number, float):  # finite and in range, before any check compares it
+                check_config_float(f"{section}.{key}", number)
     return cls(**kwargs)
 
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import signal
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from torch import nn
 
 from .errors import MdlmError
 from .runtime import pick_device
+from .signals import StopSignals  # noqa: F401 - preemption; train.loop imports it from here
 
 
 def env_rank() -> int:
@@ -319,34 +318,3 @@ def session(device_name: str = "auto"):
     finally:
         if owns and tdist.is_initialized():
             tdist.destroy_process_group()
-
-
-# ---------------------------------------------------------------------- preemption
-
-class StopSignals:
-    """SIGTERM (preemption, `scancel`, SLURM's --signal, torchrun shutting down) asks the
-    training loop to stop after the current step and save a checkpoint; under torchrun
-    SIGINT (Ctrl-C) does the same, since ranks must stop at the same step. The loop agrees
-    on stopping across ranks with one reduction per step."""
-
-    def __init__(self, dist: Dist):
-        self.signals = [signal.SIGTERM] + ([signal.SIGINT] if dist.enabled else [])
-        self.received: str | None = None
-        self._previous: dict[int, object] = {}
-
-    @property
-    def requested(self) -> bool:
-        return self.received is not None
-
-    def _handle(self, signum, frame) -> None:
-        self.received = signal.Signals(signum).name
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for s in self.signals:
-                self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)

@@ -16,9 +16,12 @@ from rich.text import Text
 from ..build import resolve_config
 from ..errors import MdlmError
 from .common import (
+    AllowLongerOpt,
     SetOpt,
     ThreadsOpt,
     app,
+    check_length,
+    check_memory,
     check_positive,
     console,
     dashed,
@@ -87,6 +90,7 @@ def bench_sampler_cmd(
     plot_out: PlotOpt = None,
     plot_x: PlotXOpt = "seconds",
     threads: ThreadsOpt = None,
+    allow_longer: AllowLongerOpt = False,
 ) -> None:
     """Time the samplers: seconds per sample, tokens/s, NFE, categorical draws, sampler overhead;
     with --judge, the quality of the same samples (gen PPL, entropy, diversity, MAUVE vs real text).
@@ -115,7 +119,7 @@ def bench_sampler_cmd(
         bm = _bench_model(checkpoint, preset, overrides or [], device, compile, threads)
         sampler_list = _samplers(bm.objective, sampling.samplers)
         _warn_unread(sampler_list, sampling.steps_text, sampling.options)
-        length = length or bm.length
+        length = _checked_length(bm, checkpoint, length, max(batch_list), allow_longer)
         meta = {**environment(bm.rt.device, bm.rt.dtype), "model": bm.source, "objective": bm.objective.name,
                 "length": length, "seed": seed, "num_samples": num_samples, "repeats": repeats, "compile": compile,
                 **sampling.drawing(), "vocab_size": bm.model.vocab_size, "judge": judge,
@@ -161,6 +165,18 @@ def _model_source(checkpoint: str | None, preset: str | None, overrides: list[st
     if checkpoint is not None and overrides:
         raise MdlmError("--set applies to --preset models; a checkpoint carries its own config")
     return checkpoint, preset
+
+
+def _checked_length(bm, checkpoint, length: int | None, batch: int, allow_longer: bool) -> int:
+    """`length` (default: the model's L), refused past a checkpoint's trained L without
+    --allow-longer (a preset's random weights have none), or where a batch cannot fit."""
+    length = length or bm.length
+    if checkpoint is not None:
+        check_length(bm, length, allow_longer)
+    check_memory(bm.model, bm.model_cfg, bm.tokenizer.vocab_size, batch=batch, length=length,
+                 device=bm.rt.device, what=f"benchmarking {batch} x {length} tokens",
+                 fix="lower --length or --batch-size")
+    return length
 
 
 def _announce(meta: dict) -> None:
@@ -330,6 +346,7 @@ class BenchModel:
     rt: Any  # Runtime
     tokenizer: Any
     data_cfg: Any  # DataConfig of its training data (the reference text)
+    model_cfg: Any = None  # its ModelConfig (the memory estimate)
 
 
 def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str], device: str | None,
@@ -345,6 +362,7 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
         loaded, rt = load_for_command(checkpoint, device, raw_weights=False, threads=threads)
         objective, model, mask_id, length = loaded.objective, loaded.model, loaded.mask_id, loaded.length
         source, tokenizer, data_cfg = str(loaded.path), loaded.tokenizer, loaded.config.data
+        model_cfg = loaded.config.model
     else:
         from ..data.tokenizers import load_tokenizer
 
@@ -355,9 +373,10 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
         torch.manual_seed(0)
         model = build_model(cfg.model, tokenizer.vocab_size, causal=objective.causal).to(rt.device).eval()
         mask_id, length, data_cfg = tokenizer.mask_id, cfg.data.length, cfg.data
+        model_cfg = cfg.model
         source = f"preset {cfg.name} (random weights, vocab {tokenizer.vocab_size})"
     if compile:
         if not hasattr(model, "trunk"):
             raise MdlmError(f"--compile captures the DiT's trunk; {model.describe()} has none")
         model.trunk = torch.compile(model.trunk, mode="reduce-overhead" if rt.device.type == "cuda" else None)
-    return BenchModel(objective, model, mask_id, length, source, rt, tokenizer, data_cfg)
+    return BenchModel(objective, model, mask_id, length, source, rt, tokenizer, data_cfg, model_cfg)

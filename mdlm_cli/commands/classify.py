@@ -9,7 +9,17 @@ from typing import Annotated
 import typer
 
 from ..errors import MdlmError
-from .common import CheckpointOpt, DeviceOpt, RawWeightsOpt, app, console, err_console, load_for_command, user_errors
+from .common import (
+    CheckpointOpt,
+    DeviceOpt,
+    RawWeightsOpt,
+    app,
+    check_float,
+    console,
+    err_console,
+    load_for_command,
+    user_errors,
+)
 
 
 def _floats(text: str, name: str) -> list[float]:
@@ -17,9 +27,9 @@ def _floats(text: str, name: str) -> list[float]:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise MdlmError(f"{name} expects comma-separated numbers, e.g. 1e-3,2e-3 (got {text!r})") from None
-    if not values or min(values) <= 0:
+    if not values:
         raise MdlmError(f"{name} expects positive numbers (got {text!r})")
-    return values
+    return [check_float(name, v, 0, low_in=False) for v in values]
 
 
 @app.command("classify")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import warnings
 from contextlib import contextmanager
@@ -15,6 +17,7 @@ from ..engine.errors import EngineError
 from ..engine.sampling import SAMPLERS
 from ..errors import MdlmError, MdlmWarning
 from ..io.files import os_error_message
+from ..numbers import check_float
 
 app = typer.Typer(
     name="mdlm",
@@ -29,6 +32,28 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
+def float_in(
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_in: bool = True,
+    high_in: bool = True,
+):
+    """The callback of a float option: `check_float` at parse time, its error as one red line."""
+
+    def check(param: typer.CallbackParam, value: float | None) -> float | None:
+        if value is None:
+            return value
+        try:
+            return check_float(param.opts[0], value, low, high, low_in=low_in, high_in=high_in)
+        except MdlmError as e:
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False,
+                              soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return check
+
+
 PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="Preset name (see `mdlm presets`) or a YAML file.")]
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", "-s", help="Override a config value, e.g. --set optim.lr=1e-4 (repeatable).")]
@@ -37,9 +62,14 @@ SetOpt = Annotated[list[str] | None, typer.Option(
 @contextmanager
 def user_errors():
     """One red line and exit code 1 for user mistakes and I/O failures (disk full, read-only
-    folder); tracebacks only with MDLM_DEBUG=1. MdlmWarnings print as one yellow line."""
+    folder); tracebacks only with MDLM_DEBUG=1. MdlmWarnings print as one yellow line.
+    A first SIGTERM stops as Ctrl-C does, a second SIGTERM or Ctrl-C at once
+    (signals.StopSignals)."""
+    from ..signals import StopSignals
+
     try:
-        with warnings.catch_warnings():
+        stop = StopSignals(first="stopping", kept="the files written so far stay as they are")
+        with warnings.catch_warnings(), stop:
             warnings.simplefilter("always", MdlmWarning)
             shown = warnings.showwarning
 
@@ -82,8 +112,10 @@ SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
 PromptOpt = Annotated[str | None, typer.Option(help="Text the samples start with.")]
 PrecisionOpt = Annotated[str, typer.Option(
     help="Categorical sampling: fp64 (exact) or fp32 (the reference's truncated draw).")]
-TemperatureOpt = Annotated[float, typer.Option(help="Softmax temperature.")]
-TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass.")]
+TemperatureOpt = Annotated[float, typer.Option(
+    help="Softmax temperature.", callback=float_in(0, low_in=False))]
+TopPOpt = Annotated[float, typer.Option(
+    help="Nucleus sampling mass.", callback=float_in(0, 1, low_in=False))]
 OutOpt = Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
 RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]
@@ -163,3 +195,44 @@ def command_flags(command: str) -> set[str]:
             if opt.startswith("--"):
                 names.add(opt[2:])
     return names
+
+
+AllowLongerOpt = Annotated[bool, typer.Option(
+    help="Allow --length beyond the length L the model was trained at: the rotary DiT runs at any "
+         "length, but its quality past L is unknown (it never saw those positions).")]
+
+
+def check_length(loaded, length: int, allow_longer: bool) -> None:
+    """A length beyond the model's trained L only with --allow-longer (said as a warning)."""
+    if length <= loaded.length:
+        return
+    if not allow_longer:
+        raise MdlmError(f"--length {length} is beyond the {loaded.length} tokens the model was "
+                        "trained at; add --allow-longer to run it anyway (its quality past that "
+                        "length is unknown)")
+    warn(f"--length {length} is beyond the trained length {loaded.length}: quality past it is "
+         "unknown")
+
+
+def check_memory(
+    model,
+    model_cfg,
+    vocab: int,
+    *,
+    batch: int,
+    length: int,
+    device,
+    what: str,
+    fix: str,
+    rows: int = 0,
+) -> None:
+    """Refuse, before anything large is allocated, a forward pass of `batch` rows of `length`
+    tokens through `model` (its ModelConfig `model_cfg`) that the device cannot hold: one
+    line with the estimate and the memory available. `rows`: sequences whose ids are all held."""
+    from ..memory import check_fits, footprint
+
+    m = model_cfg
+    params = sum(p.numel() for p in model.parameters())
+    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
+                     mlp_ratio=m.mlp_ratio, vocab=vocab, batch=batch, length=length)
+    check_fits(what, dataclasses.replace(need, token_ids=8 * rows * length), device, fix)

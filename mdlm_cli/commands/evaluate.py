@@ -21,6 +21,7 @@ from .common import (
     SeedOpt,
     ThreadsOpt,
     app,
+    check_memory,
     console,
     err_console,
     load_for_command,
@@ -86,6 +87,7 @@ def eval_ppl_cmd(
         options = {"split": split, "mc_samples": mc_samples, "T": T, "seed": seed, "rows": rows,
                    "batch_size": batch_size or loaded.config.train.micro_batch_size,
                    "rank": dist.rank, "world_size": dist.world_size}
+        _check_eval_memory(loaded, rt.device, options)
         results = [_eval_one(loaded, rt, name, data, options) for name in names]
         if not dist.is_main:
             return
@@ -99,6 +101,16 @@ def eval_ppl_cmd(
                       "results": [r.to_dict() for r in results]}
             write_text_atomic(Path(json_out), json.dumps(record, indent=2))
             console.print(f"Wrote {json_out}", markup=False)
+
+
+def _check_eval_memory(loaded, device, options: dict) -> None:
+    """An evaluation batch that cannot fit in memory is refused before any data is read."""
+    rows, batch = options["rows"], options["batch_size"]
+    batch = min(batch, rows) if rows > 0 else batch
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
+                 length=loaded.length, device=device,
+                 what=f"evaluating {batch} rows of {loaded.length} tokens per batch",
+                 fix="lower --batch-size")
 
 
 def _passes(objective, mc_samples: int | None, T: int | None) -> tuple[int, int | None]:

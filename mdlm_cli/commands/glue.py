@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .common import CheckpointOpt, DeviceOpt, app, console, err_console, user_errors
+from .common import CheckpointOpt, DeviceOpt, app, console, err_console, float_in, user_errors
 
 TASK_HELP = "Comma-separated tasks: cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte (GLUE) or bigtxt-swap (offline)."
 
@@ -20,8 +20,12 @@ def glue_cmd(
     data: Annotated[str | None, typer.Option(
         help="Local task files: DIR/TASK/{train,validation}.jsonl|csv|tsv (MNLI: validation_matched and "
              "validation_mismatched), GLUE's columns and `label`.")] = None,
-    epochs: Annotated[float, typer.Option(help="Training epochs (HF text-classification example: 3).")] = 3.0,
-    lr: Annotated[float, typer.Option(help="Peak learning rate, decayed linearly to 0 (HF example: 2e-5).")] = 2e-5,
+    epochs: Annotated[float, typer.Option(
+        help="Training epochs (HF text-classification example: 3).",
+        callback=float_in(0, low_in=False))] = 3.0,
+    lr: Annotated[float, typer.Option(
+        help="Peak learning rate, decayed linearly to 0 (HF example: 2e-5).",
+        callback=float_in(0, low_in=False))] = 2e-5,
     batch_size: Annotated[int, typer.Option(help="Training batch (app. D.6: 16).")] = 16,
     max_length: Annotated[int, typer.Option(help="Tokens per example, longer ones truncated.")] = 128,
     max_train_rows: Annotated[int, typer.Option(help="Train on a random subset of N rows (0 = all).")] = 0,

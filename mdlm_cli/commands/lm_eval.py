@@ -20,6 +20,7 @@ from .common import (
     app,
     console,
     err_console,
+    float_in,
     load_for_command,
     user_errors,
     warn,
@@ -39,7 +40,8 @@ def lm_eval_cmd(
         "per request; K >= 2 gives a standard error. Exact likelihoods take one pass.")] = None,
     batch_size: Annotated[int, typer.Option(help="Rows per forward pass when scoring.")] = 16,
     limit: Annotated[float | None, typer.Option(
-        help="Documents per task: a count, or a fraction below 1 (lm-eval's --limit).")] = None,
+        help="Documents per task: a count, or a fraction below 1 (lm-eval's --limit).",
+        callback=float_in(0, low_in=False))] = None,
     num_fewshot: Annotated[int | None, typer.Option(help="Few-shot examples in each context.")] = None,
     include_path: Annotated[str | None, typer.Option(
         help="A folder of task YAML files (local tasks) to add to lm-eval's own.")] = None,

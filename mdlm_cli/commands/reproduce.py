@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -145,11 +146,13 @@ def _print_plan(jobs, launcher: str, scale: str, rows) -> None:
 
 
 def _run(jobs, out: Path, launcher: str) -> None:
-    """Run the jobs not done yet, each logged to OUT/logs and recorded in OUT/jobs.jsonl."""
-    import shlex
+    """Run the jobs not done yet, each logged to OUT/logs and recorded in OUT/jobs.jsonl. A first
+    SIGTERM or Ctrl-C is handed to the running job (a training saves and stops) and no further
+    job starts; a second stops the job and this command at once."""
 
     from ..runtime import pick_device
     from ..sample.bench import environment
+    from ..signals import StopSignals
 
     (out / "logs").mkdir(parents=True, exist_ok=True)
     env = environment(pick_device("auto"), None)
@@ -157,30 +160,72 @@ def _run(jobs, out: Path, launcher: str) -> None:
     todo = [j for j in jobs if not j.done()]
     err_console.print(f"{len(jobs) - len(todo)} of {len(jobs)} jobs already done; running {len(todo)}",
                       highlight=False)
-    for i, job in enumerate(todo, 1):
-        program = shlex.split(launcher) if job.kind == "train" and launcher != "mdlm" else [sys.executable, "-m",
-                                                                                               "mdlm_cli"]
-        err_console.print(f"[bold]({i}/{len(todo)})[/] {escape(job.command(launcher))}", highlight=False)
-        log = out / "logs" / f"{job.kind}-{job.name}.log"
-        t0 = time.perf_counter()
-        code = _tee([*program, *job.argv], log)
-        record = {"kind": job.kind, "name": job.name, "argv": job.argv, "returncode": code, "device": device,
-                  "seconds": time.perf_counter() - t0, "log": str(log)}
-        with open(out / "jobs.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if code != 0:
-            raise MdlmError(f"job {job.kind} {job.name} failed (exit {code}); its output is in {log}; fix it and "
-                            "run the same command again (finished jobs are skipped)")
+    stop = StopSignals(first="stopping: the running job is asked to stop, and no other job starts",
+                       kept="checkpoints and finished results stay as they are", forward=_forward,
+                       flag_both=True)
+    with stop:
+        for i, job in enumerate(todo, 1):
+            code, log = _run_job(job, i, len(todo), out, launcher, device)
+            if stop.requested:
+                raise MdlmError(f"stopped by {stop.received} in job {job.kind} {job.name} (exit "
+                                f"{code}); run the same command again to continue (finished jobs "
+                                "are skipped)")
+            if code != 0:
+                raise MdlmError(f"job {job.kind} {job.name} failed (exit {code}); its output is in "
+                                f"{log}; fix it and run the same command again (finished jobs are "
+                                "skipped)")
+
+
+def _run_job(
+    job,
+    i: int,
+    n: int,
+    out: Path,
+    launcher: str,
+    device: str,
+) -> tuple[int, Path]:
+    """Run job i of n, logged and recorded: its exit code and its log."""
+    import shlex
+
+    program = shlex.split(launcher) if job.kind == "train" and launcher != "mdlm" else [sys.executable, "-m",
+                                                                                           "mdlm_cli"]
+    err_console.print(f"[bold]({i}/{n})[/] {escape(job.command(launcher))}", highlight=False)
+    log = out / "logs" / f"{job.kind}-{job.name}.log"
+    t0 = time.perf_counter()
+    code = _tee([*program, *job.argv], log)
+    record = {"kind": job.kind, "name": job.name, "argv": job.argv, "returncode": code, "device": device,
+              "seconds": time.perf_counter() - t0, "log": str(log)}
+    with open(out / "jobs.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    return code, log
 
 
 def _tee(argv: list[str], log: Path) -> int:
-    """Run a command, its output shown as it comes and kept in `log`."""
-    with open(log, "w") as f, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                               text=True, bufsize=1) as proc:
+    """Run a command, its output shown as it comes and kept in `log`. It runs in its own session,
+    so a terminal's Ctrl-C reaches this command only, which hands it on (`_forward`): once."""
+    with open(log, "w") as f, subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                               start_new_session=True) as proc:
+        RUNNING[:] = [proc]
         for line in proc.stdout:
             f.write(line)
             err_console.print("  " + line.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
-        return proc.wait()
+        code = proc.wait()
+        RUNNING.clear()
+        return code
+
+
+RUNNING: list[subprocess.Popen] = []  # the job running now (the signal watcher reads it)
+
+
+def _forward(signum: int) -> None:
+    """A signal to reproduce, handed to its running job as SIGTERM (a first: stop gracefully;
+    a second: at once)."""
+    for proc in list(RUNNING):
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except OSError:
+            pass
 
 
 def _report(recipe, out: Path, runs: Path, scale: str) -> None:

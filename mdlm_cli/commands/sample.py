@@ -11,6 +11,7 @@ from rich.text import Text
 
 from ..errors import MdlmError
 from .common import (
+    AllowLongerOpt,
     CheckpointOpt,
     DeviceOpt,
     NumSamplesOpt,
@@ -20,6 +21,8 @@ from .common import (
     SeedOpt,
     ThreadsOpt,
     app,
+    check_length,
+    check_memory,
     check_positive,
     console,
     err_console,
@@ -50,6 +53,7 @@ def sample_cmd(
     raw_weights: RawWeightsOpt = False,
     quiet: QuietOpt = False,
     threads: ThreadsOpt = None,
+    allow_longer: AllowLongerOpt = False,
 ) -> None:
     """Draw samples from a trained model and print them.
 
@@ -75,7 +79,7 @@ def sample_cmd(
             check_writable(out)  # before the sampling, not after it
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         spec, steps = sampling.resolve(loaded.objective)
-        length = length if length is not None else loaded.length
+        length = _checked_length(loaded, length, batch_size, num_samples, rt.device, allow_longer)
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
             task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
@@ -135,7 +139,7 @@ def semi_ar_cmd(
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         spec, steps = sampling.resolve(loaded.objective)
         window, tok = loaded.length, loaded.tokenizer
-        stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length)
+        stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length, num_samples, rt.device)
         start = _prefix(loaded, prompt)
         streaming = stream and num_samples == 1
         if start is not None and streaming:
@@ -170,8 +174,39 @@ def _prefix(loaded, prompt: str | None):
     return start[start != loaded.mask_id]
 
 
-def _semi_ar_lengths(loaded, checkpoint: str, stride: int | None, length: int | None) -> tuple[int, int]:
-    """(stride, total length) for a diffusion model's window; left-to-right models are refused."""
+def _checked_length(
+    loaded,
+    length: int | None,
+    batch: int,
+    num_samples: int,
+    device,
+    allow_longer: bool,
+) -> int:
+    """The length to sample (default: the model's L), refused past L without --allow-longer, or
+    where a batch of it cannot fit in memory."""
+    length, batch = length if length is not None else loaded.length, min(batch, num_samples)
+    check_length(loaded, length, allow_longer)
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
+                 length=length, device=device,
+                 what=f"sampling {num_samples} x {length} tokens ({batch} per batch)",
+                 fix="lower --length, --num-samples or --batch-size", rows=num_samples)
+    return length
+
+
+def _semi_ar_lengths(
+    loaded,
+    checkpoint: str,
+    stride: int | None,
+    length: int | None,
+    num_samples: int,
+    device,
+) -> tuple[int, int]:
+    """(stride, total length) for a diffusion model's window; left-to-right models are refused,
+    and windows that cannot fit in memory."""
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=num_samples,
+                 length=loaded.length, device=device,
+                 what=f"sampling {num_samples} windows of {loaded.length} tokens",
+                 fix="lower --num-samples")
     if loaded.objective.causal:
         raise MdlmError(f"{checkpoint} is a left-to-right ({loaded.objective.name}) model; it generates up to "
                         "its length with mdlm sample (semi-ar is for diffusion models)")

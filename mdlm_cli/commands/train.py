@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..build import config_yaml, resolve_config
-from .common import PresetOpt, SetOpt, ThreadsOpt, app, console, err_console, user_errors
+from .common import PresetOpt, SetOpt, ThreadsOpt, app, console, err_console, float_in, user_errors
 
 
 @app.command("train")
@@ -22,7 +22,8 @@ def train_cmd(
     max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
-    time_limit: Annotated[float, typer.Option(help="Stop after this many minutes (0 = no limit).")] = 0.0,
+    time_limit: Annotated[float, typer.Option(help="Stop after this many minutes (0 = no limit).",
+                                              callback=float_in(0))] = 0.0,
     print_config: Annotated[bool, typer.Option(help="Print the resolved config.")] = True,
     override_resume_config: Annotated[bool, typer.Option(
         help="With --resume: continue although the data, model, objective, optimisation or batch settings differ "
@@ -53,10 +54,39 @@ def train_cmd(
             err_console.rule(f"config: {escape(cfg.name)}")
             err_console.print(config_yaml(cfg).rstrip(), highlight=False, markup=False)
             err_console.rule()
+        check_train_memory(cfg)
         result = train(cfg, resume=resume, console=err_console, time_limit_s=time_limit * 60,
                        override_resume_config=override_resume_config)
         if is_main_process():
             _report(result)
+
+
+# vocabulary sizes of the named tokenisers (the estimate needs one before any data is prepared)
+VOCAB_GUESS = {"gpt2": 50_258, "bert-base-uncased": 30_522, "char": 256, "dna": 16}
+
+
+def check_train_memory(cfg) -> None:
+    """Refuse, before the data and the model are set up, a micro-batch the device cannot hold:
+    the weights, gradients, AdamW state and EMA of the model, built on the meta device (no
+    memory), and the activations and logits at data.length."""
+    import torch
+
+    from ..memory import check_fits, footprint
+    from ..models import BACKBONES, build_model
+    from ..runtime import pick_device
+
+    if "hidden_size" not in BACKBONES[cfg.model.backbone].config_keys:
+        return  # a Hugging Face backbone: its shape is the hub model's, not the config's
+    vocab = VOCAB_GUESS.get(cfg.data.tokenizer, 50_258)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in build_model(cfg.model, vocab).parameters())
+    m, t = cfg.model, cfg.train
+    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
+                     mlp_ratio=m.mlp_ratio, vocab=vocab, batch=t.micro_batch_size,
+                     length=cfg.data.length, training=True)
+    what = (f"training at data.length={cfg.data.length} with "
+            f"train.micro_batch_size={t.micro_batch_size}")
+    check_fits(what, need, pick_device(t.device), "lower data.length or train.micro_batch_size")
 
 
 def _report(result) -> None:

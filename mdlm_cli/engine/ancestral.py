@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .categorical import reference_draw, token_weights
+from .categorical import check_logits, reference_draw, token_weights
 from .context import SamplerContext, rows_active
 from .options import option
 
@@ -46,6 +46,7 @@ def finish_masks(z: Tensor, ctx: SamplerContext, t_last: Tensor, final_denoise: 
         logits = ctx.logits(z, t_last, masked, rows)
         if final_denoise:
             logits[:, ctx.mask_id] = float("-inf")
+            check_logits(logits)
             z[masked] = logits.argmax(-1)
         else:
             z[masked] = ctx.draw(logits)

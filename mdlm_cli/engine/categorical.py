@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .errors import EngineError
+from .errors import EngineError, ProbabilityError
 
 PRECISIONS = ("fp64", "fp32")
 
@@ -59,9 +59,43 @@ def token_weights(logits: Tensor, mask_id: int, *, temperature: float = 1.0, top
     return filter_logits(logits, temperature=temperature, top_p=top_p).softmax(-1)
 
 
+def check_rows(peak: Tensor, *, logits: bool = False) -> None:
+    """Refuse a draw whose rows cannot be drawn from (ProbabilityError). `peak` (N,): each row's
+    total or largest weight, non-finite where a nan or inf entered the row and not above 0
+    where nothing is left to draw; with `logits`, each row's largest logit (-inf: nothing
+    left). One reduction and one read to the host per draw: without it a nan row gives an id
+    past the vocabulary (the inverse CDF) or the mask (argmax)."""
+    if logits:
+        nonfinite, empty = peak.isnan() | (peak == float("inf")), peak == float("-inf")
+    else:
+        nonfinite, empty = ~torch.isfinite(peak), peak <= 0
+    if bool((nonfinite | empty).any()):
+        bad_nonfinite, bad_empty, n = int(nonfinite.sum()), int(empty.sum()), peak.shape[0]
+        what = (f"non-finite probabilities in {bad_nonfinite} of {n} rows (a nan or inf logit, "
+                "or a temperature that overflows them)" if bad_nonfinite else
+                f"all-zero probabilities in {bad_empty} of {n} rows (every class but the mask has "
+                "probability 0)")
+        raise ProbabilityError(what)
+
+
+def check_logits(logits: Tensor) -> None:
+    """`check_rows` for logits (N, V) read by an argmax: each row's largest must be finite."""
+    if logits.shape[0]:
+        check_rows(logits.amax(-1), logits=True)
+
+
+def check_finite(values: Tensor) -> None:
+    """`check_rows` for a per-row quantity read before a draw (a rate, the mask's probability):
+    only a non-finite one is refused (a nan "whether" would leave the row masked silently)."""
+    if values.shape[0]:
+        check_rows(torch.where(values.isfinite(), torch.ones_like(values), values))
+
+
 def reference_draw(weights: Tensor, *, generator: torch.Generator | None) -> Tensor:
     """The reference implementation's float32 draw: argmax(p / (1e-10 - log(u + 1e-10)))."""
     weights = weights.float()
+    if weights.shape[0]:
+        check_rows(weights.amax(-1))
     u = torch.rand(weights.shape, generator=generator, device=weights.device, dtype=torch.float32)
     return (weights / (1e-10 - (u + 1e-10).log_())).argmax(dim=-1)
 
@@ -76,6 +110,8 @@ def inverse_cdf_draw(weights: Tensor, *, generator: torch.Generator | None, neve
     cdf = weights.double().cumsum_(-1)
     if never is not None:
         cdf[:, never] = cdf[:, never - 1] if never else 0.0
+    if cdf.shape[0]:
+        check_rows(cdf[:, -1])  # a nan or inf weight makes the total one
     u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=torch.float64)
     target = u.neg_().add_(1.0).mul_(cdf[:, -1:])  # in (0, total]: cdf[j - 1] < target <= cdf[j]
     return torch.searchsorted(cdf, target)[:, 0]

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .ancestral import finish_masks
-from .categorical import reference_draw, token_weights
+from .categorical import check_finite, reference_draw, token_weights
 from .context import SamplerContext, rows_active
 from .diffusion import call_denoiser, mask_tokens, noised_positions, reconstruction_terms
 from .protocols import Denoiser
@@ -82,6 +82,7 @@ def d3pm_ancestral(z: Tensor, ctx: SamplerContext) -> Tensor:
             break
         logits = ctx.logits(z, times[i], masked, rows_active(span, span_host, 0))  # (N, V)
         x_m = (logits[:, ctx.mask_id].float() - logits.float().logsumexp(-1)).double().exp()
+        check_finite(x_m)
         to_tokens = (alpha[i + 1] - alpha[i]) * (1.0 - x_m)
         stays = rate[i + 1] + alpha[i + 1] * x_m
         if ctx.precision == "fp32":

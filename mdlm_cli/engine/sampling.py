@@ -29,7 +29,7 @@ from .categorical import PRECISIONS
 from .confidence import ConfidenceOptions, ThresholdOptions, confidence, threshold
 from .context import SamplerContext, SampleStats
 from .d3pm import d3pm_ancestral
-from .errors import EngineError
+from .errors import EngineError, ProbabilityError
 from .first_hitting import FirstHittingOptions, first_hitting
 from .options import build_options, convert_options
 from .protocols import Denoiser, is_time_agnostic
@@ -143,7 +143,7 @@ def _check_arguments(spec: SamplerSpec,
         raise EngineError(f"precision must be one of: {', '.join(PRECISIONS)} (got {precision!r})")
     if spec.uses_steps and (steps is None or steps < 1):
         raise EngineError(f"sampler {spec.name} needs steps >= 1 (got {steps})")
-    if temperature <= 0 or not 0 < top_p <= 1:
+    if not (math.isfinite(temperature) and temperature > 0) or not 0 < top_p <= 1:
         raise EngineError(f"temperature must be > 0 and top_p in (0, 1] "
                           f"(got {temperature}, {top_p})")
     if num_samples < 1 or length < 1:
@@ -204,7 +204,11 @@ def sample(denoiser: Denoiser,
                          on_changes=on_changes)
     outputs = []
     for z in z_all.split(batch_size):
-        outputs.append(spec.run(z.clone(), ctx))
+        try:
+            outputs.append(spec.run(z.clone(), ctx))
+        except ProbabilityError as e:  # which sampler, and how far it got
+            where = f"{spec.name} sampler, at network call {ctx.stats.calls}"
+            raise ProbabilityError(f"{where}: {e}") from None
         if on_batch is not None:
             on_batch(len(z))
     tokens = torch.cat(outputs)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .ancestral import ancestral_times
-from .categorical import reference_draw, token_weights
+from .categorical import check_finite, reference_draw, token_weights
 from .context import SamplerContext, rows_active
 from .diffusion import mask_tokens, noised_positions
 from .schedules import Schedule
@@ -92,6 +92,7 @@ def _leap(z: Tensor, ctx: SamplerContext, t: Tensor, rate: Tensor, rows: Tensor 
         z[masked] = reference_draw(probs, generator=ctx.generator)
         return
     total = rate * log_score.index_fill(-1, mask, float("-inf")).logsumexp(-1).double().exp()  # (N,)
+    check_finite(total)
     unmask = ctx.rand(total.shape, z.device) < total  # "whether" first, in float64
     if bool(unmask.any()):
         where = masked.clone()

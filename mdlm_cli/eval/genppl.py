@@ -106,8 +106,12 @@ class HFJudge:
                 raise MdlmError(f"judge file {spec} does not exist")
             path, kwargs = path.parent, {"gguf_file": path.name}
         elif not path.is_dir():
-            from ..io.hub import hub_offline
+            from ..io.hub import hub_offline, is_hub_id
 
+            if not is_hub_id(spec):
+                raise MdlmError(f"judge {spec}: no such folder, and not a Hugging Face hub id "
+                                "(name or owner/name); give an existing folder, a .gguf file, "
+                                "smollm2 or a hub id")
             hub_offline()  # no network: fail at once unless the judge is in the local HF cache
         where = str(path) if path.exists() else spec
         refuse_remote_code(where, model=True)

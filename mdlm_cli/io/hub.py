@@ -9,6 +9,7 @@ Hugging Face cache still load and anything else fails at once.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from functools import lru_cache
 from pathlib import Path
@@ -21,6 +22,16 @@ HUB_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokeni
              "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
              "mdlm_tokenizer.json"]
 PICKLED_WEIGHTS = "pytorch_model.bin"  # fetched only where a repo has no safetensors (read with weights_only=True)
+
+
+# The Hub's repo-id rules: a name, or owner/name, of letters, digits, '-', '_' and '.'
+HUB_ID = re.compile(r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?(?:/[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?)?")
+
+
+def is_hub_id(spec: str) -> bool:
+    """Whether `spec` could name a Hub repository (a path such as /x or ./x cannot)."""
+    doubled = ".." in spec or "--" in spec
+    return len(spec) <= 96 and not doubled and HUB_ID.fullmatch(spec) is not None
 
 
 @lru_cache(maxsize=1)

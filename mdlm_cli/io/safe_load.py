@@ -83,9 +83,35 @@ def _stand_ins(names: list[str]) -> list[tuple[Any, str]]:
     return out
 
 
+def _check_pickle(path: Path) -> None:
+    """A file that is neither torch.save's zip nor a pickle (protocol 2+ starts with 0x80) is
+    refused for what it is, not as a pickle that cannot be inspected."""
+    with open(path, "rb") as f:
+        head = f.read(256)
+    if head[:1] == b"\x80":
+        return
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None:
+        kind = "an unknown binary file"
+    elif text.lstrip()[:1] in ("{", "["):
+        kind = "a JSON or JSON-lines text file"
+        if '"tokens"' in text:
+            kind += " (samples from mdlm sample --out?)"
+    else:
+        kind = "a text file"
+    raise MdlmError(f"{path} is not a PyTorch checkpoint (a torch.save or Lightning file): it is "
+                    f"{kind}; --checkpoint takes a run folder, a step folder, a hub id or a "
+                    ".ckpt file")
+
+
 def read_torch_file(path: Path) -> Any:
     """The object in a `torch.save` file, read with weights_only=True (see the module doc)."""
     mmap = zipfile.is_zipfile(path)  # large Lightning files: map tensors instead of reading them
+    if not mmap:
+        _check_pickle(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:

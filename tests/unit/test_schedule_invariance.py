@@ -122,8 +122,8 @@ def test_eval_ppl_schedule_is_refused_in_one_line_where_the_bound_would_change(
         objective,
         time_conditioning,
         refusal):
-    from mdlm_cli.commands.evaluate import _use_schedule
     from mdlm_cli.build import resolve_config
+    from mdlm_cli.commands.evaluate import _use_schedule
     from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.errors import MdlmError
     from mdlm_cli.objectives import get_objective
@@ -139,8 +139,8 @@ def test_eval_ppl_schedule_is_refused_in_one_line_where_the_bound_would_change(
 def test_eval_ppl_schedule_swaps_the_bound_and_its_time_draws():
     """A model without time conditioning: the objective's schedule is replaced (its bound and
     its t draws read it), eps kept; the trained schedule's name comes back for the record."""
-    from mdlm_cli.commands.evaluate import _use_schedule
     from mdlm_cli.build import resolve_config
+    from mdlm_cli.commands.evaluate import _use_schedule
     from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.objectives import get_objective
 
