@@ -8,8 +8,9 @@ import importlib
 from .commands.common import app
 
 # Importing a command module registers its commands; this order is the order of `mdlm --help`.
-for _module in ("data", "train", "sample", "evaluate", "lm_eval", "bench", "export", "serve", "classify", "glue",
-                "reproduce"):
+COMMAND_MODULES = ("data", "train", "sample", "evaluate", "genppl", "lm_eval", "bench", "export",
+                   "serve", "classify", "glue", "reproduce")
+for _module in COMMAND_MODULES:
     importlib.import_module(f".commands.{_module}", __package__)
 
 __all__ = ["app", "main"]

@@ -132,6 +132,14 @@ def _resolve(spec: SamplerSpec, denoiser: Denoiser, time_agnostic: bool | None) 
     return SAMPLERS[spec.fallback]
 
 
+def _run_batch(spec: SamplerSpec, z: Tensor, ctx: SamplerContext) -> Tensor:
+    """One batch through the sampler; a refused draw says which sampler and how far it got."""
+    try:
+        return spec.run(z, ctx)
+    except ProbabilityError as e:
+        raise ProbabilityError(f"{spec.name} sampler, at network call {ctx.stats.calls}: {e}") from None
+
+
 def _check_arguments(spec: SamplerSpec,
                      steps: int | None,
                      precision: str,
@@ -204,11 +212,7 @@ def sample(denoiser: Denoiser,
                          on_changes=on_changes)
     outputs = []
     for z in z_all.split(batch_size):
-        try:
-            outputs.append(spec.run(z.clone(), ctx))
-        except ProbabilityError as e:  # which sampler, and how far it got
-            where = f"{spec.name} sampler, at network call {ctx.stats.calls}"
-            raise ProbabilityError(f"{where}: {e}") from None
+        outputs.append(_run_batch(spec, z.clone(), ctx))
         if on_batch is not None:
             on_batch(len(z))
     tokens = torch.cat(outputs)

@@ -7,8 +7,9 @@ import typing
 import pytest
 from typer.testing import CliRunner
 
+from mdlm_cli.build import resolve_config
 from mdlm_cli.cli import app
-from mdlm_cli.config import SECTIONS, resolve_config
+from mdlm_cli.config import SECTIONS
 from mdlm_cli.errors import MdlmError
 
 

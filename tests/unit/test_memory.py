@@ -7,9 +7,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from mdlm_cli.build import resolve_config
 from mdlm_cli.cli import app
 from mdlm_cli.commands.train import check_train_memory
-from mdlm_cli.config import resolve_config
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.memory import available, footprint
 
