@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Annotated
 
 import typer
@@ -43,6 +44,10 @@ LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default:
 TokensPerStepOpt = Annotated[int, typer.Option(help="first-hitting: tokens revealed per network call (1 = exact).")]
 FinalDenoiseOpt = Annotated[bool, typer.Option(help="ancestral: argmax at masks left after the last step.")]
 QuietOpt = Annotated[bool, typer.Option(help="Do not print the samples.")]
+MaxNewTokensOpt = Annotated[int | None, typer.Option(help="Tokens after the prompt at most (instead of --length).")]
+StopAtEosOpt = Annotated[bool | None, typer.Option(
+    help="Cut each sample at its first EOS and report its length (default: on for a model fine-tuned with "
+         "data.pad_as_eos).")]
 
 
 @app.command("sample")
@@ -54,7 +59,7 @@ def sample_cmd(
     tokens_per_step: TokensPerStepOpt = 1, final_denoise: FinalDenoiseOpt = True, k_schedule: KScheduleOpt = None,
     threshold: ThresholdOpt = None, eta: EtaOpt = None, remdm_schedule: RemdmScheduleOpt = None,
     out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, quiet: QuietOpt = False,
-    threads: ThreadsOpt = None,
+    threads: ThreadsOpt = None, max_new_tokens: MaxNewTokensOpt = None, stop_at_eos: StopAtEosOpt = None,
 ) -> None:
     """Draw samples from a trained model and print them.
 
@@ -68,11 +73,10 @@ def sample_cmd(
       mdlm sample --sampler remdm --steps 1000 --eta 0.02
       mdlm sample --checkpoint runs/demo-ar -n 8     # an AR checkpoint: left to right, KV cache
     """
-    from rich.panel import Panel
     from rich.progress import Progress
 
     from ..io.files import check_writable
-    from ..sample.generate import generate, template, write_jsonl
+    from ..sample.generate import generate, stops_at_eos, template, window_for, write_jsonl
 
     with user_errors():
         check_sampling_flags(sampler, precision)
@@ -84,7 +88,7 @@ def sample_cmd(
         changed = {"tokens_per_step": tokens_per_step} if tokens_per_step != 1 else {}
         spec, steps = resolve_sampler(loaded.objective, sampler, steps,
                                       changed | options | ({"final_denoise": "off"} if not final_denoise else {}))
-        length = length if length is not None else loaded.length
+        length = window_for(loaded, length, prompt, max_new_tokens)
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
             task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
@@ -92,7 +96,8 @@ def sample_cmd(
                 loaded, sampler=spec.name, num_samples=num_samples, batch_size=batch_size, steps=steps,
                 seed=seed, device=rt.device, dtype=rt.dtype, length=length, prompt=fixed,
                 precision=precision, temperature=temperature, top_p=top_p, tokens_per_step=tokens_per_step,
-                final_denoise=final_denoise, options=options, on_batch=lambda n: progress.advance(task, n))
+                final_denoise=final_denoise, options=options, stop_at_eos=stops_at_eos(loaded, stop_at_eos),
+                on_batch=lambda n: progress.advance(task, n))
         if out:  # before anything is printed: the samples are on disk whatever the terminal makes of them
             extra = {"sampler": spec.name, "steps": steps, "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
                      "precision": precision, "temperature": temperature, "top_p": top_p,
@@ -100,8 +105,7 @@ def sample_cmd(
                      "infill": infill, **{k: v for k, v in options.items() if k in spec.options}}
             write_jsonl(out, [r.to_json(**extra) for r in records])
         if not quiet:
-            for r in records:  # model text is never rich markup
-                console.print(Panel(Text(r.text), title=f"sample {r.index}", title_align="left"), highlight=False)
+            _panels(records)
         console.print(f"{spec.name}: {seconds / num_samples:.2f} s/sample, NFE {stats.nfe:.1f}, "
                       f"NCS {stats.ncs:.1f} per sample ({precision})")
         if out:
@@ -120,6 +124,7 @@ def semi_ar_cmd(
     remdm_schedule: RemdmScheduleOpt = None,
     stream: Annotated[bool, typer.Option(help="Print each block as it completes.")] = True,
     out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, threads: ThreadsOpt = None,
+    max_new_tokens: MaxNewTokensOpt = None, stop_at_eos: StopAtEosOpt = None,
 ) -> None:
     """Generate text longer than the model's window, block by block (MDLM §4.2).
 
@@ -129,13 +134,11 @@ def semi_ar_cmd(
       mdlm semi-ar --length 512 --stride 64
       mdlm semi-ar --checkpoint runs/owt --length 2048 --stride 512 --sampler ancestral-cache
     """
-    import time
-
     import torch
 
     from .. import engine
     from ..io.files import check_writable
-    from ..sample.generate import SampleRecord, write_jsonl
+    from ..sample.generate import semi_ar_plan, semi_ar_records, write_jsonl
 
     with user_errors():
         check_sampling_flags(sampler, precision)
@@ -146,29 +149,40 @@ def semi_ar_cmd(
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         spec, steps = resolve_sampler(loaded.objective, sampler, steps, options)
         window, tok = loaded.length, loaded.tokenizer
+        stop, limit, length = semi_ar_plan(loaded, length, prompt, max_new_tokens, stop_at_eos)
         stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length)
         start = _prefix(loaded, prompt)
-        streaming = stream and num_samples == 1
-        if start is not None and streaming:
-            _write(tok.decode(start.tolist()))
+        streaming = stream and num_samples == 1 and not stop
+        streaming and start is not None and _write(tok.decode(start.tolist()))
         t0 = time.perf_counter()
         result = engine.semi_ar(
             loaded.denoiser(rt.dtype), sampler=spec.name, num_samples=num_samples, window=window, stride=stride,
             target_length=length, mask_id=loaded.mask_id, prompt=start, steps=steps,
             on_block=lambda r, new: streaming and _write(tok.decode(new[0].tolist())),
             schedule=loaded.objective.schedule, generator=torch.Generator(device=rt.device).manual_seed(seed),
-            precision=precision, temperature=temperature, top_p=top_p, device=rt.device, **options)
+            precision=precision, temperature=temperature, top_p=top_p, device=rt.device,
+            stop_token=tok.eos_id if stop else None, **options)
         seconds = time.perf_counter() - t0
-        texts = [tok.decode(row.tolist()) for row in result.tokens.cpu()]
+        records = semi_ar_records(loaded, result.tokens[:, :limit], 0 if start is None else len(start), stop)
         if out:  # before anything is printed
             extra = {"sampler": spec.name, "steps": steps, "window": window, "stride": stride, "seed": seed,
                      "precision": precision, "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
                      "ncs": result.stats.ncs, "seconds": seconds / num_samples}
-            write_jsonl(out, [SampleRecord(i, t, row.tolist()).to_json(**extra)
-                              for i, (t, row) in enumerate(zip(texts, result.tokens.cpu(), strict=True))])
-        _show(texts, streamed=streaming)
-        err_console.print(f"{result.tokens.shape[1]} tokens per sample (window {window}, stride {stride}), "
+            write_jsonl(out, [r.to_json(**extra) for r in records])
+        _show(records, streamed=streaming)
+        err_console.print(f"{result.tokens[:, :limit].shape[1]} tokens per sample (window {window}, stride {stride}), "
                           f"{seconds / num_samples:.2f} s/sample, NFE {result.stats.nfe:.1f}")
+
+
+def _panels(records) -> None:
+    """Each sample in a panel (model text is never rich markup), titled with its answer's length
+    when it was cut at EOS."""
+    from rich.panel import Panel
+
+    for r in records:
+        title = f"sample {r.index}" + ("" if r.length is None else
+                                       f" ({r.length} tokens{'' if r.ended else ', no EOS'})")
+        console.print(Panel(Text(r.text), title=title, title_align="left"), highlight=False)
 
 
 def _prefix(loaded, prompt: str | None):
@@ -193,14 +207,18 @@ def _semi_ar_lengths(loaded, checkpoint: str, stride: int | None, length: int | 
     return stride, length
 
 
-def _show(texts: list[str], *, streamed: bool) -> None:
-    """The samples as plain text (never markup); a streamed one only needs its last newline."""
+def _show(records, *, streamed: bool) -> None:
+    """The samples as plain text (never markup); a streamed one only needs its last newline.
+    Samples cut at EOS are followed by their answers' lengths."""
     if streamed:
         sys.stdout.write("\n")
         return
-    for i, text in enumerate(texts):
-        console.rule(f"sample {i}")
-        console.print(text, highlight=False, markup=False)
+    for r in records:
+        console.rule(f"sample {r.index}")
+        console.print(r.text, highlight=False, markup=False)
+    if records and records[0].length is not None:
+        err_console.print("answer lengths (tokens before EOS): " + ", ".join(
+            f"{r.length}{'' if r.ended else ' (no EOS)'}" for r in records))
 
 
 def _write(text: str) -> None:
