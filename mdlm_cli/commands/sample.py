@@ -44,10 +44,11 @@ LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default:
 TokensPerStepOpt = Annotated[int, typer.Option(help="first-hitting: tokens revealed per network call (1 = exact).")]
 FinalDenoiseOpt = Annotated[bool, typer.Option(help="ancestral: argmax at masks left after the last step.")]
 QuietOpt = Annotated[bool, typer.Option(help="Do not print the samples.")]
-MaxNewTokensOpt = Annotated[int | None, typer.Option(help="Tokens after the prompt at most (instead of --length).")]
+MaxNewTokensOpt = Annotated[int | None, typer.Option(
+    help="Tokens after the prompt at most (instead of --length).")]
 StopAtEosOpt = Annotated[bool | None, typer.Option(
-    help="Cut each sample at its first EOS and report its length (default: on for a model fine-tuned with "
-         "data.pad_as_eos).")]
+    help="Cut each sample at its first EOS and report its length (default: on for a model "
+         "fine-tuned with data.pad_as_eos).")]
 
 
 @app.command("sample")
@@ -59,7 +60,8 @@ def sample_cmd(
     tokens_per_step: TokensPerStepOpt = 1, final_denoise: FinalDenoiseOpt = True, k_schedule: KScheduleOpt = None,
     threshold: ThresholdOpt = None, eta: EtaOpt = None, remdm_schedule: RemdmScheduleOpt = None,
     out: OutOpt = None, device: DeviceOpt = None, raw_weights: RawWeightsOpt = False, quiet: QuietOpt = False,
-    threads: ThreadsOpt = None, max_new_tokens: MaxNewTokensOpt = None, stop_at_eos: StopAtEosOpt = None,
+    threads: ThreadsOpt = None, max_new_tokens: MaxNewTokensOpt = None,
+    stop_at_eos: StopAtEosOpt = None,
 ) -> None:
     """Draw samples from a trained model and print them.
 
@@ -76,7 +78,7 @@ def sample_cmd(
     from rich.progress import Progress
 
     from ..io.files import check_writable
-    from ..sample.generate import generate, stops_at_eos, template, window_for, write_jsonl
+    from ..sample.generate import generate, template, window_for, write_jsonl
 
     with user_errors():
         check_sampling_flags(sampler, precision)
@@ -96,8 +98,8 @@ def sample_cmd(
                 loaded, sampler=spec.name, num_samples=num_samples, batch_size=batch_size, steps=steps,
                 seed=seed, device=rt.device, dtype=rt.dtype, length=length, prompt=fixed,
                 precision=precision, temperature=temperature, top_p=top_p, tokens_per_step=tokens_per_step,
-                final_denoise=final_denoise, options=options, stop_at_eos=stops_at_eos(loaded, stop_at_eos),
-                on_batch=lambda n: progress.advance(task, n))
+                final_denoise=final_denoise, options=options,
+                stop_at_eos=stop_at_eos, on_batch=lambda n: progress.advance(task, n))
         if out:  # before anything is printed: the samples are on disk whatever the terminal makes of them
             extra = {"sampler": spec.name, "steps": steps, "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
                      "precision": precision, "temperature": temperature, "top_p": top_p,
@@ -163,14 +165,15 @@ def semi_ar_cmd(
             precision=precision, temperature=temperature, top_p=top_p, device=rt.device,
             stop_token=tok.eos_id if stop else None, **options)
         seconds = time.perf_counter() - t0
-        records = semi_ar_records(loaded, result.tokens[:, :limit], 0 if start is None else len(start), stop)
+        result.tokens = result.tokens[:, :limit]
+        records = semi_ar_records(loaded, result.tokens, start, stop)
         if out:  # before anything is printed
             extra = {"sampler": spec.name, "steps": steps, "window": window, "stride": stride, "seed": seed,
                      "precision": precision, "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
                      "ncs": result.stats.ncs, "seconds": seconds / num_samples}
             write_jsonl(out, [r.to_json(**extra) for r in records])
         _show(records, streamed=streaming)
-        err_console.print(f"{result.tokens[:, :limit].shape[1]} tokens per sample (window {window}, stride {stride}), "
+        err_console.print(f"{result.tokens.shape[1]} tokens per sample (window {window}, stride {stride}), "
                           f"{seconds / num_samples:.2f} s/sample, NFE {result.stats.nfe:.1f}")
 
 

@@ -38,20 +38,33 @@ SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
 
 
 def check_example(record, where: str) -> dict:
-    """A validated example: prompt/response strings, or a messages list ending with the assistant."""
+    """A validated example: prompt/response strings, or messages ending with the assistant's."""
     if not isinstance(record, dict):
-        raise MdlmError(f"{where}: an example must be a JSON object with prompt/response or messages")
+        raise MdlmError(
+            f"{where}: an example must be a JSON object with prompt/response or messages"
+        )
     if "messages" in record:
         msgs = record["messages"]
-        ok = isinstance(msgs, list) and len(msgs) >= 2 and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in msgs)
+        ok = (
+            isinstance(msgs, list)
+            and len(msgs) >= 2
+            and all(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+                for m in msgs
+            )
+        )
         if not ok or msgs[-1]["role"] != "assistant":
-            raise MdlmError(f"{where}: 'messages' must be a list of {{role, content}} strings, at least two, "
-                            "the last one the assistant's (the response)")
+            raise MdlmError(
+                f"{where}: 'messages' must be a list of {{role, content}} strings, at least two, "
+                "the last one the assistant's (the response)"
+            )
         return {"messages": msgs}
     if not all(isinstance(record.get(k), str) for k in ("prompt", "response")):
-        raise MdlmError(f"{where}: an example needs string 'prompt' and 'response' fields (or 'messages')")
+        raise MdlmError(
+            f"{where}: an example needs string 'prompt' and 'response' fields (or 'messages')"
+        )
     return {"prompt": record["prompt"], "response": record["response"]}
 
 
@@ -103,7 +116,9 @@ class SentencePairs(ExampleSource):
     the sentence after it in the same paragraph the response."""
 
     name: str = "bigtxt-next"
-    description: str = "big.txt as prompt/response pairs: a sentence, then the next one (offline; sft)"
+    description: str = (
+        "big.txt as prompt/response pairs: a sentence, then the next one (offline; sft)"
+    )
     max_chars: int = 60
 
     @property
@@ -115,8 +130,11 @@ class SentencePairs(ExampleSource):
         for doc in BigTxt().all_documents():
             for paragraph in doc.split("\n\n"):
                 sentences = SENTENCE_END.split(paragraph)
-                pairs += [{"prompt": a, "response": b} for a, b in zip(sentences, sentences[1:], strict=False)
-                          if 8 <= len(a) <= self.max_chars and 8 <= len(b) <= self.max_chars]
+                pairs += [
+                    {"prompt": a, "response": b}
+                    for a, b in zip(sentences, sentences[1:], strict=False)
+                    if 8 <= len(a) <= self.max_chars and 8 <= len(b) <= self.max_chars
+                ]
         return pairs
 
 
@@ -131,22 +149,28 @@ def example_source(name_or_path: str) -> ExampleSource:
     if path.is_file() and path.suffix == ".jsonl":
         return LocalExamples(name=path.stem or "local", description=f"examples {path}", path=path)
     get_source(name_or_path)  # an unknown name or path: its own error
-    raise MdlmError(f"data.packing=sft needs prompt/response examples: a .jsonl file of prompt/response or "
-                    f"messages records, or {', '.join(EXAMPLE_SOURCES)}; {name_or_path!r} is neither")
+    raise MdlmError(
+        f"data.packing=sft needs prompt/response examples: a .jsonl file of prompt/response or "
+        f"messages records, or {', '.join(EXAMPLE_SOURCES)}; {name_or_path!r} is neither"
+    )
 
 
 def render_chat(tokenizer: Tokenizer, messages: list[dict]) -> tuple[str, str]:
     """(prompt text, response text) of a conversation through the tokeniser's chat template."""
     hf = tokenizer.hf
     if hf is None or not getattr(hf, "chat_template", None):
-        raise MdlmError(f"'messages' examples need a tokenizer with a chat template; {tokenizer.name} has "
-                        "none: give prompt/response fields instead")
+        raise MdlmError(
+            f"'messages' examples need a tokenizer with a chat template; {tokenizer.name} has "
+            "none: give prompt/response fields instead"
+        )
     prompt = hf.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
     full = hf.apply_chat_template(messages, tokenize=False)
     if not full.startswith(prompt):
-        raise MdlmError(f"the chat template of {tokenizer.name} does not render the conversation as its "
-                        "prompt followed by the answer; give prompt/response fields instead")
-    return prompt, full[len(prompt):]
+        raise MdlmError(
+            f"the chat template of {tokenizer.name} does not render the conversation as its "
+            "prompt followed by the answer; give prompt/response fields instead"
+        )
+    return prompt, full[len(prompt) :]
 
 
 def encode_example(tokenizer: Tokenizer, example: dict) -> tuple[list[int], list[int]]:
@@ -155,11 +179,14 @@ def encode_example(tokenizer: Tokenizer, example: dict) -> tuple[list[int], list
         prompt, response = render_chat(tokenizer, example["messages"])
     else:
         prompt, response = example["prompt"], example["response"]
-    return [tokenizer.bos_id] + tokenizer.encode(prompt), tokenizer.encode(response) + [tokenizer.eos_id]
+    return [tokenizer.bos_id] + tokenizer.encode(prompt), tokenizer.encode(response) + [
+        tokenizer.eos_id
+    ]
 
 
-def sft_rows(example_batches: Iterable[list[dict]], length: int, tokenizer: Tokenizer, *,
-             pad_as_eos: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+def sft_rows(
+    example_batches: Iterable[list[dict]], length: int, tokenizer: Tokenizer, *, pad_as_eos: bool
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
     """(rows (n, L), lengths (n,), prompt lengths (n,), examples dropped as too long) per batch."""
     fill = tokenizer.eos_id if pad_as_eos else tokenizer.pad_id
     for examples in example_batches:
@@ -176,19 +203,36 @@ def sft_rows(example_batches: Iterable[list[dict]], length: int, tokenizer: Toke
         yield rows, lengths, prompts, len(encoded) - len(kept)
 
 
-def write_sft_split(folder: Path, split: str, source: ExampleSource, tokenizer: Tokenizer, *,
-                    length: int, pad_as_eos: bool, dtype, progress=None, limit: int | None = None) -> dict:
+def write_sft_split(
+    folder: Path,
+    split: str,
+    source: ExampleSource,
+    tokenizer: Tokenizer,
+    *,
+    length: int,
+    pad_as_eos: bool,
+    dtype,
+    progress=None,
+    limit: int | None = None,
+) -> dict:
     """Tokens, lengths and prompt lengths of one split; the split's entry of meta.json."""
     batches, total = source.examples(split)
     info = {"rows": 0, "tokens": 0, "docs": 0, "dropped": 0, "target_tokens": 0}
-    with open(folder / f"{split}.tokens.bin", "wb") as ft, open(folder / f"{split}.lengths.bin", "wb") as fl, \
-            open(folder / f"{split}.prompt.bin", "wb") as fp:
+    with (
+        open(folder / f"{split}.tokens.bin", "wb") as ft,
+        open(folder / f"{split}.lengths.bin", "wb") as fl,
+        open(folder / f"{split}.prompt.bin", "wb") as fp,
+    ):
         for batch in batches:
             if progress is not None:
                 progress(split, len(batch), total)
-            for rows, lengths, prompts, dropped in sft_rows([batch], length, tokenizer, pad_as_eos=pad_as_eos):
+            for rows, lengths, prompts, dropped in sft_rows(
+                [batch], length, tokenizer, pad_as_eos=pad_as_eos
+            ):
                 if limit is not None:
-                    rows, lengths, prompts = (a[: limit - info["rows"]] for a in (rows, lengths, prompts))
+                    rows, lengths, prompts = (
+                        a[: limit - info["rows"]] for a in (rows, lengths, prompts)
+                    )
                 ft.write(rows.astype(dtype).tobytes())
                 fl.write(lengths.tobytes())
                 fp.write(prompts.tobytes())

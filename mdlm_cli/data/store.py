@@ -70,7 +70,7 @@ class TokenSplit:
     lengths: np.ndarray  # (rows,)
     pad_id: int | None = None  # set: this token is excluded wherever it stands (DNA's N), not only at the end
     scored: np.ndarray | None = None  # (rows,) tokens that count per row, when pad_id is set
-    prompt: np.ndarray | None = None  # (rows,) packing sft: prompt tokens (context) at each row's start
+    prompt: np.ndarray | None = None  # (rows,) packing sft: prompt tokens at each row's start
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -147,8 +147,9 @@ class PreparedData:
                 lengths = np.memmap(self.folder / f"{name}.lengths.bin", dtype=np.int32, mode="r",
                                     shape=(info["rows"],))
             if self.meta.get("packing") == "sft":
-                prompt = (np.zeros(0, dtype=np.int32) if info["rows"] == 0 else np.memmap(
-                    self.folder / f"{name}.prompt.bin", dtype=np.int32, mode="r", shape=(info["rows"],)))
+                prompt = (np.zeros(0, dtype=np.int32) if info["rows"] == 0 else
+                          np.memmap(self.folder / f"{name}.prompt.bin", dtype=np.int32, mode="r",
+                                    shape=(info["rows"],)))
                 return TokenSplit(tokens, lengths, prompt=prompt)
             if not self.meta.get("pad_anywhere"):
                 return TokenSplit(tokens, lengths)
@@ -167,8 +168,9 @@ def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
                  cfg: DataConfig, dtype, load_dataset, progress, limit: int | None = None) -> dict:
     """Tokenise and pack one split; with `limit`, stop reading the source once that many rows are written."""
     if cfg.packing == "sft":
-        return write_sft_split(folder, split, source, tokenizer, length=cfg.length, pad_as_eos=cfg.pad_as_eos,
-                               dtype=dtype, progress=progress, limit=limit)
+        return write_sft_split(folder, split, source, tokenizer, length=cfg.length,
+                               pad_as_eos=cfg.pad_as_eos, dtype=dtype, progress=progress,
+                               limit=limit)
     batches, total_docs = source.documents(split, load_dataset)
     counts = {"docs": 0}
     unscored = [tokenizer.encode(c)[0] for c in source.unscored]
@@ -218,7 +220,8 @@ def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
 
 def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
     """Cross-entropy (nats/token) of the validation split under the training split's
-    unigram distribution (add-one smoothed): the bound a model must beat."""
+    unigram distribution (add-one smoothed): the bound a model must beat (sft data: of the
+    targets, the prompts left out)."""
     if "train" not in data.meta["splits"] or "valid" not in data.meta["splits"]:
         return None
     train, valid = data.split("train"), data.split("valid")
@@ -230,6 +233,9 @@ def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
         for start in range(0, len(split), 4096):
             toks, lens = split.tokens[start:start + 4096], split.lengths[start:start + 4096]
             inside = np.arange(toks.shape[1])[None, :] < lens[:, None]
+            if split.prompt is not None:  # sft: the targets, as the conditional bound counts them
+                prompt = split.prompt[start:start + 4096]
+                inside &= np.arange(toks.shape[1])[None, :] >= prompt[:, None]
             real = toks[inside if split.pad_id is None else inside & (toks != split.pad_id)]
             c += np.bincount(real.astype(np.int64), minlength=vocab_size)[:vocab_size]
         return c
@@ -278,7 +284,8 @@ def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = 
             splits[split] = _write_split(tmp, split, source, tokenizer, cfg, dtype,
                                          load_dataset, progress, limits.get(split))
         meta = {
-            "format": FORMAT_VERSION, "key": cache_key(source, tokenizer, cfg.length, key_packing(cfg), limits),
+            "format": FORMAT_VERSION,
+            "key": cache_key(source, tokenizer, cfg.length, key_packing(cfg), limits),
             "source": {"name": source.name, "description": source.description,
                        "fingerprint": source.fingerprint},
             "tokenizer": tokenizer.describe(), "length": cfg.length, "packing": cfg.packing,

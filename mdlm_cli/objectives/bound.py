@@ -25,8 +25,8 @@ from ..engine.schedules import Schedule
 from ..errors import MdlmError
 from ..runtime import derive_seed, generator
 
-# terms(x0 (B, L), t (B,) | None, generator, attention_mask) -> nats per sequence (B,); for a split of
-# prompt/response rows (data.packing=sft) also targets= (B, L) bool, the response positions
+# terms(x0 (B, L), t (B,) | None, generator, attention_mask) -> nats per sequence (B,); for a
+# split of prompt/response rows (data.packing=sft) also targets= (B, L) bool, the responses
 TermsFn = Callable[..., Tensor]
 
 
@@ -81,10 +81,11 @@ def sharded_sum(terms: TermsFn, split: TokenSplit, *, batch_size: int, device: t
         filler = b >= n_batches  # none left for this rank: one row through the model, result dropped
         start = 0 if filler else b * batch_size
         idx = np.arange(start, start + 1 if filler else min(start + batch_size, n))
-        x0, attention_mask, targets = split.batch_with_targets(idx, device)  # sft data: the responses
+        x0, attention_mask, targets = split.batch_with_targets(idx, device)  # sft: the responses
         t = None if t_all is None else t_all[idx[0]: idx[-1] + 1]
         extra = {} if targets is None else {"targets": targets}
-        values = terms(x0, t, generator(device, derive_seed(seed, "batch", b)), attention_mask, **extra)
+        gen = generator(device, derive_seed(seed, "batch", b))
+        values = terms(x0, t, gen, attention_mask, **extra)
         if not filler:
             total += values.sum().double()
             if each is not None:

@@ -65,7 +65,8 @@ class SampleRecord:
 
     def to_json(self, **extra) -> str:
         cut = {} if self.length is None else {"length": self.length, "ended": self.ended}
-        return json.dumps({"index": self.index, "text": self.text, "tokens": self.tokens, **cut, **extra})
+        record = {"index": self.index, "text": self.text, "tokens": self.tokens}
+        return json.dumps({**record, **cut, **extra})
 
 
 def stops_at_eos(loaded: LoadedModel, asked: bool | None = None) -> bool:
@@ -111,19 +112,21 @@ def window_for(loaded: LoadedModel, length: int | None, prompt: str | None,
         raise MdlmError("give --length or --max-new-tokens, not both")
     if max_new_tokens < 1:
         raise MdlmError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
-    return len(loaded.row_start()) + (len(loaded.tokenizer.encode(prompt)) if prompt else 0) + max_new_tokens
+    prompt_tokens = len(loaded.tokenizer.encode(prompt)) if prompt else 0
+    return len(loaded.row_start()) + prompt_tokens + max_new_tokens
 
 
 def generate(loaded: LoadedModel, *, sampler: str, num_samples: int, batch_size: int, steps: int | None,
              seed: int, device: torch.device, dtype: torch.dtype | None, length: int | None = None,
              prompt: torch.Tensor | None = None, precision: str = "fp64", temperature: float = 1.0,
              top_p: float = 1.0, tokens_per_step: int = 1, final_denoise: bool = True,
-             options: dict | None = None, stop_at_eos: bool = False,
+             options: dict | None = None, stop_at_eos: bool | None = False,
              on_batch: Callable[[int], None] | None = None) -> tuple[list[SampleRecord], engine.SampleStats, float]:
     """Sample in batches with one of the objective's samplers; returns the decoded records,
     the work counters and the seconds. `options`: further sampler options (engine.sample's
     k_schedule, threshold, eta, remdm_schedule). `stop_at_eos`: each sample cut at its first
-    EOS after the template's last fixed token, its answer's length in the record."""
+    EOS after the template's last fixed token, its answer's length in the record (None: as
+    `stops_at_eos` decides for the model)."""
     length = length or loaded.length
     if loaded.objective.causal and length > loaded.length:
         raise MdlmError(f"a left-to-right model generates at most its training length "
@@ -138,14 +141,17 @@ def generate(loaded: LoadedModel, *, sampler: str, num_samples: int, batch_size:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
-    if stop_at_eos:
+    if stops_at_eos(loaded, stop_at_eos):
         return records_at_eos(loaded, tokens, answer_start(prompt, loaded.mask_id)), stats, seconds
     records = [SampleRecord(i, loaded.tokenizer.decode(row.tolist()), row.tolist())
                for i, row in enumerate(tokens.cpu())]
     return records, stats, seconds
 
 
-def semi_ar_plan(loaded: LoadedModel, length: int | None, prompt: str | None, max_new_tokens: int | None,
+def semi_ar_plan(loaded: LoadedModel,
+                 length: int | None,
+                 prompt: str | None,
+                 max_new_tokens: int | None,
                  stop_at_eos: bool | None) -> tuple[bool, int | None, int | None]:
     """semi-ar's (stop at EOS, tokens kept per sample (None: all), total length to run): with
     `max_new_tokens` the blocks run to at least one window, then are cut."""
@@ -155,11 +161,16 @@ def semi_ar_plan(loaded: LoadedModel, length: int | None, prompt: str | None, ma
     return stops_at_eos(loaded, stop_at_eos), limit, max(limit, loaded.length)
 
 
-def semi_ar_records(loaded: LoadedModel, tokens: torch.Tensor, start: int, stop: bool) -> list[SampleRecord]:
-    """Records of semi_ar's output (B, N): cut at each row's first EOS after `start` when `stop`."""
+def semi_ar_records(loaded: LoadedModel,
+                    tokens: torch.Tensor,
+                    prefix: torch.Tensor | None,
+                    stop: bool) -> list[SampleRecord]:
+    """Records of semi_ar's output (B, N): cut at each row's first EOS after the `prefix` tokens
+    when `stop`."""
     if stop:
-        return records_at_eos(loaded, tokens, start)
-    return [SampleRecord(i, loaded.tokenizer.decode(row), row) for i, row in enumerate(tokens.cpu().tolist())]
+        return records_at_eos(loaded, tokens, 0 if prefix is None else len(prefix))
+    rows = tokens.cpu().tolist()
+    return [SampleRecord(i, loaded.tokenizer.decode(row), row) for i, row in enumerate(rows)]
 
 
 def write_jsonl(path: str | Path, lines: list[str]) -> None:
