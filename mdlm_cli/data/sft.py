@@ -14,8 +14,8 @@ is stored per row (`{split}.prompt.bin`, int32): the prompt is clean context, th
 the row up to its length is the target of the loss. Examples longer than L are dropped
 and counted (`dropped` in meta.json), never cut: a cut answer would teach a wrong end.
 
-Sources: a local .jsonl of such records, or `bigtxt-next` (the embedded corpus: a sentence
-as the prompt, the next sentence as the response).
+Sources: a local .jsonl of such records, `hub:ORG/NAME` (a Hugging Face data set of them), or
+`bigtxt-next` (the embedded corpus: a sentence as the prompt, the next sentence as the response).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import MdlmError
 from ..io.packaged import sha256_file
-from .sources import BigTxt, Source, _split_documents, get_source, read_text_file
+from .sources import BigTxt, HubDataset, Source, _split_documents, get_source, read_text_file
 from .tokenizers import Tokenizer
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
@@ -86,15 +86,15 @@ class ExampleSource(Source):
     """A source of prompt/response examples (what `data.packing: sft` reads)."""
 
     @abstractmethod
-    def all_examples(self) -> list[dict]:
+    def all_examples(self, load_dataset=None) -> list[dict]:
         """Every example of the source, in a fixed order (the splits are drawn from it)."""
 
-    def examples(self, split: str) -> tuple[Iterator[list[dict]], int]:
-        return _split_documents(self.all_examples(), split)
+    def examples(self, split: str, load_dataset=None) -> tuple[Iterator[list[dict]], int]:
+        return _split_documents(self.all_examples(load_dataset), split)
 
     def documents(self, split, load_dataset=None):
         """As plain text (prompt, a newline, response) for the other packings."""
-        batches, n = self.examples(split)
+        batches, n = self.examples(split, load_dataset)
         return ([f"{e.get('prompt', '')}\n{e.get('response', '')}" for e in b] for b in batches), n
 
 
@@ -106,8 +106,26 @@ class LocalExamples(ExampleSource):
     def fingerprint(self) -> str:
         return f"local-sft:{self.path.name}:{sha256_file(self.path)}:v1"
 
-    def all_examples(self) -> list[dict]:
+    def all_examples(self, load_dataset=None) -> list[dict]:
         return read_examples(self.path)
+
+
+@dataclass
+class HubExamples(ExampleSource):
+    """`hub:ORG/NAME`: a Hugging Face data set of prompt/response or messages records (its
+    train split, divided into train/valid/test as local files are)."""
+
+    hub_id: str = ""
+
+    @property
+    def fingerprint(self) -> str:
+        return f"hub-sft:{self.hub_id}:v1"
+
+    def all_examples(self, load_dataset=None) -> list[dict]:
+        hub = HubDataset(self.name, self.description, hub_id=self.hub_id,
+                         split_specs={"train": "train"})
+        rows = hub.load("train", load_dataset)
+        return [check_example(dict(row), f"{self.hub_id} row {i}") for i, row in enumerate(rows)]
 
 
 @dataclass
@@ -125,7 +143,7 @@ class SentencePairs(ExampleSource):
     def fingerprint(self) -> str:
         return f"{BigTxt().fingerprint}:next-sentence-{self.max_chars}-v1"
 
-    def all_examples(self) -> list[dict]:
+    def all_examples(self, load_dataset=None) -> list[dict]:
         pairs = []
         for doc in BigTxt().all_documents():
             for paragraph in doc.split("\n\n"):
@@ -145,13 +163,18 @@ def example_source(name_or_path: str) -> ExampleSource:
     """The source of `data.dataset` under `data.packing: sft`."""
     if name_or_path in EXAMPLE_SOURCES:
         return EXAMPLE_SOURCES[name_or_path]
+    if name_or_path.startswith("hub:") and "/" in name_or_path:
+        hub_id = name_or_path[4:]
+        return HubExamples(name=hub_id.replace("/", "_"), description=f"examples {hub_id}",
+                           hub_id=hub_id)
     path = Path(name_or_path)
     if path.is_file() and path.suffix == ".jsonl":
         return LocalExamples(name=path.stem or "local", description=f"examples {path}", path=path)
     get_source(name_or_path)  # an unknown name or path: its own error
     raise MdlmError(
         f"data.packing=sft needs prompt/response examples: a .jsonl file of prompt/response or "
-        f"messages records, or {', '.join(EXAMPLE_SOURCES)}; {name_or_path!r} is neither"
+        f"messages records, hub:ORG/NAME, or {', '.join(EXAMPLE_SOURCES)}; {name_or_path!r} is "
+        "neither"
     )
 
 
@@ -214,9 +237,10 @@ def write_sft_split(
     dtype,
     progress=None,
     limit: int | None = None,
+    load_dataset=None,
 ) -> dict:
     """Tokens, lengths and prompt lengths of one split; the split's entry of meta.json."""
-    batches, total = source.examples(split)
+    batches, total = source.examples(split, load_dataset)
     info = {"rows": 0, "tokens": 0, "docs": 0, "dropped": 0, "target_tokens": 0}
     with (
         open(folder / f"{split}.tokens.bin", "wb") as ft,

@@ -170,7 +170,7 @@ def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
     if cfg.packing == "sft":
         return write_sft_split(folder, split, source, tokenizer, length=cfg.length,
                                pad_as_eos=cfg.pad_as_eos, dtype=dtype, progress=progress,
-                               limit=limit)
+                               limit=limit, load_dataset=load_dataset)
     batches, total_docs = source.documents(split, load_dataset)
     counts = {"docs": 0}
     unscored = [tokenizer.encode(c)[0] for c in source.unscored]

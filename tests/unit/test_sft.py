@@ -275,3 +275,19 @@ def test_every_conditional_objective_trains_on_sft_rows():
         )
         assert torch.isfinite(terms).all() and (terms > 0).all()
         (terms.sum() / split.count(slice(None))).backward()
+
+
+def test_hub_examples_go_through_the_loader(tmp_path):
+    """`hub:ORG/NAME` reads prompt/response records with the data sets loader (a fake one here)."""
+    calls = []
+
+    def load_dataset(hub_id, config, split, revision=None):
+        calls.append((hub_id, split))
+        return [dict(e, extra=1) for e in EXAMPLES[:3] * 10]
+
+    cfg = resolve_config("test", ["data.dataset=hub:me/qa", "data.packing=sft", "data.length=24",
+                                  f"data.cache_dir={tmp_path}"])
+    data = prepare(cfg.data, load_dataset=load_dataset)
+    assert calls[0] == ("me/qa", "train") and data.meta["source"]["name"] == "me_qa"
+    splits = data.meta["splits"]
+    assert sum(info["rows"] for info in splits.values()) == 30 and splits["valid"]["rows"] > 0
