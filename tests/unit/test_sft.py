@@ -14,7 +14,7 @@ from mdlm_cli.data.store import TokenSplit, prepare
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.objectives import OBJECTIVES, get_objective
-from mdlm_cli.sample.generate import cut_at_eos
+from mdlm_cli.sample.generate import cut_at_eos, stops_at_eos
 
 from ..objective_configs import overrides as objective_overrides
 from .test_objectives import setup
@@ -291,3 +291,16 @@ def test_hub_examples_go_through_the_loader(tmp_path):
     assert calls[0] == ("me/qa", "train") and data.meta["source"]["name"] == "me_qa"
     splits = data.meta["splits"]
     assert sum(info["rows"] for info in splits.values()) == 30 and splits["valid"]["rows"] > 0
+
+
+def test_stopping_at_eos_is_the_default_only_after_padding_as_eos():
+    from types import SimpleNamespace
+
+    def model(**meta):
+        return SimpleNamespace(data_meta=meta)
+
+    assert stops_at_eos(model(packing="sft", pad_as_eos=True))
+    assert not stops_at_eos(model(packing="sft", pad_as_eos=False))
+    assert not stops_at_eos(model(packing="wrap"))
+    assert stops_at_eos(model(packing="wrap"), asked=True)
+    assert not stops_at_eos(model(packing="sft", pad_as_eos=True), asked=False)

@@ -71,7 +71,7 @@ def test_sample_semi_ar_and_eval_ppl_commands(toy_run, tmp_path):
                               "--max-new-tokens", "30", "--stride", "4", "--out", str(out)])
     assert res.exit_code == 0, res.output
     record = json.loads(out.read_text())
-    assert record["ended"] and record["nfe"] <= 9  # one window (at most 8 reveals) and no block more
+    assert record["ended"] and record["nfe"] <= 9  # one window (8 reveals at most), no block more
     res = runner.invoke(app, ["eval-ppl", "--checkpoint", str(run), "--split", "valid", "-k", "1",
                               "--json", str(tmp_path / "e.json")])
     assert res.exit_code == 0, res.output
