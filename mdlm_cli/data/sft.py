@@ -202,9 +202,8 @@ def encode_example(tokenizer: Tokenizer, example: dict) -> tuple[list[int], list
         prompt, response = render_chat(tokenizer, example["messages"])
     else:
         prompt, response = example["prompt"], example["response"]
-    return [tokenizer.bos_id] + tokenizer.encode(prompt), tokenizer.encode(response) + [
-        tokenizer.eos_id
-    ]
+    prompt_ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
+    return prompt_ids, tokenizer.encode(response) + [tokenizer.eos_id]
 
 
 def sft_rows(
