@@ -16,7 +16,7 @@ import yaml
 from .errors import MdlmError
 from .numbers import check_config_float
 
-PACKINGS = ("wrap", "pad", "chunk", "window")
+PACKINGS = ("wrap", "pad", "chunk", "window", "sft")
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "bf16", "fp32")
 PARALLELS = ("ddp", "fsdp")
@@ -28,6 +28,8 @@ class DataConfig:
     tokenizer: str = "gpt2"  # gpt2 | bert-base-uncased | char | local tokenizer folder | hub id
     length: int = 128  # tokens per row (L)
     packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | window (DNA)
+    # | sft (prompt/response examples, one per row, loss on the response: data/sft.py)
+    pad_as_eos: bool = True  # sft: fill with EOS, learnt (the model picks the length); false: pad
     cache_dir: str = ""  # "" = $MDLM_CACHE or ~/.cache/mdlm
     rc_augment: bool = False  # DNA: each training row reverse-complemented with probability 1/2
     max_rows: int = 0  # rows of the train split to prepare, 0 = all (a streamed source stops reading there)
@@ -284,6 +286,9 @@ def validate_sections(cfg: Config) -> None:
     """The checks each section can make alone (ranges, choices of this module); the names of
     registries (objective, backbone, schedule) are checked in build.py."""
     check_choice(cfg.data.packing, PACKINGS, "data.packing")
+    if cfg.data.packing == "sft" and cfg.data.rc_augment:
+        raise MdlmError("data.rc_augment does not apply to prompt/response rows "
+                        "(data.packing=sft); set it false")
     check_choice(cfg.optim.schedule, LR_SCHEDULES, "optim.schedule")
     check_choice(cfg.train.precision, PRECISIONS, "train.precision")
     check_choice(cfg.train.parallel, PARALLELS, "train.parallel")
@@ -336,8 +341,8 @@ def _check_optim(o: OptimConfig) -> None:
 # What a resumed run must share with the checkpoint it continues: the data, objective, model,
 # optimisation and batch. Everything else (max_steps, cadences, device, threads, compile,
 # precision, parallelism, micro-batch size, output folder) may change between sessions.
-RESUME_KEYS = {"data": ("dataset", "tokenizer", "length", "packing"), "model": None, "diffusion": None,
-               "optim": None, "train": ("global_batch_size", "seed", "ema")}
+RESUME_KEYS = {"data": ("dataset", "tokenizer", "length", "packing", "pad_as_eos"), "model": None,
+               "diffusion": None, "optim": None, "train": ("global_batch_size", "seed", "ema")}
 
 
 def resume_differences(saved: Config, new: Config) -> dict[str, list]:

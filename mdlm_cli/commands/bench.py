@@ -106,15 +106,13 @@ def bench_sampler_cmd(
       mdlm bench-sampler -c runs/demo --samplers first-hitting,threshold --threshold 0.5,0.9 --tokens-per-step 1,4 \\
           --judge runs/demo-ar --reference-text test -n 16 --batch-size 16 --repeats 1 --plot frontier.png
     """
-    from ..io.files import check_writable
+    from ..io.files import check_all_writable
     from ..sample.bench import environment
 
     with user_errors():
         batch_list = _check_flags(batch_size, repeats, num_samples, plot_out, length)
         _check_quality_flags(judge, reference_text, save_samples, plot_x)
-        for path in (json_out, plot_out):
-            if path:
-                check_writable(path)
+        check_all_writable(json_out, plot_out)
         checkpoint, preset = _model_source(checkpoint, preset, overrides)
         bm = _bench_model(checkpoint, preset, overrides or [], device, compile, threads)
         sampler_list = _samplers(bm.objective, sampling.samplers)

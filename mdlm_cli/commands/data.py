@@ -46,7 +46,7 @@ def prepare_data_cmd(
     dataset: Annotated[str | None, typer.Option(help="Data set name or local path (overrides the preset).")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="gpt2 | bert-base-uncased | char | folder | hub id.")] = None,
     length: Annotated[int | None, typer.Option(help="Tokens per row (L).")] = None,
-    packing: Annotated[str | None, typer.Option(help="wrap | pad | chunk.")] = None,
+    packing: Annotated[str | None, typer.Option(help="wrap | pad | chunk | window | sft.")] = None,
     cache_dir: Annotated[str | None, typer.Option(help="Cache root (default $MDLM_CACHE or ~/.cache/mdlm).")] = None,
     overrides: SetOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the cache exists.")] = False,
@@ -61,7 +61,6 @@ def prepare_data_cmd(
     """
     from rich.progress import Progress
 
-    from ..data.sources import get_source
     from ..data.store import prepare, prepared_folder
 
     with user_errors():
@@ -73,7 +72,6 @@ def prepare_data_cmd(
             console.print(f"Already prepared: {folder}", markup=False, highlight=False)
             _print_data_summary(folder)
             return
-        get_source(cfg.data.dataset)
         with Progress(console=err_console, transient=True) as progress:
             tasks: dict[str, int] = {}
 

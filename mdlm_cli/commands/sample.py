@@ -34,6 +34,11 @@ from .sampling_args import Sampling, sampling_arguments
 InfillOpt = Annotated[str | None, typer.Option(help="Text with <mask> (one token) or <mask:N> spans to fill in.")]
 LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
 QuietOpt = Annotated[bool, typer.Option(help="Do not print the samples.")]
+MaxNewTokensOpt = Annotated[int | None, typer.Option(
+    help="Tokens after the prompt at most (instead of --length).")]
+StopAtEosOpt = Annotated[bool | None, typer.Option(
+    help="Cut each sample at its first EOS and report its length (default: on for a model "
+         "fine-tuned with data.pad_as_eos).")]
 
 
 @app.command("sample")
@@ -54,6 +59,8 @@ def sample_cmd(
     quiet: QuietOpt = False,
     threads: ThreadsOpt = None,
     allow_longer: AllowLongerOpt = False,
+    max_new_tokens: MaxNewTokensOpt = None,
+    stop_at_eos: StopAtEosOpt = None,
 ) -> None:
     """Draw samples from a trained model and print them.
 
@@ -67,11 +74,10 @@ def sample_cmd(
       mdlm sample --sampler remdm --steps 1000 --eta 0.02
       mdlm sample --checkpoint runs/demo-ar -n 8     # an AR checkpoint: left to right, KV cache
     """
-    from rich.panel import Panel
     from rich.progress import Progress
 
     from ..io.files import check_writable
-    from ..sample.generate import generate, template, write_jsonl
+    from ..sample.generate import generate, template, window_for
 
     with user_errors():
         check_positive(num_samples=num_samples, batch_size=batch_size, length=length)
@@ -79,6 +85,7 @@ def sample_cmd(
             check_writable(out)  # before the sampling, not after it
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         spec, steps = sampling.resolve(loaded.objective)
+        length = window_for(loaded, length, prompt, max_new_tokens)
         length = _checked_length(loaded, length, batch_size, num_samples, rt.device, allow_longer)
         fixed = template(loaded, length, prompt=prompt, infill=infill)
         with Progress(console=err_console, transient=True) as progress:
@@ -86,19 +93,28 @@ def sample_cmd(
             records, stats, seconds = generate(
                 loaded, sampler=spec.name, num_samples=num_samples, batch_size=batch_size, steps=steps,
                 seed=seed, device=rt.device, dtype=rt.dtype, length=length, prompt=fixed,
-                on_batch=lambda n: progress.advance(task, n), **sampling.engine_kwargs(spec))
-        if out:  # before anything is printed: the samples are on disk whatever the terminal makes of them
-            extra = {**sampling.record(spec, steps), "nfe": stats.nfe, "ncs": stats.ncs,
-                     "seed": seed, "checkpoint": str(loaded.path), "seconds": seconds / num_samples,
-                     "prompt": prompt, "infill": infill}
-            write_jsonl(out, [r.to_json(**extra) for r in records])
-        if not quiet:
-            for r in records:  # model text is never rich markup
-                console.print(Panel(Text(r.text), title=f"sample {r.index}", title_align="left"), highlight=False)
-        console.print(f"{spec.name}: {seconds / num_samples:.2f} s/sample, NFE {stats.nfe:.1f}, "
-                      f"NCS {stats.ncs:.1f} per sample ({sampling.precision})")
-        if out:
-            console.print(f"Wrote {len(records)} samples to {out}", markup=False)
+                stop_at_eos=stop_at_eos, on_batch=lambda n: progress.advance(task, n),
+                **sampling.engine_kwargs(spec))
+        extra = {**sampling.record(spec, steps), "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
+                 "checkpoint": str(loaded.path), "seconds": seconds / num_samples,
+                 "prompt": prompt, "infill": infill}
+        _write_and_show(records, extra, out, quiet, f"{spec.name}: {seconds / num_samples:.2f} "
+                        f"s/sample, NFE {stats.nfe:.1f}, NCS {stats.ncs:.1f} per sample "
+                        f"({sampling.precision})")
+
+
+def _write_and_show(records, extra: dict, out: str | None, quiet: bool, summary: str) -> None:
+    """The JSONL file first (the samples are on disk whatever the terminal makes of them), then
+    the samples and the summary line."""
+    from ..sample.generate import write_jsonl
+
+    if out:
+        write_jsonl(out, [r.to_json(**extra) for r in records])
+    if not quiet:
+        _panels(records)
+    console.print(summary)
+    if out:
+        console.print(f"Wrote {len(records)} samples to {out}", markup=False)
 
 
 @app.command("semi-ar")
@@ -117,6 +133,8 @@ def semi_ar_cmd(
     device: DeviceOpt = None,
     raw_weights: RawWeightsOpt = False,
     threads: ThreadsOpt = None,
+    max_new_tokens: MaxNewTokensOpt = None,
+    stop_at_eos: StopAtEosOpt = None,
 ) -> None:
     """Generate text longer than the model's window, block by block (MDLM §4.2).
 
@@ -129,39 +147,49 @@ def semi_ar_cmd(
     import torch
 
     from .. import engine
-    from ..io.files import check_writable
-    from ..sample.generate import SampleRecord, write_jsonl
+    from ..io.files import check_all_writable
+    from ..sample.generate import semi_ar_plan, semi_ar_records, write_jsonl
 
     with user_errors():
         check_positive(length=length, stride=stride, num_samples=num_samples)
-        if out:
-            check_writable(out)
+        check_all_writable(out)
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         spec, steps = sampling.resolve(loaded.objective)
         window, tok = loaded.length, loaded.tokenizer
+        stop, limit, length = semi_ar_plan(loaded, length, prompt, max_new_tokens, stop_at_eos)
         stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length, num_samples, rt.device)
         start = _prefix(loaded, prompt)
-        streaming = stream and num_samples == 1
-        if start is not None and streaming:
-            _write(tok.decode(start.tolist()))
+        streaming = stream and num_samples == 1 and not stop
+        streaming and start is not None and _write(tok.decode(start.tolist()))
         t0 = time.perf_counter()
         result = engine.semi_ar(
             loaded.denoiser(rt.dtype), sampler=spec.name, num_samples=num_samples, window=window, stride=stride,
             target_length=length, mask_id=loaded.mask_id, prompt=start, steps=steps,
             on_block=lambda r, new: streaming and _write(tok.decode(new[0].tolist())),
             schedule=loaded.objective.schedule, generator=torch.Generator(device=rt.device).manual_seed(seed),
-            device=rt.device, **sampling.engine_kwargs(spec))
+            device=rt.device, stop_token=tok.eos_id if stop else None, **sampling.engine_kwargs(spec))
         seconds = time.perf_counter() - t0
-        texts = [tok.decode(row.tolist()) for row in result.tokens.cpu()]
+        result.tokens = result.tokens[:, :limit]
+        records = semi_ar_records(loaded, result.tokens, start, stop)
         if out:  # before anything is printed
-            extra = {**sampling.record(spec, steps), "window": window, "stride": stride,
-                     "seed": seed, "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
-                     "ncs": result.stats.ncs, "seconds": seconds / num_samples}
-            write_jsonl(out, [SampleRecord(i, t, row.tolist()).to_json(**extra)
-                              for i, (t, row) in enumerate(zip(texts, result.tokens.cpu(), strict=True))])
-        _show(texts, streamed=streaming)
+            write_jsonl(out, [r.to_json(**sampling.record(spec, steps), window=window, stride=stride,
+                                        seed=seed, checkpoint=str(loaded.path), nfe=result.stats.nfe,
+                                        ncs=result.stats.ncs, seconds=seconds / num_samples)
+                              for r in records])
+        _show(records, streamed=streaming)
         err_console.print(f"{result.tokens.shape[1]} tokens per sample (window {window}, stride {stride}), "
                           f"{seconds / num_samples:.2f} s/sample, NFE {result.stats.nfe:.1f}")
+
+
+def _panels(records) -> None:
+    """Each sample in a panel (model text is never rich markup), titled with its answer's length
+    when it was cut at EOS."""
+    from rich.panel import Panel
+
+    for r in records:
+        title = f"sample {r.index}" + ("" if r.length is None else
+                                       f" ({r.length} tokens{'' if r.ended else ', no EOS'})")
+        console.print(Panel(Text(r.text), title=title, title_align="left"), highlight=False)
 
 
 def _prefix(loaded, prompt: str | None):
@@ -217,14 +245,18 @@ def _semi_ar_lengths(
     return stride, length
 
 
-def _show(texts: list[str], *, streamed: bool) -> None:
-    """The samples as plain text (never markup); a streamed one only needs its last newline."""
+def _show(records, *, streamed: bool) -> None:
+    """The samples as plain text (never markup); a streamed one only needs its last newline.
+    Samples cut at EOS are followed by their answers' lengths."""
     if streamed:
         sys.stdout.write("\n")
         return
-    for i, text in enumerate(texts):
-        console.rule(f"sample {i}")
-        console.print(text, highlight=False, markup=False)
+    for r in records:
+        console.rule(f"sample {r.index}")
+        console.print(r.text, highlight=False, markup=False)
+    if records and records[0].length is not None:
+        err_console.print("answer lengths (tokens before EOS): " + ", ".join(
+            f"{r.length}{'' if r.ended else ' (no EOS)'}" for r in records))
 
 
 def _write(text: str) -> None:

@@ -6,6 +6,8 @@ Layout of a prepared data set (one folder per cache key):
     {split}.lengths.bin       int32 (rows,): real tokens per row, the rest is padding
     {split}.scored.bin        int32 (rows,): tokens of each row that count (DNA: N is stored as
                               the pad token inside rows too, and meta.json says `pad_anywhere`)
+    {split}.prompt.bin        int32 (rows,), packing sft: the prompt's tokens at the start of each
+                              row (clean context); the rest up to the row's length is the target
     tokenizer/                the tokeniser's own files
 
 The cache key hashes everything that changes the content (source fingerprint,
@@ -31,6 +33,7 @@ import torch
 from ..errors import MdlmError
 from ..io.files import pid_alive
 from .packing import PACKERS
+from .sft import example_source, write_sft_split
 from .sources import Source, get_source
 from .tokenizers import Tokenizer, default_cache_root, load_tokenizer
 
@@ -68,6 +71,7 @@ class TokenSplit:
     lengths: np.ndarray  # (rows,)
     pad_id: int | None = None  # set: this token is excluded wherever it stands (DNA's N), not only at the end
     scored: np.ndarray | None = None  # (rows,) tokens that count per row, when pad_id is set
+    prompt: np.ndarray | None = None  # (rows,) packing sft: prompt tokens at each row's start
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -77,8 +81,23 @@ class TokenSplit:
         return self.count(slice(None))
 
     def count(self, rows) -> int:
-        """Tokens that count (enter the masking and the loss) in these rows."""
+        """Tokens that count (enter the masking and the loss) in these rows: sft, the targets."""
+        if self.prompt is not None:
+            return int((self.lengths[rows].astype(np.int64) - self.prompt[rows]).sum())
         return int((self.lengths if self.scored is None else self.scored)[rows].sum())
+
+    def batch_with_targets(self, rows, device: torch.device | str = "cpu"):
+        """`batch` and the targets (B, L) bool of the loss: None (every real token), or for sft
+        data the positions after each row's prompt (the prompt is clean, attended context)."""
+        x0, attention_mask = self.batch(rows, device)
+        if self.prompt is None:
+            return x0, attention_mask, None
+        rows = np.asarray(rows)
+        positions = torch.arange(self.tokens.shape[1])
+        starts = torch.from_numpy(self.prompt[rows].astype(np.int64))
+        ends = torch.from_numpy(self.lengths[rows].astype(np.int64))
+        targets = (positions[None, :] >= starts[:, None]) & (positions[None, :] < ends[:, None])
+        return x0, attention_mask, targets.to(device)
 
     def batch(self, rows, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor | None]:
         """x0 (B, L) long and an attention mask (B, L) bool, or None when nothing is padded."""
@@ -128,6 +147,11 @@ class PreparedData:
                                    mode="r", shape=shape)
                 lengths = np.memmap(self.folder / f"{name}.lengths.bin", dtype=np.int32, mode="r",
                                     shape=(info["rows"],))
+            if self.meta.get("packing") == "sft":
+                prompt = (np.zeros(0, dtype=np.int32) if info["rows"] == 0 else
+                          np.memmap(self.folder / f"{name}.prompt.bin", dtype=np.int32, mode="r",
+                                    shape=(info["rows"],)))
+                return TokenSplit(tokens, lengths, prompt=prompt)
             if not self.meta.get("pad_anywhere"):
                 return TokenSplit(tokens, lengths)
             scored = (np.zeros(0, dtype=np.int32) if info["rows"] == 0 else
@@ -144,6 +168,10 @@ class PreparedData:
 def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
                  cfg: DataConfig, dtype, load_dataset, progress, limit: int | None = None) -> dict:
     """Tokenise and pack one split; with `limit`, stop reading the source once that many rows are written."""
+    if cfg.packing == "sft":
+        return write_sft_split(folder, split, source, tokenizer, length=cfg.length,
+                               pad_as_eos=cfg.pad_as_eos, dtype=dtype, progress=progress,
+                               limit=limit, load_dataset=load_dataset)
     batches, total_docs = source.documents(split, load_dataset)
     counts = {"docs": 0}
     unscored = [tokenizer.encode(c)[0] for c in source.unscored]
@@ -193,7 +221,8 @@ def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
 
 def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
     """Cross-entropy (nats/token) of the validation split under the training split's
-    unigram distribution (add-one smoothed): the bound a model must beat."""
+    unigram distribution (add-one smoothed): the bound a model must beat (sft data: of the
+    targets, the prompts left out)."""
     if "train" not in data.meta["splits"] or "valid" not in data.meta["splits"]:
         return None
     train, valid = data.split("train"), data.split("valid")
@@ -205,6 +234,9 @@ def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
         for start in range(0, len(split), 4096):
             toks, lens = split.tokens[start:start + 4096], split.lengths[start:start + 4096]
             inside = np.arange(toks.shape[1])[None, :] < lens[:, None]
+            if split.prompt is not None:  # sft: the targets, as the conditional bound counts them
+                prompt = split.prompt[start:start + 4096]
+                inside &= np.arange(toks.shape[1])[None, :] >= prompt[:, None]
             real = toks[inside if split.pad_id is None else inside & (toks != split.pad_id)]
             c += np.bincount(real.astype(np.int64), minlength=vocab_size)[:vocab_size]
         return c
@@ -215,11 +247,18 @@ def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
     return float(-(valid_counts * log_p).sum() / max(valid_counts.sum(), 1))
 
 
+def key_packing(cfg: DataConfig) -> str:
+    """The packing as the cache key sees it (sft: with its padding convention)."""
+    if cfg.packing != "sft":
+        return cfg.packing
+    return "sft:pad-as-eos" if cfg.pad_as_eos else "sft:pad"
+
+
 def prepared_folder(cfg: DataConfig) -> tuple[Path, Source, Tokenizer]:
     root = cache_root(cfg)
-    source = get_source(cfg.dataset)
+    source = example_source(cfg.dataset) if cfg.packing == "sft" else get_source(cfg.dataset)
     tokenizer = load_tokenizer(cfg.tokenizer, root)
-    key = cache_key(source, tokenizer, cfg.length, cfg.packing, row_limits(cfg, source.splits))
+    key = cache_key(source, tokenizer, cfg.length, key_packing(cfg), row_limits(cfg, source.splits))
     name = f"{source.name}-{tokenizer.name.replace('/', '_')}-{cfg.packing}{cfg.length}-{key[:12]}"
     return root / "data" / name, source, tokenizer
 
@@ -246,11 +285,13 @@ def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = 
             splits[split] = _write_split(tmp, split, source, tokenizer, cfg, dtype,
                                          load_dataset, progress, limits.get(split))
         meta = {
-            "format": FORMAT_VERSION, "key": cache_key(source, tokenizer, cfg.length, cfg.packing, limits),
+            "format": FORMAT_VERSION,
+            "key": cache_key(source, tokenizer, cfg.length, key_packing(cfg), limits),
             "source": {"name": source.name, "description": source.description,
                        "fingerprint": source.fingerprint},
             "tokenizer": tokenizer.describe(), "length": cfg.length, "packing": cfg.packing,
             "dtype": np.dtype(dtype).name, "splits": splits, **({"pad_anywhere": True} if source.unscored else {}),
+            **({"pad_as_eos": cfg.pad_as_eos} if cfg.packing == "sft" else {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))

@@ -229,7 +229,7 @@ class SemiARResult:
 def semi_ar(denoiser: Denoiser, *, sampler: str, num_samples: int, window: int, stride: int,
             mask_id: int, rounds: int | None = None, target_length: int | None = None,
             prompt: Tensor | None = None, on_block: Callable[[int, Tensor], None] | None = None,
-            **sample_kwargs) -> SemiARResult:
+            stop_token: int | None = None, **sample_kwargs) -> SemiARResult:
     """Semi-autoregressive generation (§4.2): text longer than the window L.
 
     A first window of L tokens is sampled (starting with the optional `prompt`, (P,) or
@@ -239,6 +239,7 @@ def semi_ar(denoiser: Denoiser, *, sampler: str, num_samples: int, window: int, 
     `on_block(round, new_tokens)` is called as each block completes (for streaming).
     `sample_kwargs` go to every block's `sample` call (steps, schedule, generator, precision,
     temperature, top_p, device, `options=` and the option keywords).
+    With `stop_token` (EOS) no block is started once every sample holds it after the prompt.
     """
     if not 0 < stride < window:
         raise EngineError(f"stride must be between 1 and window - 1 = {window - 1} (got {stride})")
@@ -269,6 +270,8 @@ def semi_ar(denoiser: Denoiser, *, sampler: str, num_samples: int, window: int, 
     if on_block is not None:
         on_block(0, output[:, n_prompt:])
     for r in range(1, rounds + 1):
+        if stop_token is not None and bool((output[:, n_prompt:] == stop_token).any(dim=1).all()):
+            break
         block = torch.full((num_samples, window), mask_id, dtype=torch.long, device=output.device)
         block[:, :keep] = output[:, -keep:]
         new = run(block)[:, keep:]

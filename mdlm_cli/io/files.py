@@ -144,3 +144,10 @@ def check_writable(path: str | Path) -> Path:
     except OSError as e:
         raise MdlmError(os_error_message(e)) from None
     return path
+
+
+def check_all_writable(*paths: str | Path | None) -> None:
+    """`check_writable` for each path given (None or "": an output not asked for)."""
+    for path in paths:
+        if path:
+            check_writable(path)

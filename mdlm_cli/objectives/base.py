@@ -156,8 +156,9 @@ class Objective(ABC):
         `per_sequence` each result also holds every row's value."""
         T = self.eval_T(T)
 
-        def terms(x0, t, gen, attention_mask):
-            return self.loss_terms(denoiser, x0, t, generator=gen, attention_mask=attention_mask, T=T)
+        def terms(x0, t, gen, attention_mask, targets=None):  # targets: sft data's responses
+            return self.loss_terms(denoiser, x0, t, generator=gen, attention_mask=attention_mask,
+                                   T=T, targets=targets)
 
         results = [sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
                                draw_times=self.draw_times(T, antithetic), exact=self.exact, T=T, on_batch=on_batch,

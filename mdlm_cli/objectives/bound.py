@@ -26,8 +26,9 @@ from ..engine.schedules import Schedule
 from ..errors import MdlmError
 from ..runtime import derive_seed, generator
 
-# terms(x0 (B, L), t (B,) | None, generator, attention_mask) -> nats per sequence (B,)
-TermsFn = Callable[[Tensor, Tensor | None, torch.Generator, Tensor | None], Tensor]
+# terms(x0 (B, L), t (B,) | None, generator, attention_mask) -> nats per sequence (B,); for a
+# split of prompt/response rows (data.packing=sft) also targets= (B, L) bool, the responses
+TermsFn = Callable[..., Tensor]
 
 
 @dataclass
@@ -81,9 +82,11 @@ def sharded_sum(terms: TermsFn, split: TokenSplit, *, batch_size: int, device: t
         filler = b >= n_batches  # none left for this rank: one row through the model, result dropped
         start = 0 if filler else b * batch_size
         idx = np.arange(start, start + 1 if filler else min(start + batch_size, n))
-        x0, attention_mask = split.batch(idx, device)
+        x0, attention_mask, targets = split.batch_with_targets(idx, device)  # sft: the responses
         t = None if t_all is None else t_all[idx[0]: idx[-1] + 1]
-        values = terms(x0, t, generator(device, derive_seed(seed, "batch", b)), attention_mask)
+        extra = {} if targets is None else {"targets": targets}
+        gen = generator(device, derive_seed(seed, "batch", b))
+        values = terms(x0, t, gen, attention_mask, **extra)
         if not filler:
             total += values.sum().double()
             if each is not None:
@@ -110,9 +113,9 @@ def nelbo_bound(denoiser: Denoiser, split: TokenSplit, *, schedule: Schedule, ma
                 rank: int = 0, world_size: int = 1) -> BoundResult:
     """MDLM's NELBO over a split (one t per sequence, stratified over the whole set),
     rank-sharded as `sharded_sum`; usable from your own scripts in a process group."""
-    def terms(x0, t, gen, attention_mask):
+    def terms(x0, t, gen, attention_mask, targets=None):
         return nelbo_terms(denoiser, x0, t, mask_id=mask_id, schedule=schedule, generator=gen,
-                           attention_mask=attention_mask, T=T)
+                           attention_mask=attention_mask, T=T, targets=targets)
 
     return sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
                        draw_times=diffusion_times(schedule, T, antithetic), T=T, on_batch=on_batch,

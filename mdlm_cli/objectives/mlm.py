@@ -66,6 +66,10 @@ class MaskedLM(Objective):
         if cfg.model.time_conditioning:
             raise MdlmError("the mlm objective has no time input; set model.time_conditioning=false")
         cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")  # BERT's corruption reads none of them
+        if cfg.data.packing == "sft":
+            raise MdlmError("the mlm objective has no loss on the response alone "
+                            "(data.packing=sft); fine-tune with diffusion.objective=mdlm, "
+                            "sedd, d3pm or ar")
 
     def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> DiffusionDenoiser:
         return DiffusionDenoiser(model, self.schedule, time_conditioning=False, autocast_dtype=autocast_dtype)

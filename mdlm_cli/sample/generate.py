@@ -60,9 +60,60 @@ class SampleRecord:
     index: int
     text: str
     tokens: list[int]
+    length: int | None = None  # cut at EOS: the answer's tokens (after the prompt, before EOS)
+    ended: bool | None = None  # cut at EOS: whether the sample holds one (else it ran to the end)
 
     def to_json(self, **extra) -> str:
-        return json.dumps({"index": self.index, "text": self.text, "tokens": self.tokens, **extra})
+        cut = {} if self.length is None else {"length": self.length, "ended": self.ended}
+        record = {"index": self.index, "text": self.text, "tokens": self.tokens}
+        return json.dumps({**record, **cut, **extra})
+
+
+def stops_at_eos(loaded: LoadedModel, asked: bool | None = None) -> bool:
+    """Whether samples end at their first EOS: as asked, else on for a model fine-tuned on
+    prompt/response rows padded with EOS (data.pad_as_eos: it learnt to choose the length)."""
+    if asked is not None:
+        return asked
+    return loaded.data_meta.get("packing") == "sft" and bool(loaded.data_meta.get("pad_as_eos"))
+
+
+def cut_at_eos(row: list[int], start: int, eos_id: int) -> tuple[list[int], int, bool]:
+    """(the row up to its first EOS at or after `start`, EOS excluded; the answer's length
+    from `start`; whether an EOS was found). Nothing after the EOS is kept."""
+    end = next((i for i in range(start, len(row)) if row[i] == eos_id), None)
+    kept = row if end is None else row[:end]
+    return kept, len(kept) - start, end is not None
+
+
+def records_at_eos(loaded: LoadedModel, tokens: torch.Tensor, start: int) -> list[SampleRecord]:
+    """A record per row (B, N) cut at its first EOS after the `start` fixed tokens."""
+    out = []
+    for i, row in enumerate(tokens.cpu().tolist()):
+        kept, length, ended = cut_at_eos(row, start, loaded.tokenizer.eos_id)
+        out.append(SampleRecord(i, loaded.tokenizer.decode(kept), kept, length, ended))
+    return out
+
+
+def answer_start(prompt: torch.Tensor | None, mask_id: int) -> int:
+    """Where the answer starts in a template: after its last fixed token (0 without one)."""
+    if prompt is None:
+        return 0
+    fixed = (prompt != mask_id).nonzero()
+    return int(fixed[-1, 0]) + 1 if len(fixed) else 0
+
+
+def window_for(loaded: LoadedModel, length: int | None, prompt: str | None,
+               max_new_tokens: int | None) -> int:
+    """Tokens per sample: `length`, or the prompt (with the row's start) plus `max_new_tokens`,
+    else the model's L."""
+    if max_new_tokens is None:
+        return length or loaded.length
+    if length is not None:
+        raise MdlmError("give --length or --max-new-tokens, not both")
+    if max_new_tokens < 1:
+        raise MdlmError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+    prompt_tokens = len(loaded.tokenizer.encode(prompt)) if prompt else 0
+    return len(loaded.row_start()) + prompt_tokens + max_new_tokens
 
 
 def generate(loaded: LoadedModel,
@@ -79,12 +130,15 @@ def generate(loaded: LoadedModel,
              precision: str = "fp64",
              temperature: float = 1.0,
              top_p: float = 1.0,
+             stop_at_eos: bool | None = False,
              on_batch: Callable[[int], None] | None = None,
              **options,
              ) -> tuple[list[SampleRecord], engine.SampleStats, float]:
     """Sample in batches with one of the objective's samplers; returns the decoded records,
     the work counters and the seconds. `options`: sampler options by name (engine.sample's
-    keywords: final_denoise, tokens_per_step, k_schedule, threshold, eta, remdm_schedule)."""
+    keywords: final_denoise, tokens_per_step, k_schedule, threshold, eta, remdm_schedule).
+    `stop_at_eos`: each sample cut at its first EOS after the template's last fixed token, its
+    answer's length in the record (None: as `stops_at_eos` decides for the model)."""
     length = length or loaded.length
     if loaded.objective.causal and length > loaded.length:
         raise MdlmError(f"a left-to-right model generates at most its training length "
@@ -99,9 +153,36 @@ def generate(loaded: LoadedModel,
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
+    if stops_at_eos(loaded, stop_at_eos):
+        return records_at_eos(loaded, tokens, answer_start(prompt, loaded.mask_id)), stats, seconds
     records = [SampleRecord(i, loaded.tokenizer.decode(row.tolist()), row.tolist())
                for i, row in enumerate(tokens.cpu())]
     return records, stats, seconds
+
+
+def semi_ar_plan(loaded: LoadedModel,
+                 length: int | None,
+                 prompt: str | None,
+                 max_new_tokens: int | None,
+                 stop_at_eos: bool | None) -> tuple[bool, int | None, int | None]:
+    """semi-ar's (stop at EOS, tokens kept per sample (None: all), total length to run): with
+    `max_new_tokens` the blocks run to at least one window, then are cut."""
+    if max_new_tokens is None:
+        return stops_at_eos(loaded, stop_at_eos), None, length
+    limit = window_for(loaded, length, prompt, max_new_tokens)
+    return stops_at_eos(loaded, stop_at_eos), limit, max(limit, loaded.length)
+
+
+def semi_ar_records(loaded: LoadedModel,
+                    tokens: torch.Tensor,
+                    prefix: torch.Tensor | None,
+                    stop: bool) -> list[SampleRecord]:
+    """Records of semi_ar's output (B, N): cut at each row's first EOS after the `prefix` tokens
+    when `stop`."""
+    if stop:
+        return records_at_eos(loaded, tokens, 0 if prefix is None else len(prefix))
+    rows = tokens.cpu().tolist()
+    return [SampleRecord(i, loaded.tokenizer.decode(row), row) for i, row in enumerate(rows)]
 
 
 def write_jsonl(path: str | Path, lines: list[str]) -> None:

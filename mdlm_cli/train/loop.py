@@ -228,12 +228,12 @@ def _step(run: Run, step: int) -> tuple[float, int, float]:
         gen = generator(device, derive_seed(tc.seed, "step", step, "micro", micro))
         torch.manual_seed(derive_seed(tc.seed, "dropout", step, micro))
         set_gradient_sync(run.net, i == run.accum - 1)
-        x0, attention_mask = run.train_split.batch(rows[sl], device)
+        x0, attention_mask, targets = run.train_split.batch_with_targets(rows[sl], device)
         if cfg.data.rc_augment:  # its own stream: the other draws are those of a run without it
             x0, attention_mask = rc_augment(x0, attention_mask, run.tokenizer.complement,
                                             generator(device, derive_seed(tc.seed, "rc", step, micro)))
         terms = run.objective.loss_terms(run.denoiser, x0, None if t is None else t[sl], generator=gen,
-                                         attention_mask=attention_mask)
+                                         attention_mask=attention_mask, targets=targets)
         loss = terms.sum() / n_tokens
         loss.backward()
         loss_sum += loss.item()

@@ -86,8 +86,8 @@ def test_no_objective_or_sampler_name_is_branched_on_outside_its_registry():
 LAYERS = (
     ("mdlm_cli.engine",),
     ("mdlm_cli.errors",),
-    ("mdlm_cli.config",),
-    ("mdlm_cli.runtime", "mdlm_cli.distributed", "mdlm_cli.io"),
+    ("mdlm_cli.config", "mdlm_cli.numbers"),
+    ("mdlm_cli.runtime", "mdlm_cli.distributed", "mdlm_cli.signals", "mdlm_cli.memory", "mdlm_cli.io"),
     ("mdlm_cli.data",),
     ("mdlm_cli.models",),
     ("mdlm_cli.objectives",),

@@ -1,0 +1,80 @@
+"""Padding as EOS teaches the answer's length: a tiny model fine-tuned on a toy task whose answer
+length depends on the prompt (prompt letter i, answer i + 1 copies of "a") ends where it should;
+`mdlm sample`, `semi-ar` and `eval-ppl` on it."""
+
+import json
+
+import pytest
+import torch
+from rich.console import Console
+from typer.testing import CliRunner
+
+from mdlm_cli.build import resolve_config
+from mdlm_cli.checkpoints.folder import load_run_folder
+from mdlm_cli.cli import app
+from mdlm_cli.sample.generate import generate, stops_at_eos, template
+from mdlm_cli.train.loop import train
+
+PROMPTS = "bcdefg"  # prompt i -> i + 1 letters "a", then EOS
+TOY = ["data.tokenizer=char", "data.length=10", "data.packing=sft", "model.hidden_size=64",
+       "model.n_blocks=2", "model.n_heads=2", "model.cond_dim=32", "train.global_batch_size=16",
+       "train.micro_batch_size=16", "train.max_steps=250", "train.log_every=50",
+       "train.eval_every=1000", "train.save_every=1000", "train.precision=fp32", "optim.lr=3e-3",
+       "optim.warmup_steps=10", "train.ema=0"]
+
+
+def toy_examples(path, repeats: int = 10):
+    lines = [json.dumps({"prompt": p, "response": "a" * (i + 1)})
+             for _ in range(repeats) for i, p in enumerate(PROMPTS)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("toy")
+    data = toy_examples(root / "toy.jsonl")
+    cfg = resolve_config("test", [*TOY, f"data.dataset={data}", f"train.out_dir={root / 'run'}"])
+    return root / "run", train(cfg, console=Console(quiet=True))
+
+
+def test_pad_as_eos_model_learns_where_the_answer_ends(toy_run):
+    run, result = toy_run
+    assert result.losses[-1] < 0.2 * result.losses[0]
+    loaded = load_run_folder(run)
+    assert stops_at_eos(loaded)  # trained with padding as EOS: samples end at their EOS by default
+    right = 0
+    for i, p in enumerate(PROMPTS):
+        records, _, _ = generate(loaded, sampler="first-hitting", num_samples=4, batch_size=4,
+                                 steps=None, seed=i, device=torch.device("cpu"), dtype=None,
+                                 prompt=template(loaded, 10, prompt=p), stop_at_eos=None)
+        for r in records:
+            assert loaded.tokenizer.eos_id not in r.tokens  # nothing from the EOS on is returned
+            right += r.ended and r.length == i + 1 and r.text == p + "a" * (i + 1)
+    assert right >= 22  # of 24 (measured: 24 with train.seed 0, 1 and 2; 150 steps give 20)
+
+
+def test_sample_semi_ar_and_eval_ppl_commands(toy_run, tmp_path):
+    run, result = toy_run
+    runner = CliRunner()
+    out = tmp_path / "s.jsonl"
+    res = runner.invoke(app, ["sample", "--checkpoint", str(run), "--prompt", "e", "-n", "2",
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(r["ended"] and r["length"] == len(r["tokens"]) - 2 for r in records)
+    assert "tokens)" in res.output  # the panel titles give the answers' lengths
+    res = runner.invoke(app, ["sample", "--checkpoint", str(run), "--no-stop-at-eos", "-n", "1",
+                              "--prompt", "e", "--out", str(out)])
+    assert res.exit_code == 0 and len(json.loads(out.read_text())["tokens"]) == 10
+    res = runner.invoke(app, ["semi-ar", "--checkpoint", str(run), "--prompt", "c",
+                              "--max-new-tokens", "30", "--stride", "4", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    record = json.loads(out.read_text())
+    assert record["ended"] and record["nfe"] <= 9  # one window (8 reveals at most), no block more
+    res = runner.invoke(app, ["eval-ppl", "--checkpoint", str(run), "--split", "valid", "-k", "1",
+                              "--json", str(tmp_path / "e.json")])
+    assert res.exit_code == 0, res.output
+    valid = json.loads((tmp_path / "e.json").read_text())["results"][0]
+    # rows 18, 38 and 58 of the 60 examples: [BOS] letter, then 8 target tokens each (no prompt)
+    assert valid["tokens"] == result.final_valid.tokens == 3 * 8 and valid["sequences"] == 3
