@@ -17,6 +17,7 @@ from .common import (
     app,
     check_positive,
     err_console,
+    float_in,
     load_for_command,
     user_errors,
     warn,
@@ -29,12 +30,14 @@ MaxBatchOpt = Annotated[int | None, typer.Option(
          "every call has this shape, padded (1 = no batching). Default: 8 on a GPU, 1 on a CPU, "
          "where a padded call costs all its rows.")]
 MaxWaitOpt = Annotated[float, typer.Option(
-    help="How long a network call waits for the calls of the other running requests (ms).")]
+    help="How long a network call waits for the calls of the other running requests (ms).",
+    callback=float_in(0))]
 QueueOpt = Annotated[int, typer.Option(help="Requests that may wait; beyond them 429 Retry-After.")]
 ApiKeyOpt = Annotated[str | None, typer.Option(
     envvar="MDLM_API_KEY", help="Require Authorization: Bearer KEY on /v1 and /metrics "
                                 "(env MDLM_API_KEY).")]
-TimeoutOpt = Annotated[float, typer.Option(help="A request's time limit in seconds (then 504).")]
+TimeoutOpt = Annotated[float, typer.Option(help="A request's time limit in seconds (then 504).",
+                                            callback=float_in(0, low_in=False))]
 NameOpt = Annotated[str | None, typer.Option(
     help="The model id requests name (default: the checkpoint's folder name or hub id).")]
 
@@ -90,8 +93,6 @@ def serve_cmd(
     """
     with user_errors():
         check_positive(max_batch=max_batch, queue_size=queue_size)
-        if max_wait_ms < 0 or timeout <= 0:
-            raise MdlmError("--max-wait-ms must be >= 0 and --timeout > 0")
         uvicorn = _imports()
         from ..runtime import pick_device
         from ..serve.app import Settings, create_app

@@ -73,13 +73,15 @@ def check_train_memory(cfg) -> None:
 
     from ..memory import check_fits, footprint
     from ..models import BACKBONES, build_model
+    from ..objectives import OBJECTIVES
     from ..runtime import pick_device
 
     if "hidden_size" not in BACKBONES[cfg.model.backbone].config_keys:
         return  # a Hugging Face backbone: its shape is the hub model's, not the config's
     vocab = VOCAB_GUESS.get(cfg.data.tokenizer, 50_258)
     with torch.device("meta"):
-        params = sum(p.numel() for p in build_model(cfg.model, vocab).parameters())
+        model = build_model(cfg.model, vocab, causal=OBJECTIVES[cfg.diffusion.objective].causal)
+        params = sum(p.numel() for p in model.parameters())
     m, t = cfg.model, cfg.train
     need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
                      mlp_ratio=m.mlp_ratio, vocab=vocab, batch=t.micro_batch_size,

@@ -9,6 +9,7 @@ The CLI generates its flags from the same fields.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import Field, field, fields, replace
 from typing import Any
@@ -69,8 +70,10 @@ def problem(f: Field, value: Any) -> str | None:
         fits = isinstance(value, int) and not isinstance(value, bool)
     else:
         fits = isinstance(value, kind)
-    if not fits or value != value:  # value != value: NaN, which no range check would catch
+    if not fits:
         return f"must be {KINDS[kind]} (got {value!r})"
+    if kind is float and not math.isfinite(value):  # NaN compares false with any bound
+        return f"must be a finite number {describe(f)} (got {value!r})"
     choices, low, high = f.metadata["choices"], f.metadata["low"], f.metadata["high"]
     if choices is not None and value not in choices:
         return f"must be {describe(f)} (got {value!r})"

@@ -88,8 +88,8 @@ def _check_pickle(path: Path) -> None:
     refused for what it is, not as a pickle that cannot be inspected."""
     with open(path, "rb") as f:
         head = f.read(256)
-    if head[:1] == b"\x80":
-        return
+    if head[:1] == b"\x80" or head[:4] == b"PK\x03\x04":  # a pickle, or a torch.save zip cut short
+        return  # torch.load says what is wrong with it
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError:

@@ -9,6 +9,7 @@ import torch
 
 from mdlm_cli import engine
 from mdlm_cli.engine.errors import EngineError, ProbabilityError
+from mdlm_cli.objectives import objectives_served_by
 
 V, MASK, L = 7, 6, 5  # the mask is the last id: an inverse CDF that runs past it reads V
 
@@ -78,7 +79,7 @@ def run(name: str, model, precision: str, seed: int) -> torch.Tensor:
 
 
 def model(name: str, rng: random.Random, bad: float):
-    return (RandomCausalLM if "ar" in engine.SAMPLERS[name].objectives else RandomDenoiser)(
+    return (RandomCausalLM if "ar" in objectives_served_by(name) else RandomDenoiser)(
         rng, bad
     )
 

@@ -95,7 +95,7 @@ def test_an_instance_and_keywords_draw_the_same(den):
             "unknown sampler option 'etta'; the options are: eta, final_denoise",
         ),
         ("threshold", {"threshold": 1.5}, r"threshold must be in \[0, 1\] \(got 1.5\)"),
-        ("remdm", {"steps": 3, "eta": float("nan")}, r"eta must be a number \(got nan\)"),
+        ("remdm", {"steps": 3, "eta": float("nan")}, r"eta must be a finite number in \[0, 1\] \(got nan\)"),
         (
             "remdm",
             {"steps": 3, "remdm_schedule": "loop"},
