@@ -17,11 +17,13 @@ def modules() -> dict[str, pathlib.Path]:
     return out
 
 
-def imports(name: str, path: pathlib.Path, known: dict) -> set[str]:
-    """The package's modules `name` imports, at any depth of its code, outside TYPE_CHECKING."""
+def imports(name: str, path: pathlib.Path, known: dict, type_level: bool = False) -> set[str]:
+    """The package's modules `name` imports, at any depth of its code; the TYPE_CHECKING blocks
+    only with `type_level` (a type-level import is no runtime cycle, but it is a dependency)."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+    typing_only = set() if type_level else {
+        id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+        and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
     for node in ast.walk(tree):
@@ -110,28 +112,6 @@ def layer_of(module: str) -> int | None:
     return None  # the package itself (mdlm_cli/__init__.py: the version only)
 
 
-def all_imports(path: pathlib.Path, name: str, known: dict) -> set[str]:
-    """Like `imports`, with the TYPE_CHECKING blocks too: a type-level import is still a dependency."""
-    tree = ast.parse(path.read_text())
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = package.split(".")[: len(package.split(".")) - node.level + 1]
-            stem = ".".join(base + ([node.module] if node.module else []))
-            targets = [f"{stem}.{a.name}" for a in node.names] + [stem]
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            targets = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
-        else:
-            continue
-        for target in targets:
-            while target and target not in known and "." in target:
-                target = target.rsplit(".", 1)[0]
-            if target in known and target != name:
-                found.add(target)
-    return found
-
-
 def test_every_module_sits_in_a_layer_and_imports_only_its_own_or_lower_ones():
     known = modules()
     unplaced = [m for m in known if m != "mdlm_cli" and layer_of(m) is None]
@@ -139,7 +119,7 @@ def test_every_module_sits_in_a_layer_and_imports_only_its_own_or_lower_ones():
     upward = []
     for name, path in known.items():
         mine = layer_of(name)
-        for target in all_imports(path, name, known):
+        for target in imports(name, path, known, type_level=True):
             theirs = layer_of(target)
             if mine is not None and theirs is not None and theirs > mine:
                 upward.append(f"{name} -> {target}")
