@@ -25,27 +25,13 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: mdlm_cli of this
 
 GPT2_VOCAB = 50258  # GPT-2 (50,257) + the mask
 
-# datasheet bf16 dense peaks (TFLOP/s, without sparsity), matched on the CUDA device name;
-# the first entry whose words all occur in the name wins
-PEAKS_TFLOPS: list[tuple[tuple[str, ...], str, float]] = [
-    (("H100", "PCIe"), "H100 PCIe", 756.0),
-    (("H100", "NVL"), "", 0.0),  # not in the table: MFU omitted
-    (("H100",), "H100 SXM", 989.4),
-    (("H200", "NVL"), "", 0.0),
-    (("H200",), "H200 SXM", 989.4),
-    (("A100",), "A100", 312.0),
-    (("A5000",), "RTX A5000", 111.1),  # 222.2 with sparsity
-    (("L40S",), "L40S", 362.05),
-    (("4090",), "RTX 4090", 165.2),  # with fp32 accumulation (what torch's bf16 matmuls use)
-]
-
-
 def peak_tflops(device_name: str) -> tuple[str, float] | None:
-    """(datasheet name, bf16 dense TFLOP/s) of a CUDA device name; None when not known."""
-    for words, name, peak in PEAKS_TFLOPS:
-        if all(w.lower() in device_name.lower() for w in words):
-            return (name, peak) if peak > 0 else None
-    return None
+    """(datasheet name, bf16 dense TFLOP/s) of a CUDA device name; None when not known
+    (the table is `mdlm_cli.perf.GPU_PEAKS_TFLOPS`, what training's MFU uses too)."""
+    from mdlm_cli.perf import gpu_peak
+
+    peak = gpu_peak(device_name, torch.bfloat16)
+    return None if peak is None else (peak.source.split(" datasheet")[0], peak.flops / 1e12)
 
 
 @dataclass(frozen=True)

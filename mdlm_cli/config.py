@@ -98,7 +98,7 @@ class TrainConfig:
     ema: float = 0.9999  # 0 = off; warmup min(ema, (1 + n) / (10 + n))
     seed: int = 1
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:1 | mps
-    precision: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 | fp32
+    precision: str = "auto"  # auto (bf16 on CUDA and on CPUs with bf16 units: runtime.py) | bf16 | fp32
     compile: bool = False
     threads: int = 0  # CPU threads, 0 = torch default
     parallel: str = "ddp"  # under torchrun: ddp (replicated) | fsdp (FSDP2 fully_shard: sharded weights/optimizer)

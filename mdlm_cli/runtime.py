@@ -33,15 +33,36 @@ def pick_device(name: str = "auto") -> torch.device:
     return device
 
 
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware: AMX-BF16 (Sapphire Rapids and
+    later) or AVX512-BF16 (Cooper Lake, Zen 4 and later), from /proc/cpuinfo's flags. On such a
+    CPU a matrix product runs 2-7x faster in bf16 than in fp32 (BENCHMARKS.md, table 13);
+    elsewhere bf16 is emulated and slower. MDLM_CPU_BF16=1 or 0 overrides the answer."""
+    forced = os.environ.get("MDLM_CPU_BF16", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:  # not Linux: no detection, fp32
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype | None:
-    """bf16 autocast on CUDA by default, fp32 (no autocast) elsewhere."""
+    """The autocast dtype of a precision: `auto` is bf16 on CUDA GPUs that have it and on CPUs
+    with bf16 matrix units (`cpu_has_fast_bf16`), fp32 (no autocast) elsewhere. Under bf16
+    autocast the weights, optimizer state, loss reduction and log-probabilities stay fp32 and
+    the categorical draws fp64; only the network's matrix products run in bf16."""
     if precision == "fp32":
         return None
     if precision == "bf16":
         if device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise MdlmError("this GPU does not support bf16; use --set train.precision=fp32")
         return torch.bfloat16
-    return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if device.type == "cpu" and cpu_has_fast_bf16() else None
 
 
 def derive_seed(*parts: int | str) -> int:

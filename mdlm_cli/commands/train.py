@@ -92,7 +92,8 @@ def check_train_memory(cfg) -> None:
 
 
 def _report(result) -> None:
-    from ..train.loop import nats_text
+    from ..perf import mfu_text
+    from ..train.log import nats_text
 
     if result.already_done:
         console.print(f"Already trained: {result.run_dir} is at step {result.step} (train.max_steps reached); "
@@ -103,7 +104,8 @@ def _report(result) -> None:
         return
     else:
         console.print(f"[bold green]Done[/]: {result.step} steps, {result.tokens_seen:,} tokens, "
-                      f"{result.train_seconds / 60:.1f} min, {result.tokens_per_second:,.0f} tokens/s")
+                      f"{result.train_seconds / 60:.1f} min, {result.tokens_per_second:,.0f} tokens/s"
+                      + (f", {mfu_text(result.mfu)}" if result.mfu is not None else ""))
     if result.final_valid is not None:
         final = result.final_valid
         kind, rel = ("exact NLL", "=") if final.exact else (final.kind or "bound", final.relation)

@@ -117,12 +117,17 @@ class Rotary(nn.Module):
         self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():  # part of the graph: a cache would recompile it on step 2
+            return self._tables(seq_len, device)
         if self._cache is None or self._cache[0] != seq_len or self._cache[1] != device:
-            t = torch.arange(seq_len, device=device, dtype=torch.float32)
-            freqs = torch.outer(t, self.inv_freq.to(device))
-            emb = torch.cat([freqs, freqs], dim=-1)  # (L, D)
-            self._cache = (seq_len, device, emb.cos()[:, None, :], emb.sin()[:, None, :])
+            self._cache = (seq_len, device, *self._tables(seq_len, device))
         return self._cache[2], self._cache[3]
+
+    def _tables(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        t = torch.arange(seq_len, device=device, dtype=torch.float32)
+        freqs = torch.outer(t, self.inv_freq.to(device))
+        emb = torch.cat([freqs, freqs], dim=-1)  # (L, D)
+        return emb.cos()[:, None, :], emb.sin()[:, None, :]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

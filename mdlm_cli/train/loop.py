@@ -10,7 +10,6 @@ batch, so the run does not depend on the number of ranks.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -20,7 +19,6 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..build import config_yaml
 from ..checkpoints.folder import load_training_state, save_checkpoint
@@ -33,9 +31,12 @@ from ..distributed import Dist, StopSignals, clip_grad_norm, session, set_gradie
 from ..errors import MdlmError
 from ..io.files import write_text_atomic
 from ..models import build_model, check_data
+from ..models.speed import compile_trunk, model_flops
 from ..objectives import Objective, get_objective
 from ..objectives.bound import BoundResult
+from ..perf import device_peak
 from ..runtime import Runtime, derive_seed, generator
+from .log import Speed, Window, log_window, nats_text, progress_bar, record_eval
 from .optim import EMA, lr_at
 from .run_folder import ResumePoint, finished, locked, log_config_change, resume_point, truncate_metrics
 from .state import TrainState
@@ -55,11 +56,7 @@ class TrainResult:
     stopped_by: str | None = None  # the signal that stopped the run early (checkpoint saved)
     already_done: bool = False  # --resume of a run already at max_steps: nothing was run or written
     char_level: bool = False  # tokens are characters: nats/char and bits/char
-
-
-def nats_text(nats: float, char_level: bool) -> str:
-    """'2.3250 nats/char (3.354 bits/char)' for characters, '3.1000 nats/token' otherwise."""
-    return f"{nats:.4f} nats/char ({nats / math.log(2):.3f} bits/char)" if char_level else f"{nats:.4f} nats/token"
+    mfu: float | None = None  # model FLOP utilisation of the steps (None: no known peak)
 
 
 def _prepare_data(cfg: Config, console: Console, load_dataset=None, wait: bool = False) -> PreparedData:
@@ -97,6 +94,7 @@ class Run:
     mine: slice  # this rank's share of every global batch
     order: DataOrder
     denoiser: object  # the objective's callable around `net` (what the loss calls)
+    speed: Speed  # what turns tokens/s into MFU
     losses: list[float] = field(default_factory=list)
 
     @property
@@ -159,7 +157,8 @@ def _set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *, lo
         console.print(f"Initialised from {initialise_from(model, tc.init_from, tokenizer)}")
     ema = EMA(model, tc.ema) if tc.ema > 0 else None
     net = dist.wrap(model, ema.model if ema else None, tc.parallel, rt.dtype)  # to the device; DDP / FSDP2
-    net = torch.compile(net) if tc.compile else net
+    if tc.compile and not compile_trunk(model):  # the DiT's trunk; other backbones whole
+        net = torch.compile(net)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
                                   fused=(rt.device.type == "cuda") or None)
@@ -167,7 +166,7 @@ def _set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *, lo
     state.threads = torch.get_num_threads()
     run = Run(cfg, dist, rt, console, data, tokenizer, train_split, valid_split, objective, model, net, ema,
               optimizer, state, accum, dist.batch_shard(tc.global_batch_size), DataOrder(len(train_split), tc.seed),
-              objective.denoiser(net, rt.dtype))
+              objective.denoiser(net, rt.dtype), _speed(cfg, model, rt, dist))
     if dist.is_main:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.run_dir / "config.yaml", config_yaml(cfg))
@@ -176,6 +175,13 @@ def _set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *, lo
             log_config_change(run.run_dir, run.state.step, start.changes, console)
     _describe(run)
     return run
+
+
+def _speed(cfg: Config, model: torch.nn.Module, rt: Runtime, dist: Dist) -> Speed:
+    """Model FLOPs per training token at the run's row length, and the device's peak at its
+    precision (a CPU's matmul probe is timed once and cached: perf.py)."""
+    peak = device_peak(rt.device, rt.dtype)
+    return Speed(model_flops(model).per_token(cfg.data.length), peak, dist.world_size)
 
 
 def _restore(model, ema: EMA | None, optimizer, console: Console, step_dir: Path | None) -> TrainState:
@@ -191,14 +197,13 @@ def _restore(model, ema: EMA | None, optimizer, console: Console, step_dir: Path
 
 
 def _describe(run: Run) -> None:
-    tc, dist = run.cfg.train, run.dist
-    run.console.print(
-        f"Model: {run.model.describe()}, "
-        f"{run.model.num_parameters() / 1e6:.1f}M parameters, objective {run.objective.name}; data: "
-        f"{escape(run.data.folder.name)} ({len(run.train_split)} train rows, {len(run.valid_split)} valid rows); "
-        f"device: "
-        f"{run.rt.describe()}; {dist.describe(tc.parallel)}, global batch {tc.global_batch_size} = "
-        f"{tc.micro_batch_size} x {run.accum} accumulation x {dist.world_size} rank(s)")
+    tc, dist, model = run.cfg.train, run.dist, run.model
+    data = f"{escape(run.data.folder.name)} ({len(run.train_split)} train rows, {len(run.valid_split)} valid rows)"
+    batch = (f"global batch {tc.global_batch_size} = {tc.micro_batch_size} x {run.accum} accumulation "
+             f"x {dist.world_size} rank(s)")
+    run.console.print(f"Model: {model.describe()}, {model.num_parameters() / 1e6:.1f}M parameters, "
+                      f"objective {run.objective.name}; data: {data}; device: {run.rt.describe()}; "
+                      f"{dist.describe(tc.parallel)}, {batch}; {run.speed.describe()}")
     for note in getattr(run.model, "notes", []):
         run.console.print(f"[yellow]note:[/] {note}", highlight=False)
     unigram = run.data.meta.get("unigram_valid_nats")
@@ -272,50 +277,12 @@ def _checkpoint(run: Run, best: bool = False) -> Path:
                            keep_last=run.cfg.train.keep_last, best=best)
 
 
-class _Window:
-    """Running means between two log lines."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self) -> None:
-        self.loss, self.tokens, self.steps, self.t0 = 0.0, 0, 0, time.perf_counter()
-
-    def add(self, loss: float, tokens: int) -> None:
-        self.loss, self.tokens, self.steps = self.loss + loss, self.tokens + tokens, self.steps + 1
-
-
-def _log(run: Run, window: _Window, log, progress: Progress, task, *, lr: float, grad_norm: float | None,
-         elapsed_s: float) -> None:
-    """One JSONL record (means over the window), the progress line, and a text line every 10 logs."""
-    done = run.state.step
-    mean_loss = window.loss / window.steps
-    record = {"step": done, "loss": mean_loss, "ppl_bound": math.exp(min(mean_loss, 700)), "lr": lr,
-              "tokens": run.state.tokens_seen,
-              "tokens_per_s": window.tokens / max(time.perf_counter() - window.t0, 1e-9),
-              "grad_norm": grad_norm, "elapsed_s": elapsed_s}
-    log.write(json.dumps(record) + "\n")
-    log.flush()
-    progress.update(task, info=f"loss {mean_loss:.3f}  ppl≤{record['ppl_bound']:.1f}  "
-                               f"{record['tokens_per_s']:.0f} tok/s")
-    if not run.console.is_terminal and done % (run.cfg.train.log_every * 10) == 0:
-        run.console.print(f"step {done}: loss {mean_loss:.4f} (ppl≤{record['ppl_bound']:.1f}), "
-                          f"{record['tokens_per_s']:.0f} tok/s")
-    window.reset()
-
-
-def _progress(run: Run) -> Progress:
-    return Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                    console=run.console, transient=True, disable=not (run.console.is_terminal and run.dist.is_main))
-
-
 def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
     """Steps until max_steps (or a signal, or the time limit), with periodic logging,
     validation and checkpoints; then the final validation and checkpoint."""
     tc, state = run.cfg.train, run.state
     metrics_path = run.run_dir / "metrics.jsonl" if run.dist.is_main else Path(os.devnull)  # files: rank 0 only
-    window, progress = _Window(), _progress(run)
+    window, progress = Window(), progress_bar(run)
     start_step, start_tokens, start_time = state.step, state.tokens_seen, time.perf_counter()
     base_seconds = state.train_seconds  # every checkpoint holds the run's time so far: a kill loses none
     step_seconds, preempted = 0.0, 0.0  # time in steps only; > 0 once any rank has received SIGTERM
@@ -336,14 +303,14 @@ def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
                 window.add(loss, n_tokens)
                 done = state.step
                 if done % tc.log_every == 0 or done == tc.max_steps:
-                    _log(run, window, log, progress, task, lr=lr, grad_norm=grad_norm,
+                    log_window(run, window, log, progress, task, lr=lr, grad_norm=grad_norm,
                          elapsed_s=base_seconds + time.perf_counter() - start_time)
                 progress.update(task, completed=done)
                 if preempted:
                     break
                 state.train_seconds = base_seconds + time.perf_counter() - start_time
                 if done % tc.eval_every == 0 and done < tc.max_steps and not out_of_time:
-                    _checkpoint(run, best=_record_eval(state, _evaluate(run, tc.eval_rows), done, log, run.console,
+                    _checkpoint(run, best=record_eval(state, _evaluate(run, tc.eval_rows), done, log, run.console,
                                                        char_level=run.tokenizer.is_character_level))
                 elif done % tc.save_every == 0:
                     _checkpoint(run)
@@ -371,28 +338,14 @@ def _finish(run: Run, stop: StopSignals, metrics_path: Path, train_seconds: floa
                           markup=False, highlight=False)
         return TrainResult(run.run_dir, path, state.step, state.tokens_seen, train_seconds, speed, None,
                            unigram, run.losses, stopped_by=stop.received or "SIGTERM",
-                           char_level=run.tokenizer.is_character_level)
+                           char_level=run.tokenizer.is_character_level, mfu=run.speed.mfu(speed))
     final = _evaluate(run, 0) if len(run.valid_split) else None
     best = False
     if final is not None:
         with open(metrics_path, "a") as log:
-            best = _record_eval(state, final, state.step, log, run.console, final=True,
+            best = record_eval(state, final, state.step, log, run.console, final=True,
                                 char_level=run.tokenizer.is_character_level)
     state.final_step = state.step  # a --resume at max_steps finds nothing left to do
     return TrainResult(run.run_dir, _checkpoint(run, best=best), state.step, state.tokens_seen, train_seconds,
-                       speed, final, unigram, run.losses, char_level=run.tokenizer.is_character_level)
-
-
-def _record_eval(state: TrainState, result: BoundResult, step: int, log, console: Console,
-                 final: bool = False, char_level: bool = False) -> bool:
-    nats = result.nats_per_token
-    best = state.record_validation(nats)
-    record = {"step": step, "valid_nats": nats, "valid_ppl_bound": result.perplexity,
-              "valid_tokens": result.tokens, "final": final}
-    log.write(json.dumps(record) + "\n")
-    log.flush()
-    label = "final validation" if final else "validation"
-    kind, rel = ("exact NLL", "=") if result.exact else (result.kind or "bound", result.relation)
-    console.print(f"step {step}: {label} {kind} {nats_text(nats, char_level)}, PPL {rel} {result.perplexity:.2f} "
-                  f"({result.tokens} {'characters' if char_level else 'tokens'}, EMA weights)")
-    return best
+                       speed, final, unigram, run.losses, char_level=run.tokenizer.is_character_level,
+                       mfu=run.speed.mfu(speed))

@@ -89,7 +89,7 @@ LAYERS = (
     ("mdlm_cli.engine",),
     ("mdlm_cli.errors",),
     ("mdlm_cli.config", "mdlm_cli.numbers"),
-    ("mdlm_cli.runtime", "mdlm_cli.distributed", "mdlm_cli.signals", "mdlm_cli.memory", "mdlm_cli.io"),
+    ("mdlm_cli.runtime", "mdlm_cli.perf", "mdlm_cli.distributed", "mdlm_cli.signals", "mdlm_cli.memory", "mdlm_cli.io"),
     ("mdlm_cli.data",),
     ("mdlm_cli.models",),
     ("mdlm_cli.objectives",),
