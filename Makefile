@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh machine (Python >= 3.10 and make):
-#   make demo   set up, prepare the embedded corpus, train the demo model, report its bound, sample
+#   make demo   set up, prepare the embedded corpus, train the demo model, report its bound, sample,
+#               infill, then train its AR twin for comparison
 #   make test   set up, run the test suite
 # On a CPU machine TORCH=torch==2.13.0 takes the local CPU build. On a CUDA machine install
 # the CUDA build of PyTorch for your driver first (or pass TORCH=...), and optionally
@@ -30,6 +31,10 @@ demo: setup
 	$(BIN)/mdlm prepare-data --preset demo
 	$(BIN)/mdlm train --preset demo --out runs/demo --resume --no-print-config
 	$(BIN)/mdlm sample --checkpoint runs/demo --num-samples 3 --sampler first-hitting
+	@echo "What an AR model cannot do: fill in a masked middle, the text on both sides fixed"
+	$(BIN)/mdlm sample --checkpoint runs/demo --num-samples 1 --seed 1 --infill "Sherlock Holmes <mask:24> the door."
+	@echo "The AR twin on the same tokens, for comparison with the bound above (exact NLL)"
+	$(BIN)/mdlm train --preset demo-ar --out runs/demo-ar --resume --no-print-config
 	@echo "mdlm is installed in $(VENV)/, not on your PATH: run 'source $(VENV)/bin/activate' (or call $(BIN)/mdlm) for the commands in the README"
 
 test: setup

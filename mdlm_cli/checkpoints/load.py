@@ -23,8 +23,8 @@ def load_checkpoint(path: str | Path, *, ema: bool = True, device: torch.device 
 
 
 def load_on_device(path: str | Path, *, device: str | None = None, raw_weights: bool = False,
-                   threads: int | None = None) -> tuple[LoadedModel, Runtime]:
-    """What a command loads: the runtime it asks for (device `auto` when None, CPU threads) and
-    the checkpoint's EMA weights on it (its raw weights with `raw_weights`)."""
-    rt = Runtime.create(device or "auto", threads=threads or 0)
+                   threads: int | None = None, precision: str = "auto") -> tuple[LoadedModel, Runtime]:
+    """What a command loads: the runtime it asks for (device `auto` when None, CPU threads, the
+    network's precision) and the checkpoint's EMA weights on it (raw ones with `raw_weights`)."""
+    rt = Runtime.create(device or "auto", precision, threads=threads or 0)
     return load_checkpoint(path, ema=not raw_weights, device=rt.device), rt

@@ -124,10 +124,25 @@ ThreadsOpt = Annotated[int | None, typer.Option(
          "machine's load, so a busy machine is not oversubscribed; see README).", min=1)]
 
 
-def load_for_command(checkpoint: str, device: str | None, raw_weights: bool, threads: int | None = None):
+def net_precision(value: str | None) -> str | None:
+    """Typer callback: the network precisions (`runtime.autocast_dtype`), a one-line error else."""
+    if value is not None and value not in ("auto", "bf16", "fp32"):
+        raise typer.BadParameter(f"must be auto, bf16 or fp32 (got {value!r})")
+    return value
+
+
+NetPrecisionOpt = Annotated[str, typer.Option(
+    "--precision", callback=net_precision,
+    help="The network's arithmetic: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix "
+         "units (AMX / AVX512-BF16), fp32 elsewhere; fp32 = no autocast.")]
+
+
+def load_for_command(checkpoint: str, device: str | None, raw_weights: bool, threads: int | None = None,
+                     precision: str = "auto"):
     from ..checkpoints.load import load_on_device
 
-    loaded, rt = load_on_device(checkpoint, device=device, raw_weights=raw_weights, threads=threads)
+    loaded, rt = load_on_device(checkpoint, device=device, raw_weights=raw_weights, threads=threads,
+                                precision=precision)
     for note in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
         err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     return loaded, rt

@@ -16,6 +16,7 @@ from ..errors import MdlmError
 from ..objectives.bound import relation
 from .common import (
     CheckpointOpt,
+    NetPrecisionOpt,
     ThreadsOpt,
     app,
     check_memory,
@@ -52,6 +53,7 @@ def eval_ppl_cmd(
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")] = None,
     raw_weights: Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")] = False,
     threads: ThreadsOpt = None,
+    precision: NetPrecisionOpt = "auto",
 ) -> None:
     """Test perplexity: the NELBO bound of a diffusion model, the exact value of an AR model.
 
@@ -75,7 +77,7 @@ def eval_ppl_cmd(
             check_writable(json_out)
         if schedule is not None:
             get_schedule(schedule)  # a misspelt name fails before the model loads
-        loaded, rt = load_for_command(checkpoint, str(dist.device), raw_weights, threads)
+        loaded, rt = load_for_command(checkpoint, str(dist.device), raw_weights, threads, precision)
         mc_samples, T = _passes(loaded.objective, mc_samples, T)
         trained = _use_schedule(loaded.objective, schedule)
         options = {"split": split, "mc_samples": mc_samples, "T": T, "seed": seed, "rows": rows,

@@ -9,7 +9,17 @@ import typer
 from rich.markup import escape
 
 from ..build import config_yaml, resolve_config
-from .common import PresetOpt, SetOpt, ThreadsOpt, app, console, err_console, float_in, user_errors
+from .common import (
+    PresetOpt,
+    SetOpt,
+    ThreadsOpt,
+    app,
+    console,
+    err_console,
+    float_in,
+    net_precision,
+    user_errors,
+)
 
 
 @app.command("train")
@@ -29,6 +39,10 @@ def train_cmd(
         help="With --resume: continue although the data, model, objective, optimisation or batch settings differ "
              "from the checkpoint's (the change is recorded in metrics.jsonl).")] = False,
     threads: ThreadsOpt = None,
+    precision: Annotated[str | None, typer.Option(
+        callback=net_precision,
+        help="train.precision: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix units "
+             "(AMX / AVX512-BF16), fp32 elsewhere.")] = None,
 ) -> None:
     """Train a masked diffusion LM. With no options: the offline demo on this machine.
 
@@ -49,7 +63,8 @@ def train_cmd(
     with user_errors():
         cfg = resolve_config(preset, overrides or [], {
             "train.out_dir": out, "train.max_steps": max_steps, "train.device": device,
-            "train.seed": seed, "train.threads": threads})
+            "train.seed": seed, "train.threads": threads,
+            "train.precision": precision})
         if print_config and is_main_process():
             err_console.rule(f"config: {escape(cfg.name)}")
             err_console.print(config_yaml(cfg).rstrip(), highlight=False, markup=False)
