@@ -40,6 +40,7 @@ def config_from_dict(data: dict) -> Config:
     _check_model_keys(cfg.model.backbone, data.get("model") or {})
     backbone, objective = BACKBONES[cfg.model.backbone], OBJECTIVES[cfg.diffusion.objective]
     _check_attention(cfg, backbone, objective)
+    _check_packing(cfg, backbone)
     backbone.validate_config(cfg)
     objective.validate(cfg)
     return cfg
@@ -75,6 +76,14 @@ def _check_model_keys(backbone: str, given: dict) -> None:
     if unread:
         raise MdlmError(f"model.{unread[0]} does not apply to the {backbone} backbone (it reads: "
                         f"{', '.join(k for k in keys if k != 'backbone')}); remove it")
+
+
+def _check_packing(cfg: Config, backbone) -> None:
+    """Several examples per row need a backbone that keeps attention within each one."""
+    if cfg.data.packing == "sft-pack" and not getattr(backbone, "packs_segments", False):
+        raise MdlmError(f"data.packing=sft-pack needs attention kept within each example, which "
+                        f"the {cfg.model.backbone} backbone cannot do; use data.packing=sft (one "
+                        "example per row) or model.backbone=dit")
 
 
 def _check_attention(cfg: Config, backbone, objective) -> None:

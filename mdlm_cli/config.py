@@ -16,7 +16,8 @@ import yaml
 from .errors import MdlmError
 from .numbers import check_config_float
 
-PACKINGS = ("wrap", "pad", "chunk", "window", "sft")
+PACKINGS = ("wrap", "pad", "chunk", "window", "sft", "sft-pack")
+SFT_PACKINGS = ("sft", "sft-pack")  # prompt/response rows: the loss on the responses only
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "bf16", "fp32")
 PARALLELS = ("ddp", "fsdp")
@@ -29,7 +30,8 @@ class DataConfig:
     length: int = 128  # tokens per row (L)
     packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | window (DNA)
     # | sft (prompt/response examples, one per row, loss on the response: data/sft.py)
-    pad_as_eos: bool = True  # sft: fill with EOS, learnt (the model picks the length); false: pad
+    # | sft-pack (several examples per row, attention within each: data/sft_pack.py)
+    pad_as_eos: bool = True  # sft*: fill with EOS, learnt (the model picks the length); false: pad
     cache_dir: str = ""  # "" = $MDLM_CACHE or ~/.cache/mdlm
     rc_augment: bool = False  # DNA: each training row reverse-complemented with probability 1/2
     max_rows: int = 0  # rows of the train split to prepare, 0 = all (a streamed source stops reading there)
@@ -286,9 +288,9 @@ def validate_sections(cfg: Config) -> None:
     """The checks each section can make alone (ranges, choices of this module); the names of
     registries (objective, backbone, schedule) are checked in build.py."""
     check_choice(cfg.data.packing, PACKINGS, "data.packing")
-    if cfg.data.packing == "sft" and cfg.data.rc_augment:
+    if cfg.data.packing in SFT_PACKINGS and cfg.data.rc_augment:
         raise MdlmError("data.rc_augment does not apply to prompt/response rows "
-                        "(data.packing=sft); set it false")
+                        f"(data.packing={cfg.data.packing}); set it false")
     check_choice(cfg.optim.schedule, LR_SCHEDULES, "optim.schedule")
     check_choice(cfg.train.precision, PRECISIONS, "train.precision")
     check_choice(cfg.train.parallel, PARALLELS, "train.parallel")

@@ -267,7 +267,7 @@ class LoadedModel:
     def row_start(self) -> list[int]:
         """The tokens every training row starts with: [BOS] for wrap/pad-packed data (each row
         is [BOS] piece [EOS]), none for chunked data (text8: rows start anywhere in the stream)."""
-        starts_with_bos = self.data_meta.get("packing") in ("wrap", "pad", "sft")
+        starts_with_bos = self.data_meta.get("packing") in ("wrap", "pad", "sft", "sft-pack")
         return [self.tokenizer.bos_id] if starts_with_bos else []
 
     @property

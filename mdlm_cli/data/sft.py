@@ -160,7 +160,7 @@ EXAMPLE_SOURCES = {"bigtxt-next": SentencePairs()}
 
 
 def example_source(name_or_path: str) -> ExampleSource:
-    """The source of `data.dataset` under `data.packing: sft`."""
+    """The source of `data.dataset` under `data.packing: sft` or `sft-pack`."""
     if name_or_path in EXAMPLE_SOURCES:
         return EXAMPLE_SOURCES[name_or_path]
     if name_or_path.startswith("hub:") and "/" in name_or_path:
@@ -172,9 +172,9 @@ def example_source(name_or_path: str) -> ExampleSource:
         return LocalExamples(name=path.stem or "local", description=f"examples {path}", path=path)
     get_source(name_or_path)  # an unknown name or path: its own error
     raise MdlmError(
-        f"data.packing=sft needs prompt/response examples: a .jsonl file of prompt/response or "
-        f"messages records, hub:ORG/NAME, or {', '.join(EXAMPLE_SOURCES)}; {name_or_path!r} is "
-        "neither"
+        f"data.packing=sft (or sft-pack) needs prompt/response examples: a .jsonl file of "
+        f"prompt/response or messages records, hub:ORG/NAME, or {', '.join(EXAMPLE_SOURCES)}; "
+        f"{name_or_path!r} is neither"
     )
 
 

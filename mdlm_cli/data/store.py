@@ -8,6 +8,9 @@ Layout of a prepared data set (one folder per cache key):
                               the pad token inside rows too, and meta.json says `pad_anywhere`)
     {split}.prompt.bin        int32 (rows,), packing sft: the prompt's tokens at the start of each
                               row (clean context); the rest up to the row's length is the target
+    {split}.segments.bin      uint16 (rows, L), packing sft-pack: each position's example (1, 2, ...
+                              within its row; 0 = padding), attention stays within one
+    {split}.targets.bin       uint8 (rows, L), packing sft-pack: 1 where the loss counts (responses)
     tokenizer/                the tokeniser's own files
 
 The cache key hashes everything that changes the content (source fingerprint,
@@ -30,10 +33,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..config import SFT_PACKINGS
 from ..errors import MdlmError
 from ..io.files import pid_alive
 from .packing import PACKERS
 from .sft import example_source, write_sft_split
+from .sft_pack import write_sft_pack_split
 from .sources import Source, get_source
 from .tokenizers import Tokenizer, default_cache_root, load_tokenizer
 
@@ -72,6 +77,8 @@ class TokenSplit:
     pad_id: int | None = None  # set: this token is excluded wherever it stands (DNA's N), not only at the end
     scored: np.ndarray | None = None  # (rows,) tokens that count per row, when pad_id is set
     prompt: np.ndarray | None = None  # (rows,) packing sft: prompt tokens at each row's start
+    segments: np.ndarray | None = None  # (rows, L) packing sft-pack: example ids, 0 = padding
+    target_map: np.ndarray | None = None  # (rows, L) packing sft-pack: 1 at the loss's positions
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -82,13 +89,23 @@ class TokenSplit:
 
     def count(self, rows) -> int:
         """Tokens that count (enter the masking and the loss) in these rows: sft, the targets."""
+        if self.target_map is not None:
+            return int(self.target_map[rows].sum(dtype=np.int64))
         if self.prompt is not None:
             return int((self.lengths[rows].astype(np.int64) - self.prompt[rows]).sum())
         return int((self.lengths if self.scored is None else self.scored)[rows].sum())
 
     def batch_with_targets(self, rows, device: torch.device | str = "cpu"):
         """`batch` and the targets (B, L) bool of the loss: None (every real token), or for sft
-        data the positions after each row's prompt (the prompt is clean, attended context)."""
+        data the positions after each row's prompt (the prompt is clean, attended context).
+        sft-pack data: the attention mask is the segment ids (B, L) long (0 = padding), which
+        the DiT reads as "attend within your own example" (models/segments.py)."""
+        if self.segments is not None:
+            rows = np.asarray(rows)
+            x0 = torch.from_numpy(self.tokens[rows].astype(np.int64))
+            segments = torch.from_numpy(self.segments[rows].astype(np.int64))
+            targets = torch.from_numpy(self.target_map[rows].astype(bool))
+            return x0.to(device), segments.to(device), targets.to(device)
         x0, attention_mask = self.batch(rows, device)
         if self.prompt is None:
             return x0, attention_mask, None
@@ -147,6 +164,8 @@ class PreparedData:
                                    mode="r", shape=shape)
                 lengths = np.memmap(self.folder / f"{name}.lengths.bin", dtype=np.int32, mode="r",
                                     shape=(info["rows"],))
+            if self.meta.get("packing") == "sft-pack":
+                return TokenSplit(tokens, lengths, **self._packed_maps(name, info["rows"]))
             if self.meta.get("packing") == "sft":
                 prompt = (np.zeros(0, dtype=np.int32) if info["rows"] == 0 else
                           np.memmap(self.folder / f"{name}.prompt.bin", dtype=np.int32, mode="r",
@@ -161,6 +180,18 @@ class PreparedData:
                             f"delete {self.folder} and run mdlm prepare-data again") from None
         return TokenSplit(tokens, lengths, pad_id=self.meta["tokenizer"]["pad_id"], scored=scored)
 
+    def _packed_maps(self, name: str, rows: int) -> dict:
+        """sft-pack's per-position segment ids and target map of a split, memory-mapped."""
+        shape = (rows, self.length)
+        if rows == 0:
+            return {"segments": np.zeros(shape, np.uint16), "target_map": np.zeros(shape, np.uint8)}
+        return {
+            "segments": np.memmap(self.folder / f"{name}.segments.bin", dtype=np.uint16,
+                                  mode="r", shape=shape),
+            "target_map": np.memmap(self.folder / f"{name}.targets.bin", dtype=np.uint8,
+                                    mode="r", shape=shape),
+        }
+
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(str(self.folder / "tokenizer"))
 
@@ -168,6 +199,10 @@ class PreparedData:
 def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
                  cfg: DataConfig, dtype, load_dataset, progress, limit: int | None = None) -> dict:
     """Tokenise and pack one split; with `limit`, stop reading the source once that many rows are written."""
+    if cfg.packing == "sft-pack":
+        return write_sft_pack_split(folder, split, source, tokenizer, length=cfg.length,
+                                    pad_as_eos=cfg.pad_as_eos, dtype=dtype, progress=progress,
+                                    limit=limit, load_dataset=load_dataset)
     if cfg.packing == "sft":
         return write_sft_split(folder, split, source, tokenizer, length=cfg.length,
                                pad_as_eos=cfg.pad_as_eos, dtype=dtype, progress=progress,
@@ -237,6 +272,8 @@ def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
             if split.prompt is not None:  # sft: the targets, as the conditional bound counts them
                 prompt = split.prompt[start:start + 4096]
                 inside &= np.arange(toks.shape[1])[None, :] >= prompt[:, None]
+            if split.target_map is not None:  # sft-pack: the same, position by position
+                inside &= split.target_map[start:start + 4096].astype(bool)
             real = toks[inside if split.pad_id is None else inside & (toks != split.pad_id)]
             c += np.bincount(real.astype(np.int64), minlength=vocab_size)[:vocab_size]
         return c
@@ -248,15 +285,16 @@ def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
 
 
 def key_packing(cfg: DataConfig) -> str:
-    """The packing as the cache key sees it (sft: with its padding convention)."""
-    if cfg.packing != "sft":
+    """The packing as the cache key sees it (sft, sft-pack: with the padding convention)."""
+    if cfg.packing not in SFT_PACKINGS:
         return cfg.packing
-    return "sft:pad-as-eos" if cfg.pad_as_eos else "sft:pad"
+    return f"{cfg.packing}:pad-as-eos" if cfg.pad_as_eos else f"{cfg.packing}:pad"
 
 
 def prepared_folder(cfg: DataConfig) -> tuple[Path, Source, Tokenizer]:
     root = cache_root(cfg)
-    source = example_source(cfg.dataset) if cfg.packing == "sft" else get_source(cfg.dataset)
+    sft = cfg.packing in SFT_PACKINGS
+    source = example_source(cfg.dataset) if sft else get_source(cfg.dataset)
     tokenizer = load_tokenizer(cfg.tokenizer, root)
     key = cache_key(source, tokenizer, cfg.length, key_packing(cfg), row_limits(cfg, source.splits))
     name = f"{source.name}-{tokenizer.name.replace('/', '_')}-{cfg.packing}{cfg.length}-{key[:12]}"
@@ -291,7 +329,7 @@ def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = 
                        "fingerprint": source.fingerprint},
             "tokenizer": tokenizer.describe(), "length": cfg.length, "packing": cfg.packing,
             "dtype": np.dtype(dtype).name, "splits": splits, **({"pad_anywhere": True} if source.unscored else {}),
-            **({"pad_as_eos": cfg.pad_as_eos} if cfg.packing == "sft" else {}),
+            **({"pad_as_eos": cfg.pad_as_eos} if cfg.packing in SFT_PACKINGS else {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))

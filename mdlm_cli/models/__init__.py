@@ -17,6 +17,7 @@ from .dit import DiT, KVCache
 from .hf_mlm import HFMaskedLM
 from .mamba import Mamba
 from .protocols import Backbone
+from .segments import is_segmented, segment_starts
 
 if TYPE_CHECKING:
     from ..config import Config, ModelConfig
@@ -28,7 +29,8 @@ BACKBONES: dict[str, type[Backbone]] = {
 
 __all__ = [
     "BACKBONES", "Backbone", "Caduceus", "DiT", "DiffusionDenoiser", "HFMaskedLM", "KVCache",
-    "Mamba", "autocast_for", "build_model", "check_data", "unwrap",
+    "Mamba", "autocast_for", "build_model", "check_data", "is_segmented", "segment_starts",
+    "unwrap",
 ]
 
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..errors import MdlmError
 from .section import keys_of, read_section
+from .segments import is_segmented, segment_attention
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -131,7 +132,7 @@ class Rotary(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, L, H, D); cos/sin: (L, 1, D)."""
+    """x: (B, L, H, D); cos/sin: (L, 1, D), or (B, L, 1, D) with positions per row."""
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
@@ -171,8 +172,8 @@ class DDiTBlock(nn.Module):
             out = flash_attn_func(q, k, v, causal=self.causal)  # (B, L, H, D)
             return out.reshape(B, L, -1)
         attn_mask = None
-        if key_mask is not None:  # (B, L) bool, True = attend
-            attn_mask = key_mask[:, None, None, :]
+        if key_mask is not None:  # (B, L) bool, True = attend; (B, L, L): per query (packed)
+            attn_mask = key_mask[:, None] if key_mask.dim() == 3 else key_mask[:, None, None, :]
             if self.causal:
                 attn_mask = attn_mask & torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
         out = F.scaled_dot_product_attention(
@@ -243,13 +244,15 @@ class DiT(nn.Module):
     `sigma` is the noise level -log alpha(t) fed to the time embedding; None means
     no time conditioning, in which case the conditioning vector is the embedding
     of sigma = 0, a constant (as in the reference code, so its checkpoints load).
-    `attention_mask` marks real tokens (True/1); padded keys are never attended.
+    `attention_mask` marks real tokens (True/1); padded keys are never attended. Integer
+    segment ids (packed examples, models/segments.py) keep attention within each segment.
     `causal=True` makes every position attend only to itself and earlier ones (the
     autoregressive baseline); with a `kv_cache` it then decodes incrementally.
     """
 
     # the model.* keys it reads (models.BACKBONES: a key it does not read is an error)
     config_keys = keys_of(DiTConfig)
+    packs_segments = True  # attention and positions per segment (data.packing=sft-pack)
 
     @classmethod
     def validate_config(cls, cfg: Config) -> None:
@@ -298,22 +301,28 @@ class DiT(nn.Module):
             sigma = torch.zeros(tokens.shape[0], device=tokens.device)
         if kv_cache is not None:
             return self._decode(tokens, sigma, kv_cache)
-        key_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
+        key_mask = positions = None
+        if is_segmented(attention_mask):  # segment ids of packed examples (models/segments.py)
+            key_mask, positions = segment_attention(attention_mask)
+        elif attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()
-        x, c = self.trunk(tokens, sigma, key_mask)
+        x, c = self.trunk(tokens, sigma, key_mask, positions)
         if output_mask is not None:
             rows, cols = output_mask.nonzero().unbind(1)  # the one host synchronisation: N varies
             return self.output_layer(x[rows, cols], c[rows])  # (N, V)
         return self.output_layer(x, c)  # (B, L, V)
 
     def trunk(self, tokens: torch.Tensor, sigma: torch.Tensor,
-              key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              key_mask: torch.Tensor | None = None,
+              positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states (B, L, H) and conditioning (B, C): everything but the output
-        layer, with fixed shapes (what `torch.compile` captures)."""
+        layer, with fixed shapes (what `torch.compile` captures). `key_mask` (B, L) or
+        (B, L, L) bool; `positions` (B, L): rotary positions per row (packed examples)."""
         x = self.vocab_embed(tokens)  # (B, L, H)
         c = F.silu(self.sigma_map(sigma))  # (B, C)
         rotary = self.rotary_emb(tokens.shape[1], tokens.device)
+        if positions is not None:
+            rotary = (rotary[0][positions], rotary[1][positions])  # (B, L, 1, D) each
         for block in self.blocks:
             x = block(x, rotary, c, key_mask)
         return x, c

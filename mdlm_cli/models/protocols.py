@@ -9,6 +9,8 @@ Optional members, each read where it is needed and absent on most backbones:
   tokeniser, the row length), called before the data is prepared;
 - `new_cache(batch, max_len, device, dtype)`: its own decoding cache (Mamba's recurrent
   state) where the DiT's key/value cache does not fit (`objectives.ar.CausalLMAdapter`);
+- `packs_segments: bool` (class attribute): it keeps attention within each example of a row
+  given segment ids as its attention mask (models/segments.py; data.packing=sft-pack);
 - `notes: list[str]`: what a user should know about how it was built (an encoder's fresh
   MLM head), printed by training and sampling;
 - `blocks`: the modules FSDP2 shards one by one;

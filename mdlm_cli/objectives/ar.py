@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import MdlmError
-from ..models import KVCache, autocast_for, unwrap
+from ..models import KVCache, autocast_for, is_segmented, segment_starts, unwrap
 from .base import Objective
 
 
@@ -42,12 +42,18 @@ def sequence_nll(model: nn.Module, x0: Tensor, *, bos_id: int, mask_id: int,
     causal attention no real position ever sees it; it is only excluded from the sum.
     With `targets` (B, L) bool only target positions are summed: the tokens before them
     condition them, so for targets after a context this is -log p(targets | context).
+    With segment ids as `attention_mask` (packed examples) each example starts from its own
+    BOS and attends only within itself: the sum of its examples' NLLs taken one by one.
     """
+    inputs, kwargs = shift_right(x0, bos_id), {}
+    if is_segmented(attention_mask):  # else padding sits at the end: causal attention suffices
+        inputs = inputs.masked_fill(segment_starts(attention_mask), bos_id)
+        kwargs = {"attention_mask": attention_mask}
     with autocast_for(x0.device, autocast_dtype):
-        logits = model(shift_right(x0, bos_id))  # (B, L, V)
+        logits = model(inputs, **kwargs)  # (B, L, V)
     nll = F.cross_entropy(next_token_logits(logits, mask_id).transpose(1, 2), x0, reduction="none")  # (B, L)
     if attention_mask is not None:
-        nll = nll * attention_mask.to(nll.dtype)
+        nll = nll * attention_mask.bool().to(nll.dtype)
     if targets is not None:
         nll = nll * targets.to(nll.dtype)
     return nll.sum(dim=1)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import SFT_PACKINGS
 from ..engine.diffusion import call_denoiser
 from ..errors import MdlmError
 from ..models import DiffusionDenoiser
@@ -66,10 +67,10 @@ class MaskedLM(Objective):
         if cfg.model.time_conditioning:
             raise MdlmError("the mlm objective has no time input; set model.time_conditioning=false")
         cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")  # BERT's corruption reads none of them
-        if cfg.data.packing == "sft":
+        if cfg.data.packing in SFT_PACKINGS:
             raise MdlmError("the mlm objective has no loss on the response alone "
-                            "(data.packing=sft); fine-tune with diffusion.objective=mdlm, "
-                            "sedd, d3pm or ar")
+                            f"(data.packing={cfg.data.packing}); fine-tune with "
+                            "diffusion.objective=mdlm, sedd, d3pm or ar")
 
     def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> DiffusionDenoiser:
         return DiffusionDenoiser(model, self.schedule, time_conditioning=False, autocast_dtype=autocast_dtype)

@@ -13,6 +13,7 @@ import torch
 
 from .. import engine
 from ..checkpoints.folder import LoadedModel
+from ..config import SFT_PACKINGS
 from ..errors import MdlmError
 from ..io.files import write_text_atomic
 
@@ -74,7 +75,8 @@ def stops_at_eos(loaded: LoadedModel, asked: bool | None = None) -> bool:
     prompt/response rows padded with EOS (data.pad_as_eos: it learnt to choose the length)."""
     if asked is not None:
         return asked
-    return loaded.data_meta.get("packing") == "sft" and bool(loaded.data_meta.get("pad_as_eos"))
+    sft = loaded.data_meta.get("packing") in SFT_PACKINGS
+    return sft and bool(loaded.data_meta.get("pad_as_eos"))
 
 
 def cut_at_eos(row: list[int], start: int, eos_id: int) -> tuple[list[int], int, bool]:

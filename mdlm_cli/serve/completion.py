@@ -152,6 +152,14 @@ def _rows(
     return rows, max_tokens
 
 
+def _max_tokens(body: dict) -> int | None:
+    """`max_tokens`, or `max_new_tokens` (the name `mdlm sample` uses); not both."""
+    given = [name for name in ("max_tokens", "max_new_tokens") if body.get(name) is not None]
+    if len(given) == 2:
+        raise invalid("give max_tokens or max_new_tokens, not both", "max_new_tokens")
+    return get_int(body, given[0], 1, 2**31 - 1, None) if given else None
+
+
 def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
     """`POST /v1/completions`: OpenAI's fields and mdlm's diffusion fields, checked."""
     check_fields(body, OPENAI_FIELDS + MDLM_FIELDS)
@@ -165,7 +173,7 @@ def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
         )
     suffix = served.loaded.tokenizer.encode(suffix_text) if suffix_text else []
     stride = _stride(body, served)
-    max_tokens = get_int(body, "max_tokens", 1, 2**31 - 1, None)
+    max_tokens = _max_tokens(body)
     rows, max_tokens = _rows(prompts, suffix, max_tokens, stride, served, limits)
     common = common_fields(body, served, limits, "completion")
     return check_states(

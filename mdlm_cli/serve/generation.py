@@ -38,6 +38,7 @@ class ChoiceText:
     tokens: list[int] = field(default_factory=list)
     text: str = ""  # handed out so far, prefix included
     finish_reason: str | None = None
+    ended: bool = False  # the model ended its answer with EOS (nothing from it on is kept)
 
     def feed(self, new: list[int]) -> str:
         """The text the new tokens decide; held back: what a stop string or a split character
@@ -46,7 +47,7 @@ class ChoiceText:
             return ""
         new = new[: self.max_tokens - len(self.tokens)]
         if self.eos_id is not None and self.eos_id in new:
-            new, self.finish_reason = new[: new.index(self.eos_id)], "stop"
+            new, self.finish_reason, self.ended = new[: new.index(self.eos_id)], "stop", True
         self.tokens += new
         body = self.decode(self.tokens)
         hits = [i for i in (body.find(s) for s in self.stop) if i >= 0]
@@ -154,8 +155,9 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
             _send(emit, i, texts[i].feed(row[start : start + plan.max_tokens].tolist()))
     for i, text in enumerate(texts):
         _send(emit, i, text.finish())
-    choices = [
-        {"index": i, "text": t.text, "logprobs": None, "finish_reason": t.finish_reason}
+    choices = [  # length and ended: as `mdlm sample` reports an answer cut at its EOS
+        {"index": i, "text": t.text, "logprobs": None, "finish_reason": t.finish_reason,
+         "length": len(t.tokens), "ended": t.ended}
         for i, t in enumerate(texts)
     ]
     prompt_tokens = plan.n * sum(r.n_prompt + r.n_suffix for r in plan.rows)

@@ -53,6 +53,7 @@ SAMPLER_OPTIONS = (
     "remdm_schedule",
 )
 MDLM_FIELDS = (
+    "max_new_tokens",  # `mdlm sample`'s name for max_tokens
     "sampler",
     "steps",
     "precision",
