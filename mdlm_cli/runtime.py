@@ -49,9 +49,17 @@ def cpu_has_fast_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype | None:
+# the narrowest model `auto` runs in bf16 on a CPU: measured on 2 cores with AMX (BENCHMARKS.md,
+# table 13), a 4 x 256 DiT trains 1.65x faster in bf16 and a 2 x 64 one 2.2x slower (its matrix
+# products are too small for the bf16 units to pay for the conversions around them)
+CPU_BF16_MIN_WIDTH = 256
+
+
+def autocast_dtype(device: torch.device, precision: str = "auto",
+                   width: int | None = None) -> torch.dtype | None:
     """The autocast dtype of a precision: `auto` is bf16 on CUDA GPUs that have it and on CPUs
-    with bf16 matrix units (`cpu_has_fast_bf16`), fp32 (no autocast) elsewhere. Under bf16
+    with bf16 matrix units (`cpu_has_fast_bf16`) for models at least `CPU_BF16_MIN_WIDTH` wide
+    (`width`: the hidden size; None = wide enough), fp32 (no autocast) elsewhere. Under bf16
     autocast the weights, optimizer state, loss reduction and log-probabilities stay fp32 and
     the categorical draws fp64; only the network's matrix products run in bf16."""
     if precision == "fp32":
@@ -62,7 +70,8 @@ def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype
         return torch.bfloat16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    return torch.bfloat16 if device.type == "cpu" and cpu_has_fast_bf16() else None
+    wide = width is None or width >= CPU_BF16_MIN_WIDTH
+    return torch.bfloat16 if device.type == "cpu" and wide and cpu_has_fast_bf16() else None
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -134,6 +143,10 @@ class Runtime:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         return cls(dev, autocast_dtype(dev, precision))
+
+    def for_model(self, precision: str, width: int | None) -> Runtime:
+        """This runtime with the autocast dtype `precision` gives a model `width` wide."""
+        return Runtime(self.device, autocast_dtype(self.device, precision, width))
 
     def describe(self) -> str:
         dtype = "bf16 autocast" if self.dtype == torch.bfloat16 else "fp32"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.speed import model_width
 from ..runtime import Runtime
 from .folder import LoadedModel, load_run_folder
 from .pretrained import load_pretrained, pretrained_source
@@ -27,4 +28,5 @@ def load_on_device(path: str | Path, *, device: str | None = None, raw_weights: 
     """What a command loads: the runtime it asks for (device `auto` when None, CPU threads, the
     network's precision) and the checkpoint's EMA weights on it (raw ones with `raw_weights`)."""
     rt = Runtime.create(device or "auto", precision, threads=threads or 0)
-    return load_checkpoint(path, ema=not raw_weights, device=rt.device), rt
+    loaded = load_checkpoint(path, ema=not raw_weights, device=rt.device)
+    return loaded, rt.for_model(precision, model_width(loaded.model))

@@ -38,6 +38,15 @@ def attention_shape(model: nn.Module) -> tuple[int, int]:
     return 0, 0
 
 
+def model_width(model: nn.Module) -> int | None:
+    """The hidden size of a backbone (what `runtime.autocast_dtype`'s CPU rule reads)."""
+    model = unwrap(model)
+    if isinstance(model, HFMaskedLM):
+        c = model.hf.config
+        return getattr(c, "hidden_size", getattr(c, "dim", None))
+    return getattr(getattr(model, "config", None), "hidden_size", None)
+
+
 def compile_trunk(model: nn.Module, mode: str | None = None) -> bool:
     """torch.compile the backbone's `trunk` (the DiT's blocks: fixed shapes, no host
     synchronisation) in place; False when it has none (compile the whole module instead).

@@ -31,7 +31,7 @@ from ..distributed import Dist, StopSignals, clip_grad_norm, session, set_gradie
 from ..errors import MdlmError
 from ..io.files import write_text_atomic
 from ..models import build_model, check_data
-from ..models.speed import compile_trunk, model_flops
+from ..models.speed import compile_trunk, model_flops, model_width
 from ..objectives import Objective, get_objective
 from ..objectives.bound import BoundResult
 from ..perf import device_peak
@@ -149,6 +149,7 @@ def _set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *, lo
     objective = get_objective(cfg, tokenizer)
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, tokenizer.vocab_size, causal=objective.causal)
+    rt = rt.for_model(tc.precision, model_width(model))
     if cfg.data.rc_augment and tokenizer.complement is None:
         raise MdlmError(f"data.rc_augment needs a DNA tokenizer (data.tokenizer=dna); {tokenizer.name} has none")
     if tc.init_from and start.step_dir is None:  # a fresh run only; a resumed one has its own weights
