@@ -35,8 +35,14 @@ from .sampling_args import SamplingSweep, sampling_arguments
 
 CheckpointOpt = Annotated[str | None, typer.Option(
     "--checkpoint", "-c", help="A trained model (default: runs/demo if present, else --preset).")]
-PresetOpt = Annotated[str | None, typer.Option(
-    "--preset", "-p", help="Benchmark a randomly initialised model of this preset's size and vocabulary.")]
+PresetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--preset",
+        "-p",
+        help="Benchmark a randomly initialised model of this preset's size and vocabulary.",
+    ),
+]
 NumOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Samples per configuration.")]
 BatchesOpt = Annotated[str, typer.Option(help="Comma-separated batch sizes.")]
 LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
@@ -44,25 +50,53 @@ RepeatsOpt = Annotated[int, typer.Option(help="Timed repeats after the warm-up."
 CompileOpt = Annotated[bool, typer.Option(
     "--compile", help="torch.compile the network trunk (CUDA: reduce-overhead / CUDA graphs).")]
 JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")]
-PlotOpt = Annotated[str | None, typer.Option(
-    "--plot", help="Plot (needs matplotlib): seconds/sample vs steps; with --judge the frontier (gen PPL and "
-    "entropy vs --plot-x).")]
+PlotOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--plot",
+        help="Plot (needs matplotlib): seconds/sample vs steps; with --judge the frontier (gen PPL and "
+        "entropy vs --plot-x).",
+    ),
+]
 PlotXOpt = Annotated[str, typer.Option(help="Frontier plot x axis: seconds (per sample) or nfe.")]
-JudgeOpt = Annotated[str | None, typer.Option(
-    help="Score each row's samples (those of its first timed run) with this judge, as mdlm gen-ppl does: "
-         "an mdlm AR checkpoint, a Hugging Face causal LM, a .gguf file or smollm2.")]
-ReferenceOpt = Annotated[str | None, typer.Option(
-    help="With --judge: score real text of the same length from this split (test, valid, train) of the "
-         "model's own prepared data, and its band over up to 8 sets of -n rows.")]
+JudgeOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Score each row's samples (those of its first timed run) with this judge, as mdlm gen-ppl does: "
+        "an mdlm AR checkpoint, a Hugging Face causal LM, a .gguf file or smollm2."
+    ),
+]
+ReferenceOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="With --judge: score real text of the same length from this split (test, valid, train) of the "
+        "model's own prepared data, and its band over up to 8 sets of -n rows."
+    ),
+]
 FeaturizerOpt = Annotated[str | None, typer.Option(
     help="With --reference-text: MAUVE's feature model (HF causal or masked LM, an mdlm AR "
          "checkpoint; default: the judge).")]
 MauveSeedsOpt = Annotated[str, typer.Option(
     help="With --reference-text: MAUVE's k-means seeds (mean, sd).")]
-SaveSamplesOpt = Annotated[str | None, typer.Option(
-    help="With --judge: write each row's scored samples here as mdlm sample JSONL (for mdlm gen-ppl).")]
-COLUMNS = ("precision", "sampler", "steps / options", "batch", "s/sample", "min-max", "tok/s", "NFE",
-           "NFE whole-batch", "NCS", "overhead")
+SaveSamplesOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="With --judge: write each row's scored samples here as mdlm sample JSONL (for mdlm gen-ppl)."
+    ),
+]
+COLUMNS = (
+    "precision",
+    "sampler",
+    "steps / options",
+    "batch",
+    "s/sample",
+    "min-max",
+    "tok/s",
+    "NFE",
+    "NFE whole-batch",
+    "NCS",
+    "overhead",
+)
 QUALITY_COLUMNS = ("gen PPL", "nats/char", "entropy", "Dist-2", "self-BLEU", "rep-4", "MAUVE")
 
 
@@ -118,10 +152,20 @@ def bench_sampler_cmd(
         sampler_list = _samplers(bm.objective, sampling.samplers)
         _warn_unread(sampler_list, sampling.steps_text, sampling.options)
         length = _checked_length(bm, checkpoint, length, max(batch_list), allow_longer)
-        meta = {**environment(bm.rt.device, bm.rt.dtype), "model": bm.source, "objective": bm.objective.name,
-                "length": length, "seed": seed, "num_samples": num_samples, "repeats": repeats, "compile": compile,
-                **sampling.drawing(), "vocab_size": bm.model.vocab_size, "judge": judge,
-                "command": "mdlm " + " ".join(sys.argv[1:])}
+        meta = {
+            **environment(bm.rt.device, bm.rt.dtype),
+            "model": bm.source,
+            "objective": bm.objective.name,
+            "length": length,
+            "seed": seed,
+            "num_samples": num_samples,
+            "repeats": repeats,
+            "compile": compile,
+            **sampling.drawing(),
+            "vocab_size": bm.model.vocab_size,
+            "judge": judge,
+            "command": "mdlm " + " ".join(sys.argv[1:]),
+        }
         _announce(meta)
         scorer, reference = _quality(bm, judge, reference_text, save_samples, length, num_samples,
                                      seed, featurizer=featurizer, mauve_seeds=mauve_seeds)
@@ -178,9 +222,12 @@ def _checked_length(bm, checkpoint, length: int | None, batch: int, allow_longer
 
 
 def _announce(meta: dict) -> None:
-    err_console.print(f"Benchmarking {meta['model']} at L={meta['length']} on {meta['device_name']} "
-                      f"({meta['dtype']}, {meta['threads']} threads, torch {meta['torch']})",
-                      highlight=False, markup=False)
+    err_console.print(
+        f"Benchmarking {meta['model']} at L={meta['length']} on {meta['device_name']} "
+        f"({meta['dtype']}, {meta['threads']} threads, torch {meta['torch']})",
+        highlight=False,
+        markup=False,
+    )
 
 
 def _warn_unread(sampler_list: list[str], steps: str | None, options: dict[str, list]) -> None:
@@ -194,7 +241,9 @@ def _warn_unread(sampler_list: list[str], steps: str | None, options: dict[str, 
             warn(f"--{dashed(name)} does not apply to {', '.join(sampler_list)}; ignored")
 
 
-def _write_outputs(report, json_out: str | None, plot_out: str | None, plot_x: str, *, frontier: bool) -> None:
+def _write_outputs(
+    report, json_out: str | None, plot_out: str | None, plot_x: str, *, frontier: bool
+) -> None:
     """The JSON, and the plot: the frontier where the rows were judged, else time against steps."""
     from ..sample.bench import plot
 
@@ -217,13 +266,25 @@ def _check_quality_flags(judge: str | None, reference_text: str | None, save_sam
 
     for flag, value in (("--reference-text", reference_text), ("--save-samples", save_samples)):
         if value is not None and judge is None:
-            raise MdlmError(f"{flag} needs --judge (the samples and the real text are scored by the judge)")
+            raise MdlmError(
+                f"{flag} needs --judge (the samples and the real text are scored by the judge)"
+            )
     if plot_x not in X_AXES:
         raise MdlmError(f"--plot-x must be one of: {', '.join(X_AXES)}")
 
 
-def _quality(bm, judge: str | None, reference_text: str | None, save_samples: str | None, length: int,
-             num_samples: int, seed: int, *, featurizer: str | None = None, mauve_seeds: str = "0"):
+def _quality(
+    bm,
+    judge: str | None,
+    reference_text: str | None,
+    save_samples: str | None,
+    length: int,
+    num_samples: int,
+    seed: int,
+    *,
+    featurizer: str | None = None,
+    mauve_seeds: str = "0",
+):
     """The row scorer (judge loaded once) and the real-text reference, or (None, None)."""
     if judge is None:
         if featurizer is not None:
@@ -277,10 +338,19 @@ def _check_flags(batch_size: str,
 
 def _add_row(table: Table, r, with_quality: bool = False) -> None:
     """One benchmark row: into the final table, and printed at once (the runs are long)."""
-    row = (r.precision, r.sampler, r.setting or "-", str(r.batch_size), f"{r.seconds_per_sample:.3f}",
-           f"{r.seconds_per_sample_min:.3f}-{r.seconds_per_sample_max:.3f}", f"{r.tokens_per_second:,.0f}",
-           f"{r.nfe:.1f}", "-" if r.nfe_whole_batch is None else f"{r.nfe_whole_batch:.1f}", f"{r.ncs:.1f}",
-           f"{100 * r.overhead_share:.1f}%")
+    row = (
+        r.precision,
+        r.sampler,
+        r.setting or "-",
+        str(r.batch_size),
+        f"{r.seconds_per_sample:.3f}",
+        f"{r.seconds_per_sample_min:.3f}-{r.seconds_per_sample_max:.3f}",
+        f"{r.tokens_per_second:,.0f}",
+        f"{r.nfe:.1f}",
+        "-" if r.nfe_whole_batch is None else f"{r.nfe_whole_batch:.1f}",
+        f"{r.ncs:.1f}",
+        f"{100 * r.overhead_share:.1f}%",
+    )
     if with_quality:
         q = r.quality
         row += (f"{q.gen_ppl:.2f}", f"{q.nats_per_char:.4f}",
@@ -330,7 +400,9 @@ def _samplers(objective, names: list[str] | None) -> list[str]:
     chosen = names or exact
     for name in chosen:
         if get_sampler(name).name not in served:
-            raise MdlmError(f"sampler {name} does not serve {objective.name} models; choose from: {', '.join(served)}")
+            raise MdlmError(
+                f"sampler {name} does not serve {objective.name} models; choose from: {', '.join(served)}"
+            )
     return chosen
 
 
@@ -347,8 +419,14 @@ class BenchModel:
     model_cfg: Any = None  # its ModelConfig (the memory estimate)
 
 
-def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str], device: str | None,
-                 compile: bool, threads: int | None) -> BenchModel:
+def _bench_model(
+    checkpoint: str | None,
+    preset: str | None,
+    overrides: list[str],
+    device: str | None,
+    compile: bool,
+    threads: int | None,
+) -> BenchModel:
     """A checkpoint, or a randomly initialised model of a preset's size and vocabulary."""
     import torch
 
@@ -358,7 +436,12 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
 
     if checkpoint is not None:
         loaded, rt = load_for_command(checkpoint, device, raw_weights=False, threads=threads)
-        objective, model, mask_id, length = loaded.objective, loaded.model, loaded.mask_id, loaded.length
+        objective, model, mask_id, length = (
+            loaded.objective,
+            loaded.model,
+            loaded.mask_id,
+            loaded.length,
+        )
         source, tokenizer, data_cfg = str(loaded.path), loaded.tokenizer, loaded.config.data
         model_cfg = loaded.config.model
     else:
@@ -369,12 +452,18 @@ def _bench_model(checkpoint: str | None, preset: str | None, overrides: list[str
         tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.cache_dir or None)
         objective = get_objective(cfg, tokenizer)
         torch.manual_seed(0)
-        model = build_model(cfg.model, tokenizer.vocab_size, causal=objective.causal).to(rt.device).eval()
+        model = (
+            build_model(cfg.model, tokenizer.vocab_size, causal=objective.causal)
+            .to(rt.device)
+            .eval()
+        )
         mask_id, length, data_cfg = tokenizer.mask_id, cfg.data.length, cfg.data
         model_cfg = cfg.model
         source = f"preset {cfg.name} (random weights, vocab {tokenizer.vocab_size})"
     if compile:
         if not hasattr(model, "trunk"):
             raise MdlmError(f"--compile captures the DiT's trunk; {model.describe()} has none")
-        model.trunk = torch.compile(model.trunk, mode="reduce-overhead" if rt.device.type == "cuda" else None)
+        model.trunk = torch.compile(
+            model.trunk, mode="reduce-overhead" if rt.device.type == "cuda" else None
+        )
     return BenchModel(objective, model, mask_id, length, source, rt, tokenizer, data_cfg, model_cfg)

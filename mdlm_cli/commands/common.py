@@ -54,7 +54,9 @@ def float_in(
     return check
 
 
-PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="Preset name (see `mdlm presets`) or a YAML file.")]
+PresetOpt = Annotated[
+    str, typer.Option("--preset", "-p", help="Preset name (see `mdlm presets`) or a YAML file.")
+]
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", "-s", help="Override a config value, e.g. --set optim.lr=1e-4 (repeatable).")]
 
@@ -87,24 +89,41 @@ def user_errors():
         rank = os.environ.get("RANK", "0")  # set by torchrun
         where = "" if rank == "0" else f"(rank {rank}) "
         text = os_error_message(e) if isinstance(e, OSError) else str(e)
-        err_console.print(f"[bold red]error:[/] {escape(where + text)}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {escape(where + text)}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         raise typer.Exit(130) from None
 
 
-CheckpointOpt = Annotated[str, typer.Option(
-    "--checkpoint", "-c", help="Run folder (its latest checkpoint), step folder, Hugging Face hub id "
-    "(e.g. kuleshov-group/mdlm-owt) or Hugging Face-style folder, or a reference Lightning .ckpt.")]
-SamplerOpt = Annotated[str | None, typer.Option(
-    help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its ancestral chain for "
-         "D3PM, left to right for AR; with --steps a step-based one). "
-         + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items()) + ".")]
-StepsOpt = Annotated[int | None, typer.Option(
-    help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). Given without "
-         "--sampler, it picks the model's step-based sampler (MDLM: ancestral-cache where the model ignores time, "
-         "else ancestral; SEDD: analytic).")]
+CheckpointOpt = Annotated[
+    str,
+    typer.Option(
+        "--checkpoint",
+        "-c",
+        help="Run folder (its latest checkpoint), step folder, Hugging Face hub id "
+        "(e.g. kuleshov-group/mdlm-owt) or Hugging Face-style folder, or a reference Lightning .ckpt.",
+    ),
+]
+SamplerOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its ancestral chain for "
+        "D3PM, left to right for AR; with --steps a step-based one). "
+        + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items())
+        + "."
+    ),
+]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). Given without "
+        "--sampler, it picks the model's step-based sampler (MDLM: ancestral-cache where the model ignores time, "
+        "else ancestral; SEDD: analytic)."
+    ),
+]
 
 
 NumSamplesOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Sequences to draw.")]
@@ -119,12 +138,19 @@ TopPOpt = Annotated[float, typer.Option(
 OutOpt = Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
 RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]
-ThreadsOpt = Annotated[int | None, typer.Option(
-    help="CPU threads for torch (default: OMP_NUM_THREADS if set, else one per physical core left idle by the "
-         "machine's load, so a busy machine is not oversubscribed; see README).", min=1)]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else one per physical core left idle by the "
+        "machine's load, so a busy machine is not oversubscribed; see README).",
+        min=1,
+    ),
+]
 
 
-def load_for_command(checkpoint: str, device: str | None, raw_weights: bool, threads: int | None = None):
+def load_for_command(
+    checkpoint: str, device: str | None, raw_weights: bool, threads: int | None = None
+):
     from ..checkpoints.load import load_on_device
 
     loaded, rt = load_on_device(checkpoint, device=device, raw_weights=raw_weights, threads=threads)
@@ -177,7 +203,9 @@ def int_list(text: str, name: str) -> list[int]:
     try:
         values = [int(float(x)) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise MdlmError(f"{name} expects comma-separated integers, e.g. 100,1000 (got {text!r})") from None
+        raise MdlmError(
+            f"{name} expects comma-separated integers, e.g. 100,1000 (got {text!r})"
+        ) from None
     if not values or min(values) < 1:
         raise MdlmError(f"{name} expects positive integers (got {text!r})")
     return values

@@ -30,27 +30,58 @@ from .common import (
 @app.command("eval-ppl")
 def eval_ppl_cmd(
     checkpoint: CheckpointOpt = "runs/demo",
-    dataset: Annotated[str | None, typer.Option(
-        help="Data set name or local text path (default: the checkpoint's own data).")] = None,
-    data: Annotated[str | None, typer.Option(help="A prepared data folder (mdlm prepare-data) or local path.")] = None,
-    datasets: Annotated[str | None, typer.Option(
-        help="Comma-separated data sets for one zero-shot table, e.g. wikitext2,ptb,lambada.")] = None,
-    split: Annotated[str, typer.Option(help="test | valid | train (test falls back to valid where absent).")] = "test",
-    mc_samples: Annotated[int | None, typer.Option(
-        "--mc-samples", "-k", help="Independent Monte-Carlo passes of a bound (default 4); K >= 2 gives a "
-        "standard error. Exact likelihoods take one pass.")] = None,
-    T: Annotated[int | None, typer.Option(
-        "--T", help="0 = continuous-time bound, T > 0 = T-step discrete bound (default: as trained).")] = None,
-    schedule: Annotated[str | None, typer.Option(
-        help="Evaluate the bound under this noise schedule instead of the trained one (a model "
-        "without time conditioning only: its continuous-time bound is the same integral under "
-        "every schedule; Table 9).")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Rows per batch (default: the training micro-batch).")] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option(help="Data set name or local text path (default: the checkpoint's own data)."),
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option(help="A prepared data folder (mdlm prepare-data) or local path.")
+    ] = None,
+    datasets: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated data sets for one zero-shot table, e.g. wikitext2,ptb,lambada."
+        ),
+    ] = None,
+    split: Annotated[
+        str, typer.Option(help="test | valid | train (test falls back to valid where absent).")
+    ] = "test",
+    mc_samples: Annotated[
+        int | None,
+        typer.Option(
+            "--mc-samples",
+            "-k",
+            help="Independent Monte-Carlo passes of a bound (default 4); K >= 2 gives a "
+            "standard error. Exact likelihoods take one pass.",
+        ),
+    ] = None,
+    T: Annotated[
+        int | None,
+        typer.Option(
+            "--T",
+            help="0 = continuous-time bound, T > 0 = T-step discrete bound (default: as trained).",
+        ),
+    ] = None,
+    schedule: Annotated[
+        str | None,
+        typer.Option(
+            help="Evaluate the bound under this noise schedule instead of the trained one (a model "
+            "without time conditioning only: its continuous-time bound is the same integral under "
+            "every schedule; Table 9)."
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Rows per batch (default: the training micro-batch).")
+    ] = None,
     rows: Annotated[int, typer.Option(help="Evaluate only the first N rows (0 = every row).")] = 0,
     seed: Annotated[int, typer.Option(help="Seed of the Monte-Carlo draws.")] = 0,
-    json_out: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
+    json_out: Annotated[
+        str | None, typer.Option("--json", help="Write the results as JSON here.")
+    ] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")] = None,
-    raw_weights: Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")] = False,
+    raw_weights: Annotated[
+        bool, typer.Option(help="Use the raw weights instead of the EMA.")
+    ] = False,
     threads: ThreadsOpt = None,
 ) -> None:
     """Test perplexity: the NELBO bound of a diffusion model, the exact value of an AR model.
@@ -69,7 +100,10 @@ def eval_ppl_cmd(
     from ..distributed import session
     from ..io.files import check_writable
 
-    with user_errors(), session(device or "auto") as dist:  # under torchrun: the batches split over ranks
+    with (
+        user_errors(),
+        session(device or "auto") as dist,
+    ):  # under torchrun: the batches split over ranks
         names = _dataset_names(datasets, dataset, data)
         if json_out:
             check_writable(json_out)
@@ -150,13 +184,26 @@ def _use_schedule(objective, schedule: str | None) -> str:
 
 def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
     """Prepare (if needed) and evaluate one data set, with progress bars."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     from ..distributed import is_main_process
     from ..eval.ppl import evaluate, evaluation_data, pick_split
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err_console, transient=True, disable=not is_main_process()) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=not is_main_process(),
+    ) as progress:
         tasks: dict[str, int] = {}
 
         def on_docs(split_name: str, n: int, total: int | None) -> None:
@@ -183,7 +230,11 @@ def _print_ppl_table(results, loaded) -> None:
                   *(["bits/char"] if char else []), box=None)
     for r in results:
         rel = relation(r.exact, r.kind)
-        se = "exact" if r.exact else ("n/a" if r.standard_error is None else f"{r.standard_error:.4f}")
+        se = (
+            "exact"
+            if r.exact
+            else ("n/a" if r.standard_error is None else f"{r.standard_error:.4f}")
+        )
         sd = "" if r.exact or r.pass_std is None else f"{r.pass_std:.4f}"
         row = [r.dataset, r.split, f"{r.tokens:,}", "-" if r.exact else str(len(r.passes)),
                f"{r.nats_per_token:.4f}", se, sd, f"{rel} {r.perplexity:.3f}"]
@@ -192,18 +243,27 @@ def _print_ppl_table(results, loaded) -> None:
         table.add_row(*(Text(cell) for cell in row))  # data set names are paths, not markup
     console.print(table)
     if loaded.objective.kind == "masked-token":
-        console.print(f"[dim]~ masked-token perplexity of the {loaded.objective.name} model: exp of the mean "
-                      "cross-entropy at the 15% selected positions (80/10/10 corruption); not a bound[/]")
+        console.print(
+            f"[dim]~ masked-token perplexity of the {loaded.objective.name} model: exp of the mean "
+            "cross-entropy at the 15% selected positions (80/10/10 corruption); not a bound[/]"
+        )
     elif loaded.objective.exact:
-        console.print(f"[dim]= exact likelihood of the {loaded.objective.name} model (every token of each row, "
-                      "the first given BOS)[/]")
+        console.print(
+            f"[dim]= exact likelihood of the {loaded.objective.name} model (every token of each row, "
+            "the first given BOS)[/]"
+        )
     else:
         T = results[0].T if results else 0
         kind = "continuous-time NELBO" if T == 0 else f"{T}-step discrete-time NELBO"
-        console.print(f"[dim]≤ upper bound ({loaded.objective.name}): {kind}, one antithetic t per sequence per pass, "
-                      "K passes; SE = sd of the pass estimates / sqrt(K)[/]")
+        console.print(
+            f"[dim]≤ upper bound ({loaded.objective.name}): {kind}, one antithetic t per sequence per pass, "
+            "K passes; SE = sd of the pass estimates / sqrt(K)[/]"
+        )
         for r in results:
             if r.sequence_sd is not None:
-                console.print(f"[dim]{escape(r.dataset)}: per-datapoint sd of a one-pass bound {r.sequence_sd:.4f} "
-                              f"nats/token (variance {r.sequence_var:.4f}; each sequence's spread over the K passes, "
-                              "averaged over sequences: Table 9)[/]", highlight=False)
+                console.print(
+                    f"[dim]{escape(r.dataset)}: per-datapoint sd of a one-pass bound {r.sequence_sd:.4f} "
+                    f"nats/token (variance {r.sequence_var:.4f}; each sequence's spread over the K passes, "
+                    "averaged over sequences: Table 9)[/]",
+                    highlight=False,
+                )

@@ -31,7 +31,9 @@ from .common import (
 )
 from .sampling_args import Sampling, sampling_arguments
 
-InfillOpt = Annotated[str | None, typer.Option(help="Text with <mask> (one token) or <mask:N> spans to fill in.")]
+InfillOpt = Annotated[
+    str | None, typer.Option(help="Text with <mask> (one token) or <mask:N> spans to fill in.")
+]
 LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
 QuietOpt = Annotated[bool, typer.Option(help="Do not print the samples.")]
 MaxNewTokensOpt = Annotated[int | None, typer.Option(
@@ -91,10 +93,20 @@ def sample_cmd(
         with Progress(console=err_console, transient=True) as progress:
             task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
             records, stats, seconds = generate(
-                loaded, sampler=spec.name, num_samples=num_samples, batch_size=batch_size, steps=steps,
-                seed=seed, device=rt.device, dtype=rt.dtype, length=length, prompt=fixed,
-                stop_at_eos=stop_at_eos, on_batch=lambda n: progress.advance(task, n),
-                **sampling.engine_kwargs(spec))
+                loaded,
+                sampler=spec.name,
+                num_samples=num_samples,
+                batch_size=batch_size,
+                steps=steps,
+                seed=seed,
+                device=rt.device,
+                dtype=rt.dtype,
+                length=length,
+                prompt=fixed,
+                stop_at_eos=stop_at_eos,
+                on_batch=lambda n: progress.advance(task, n),
+                **sampling.engine_kwargs(spec),
+            )
         extra = {**sampling.record(spec, steps), "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
                  "checkpoint": str(loaded.path), "seconds": seconds / num_samples,
                  "prompt": prompt, "infill": infill}
@@ -122,8 +134,12 @@ def _write_and_show(records, extra: dict, out: str | None, quiet: bool, summary:
 def semi_ar_cmd(
     *,
     checkpoint: CheckpointOpt = "runs/demo",
-    length: Annotated[int | None, typer.Option(help="Total tokens per sample (default: 2 windows).")] = None,
-    stride: Annotated[int | None, typer.Option(help="New tokens per block L' (default: half the window).")] = None,
+    length: Annotated[
+        int | None, typer.Option(help="Total tokens per sample (default: 2 windows).")
+    ] = None,
+    stride: Annotated[
+        int | None, typer.Option(help="New tokens per block L' (default: half the window).")
+    ] = None,
     sampling: Sampling,
     num_samples: NumSamplesOpt = 1,
     seed: SeedOpt = 0,
@@ -157,28 +173,55 @@ def semi_ar_cmd(
         spec, steps = sampling.resolve(loaded.objective)
         window, tok = loaded.length, loaded.tokenizer
         stop, limit, length = semi_ar_plan(loaded, length, prompt, max_new_tokens, stop_at_eos)
-        stride, length = _semi_ar_lengths(loaded, checkpoint, stride, length, num_samples, rt.device)
+        stride, length = _semi_ar_lengths(
+            loaded, checkpoint, stride, length, num_samples, rt.device
+        )
         start = _prefix(loaded, prompt)
         streaming = stream and num_samples == 1 and not stop
         streaming and start is not None and _write(tok.decode(start.tolist()))
         t0 = time.perf_counter()
         result = engine.semi_ar(
-            loaded.denoiser(rt.dtype), sampler=spec.name, num_samples=num_samples, window=window, stride=stride,
-            target_length=length, mask_id=loaded.mask_id, prompt=start, steps=steps,
+            loaded.denoiser(rt.dtype),
+            sampler=spec.name,
+            num_samples=num_samples,
+            window=window,
+            stride=stride,
+            target_length=length,
+            mask_id=loaded.mask_id,
+            prompt=start,
+            steps=steps,
             on_block=lambda r, new: streaming and _write(tok.decode(new[0].tolist())),
-            schedule=loaded.objective.schedule, generator=torch.Generator(device=rt.device).manual_seed(seed),
-            device=rt.device, stop_token=tok.eos_id if stop else None, **sampling.engine_kwargs(spec))
+            schedule=loaded.objective.schedule,
+            generator=torch.Generator(device=rt.device).manual_seed(seed),
+            device=rt.device,
+            stop_token=tok.eos_id if stop else None,
+            **sampling.engine_kwargs(spec),
+        )
         seconds = time.perf_counter() - t0
         result.tokens = result.tokens[:, :limit]
         records = semi_ar_records(loaded, result.tokens, start, stop)
         if out:  # before anything is printed
-            write_jsonl(out, [r.to_json(**sampling.record(spec, steps), window=window, stride=stride,
-                                        seed=seed, checkpoint=str(loaded.path), nfe=result.stats.nfe,
-                                        ncs=result.stats.ncs, seconds=seconds / num_samples)
-                              for r in records])
+            write_jsonl(
+                out,
+                [
+                    r.to_json(
+                        **sampling.record(spec, steps),
+                        window=window,
+                        stride=stride,
+                        seed=seed,
+                        checkpoint=str(loaded.path),
+                        nfe=result.stats.nfe,
+                        ncs=result.stats.ncs,
+                        seconds=seconds / num_samples,
+                    )
+                    for r in records
+                ],
+            )
         _show(records, streamed=streaming)
-        err_console.print(f"{result.tokens.shape[1]} tokens per sample (window {window}, stride {stride}), "
-                          f"{seconds / num_samples:.2f} s/sample, NFE {result.stats.nfe:.1f}")
+        err_console.print(
+            f"{result.tokens.shape[1]} tokens per sample (window {window}, stride {stride}), "
+            f"{seconds / num_samples:.2f} s/sample, NFE {result.stats.nfe:.1f}"
+        )
 
 
 def _panels(records) -> None:
@@ -236,10 +279,15 @@ def _semi_ar_lengths(
                  what=f"sampling {num_samples} windows of {loaded.length} tokens",
                  fix="lower --num-samples")
     if loaded.objective.causal:
-        raise MdlmError(f"{checkpoint} is a left-to-right ({loaded.objective.name}) model; it generates up to "
-                        "its length with mdlm sample (semi-ar is for diffusion models)")
+        raise MdlmError(
+            f"{checkpoint} is a left-to-right ({loaded.objective.name}) model; it generates up to "
+            "its length with mdlm sample (semi-ar is for diffusion models)"
+        )
     window = loaded.length
-    stride, length = window // 2 if stride is None else stride, 2 * window if length is None else length
+    stride, length = (
+        window // 2 if stride is None else stride,
+        2 * window if length is None else length,
+    )
     if length < window:
         raise MdlmError(f"--length must be at least the window ({window})")
     return stride, length

@@ -17,17 +17,27 @@ def train_cmd(
     preset: PresetOpt = "demo",
     overrides: SetOpt = None,
     out: Annotated[str | None, typer.Option(help="Run folder (default runs/<preset>).")] = None,
-    resume: Annotated[bool, typer.Option(
-        help="Continue the run in --out from its latest checkpoint (start it if there is none).")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue the run in --out from its latest checkpoint (start it if there is none)."
+        ),
+    ] = False,
     max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
-    time_limit: Annotated[float, typer.Option(help="Stop after this many minutes (0 = no limit).",
-                                              callback=float_in(0))] = 0.0,
+    time_limit: Annotated[
+        float,
+        typer.Option(help="Stop after this many minutes (0 = no limit).", callback=float_in(0)),
+    ] = 0.0,
     print_config: Annotated[bool, typer.Option(help="Print the resolved config.")] = True,
-    override_resume_config: Annotated[bool, typer.Option(
-        help="With --resume: continue although the data, model, objective, optimisation or batch settings differ "
-             "from the checkpoint's (the change is recorded in metrics.jsonl).")] = False,
+    override_resume_config: Annotated[
+        bool,
+        typer.Option(
+            help="With --resume: continue although the data, model, objective, optimisation or batch settings differ "
+            "from the checkpoint's (the change is recorded in metrics.jsonl)."
+        ),
+    ] = False,
     threads: ThreadsOpt = None,
 ) -> None:
     """Train a masked diffusion LM. With no options: the offline demo on this machine.
@@ -95,15 +105,21 @@ def _report(result) -> None:
     from ..train.loop import nats_text
 
     if result.already_done:
-        console.print(f"Already trained: {result.run_dir} is at step {result.step} (train.max_steps reached); "
-                      "nothing was run or written. Raise --max-steps to train on.", markup=False, highlight=False)
+        console.print(
+            f"Already trained: {result.run_dir} is at step {result.step} (train.max_steps reached); "
+            "nothing was run or written. Raise --max-steps to train on.",
+            markup=False,
+            highlight=False,
+        )
     elif result.stopped_by:
         console.print(f"[bold yellow]Stopped[/] by {result.stopped_by} at step {result.step}; "
                       f"checkpoint: {escape(str(result.checkpoint))}; continue with --resume")
         return
     else:
-        console.print(f"[bold green]Done[/]: {result.step} steps, {result.tokens_seen:,} tokens, "
-                      f"{result.train_seconds / 60:.1f} min, {result.tokens_per_second:,.0f} tokens/s")
+        console.print(
+            f"[bold green]Done[/]: {result.step} steps, {result.tokens_seen:,} tokens, "
+            f"{result.train_seconds / 60:.1f} min, {result.tokens_per_second:,.0f} tokens/s"
+        )
     if result.final_valid is not None:
         final = result.final_valid
         kind, rel = ("exact NLL", "=") if final.exact else (final.kind or "bound", final.relation)

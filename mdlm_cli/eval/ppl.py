@@ -72,9 +72,15 @@ class PplResult:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d.update(kind="exact" if self.exact else (self.kind or "bound"), nats_per_token=self.nats_per_token,
-                 perplexity=self.perplexity, standard_error=self.standard_error,
-                 pass_std=self.pass_std, bits_per_char=self.bits_per_char, mc_samples=len(self.passes))
+        d.update(
+            kind="exact" if self.exact else (self.kind or "bound"),
+            nats_per_token=self.nats_per_token,
+            perplexity=self.perplexity,
+            standard_error=self.standard_error,
+            pass_std=self.pass_std,
+            bits_per_char=self.bits_per_char,
+            mc_samples=len(self.passes),
+        )
         return d
 
 
@@ -86,13 +92,17 @@ def evaluation_data(loaded: LoadedModel, *, dataset: str | None = None, data: st
     if data is not None and (Path(data) / "meta.json").is_file():
         prepared = PreparedData(Path(data))
     else:
-        cfg = dataclasses.replace(loaded.config.data, dataset=data or dataset or loaded.config.data.dataset)
+        cfg = dataclasses.replace(
+            loaded.config.data, dataset=data or dataset or loaded.config.data.dataset
+        )
         prepared = prepare(cfg, progress=progress, load_dataset=load_dataset)
     name = prepared.meta["source"]["name"]  # a registry name, or a local file's stem
     tok, mine = prepared.meta["tokenizer"], loaded.tokenizer
     if (tok["vocab_size"], tok["mask_id"]) != (mine.vocab_size, mine.mask_id):
-        raise MdlmError(f"{prepared.folder.name} uses tokenizer {tok['name']} (vocab {tok['vocab_size']}); "
-                        f"the checkpoint's has vocab {mine.vocab_size}: prepare it with the same tokenizer")
+        raise MdlmError(
+            f"{prepared.folder.name} uses tokenizer {tok['name']} (vocab {tok['vocab_size']}); "
+            f"the checkpoint's has vocab {mine.vocab_size}: prepare it with the same tokenizer"
+        )
     return name, prepared
 
 
@@ -102,13 +112,28 @@ def pick_split(prepared: PreparedData, split: str) -> tuple[str, str | None]:
         return split, None
     if split == "test" and "valid" in prepared.splits:
         return "valid", f"{prepared.meta['source']['name']} has no test split; used valid"
-    raise MdlmError(f"split {split!r} is not in {prepared.folder.name}; available: {', '.join(prepared.splits)}")
+    raise MdlmError(
+        f"split {split!r} is not in {prepared.folder.name}; available: {', '.join(prepared.splits)}"
+    )
 
 
-def evaluate(loaded: LoadedModel, prepared: PreparedData, *, name: str, split: str = "test",
-             mc_samples: int = 4, T: int | None = None, batch_size: int = 16, device: torch.device,
-             dtype: torch.dtype | None = None, seed: int = 0, rows: int = 0,
-             on_batch: Callable[[int], None] | None = None, rank: int = 0, world_size: int = 1) -> PplResult:
+def evaluate(
+    loaded: LoadedModel,
+    prepared: PreparedData,
+    *,
+    name: str,
+    split: str = "test",
+    mc_samples: int = 4,
+    T: int | None = None,
+    batch_size: int = 16,
+    device: torch.device,
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+    rows: int = 0,
+    on_batch: Callable[[int], None] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> PplResult:
     """Perplexity (bound or exact, as the checkpoint's objective gives it) on one split."""
     if mc_samples < 1:
         raise MdlmError(f"--mc-samples must be at least 1 (got {mc_samples})")
@@ -118,21 +143,43 @@ def evaluate(loaded: LoadedModel, prepared: PreparedData, *, name: str, split: s
         raise MdlmError(f"split {split_name} of {prepared.folder.name} is empty")
     t0 = time.perf_counter()
     objective = loaded.objective
-    results = objective.evaluate(loaded.denoiser(dtype), token_split,
-                                 seeds=[derive_seed(seed, "eval-ppl", k) for k in range(mc_samples)],
-                                 batch_size=batch_size, device=device, rows=rows, T=T, on_batch=on_batch,
-                                 rank=rank, world_size=world_size, per_sequence=not objective.exact and mc_samples > 1)
+    results = objective.evaluate(
+        loaded.denoiser(dtype),
+        token_split,
+        seeds=[derive_seed(seed, "eval-ppl", k) for k in range(mc_samples)],
+        batch_size=batch_size,
+        device=device,
+        rows=rows,
+        T=T,
+        on_batch=on_batch,
+        rank=rank,
+        world_size=world_size,
+        per_sequence=not objective.exact and mc_samples > 1,
+    )
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     first = results[0]
     spread = sequence_spread(results, token_split.lengths[:first.sequences])
-    return PplResult(name, split_name, first.tokens, first.sequences, [r.nats_per_token for r in results],
-                     exact=first.exact, T=first.T, char_level=loaded.tokenizer.is_character_level,
-                     seconds=time.perf_counter() - t0, notes=[note] if note else [],
-                     sequence_sd=spread[0], sequence_var=spread[1], kind=first.kind)
+    return PplResult(
+        name,
+        split_name,
+        first.tokens,
+        first.sequences,
+        [r.nats_per_token for r in results],
+        exact=first.exact,
+        T=first.T,
+        char_level=loaded.tokenizer.is_character_level,
+        seconds=time.perf_counter() - t0,
+        notes=[note] if note else [],
+        sequence_sd=spread[0],
+        sequence_var=spread[1],
+        kind=first.kind,
+    )
 
 
-def sequence_spread(results: list[BoundResult], lengths: np.ndarray) -> tuple[float | None, float | None]:
+def sequence_spread(
+    results: list[BoundResult], lengths: np.ndarray
+) -> tuple[float | None, float | None]:
     """(mean sd, mean variance) over sequences of each sequence's bound across the passes, in
     nats/token of the sequence: the per-datapoint variance of a one-sample estimate (Table 9).
     None with fewer than two passes or without per-sequence values."""

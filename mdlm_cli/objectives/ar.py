@@ -30,7 +30,9 @@ def shift_right(x0: Tensor, bos_id: int) -> Tensor:
 def next_token_logits(logits: Tensor, mask_id: int) -> Tensor:
     """The mask token exists in the vocabulary (shared with the diffusion models) but is
     never a real token: it gets probability zero, as under SUBS."""
-    return logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
+    return logits.float().index_fill(
+        -1, torch.tensor([mask_id], device=logits.device), float("-inf")
+    )
 
 
 def sequence_nll(model: nn.Module, x0: Tensor, *, bos_id: int, mask_id: int,
@@ -45,7 +47,9 @@ def sequence_nll(model: nn.Module, x0: Tensor, *, bos_id: int, mask_id: int,
     """
     with autocast_for(x0.device, autocast_dtype):
         logits = model(shift_right(x0, bos_id))  # (B, L, V)
-    nll = F.cross_entropy(next_token_logits(logits, mask_id).transpose(1, 2), x0, reduction="none")  # (B, L)
+    nll = F.cross_entropy(
+        next_token_logits(logits, mask_id).transpose(1, 2), x0, reduction="none"
+    )  # (B, L)
     if attention_mask is not None:
         nll = nll * attention_mask.to(nll.dtype)
     if targets is not None:
@@ -57,8 +61,20 @@ class CausalLMAdapter:
     """The engine's `CausalLM` (engine/protocols.py) over a causal backbone: BOS, a key/value
     cache (or the backbone's own), and logits of the new tokens after the cached ones."""
 
-    def __init__(self, model: nn.Module, *, bos_id: int, mask_id: int, autocast_dtype: torch.dtype | None = None):
-        self.model, self.bos_id, self.mask_id, self.autocast_dtype = model, bos_id, mask_id, autocast_dtype
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        bos_id: int,
+        mask_id: int,
+        autocast_dtype: torch.dtype | None = None,
+    ):
+        self.model, self.bos_id, self.mask_id, self.autocast_dtype = (
+            model,
+            bos_id,
+            mask_id,
+            autocast_dtype,
+        )
 
     def new_cache(self, batch: int, max_len: int, device: torch.device):
         """The DiT's key/value cache, or the backbone's own (`model.new_cache`, e.g. Mamba's recurrent state)."""
@@ -72,9 +88,18 @@ class CausalLMAdapter:
         with autocast_for(tokens.device, self.autocast_dtype):
             return self.model(tokens, kv_cache=cache)
 
-    def nll(self, x0: Tensor, attention_mask: Tensor | None = None, targets: Tensor | None = None) -> Tensor:
-        return sequence_nll(self.model, x0, bos_id=self.bos_id, mask_id=self.mask_id,
-                            attention_mask=attention_mask, autocast_dtype=self.autocast_dtype, targets=targets)
+    def nll(
+        self, x0: Tensor, attention_mask: Tensor | None = None, targets: Tensor | None = None
+    ) -> Tensor:
+        return sequence_nll(
+            self.model,
+            x0,
+            bos_id=self.bos_id,
+            mask_id=self.mask_id,
+            attention_mask=attention_mask,
+            autocast_dtype=self.autocast_dtype,
+            targets=targets,
+        )
 
     def next_token_argmax(self, x0: Tensor) -> Tensor:
         """argmax_v p_theta(x_l = v | x_<l) at every position l of x0 (B, L), teacher-forced."""
@@ -95,7 +120,9 @@ class Autoregressive(Objective):
     @classmethod
     def validate(cls, cfg) -> None:
         if cfg.model.time_conditioning:
-            raise MdlmError("the autoregressive objective has no time input; set model.time_conditioning=false")
+            raise MdlmError(
+                "the autoregressive objective has no time input; set model.time_conditioning=false"
+            )
         cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
 
     def denoiser(self,
