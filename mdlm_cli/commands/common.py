@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import warnings
@@ -154,9 +153,13 @@ def load_for_command(
     from ..checkpoints.load import load_on_device
 
     loaded, rt = load_on_device(checkpoint, device=device, raw_weights=raw_weights, threads=threads)
-    for note in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
-        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    for text in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
+        note(text)
     return loaded, rt
+
+
+def note(message: str) -> None:
+    err_console.print(f"[yellow]note:[/] {escape(message)}", highlight=False)
 
 
 def warn(message: str) -> None:
@@ -228,39 +231,3 @@ def command_flags(command: str) -> set[str]:
 AllowLongerOpt = Annotated[bool, typer.Option(
     help="Allow --length beyond the length L the model was trained at: the rotary DiT runs at any "
          "length, but its quality past L is unknown (it never saw those positions).")]
-
-
-def check_length(loaded, length: int, allow_longer: bool) -> None:
-    """A length beyond the model's trained L only with --allow-longer (said as a warning)."""
-    if length <= loaded.length:
-        return
-    if not allow_longer:
-        raise MdlmError(f"--length {length} is beyond the {loaded.length} tokens the model was "
-                        "trained at; add --allow-longer to run it anyway (its quality past that "
-                        "length is unknown)")
-    warn(f"--length {length} is beyond the trained length {loaded.length}: quality past it is "
-         "unknown")
-
-
-def check_memory(
-    model,
-    model_cfg,
-    vocab: int,
-    *,
-    batch: int,
-    length: int,
-    device,
-    what: str,
-    fix: str,
-    rows: int = 0,
-) -> None:
-    """Refuse, before anything large is allocated, a forward pass of `batch` rows of `length`
-    tokens through `model` (its ModelConfig `model_cfg`) that the device cannot hold: one
-    line with the estimate and the memory available. `rows`: sequences whose ids are all held."""
-    from ..memory import check_fits, footprint
-
-    m = model_cfg
-    params = sum(p.numel() for p in model.parameters())
-    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
-                     mlp_ratio=m.mlp_ratio, vocab=vocab, batch=batch, length=length)
-    check_fits(what, dataclasses.replace(need, token_ids=8 * rows * length), device, fix)

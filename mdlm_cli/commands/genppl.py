@@ -260,30 +260,28 @@ def _print_gen_ppl(result) -> None:
     )
 
 
-def _sample_for_judging(checkpoint: str,
-                        sampling: Sampling,
-                        num_samples: int,
-                        seed: int,
-                        device: str | None,
-                        out: str | None,
-                        threads: int | None):
-    from rich.progress import Progress
-
-    from ..sample.generate import generate, write_jsonl
+def _sample_for_judging(
+    checkpoint: str,
+    sampling: Sampling,
+    num_samples: int,
+    seed: int,
+    device: str | None,
+    out: str | None,
+    threads: int | None,
+):
+    """--sample-first: the samples drawn as mdlm sample draws them (batches of 16 at most),
+    written to --samples where given."""
+    from ..sample.draw import draw, write_samples
+    from .sample import sampling_progress
 
     loaded, rt = load_for_command(checkpoint, device, False, threads)
-    spec, steps = sampling.resolve(loaded.objective)
-    with Progress(console=err_console, transient=True) as progress:
-        task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
-        records, stats, seconds = generate(
-            loaded, sampler=spec.name, num_samples=num_samples, batch_size=min(num_samples, 16),
-            steps=steps, seed=seed, device=rt.device, dtype=rt.dtype,
-            on_batch=lambda n: progress.advance(task, n), **sampling.engine_kwargs(spec))
-    err_console.print(f"{spec.name}: {num_samples} samples, {seconds / num_samples:.2f} s/sample, "
-                      f"NFE {stats.nfe:.1f}")
+    how = sampling.drawing(loaded.objective)
+    with sampling_progress(how.sampler, num_samples) as advance:
+        drawn = draw(loaded, rt, how, num_samples=num_samples, seed=seed,
+                     batch_size=min(num_samples, 16), on_batch=advance)
+    err_console.print(f"{how.sampler}: {num_samples} samples, {drawn.per_sample:.2f} s/sample, "
+                      f"NFE {drawn.stats.nfe:.1f}")
     if out:
-        extra = {**sampling.record(spec, steps), "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
-                 "checkpoint": str(loaded.path), "seconds": seconds / num_samples}
-        write_jsonl(out, [r.to_json(**extra) for r in records])
-        err_console.print(f"Wrote {len(records)} samples to {out}", markup=False)
-    return [r.text for r in records], [r.tokens for r in records]
+        write_samples(out, drawn)
+        err_console.print(f"Wrote {len(drawn.records)} samples to {out}", markup=False)
+    return [r.text for r in drawn.records], [r.tokens for r in drawn.records]

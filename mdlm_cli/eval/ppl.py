@@ -11,6 +11,7 @@ import dataclasses
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from ..data.store import PreparedData, prepare
-from ..errors import MdlmError
+from ..errors import MdlmError, MdlmWarning
 from ..objectives.bound import BoundResult
 from ..runtime import derive_seed
 
@@ -188,3 +189,62 @@ def sequence_spread(
     per_token = np.stack([r.per_sequence for r in results]) / np.maximum(lengths, 1)[None]  # (K, n)
     var = per_token.var(axis=0, ddof=1)
     return float(np.sqrt(var).mean()), float(var.mean())
+
+
+def eval_options(loaded: LoadedModel, device, *, schedule: str | None = None,
+                 split: str = "test", mc_samples: int | None = None, T: int | None = None,
+                 seed: int = 0, rows: int = 0, batch_size: int | None = None, rank: int = 0,
+                 world_size: int = 1) -> tuple[dict, str]:
+    """`evaluate`'s keywords for `mdlm eval-ppl`'s flags, and the trained schedule's name: the
+    passes (`eval_passes`), the schedule swapped in (`use_schedule`) and a batch refused where
+    it cannot fit (`check_eval_memory`)."""
+    mc_samples, T = eval_passes(loaded.objective, mc_samples, T)
+    trained = use_schedule(loaded.objective, schedule)
+    options = {"split": split, "mc_samples": mc_samples, "T": T, "seed": seed, "rows": rows,
+               "batch_size": batch_size or loaded.config.train.micro_batch_size,
+               "rank": rank, "world_size": world_size}
+    check_eval_memory(loaded, device, options)
+    return options, trained
+
+
+def check_eval_memory(loaded: LoadedModel, device, options: dict) -> None:
+    """An evaluation batch that cannot fit in memory is refused before any data is read."""
+    from ..memory import check_memory
+
+    rows, batch = options["rows"], options["batch_size"]
+    batch = min(batch, rows) if rows > 0 else batch
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
+                 length=loaded.length, device=device,
+                 what=f"evaluating {batch} rows of {loaded.length} tokens per batch",
+                 fix="lower --batch-size")
+
+
+def eval_passes(objective, mc_samples: int | None, T: int | None) -> tuple[int, int | None]:
+    """(K, T) of an evaluation: an exact likelihood takes one pass and no T (a warning where
+    either is asked for)."""
+    if not objective.exact:
+        return 4 if mc_samples is None else mc_samples, T
+    for flag, value in (("--mc-samples", mc_samples), ("--T", T)):
+        if value is not None:
+            warnings.warn(f"{flag} {value} does not apply: the {objective.name} model's "
+                          "likelihood is exact", MdlmWarning, stacklevel=2)
+    return 1, None
+
+
+def use_schedule(objective, schedule: str | None) -> str:
+    """Swap the objective's schedule for `schedule` (the bound and its time draws read it); the
+    trained schedule's name. Refused where the swap changes what the model computes."""
+    from ..engine.schedules import get_schedule
+
+    trained = objective.schedule.name
+    if schedule is None:
+        return trained
+    if not objective.uses_time:
+        raise MdlmError(f"--schedule does not apply: the {objective.name} objective has no "
+                        "diffusion time")
+    if objective.takes_time:
+        raise MdlmError(f"--schedule needs a model without time conditioning: this "
+                        f"{objective.name} model reads sigma(t) of its {trained} schedule, so "
+                        "its bound is not invariant to the schedule")
+    objective.schedule = get_schedule(schedule, objective.schedule.eps)
+    return trained
