@@ -81,18 +81,14 @@ class Dist:
         """Micro-batches per rank per step: global = micro x accumulation x world size."""
         per_rank, rest = divmod(global_batch, self.world_size)
         if rest:
-            raise MdlmError(
-                f"train.global_batch_size ({global_batch}) cannot be split evenly over "
-                f"{self.world_size} ranks; choose a multiple of {self.world_size} or another "
-                "number of processes"
-            )
+            raise MdlmError(f"train.global_batch_size ({global_batch}) cannot be split evenly over "
+                            f"{self.world_size} ranks; choose a multiple of {self.world_size} or another "
+                            "number of processes")
         if per_rank % micro_batch:
             fits = max(d for d in range(1, min(micro_batch, per_rank) + 1) if per_rank % d == 0)
-            raise MdlmError(
-                f"train.global_batch_size ({global_batch}) over {self.world_size} ranks is "
-                f"{per_rank} sequences per rank, not a multiple of train.micro_batch_size "
-                f"({micro_batch}); use --set train.micro_batch_size={fits}"
-            )
+            raise MdlmError(f"train.global_batch_size ({global_batch}) over {self.world_size} ranks is "
+                            f"{per_rank} sequences per rank, not a multiple of train.micro_batch_size "
+                            f"({micro_batch}); use --set train.micro_batch_size={fits}")
         return per_rank // micro_batch
 
     def batch_shard(self, global_batch: int) -> slice:
@@ -137,11 +133,9 @@ class Dist:
 
                 FSDPModule.set_force_sum_reduction_for_comms  # noqa: B018 - newest API used below
             except (ImportError, AttributeError):
-                raise MdlmError(
-                    f"train.parallel=fsdp needs a newer torch than {torch.__version__} (FSDP2 "
-                    "fully_shard with set_force_sum_reduction_for_comms); upgrade torch or use "
-                    "train.parallel=ddp"
-                ) from None
+                raise MdlmError(f"train.parallel=fsdp needs a newer torch than {torch.__version__} (FSDP2 "
+                                "fully_shard with set_force_sum_reduction_for_comms); upgrade torch or use "
+                                "train.parallel=ddp") from None
             mesh = init_device_mesh(self.device.type, (self.world_size,))
             policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                       if dtype == torch.bfloat16 else MixedPrecisionPolicy())
@@ -162,16 +156,11 @@ class Dist:
         if ema_model is not None:
             ema_model.to(self.device)
         # the only buffers are constant (rotary frequencies): no broadcast before every forward
-        no_buffer_sync = (
-            {"forward_sync_buffers": False}
-            if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-            else {"broadcast_buffers": False}
-        )
-        ddp = DistributedDataParallel(
-            model,
-            device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            **no_buffer_sync,
-        )
+        no_buffer_sync = ({"forward_sync_buffers": False}
+                          if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                          else {"broadcast_buffers": False})
+        ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                                      **no_buffer_sync)
         ddp.register_comm_hook(None, _allreduce_sum_hook)
         return ddp
 
@@ -269,32 +258,19 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
         if not by_name:
             return {}
         index = {name: i for i, name in enumerate(_param_names(model, optimizer))}
-        return {
-            "state": {index[n]: v for n, v in by_name["state"].items()},
-            "param_groups": [
-                dict(g, params=[index[n] for n in g["params"]]) for g in by_name["param_groups"]
-            ],
-        }
+        return {"state": {index[n]: v for n, v in by_name["state"].items()},
+                "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in by_name["param_groups"]]}
     return optimizer.state_dict() if current_rank() == 0 else {}
 
 
-def load_full_optimizer_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict
-) -> None:
+def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Inverse of `full_optimizer_state`; FSDP2 keeps only this rank's shard."""
     if _is_fsdp(unwrap(model)):
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         names = _param_names(model, optimizer)
-        by_name = {
-            "state": {names[i]: v for i, v in state["state"].items()},
-            "param_groups": [
-                dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]
-            ],
-        }
+        by_name = {"state": {names[i]: v for i, v in state["state"].items()},
+                   "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]]}
         set_optimizer_state_dict(unwrap(model), optimizer, by_name,
                                  options=StateDictOptions(full_state_dict=True))
     else:
@@ -325,15 +301,11 @@ def session(device_name: str = "auto"):
         yield Dist(device=device)
         return
     if device.type == "mps":
-        raise MdlmError(
-            "multi-process training is not supported on MPS; use --device cpu or CUDA GPUs"
-        )
+        raise MdlmError("multi-process training is not supported on MPS; use --device cpu or CUDA GPUs")
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
-            raise MdlmError(
-                f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) are visible; "
-                "use --nproc-per-node <= the number of GPUs per node"
-            )
+            raise MdlmError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) are visible; "
+                            "use --nproc-per-node <= the number of GPUs per node")
         device = torch.device("cuda", local_rank)  # one GPU per process, whatever --device said
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"

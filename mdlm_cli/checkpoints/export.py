@@ -60,37 +60,22 @@ def write_model_files(loaded: LoadedModel, folder: Path, weights: str) -> dict:
         config = loaded.model.save_pretrained_folder(folder)
         config["mdlm"] = mdlm_section(loaded, weights)
     else:
-        save_file(
-            reference_state_dict(loaded.model),
-            folder / "model.safetensors",
-            metadata={"format": "pt"},
-        )
+        save_file(reference_state_dict(loaded.model), folder / "model.safetensors", metadata={"format": "pt"})
         config = hf_config(loaded, mdlm_section(loaded, weights))  # the reference's fields + mdlm's
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return config
 
 
-def export_folder(
-    loaded: LoadedModel,
-    out: str | Path,
-    *,
-    weights: str,
-    results: list[dict] | None = None,
-    overwrite: bool = False,
-    hub_id: str | None = None,
-) -> Path:
+def export_folder(loaded: LoadedModel, out: str | Path, *, weights: str, results: list[dict] | None = None,
+                  overwrite: bool = False, hub_id: str | None = None) -> Path:
     """Write the folder beside `out`, then swap it in (files.swap_folder); `hub_id` is where
     it will be pushed, for the model card's usage line."""
     from ..models import DiT
 
-    if not isinstance(
-        loaded.model, DiT | HFMaskedLM
-    ):  # the formats export writes: the reference's, or HF's own
-        raise MdlmError(
-            f"mdlm export writes the reference DiT format or a Hugging Face masked LM's; a "
-            f"{loaded.config.model.backbone} model is shared as its run folder (safetensors, config.yaml, "
-            "tokenizer files)"
-        )
+    if not isinstance(loaded.model, DiT | HFMaskedLM):  # the formats export writes: the reference's, or HF's own
+        raise MdlmError(f"mdlm export writes the reference DiT format or a Hugging Face masked LM's; a "
+                        f"{loaded.config.model.backbone} model is shared as its run folder (safetensors, config.yaml, "
+                        "tokenizer files)")
     out = Path(out)
     check_export_target(loaded, out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,9 +86,7 @@ def export_folder(
     try:
         config = write_model_files(loaded, tmp, weights)
         loaded.tokenizer.save(tmp)
-        (tmp / "README.md").write_text(
-            model_card(loaded, config, results or [], hub_id or str(out))
-        )
+        (tmp / "README.md").write_text(model_card(loaded, config, results or [], hub_id or str(out)))
         config["mdlm"]["files"] = sorted(["config.json", *(p.name for p in tmp.iterdir())])
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         swap_folder(tmp, out)
@@ -122,9 +105,7 @@ def export_files(folder: Path) -> list[str] | None:
     if not isinstance(meta, dict) or "format" not in meta:
         return None
     files = meta.get("files")
-    return (
-        [str(f) for f in files] if isinstance(files, list) else [p.name for p in folder.iterdir()]
-    )
+    return [str(f) for f in files] if isinstance(files, list) else [p.name for p in folder.iterdir()]
 
 
 def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None:
@@ -133,14 +114,9 @@ def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None
     source = loaded.path.resolve()
     run = source.parent.parent if source.parent.name == "checkpoints" else source
     target = out.resolve()
-    for protected, what in (
-        (run, "the run being exported"),
-        (source, "the checkpoint being exported"),
-    ):
+    for protected, what in ((run, "the run being exported"), (source, "the checkpoint being exported")):
         if target == protected or target in protected.parents or protected in target.parents:
-            raise MdlmError(
-                f"--out {out} overlaps {what} ({protected}); choose a folder outside it"
-            )
+            raise MdlmError(f"--out {out} overlaps {what} ({protected}); choose a folder outside it")
     if not out.exists() and not out.is_symlink():
         return
     if not out.is_dir() or out.is_symlink():
@@ -148,21 +124,15 @@ def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None
     if not any(out.iterdir()):
         return
     if not overwrite:
-        raise MdlmError(
-            f"{out} already exists and is not empty; choose another --out or pass --overwrite"
-        )
+        raise MdlmError(f"{out} already exists and is not empty; choose another --out or pass --overwrite")
     written = export_files(out)
     if written is None:
-        raise MdlmError(
-            f"{out} is not a folder mdlm export wrote (no 'mdlm' section in its config.json); "
-            "--overwrite replaces only an earlier export, so choose another --out"
-        )
+        raise MdlmError(f"{out} is not a folder mdlm export wrote (no 'mdlm' section in its config.json); "
+                        "--overwrite replaces only an earlier export, so choose another --out")
     foreign = sorted(p.name for p in out.iterdir() if p.name not in written)
     if foreign:
-        raise MdlmError(
-            f"{out} holds files the earlier export did not write ({', '.join(foreign[:3])}); "
-            "move them away or choose another --out"
-        )
+        raise MdlmError(f"{out} holds files the earlier export did not write ({', '.join(foreign[:3])}); "
+                        "move them away or choose another --out")
 
 
 @torch.no_grad()
@@ -196,19 +166,11 @@ def read_results(paths: list[str]) -> list[dict]:
             try:
                 items = [json.loads(line) for line in text.splitlines() if line.strip()]
             except json.JSONDecodeError as e:
-                raise MdlmError(
-                    f"--results {path} is neither JSON nor JSONL ({e.msg}, line {e.lineno})"
-                ) from None
+                raise MdlmError(f"--results {path} is neither JSON nor JSONL ({e.msg}, line {e.lineno})") from None
         for item in items:
             if not isinstance(item, dict):
                 raise MdlmError(f"--results {path} must hold JSON objects (one per evaluation)")
-            records.append(
-                {
-                    k: v
-                    for k, v in item.items()
-                    if isinstance(v, str | int | float | bool) or v is None
-                }
-            )
+            records.append({k: v for k, v in item.items() if isinstance(v, str | int | float | bool) or v is None})
     return records
 
 
@@ -221,96 +183,46 @@ def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: st
         backbone = f"{loaded.model.describe()}, {millions:.1f}M parameters"
     else:
         c = loaded.model.config
-        backbone = (
-            f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, cond dim {c.cond_dim}, "
-            f"{millions:.1f}M parameters"
-        )
+        backbone = (f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, cond dim {c.cond_dim}, "
+                    f"{millions:.1f}M parameters")
     rows = [
         ("backbone", backbone),
         ("objective", f"{cfg.diffusion.objective} ({loaded.objective.description})"),
         ("vocabulary", f"{loaded.model.vocab_size} ({tok.name}, mask id {tok.mask_id})"),
         ("sequence length", f"{loaded.length} ({cfg.data.packing} packing)"),
         ("time conditioning", "on" if cfg.model.time_conditioning else "off"),
-        (
-            "schedule",
-            f"{cfg.diffusion.schedule} (eps {cfg.diffusion.eps:g})"
-            + (f", discrete T={cfg.diffusion.T}" if cfg.diffusion.T else ", continuous time"),
-        ),
+        ("schedule", f"{cfg.diffusion.schedule} (eps {cfg.diffusion.eps:g})"
+                     + (f", discrete T={cfg.diffusion.T}" if cfg.diffusion.T else ", continuous time")),
         ("weights", config["mdlm"]["weights"]),
         ("training data", dataset),
     ]
     if isinstance(state.get("step"), int):
-        rows.append(
-            (
-                "training steps",
-                f"{state['step']:,}"
-                + (
-                    f" ({state['tokens_seen']:,} tokens)"
-                    if isinstance(state.get("tokens_seen"), int)
-                    else ""
-                ),
-            )
-        )
+        rows.append(("training steps", f"{state['step']:,}"
+                     + (f" ({state['tokens_seen']:,} tokens)" if isinstance(state.get("tokens_seen"), int) else "")))
     if state.get("source"):
         rows.append(("imported from", f"`{state['source']}` ({state.get('format', '?')})"))
-    lines = [
-        "---",
-        "library_name: mdlm",
-        "tags:",
-        "- mdlm",
-        "- masked-diffusion",
-        "- diffusion-language-model",
-        "---",
-        "",
-        f"# {cfg.name}",
-        "",
-        "A masked diffusion language model (MDLM, Sahoo et al. 2024, arXiv:2406.07524) exported by "
-        f"`mdlm` {__version__}.",
-        "",
-        "| | |",
-        "|---|---|",
-    ]
+    lines = ["---", "library_name: mdlm", "tags:", "- mdlm", "- masked-diffusion", "- diffusion-language-model",
+             "---", "", f"# {cfg.name}", "",
+             "A masked diffusion language model (MDLM, Sahoo et al. 2024, arXiv:2406.07524) exported by "
+             f"`mdlm` {__version__}.", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
-    lines += [
-        "",
-        "## Use",
-        "",
-        "```bash",
-        f"mdlm sample --checkpoint {where} --sampler first-hitting -n 4",
-        "```",
-        "",
-        (
-            "This is the Hugging Face masked LM's own folder (`AutoModelForMaskedLM.from_pretrained` loads "
-            "it as it is), fine-tuned with MDLM; `config.json` also holds mdlm's section; "
-            if hf
-            else "`config.json` carries the reference implementation's `MDLMConfig` fields and "
-            "`model.safetensors` its parameter names (`backbone.*`); "
-        )
-        + "there is no Python code in this folder, so nothing needs `trust_remote_code`. The tokenizer files "
-        "sit next to them.",
-        "",
-        "## Evaluation results",
-        "",
-    ]
+    lines += ["", "## Use", "", "```bash", f"mdlm sample --checkpoint {where} --sampler first-hitting -n 4", "```", "",
+              ("This is the Hugging Face masked LM's own folder (`AutoModelForMaskedLM.from_pretrained` loads "
+               "it as it is), fine-tuned with MDLM; `config.json` also holds mdlm's section; "
+               if hf else "`config.json` carries the reference implementation's `MDLMConfig` fields and "
+               "`model.safetensors` its parameter names (`backbone.*`); ")
+              + "there is no Python code in this folder, so nothing needs `trust_remote_code`. The tokenizer files "
+              "sit next to them.", "",
+              "## Evaluation results", ""]
     evals = []
-    for key, label in (
-        ("best_valid_nats", "best validation bound"),
-        ("valid_nats", "last validation bound"),
-    ):
+    for key, label in (("best_valid_nats", "best validation bound"), ("valid_nats", "last validation bound")):
         if isinstance(state.get(key), int | float):
-            evals.append(
-                (
-                    label,
-                    f"{state[key]:.4f} nats/token, perplexity <= {math.exp(min(state[key], 700)):.2f}",
-                )
-            )
+            evals.append((label, f"{state[key]:.4f} nats/token, perplexity <= {math.exp(min(state[key], 700)):.2f}"))
     lines += [f"- {k}: {v}" for k, v in evals]
     for record in results:
         lines.append("- " + ", ".join(f"{k}: {_fmt(v)}" for k, v in record.items()))
     if not evals and not results:
-        lines.append(
-            "None recorded with this checkpoint (pass `mdlm export --results FILE` to add some)."
-        )
+        lines.append("None recorded with this checkpoint (pass `mdlm export --results FILE` to add some).")
     lines += ["", "## Training configuration", "", "```yaml", config_yaml(cfg).rstrip(), "```", ""]
     return "\n".join(lines)
 
@@ -323,10 +235,8 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:
     from ..io.hub import hub_offline
 
     if hub_offline():
-        raise MdlmError(
-            f"cannot push to {repo_id!r}: the Hugging Face Hub is unreachable (no network); {folder} "
-            f"is complete, upload it later with `hf upload {repo_id} {folder}`"
-        )
+        raise MdlmError(f"cannot push to {repo_id!r}: the Hugging Face Hub is unreachable (no network); {folder} "
+                        f"is complete, upload it later with `hf upload {repo_id} {folder}`")
     api = HfApi()
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
@@ -337,9 +247,7 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:
                         "`hf auth login` or set HF_TOKEN") from None
     except (HfHubHTTPError, OSError, ValueError) as e:
         text = str(e).strip()
-        raise MdlmError(
-            f"cannot push to {repo_id!r}: {text.splitlines()[0] if text else type(e).__name__}"
-        ) from None
+        raise MdlmError(f"cannot push to {repo_id!r}: {text.splitlines()[0] if text else type(e).__name__}") from None
     return f"https://huggingface.co/{repo_id}"
 
 

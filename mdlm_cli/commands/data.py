@@ -43,17 +43,11 @@ def presets_cmd(
 @app.command("prepare-data")
 def prepare_data_cmd(
     preset: PresetOpt = "demo",
-    dataset: Annotated[
-        str | None, typer.Option(help="Data set name or local path (overrides the preset).")
-    ] = None,
-    tokenizer: Annotated[
-        str | None, typer.Option(help="gpt2 | bert-base-uncased | char | folder | hub id.")
-    ] = None,
+    dataset: Annotated[str | None, typer.Option(help="Data set name or local path (overrides the preset).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="gpt2 | bert-base-uncased | char | folder | hub id.")] = None,
     length: Annotated[int | None, typer.Option(help="Tokens per row (L).")] = None,
     packing: Annotated[str | None, typer.Option(help="wrap | pad | chunk | window | sft.")] = None,
-    cache_dir: Annotated[
-        str | None, typer.Option(help="Cache root (default $MDLM_CACHE or ~/.cache/mdlm).")
-    ] = None,
+    cache_dir: Annotated[str | None, typer.Option(help="Cache root (default $MDLM_CACHE or ~/.cache/mdlm).")] = None,
     overrides: SetOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the cache exists.")] = False,
 ) -> None:

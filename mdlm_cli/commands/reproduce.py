@@ -17,61 +17,31 @@ from rich.table import Table
 from ..errors import MdlmError
 from .common import app, command_flags, console, err_console, user_errors
 
-A100_BF16_FLOPS, ASSUMED_MFU = (
-    312e12,
-    0.4,
-)  # NVIDIA A100 data sheet, dense bf16; an assumed utilisation
+A100_BF16_FLOPS, ASSUMED_MFU = 312e12, 0.4  # NVIDIA A100 data sheet, dense bf16; an assumed utilisation
 KNOWN_VOCABS = {"gpt2": 50258, "bert-base-uncased": 30522, "char": 35}
 
-TableArg = Annotated[
-    str | None, typer.Argument(help="Table name (see --list), or a recipe .yaml file.")
-]
-OutOpt = Annotated[
-    str | None, typer.Option(help="Folder of this table's outputs (default reproduce/TABLE).")
-]
-RunsOpt = Annotated[
-    str,
-    typer.Option(help="Folder of the training runs, shared by tables that train the same model."),
-]
-RowsOpt = Annotated[
-    str | None, typer.Option(help="Comma-separated rows to run or report (default: all).")
-]
-ScaleOpt = Annotated[
-    str,
-    typer.Option(
-        help="paper (the paper's steps), a factor in (0, 1] on the training steps, or tiny (test-size model, a few "
-        "steps: a smoke run). Anything but paper is labelled as not the paper's setting."
-    ),
-]
-LauncherOpt = Annotated[
-    str,
-    typer.Option(
-        help="What runs training commands, e.g. 'torchrun --nproc-per-node 8 -m mdlm_cli' on a GPU node."
-    ),
-]
+TableArg = Annotated[str | None, typer.Argument(help="Table name (see --list), or a recipe .yaml file.")]
+OutOpt = Annotated[str | None, typer.Option(help="Folder of this table's outputs (default reproduce/TABLE).")]
+RunsOpt = Annotated[str, typer.Option(help="Folder of the training runs, shared by tables that train the same "
+                                           "model.")]
+RowsOpt = Annotated[str | None, typer.Option(help="Comma-separated rows to run or report (default: all).")]
+ScaleOpt = Annotated[str, typer.Option(
+    help="paper (the paper's steps), a factor in (0, 1] on the training steps, or tiny (test-size model, a few "
+         "steps: a smoke run). Anything but paper is labelled as not the paper's setting.")]
+LauncherOpt = Annotated[str, typer.Option(
+    help="What runs training commands, e.g. 'torchrun --nproc-per-node 8 -m mdlm_cli' on a GPU node.")]
 
 
 @app.command("reproduce")
 def reproduce_cmd(
     table: TableArg = None,
-    list_tables: Annotated[
-        bool, typer.Option("--list", help="List the tables and what each needs.")
-    ] = False,
-    dry_run: Annotated[
-        bool, typer.Option(help="Print the commands in order; run nothing.")
-    ] = False,
-    report: Annotated[
-        bool,
-        typer.Option(help="Write OUT/report.md (and a PNG for curves) from the outputs so far."),
-    ] = False,
-    out: OutOpt = None,
-    runs: RunsOpt = "reproduce/runs",
-    rows: RowsOpt = None,
-    scale: ScaleOpt = "paper",
+    list_tables: Annotated[bool, typer.Option("--list", help="List the tables and what each needs.")] = False,
+    dry_run: Annotated[bool, typer.Option(help="Print the commands in order; run nothing.")] = False,
+    report: Annotated[bool, typer.Option(help="Write OUT/report.md (and a PNG for curves) from the "
+                                              "outputs so far.")] = False,
+    out: OutOpt = None, runs: RunsOpt = "reproduce/runs", rows: RowsOpt = None, scale: ScaleOpt = "paper",
     launcher: LauncherOpt = "mdlm",
-    emit: Annotated[
-        str | None, typer.Option(help="slurm: write job scripts (OUT/slurm) instead of running.")
-    ] = None,
+    emit: Annotated[str | None, typer.Option(help="slurm: write job scripts (OUT/slurm) instead of running.")] = None,
     gpus: Annotated[int, typer.Option(help="--emit slurm: GPUs per node.")] = 8,
     nodes: Annotated[int, typer.Option(help="--emit slurm: nodes per training job.")] = 1,
 ) -> None:
@@ -95,9 +65,7 @@ def reproduce_cmd(
         if table is None:
             raise MdlmError("give a table (mdlm reproduce --list shows them)")
         recipe = load_recipe(table, command_flags)
-        out_dir = Path(
-            out or f"reproduce/{recipe.name}" + ("" if scale == "paper" else f"@{scale}")
-        )
+        out_dir = Path(out or f"reproduce/{recipe.name}" + ("" if scale == "paper" else f"@{scale}"))
         runs_dir = Path(runs)
         selected = [r.strip() for r in rows.split(",") if r.strip()] if rows else None
         jobs = plan(recipe, out=out_dir, runs=runs_dir, scale=scale, rows=selected)
@@ -111,9 +79,7 @@ def reproduce_cmd(
                 raise MdlmError(f"--emit supports slurm (got {emit!r})")
             from ..recipes.slurm import emit as emit_slurm
 
-            console.print(
-                f"Wrote {emit_slurm(jobs, out_dir / 'slurm', nodes=nodes, gpus=gpus)}", markup=False
-            )
+            console.print(f"Wrote {emit_slurm(jobs, out_dir / 'slurm', nodes=nodes, gpus=gpus)}", markup=False)
             return
         _claim(out_dir, scale)
         _run(jobs, out_dir, launcher)
@@ -124,10 +90,8 @@ def _claim(out: Path, scale: str) -> None:
     """One scale per output folder: a smoke run's results never stand in for the paper's."""
     marker = out / "scale.txt"
     if marker.is_file() and marker.read_text().strip() != scale:
-        raise MdlmError(
-            f"{out} holds results at scale {marker.read_text().strip()}; give another --out for "
-            f"--scale {scale}"
-        )
+        raise MdlmError(f"{out} holds results at scale {marker.read_text().strip()}; give another --out for "
+                        f"--scale {scale}")
     out.mkdir(parents=True, exist_ok=True)
     marker.write_text(scale + "\n")
 
@@ -136,22 +100,13 @@ def _print_list(recipes) -> None:
     table = Table("table", "rows", "models", "est. A100-days", "title", "needs", box=None)
     for name, recipe in recipes.items():
         run = [r for r in recipe.rows if not r.paper_only]
-        table.add_row(
-            name,
-            f"{len(run)} (+{len(recipe.rows) - len(run)} quoted)"
-            if len(run) < len(recipe.rows)
-            else str(len(run)),
-            str(len(recipe.models)),
-            _gpu_days(recipe),
-            escape(recipe.title),
-            escape(recipe.needs),
-        )
+        table.add_row(name, f"{len(run)} (+{len(recipe.rows) - len(run)} quoted)" if len(run) < len(recipe.rows)
+                      else str(len(run)), str(len(recipe.models)), _gpu_days(recipe), escape(recipe.title),
+                      escape(recipe.needs))
     console.print(table)
-    console.print(
-        f"[dim]A100-days: 6 x parameters x training tokens at {ASSUMED_MFU:.0%} of an A100's "
-        f"{A100_BF16_FLOPS / 1e12:.0f} TFLOP/s (bf16 dense), summed over the table's training runs; an "
-        "estimate, not a measurement[/]"
-    )
+    console.print(f"[dim]A100-days: 6 x parameters x training tokens at {ASSUMED_MFU:.0%} of an A100's "
+                  f"{A100_BF16_FLOPS / 1e12:.0f} TFLOP/s (bf16 dense), summed over the table's training runs; an "
+                  "estimate, not a measurement[/]")
 
 
 def _gpu_days(recipe) -> str:
@@ -178,9 +133,7 @@ def _gpu_days(recipe) -> str:
 def _print_plan(jobs, launcher: str, scale: str, rows) -> None:
     from ..recipes.plan import scale_label
 
-    sys.stdout.write(
-        f"# {len(jobs)} jobs, {scale_label(scale)}; in order, each skipped when its output exists\n"
-    )
+    sys.stdout.write(f"# {len(jobs)} jobs, {scale_label(scale)}; in order, each skipped when its output exists\n")
     for job in jobs:
         sys.stdout.write(("# done: " if job.done() else "") + job.command(launcher) + "\n")
     sys.stdout.write("# rows (the paper's value and where it comes from):\n")
@@ -205,10 +158,8 @@ def _run(jobs, out: Path, launcher: str) -> None:
     env = environment(pick_device("auto"), None)
     device = env["device_name"] + (f" ({env['threads']} threads)" if env["device"] == "cpu" else "")
     todo = [j for j in jobs if not j.done()]
-    err_console.print(
-        f"{len(jobs) - len(todo)} of {len(jobs)} jobs already done; running {len(todo)}",
-        highlight=False,
-    )
+    err_console.print(f"{len(jobs) - len(todo)} of {len(jobs)} jobs already done; running {len(todo)}",
+                      highlight=False)
     stop = StopSignals(first="stopping: the running job is asked to stop, and no other job starts",
                        kept="checkpoints and finished results stay as they are", forward=_forward,
                        flag_both=True)
@@ -236,24 +187,14 @@ def _run_job(
     """Run job i of n, logged and recorded: its exit code and its log."""
     import shlex
 
-    program = (
-        shlex.split(launcher)
-        if job.kind == "train" and launcher != "mdlm"
-        else [sys.executable, "-m", "mdlm_cli"]
-    )
+    program = shlex.split(launcher) if job.kind == "train" and launcher != "mdlm" else [sys.executable, "-m",
+                                                                                           "mdlm_cli"]
     err_console.print(f"[bold]({i}/{n})[/] {escape(job.command(launcher))}", highlight=False)
     log = out / "logs" / f"{job.kind}-{job.name}.log"
     t0 = time.perf_counter()
     code = _tee([*program, *job.argv], log)
-    record = {
-        "kind": job.kind,
-        "name": job.name,
-        "argv": job.argv,
-        "returncode": code,
-        "device": device,
-        "seconds": time.perf_counter() - t0,
-        "log": str(log),
-    }
+    record = {"kind": job.kind, "name": job.name, "argv": job.argv, "returncode": code, "device": device,
+              "seconds": time.perf_counter() - t0, "log": str(log)}
     with open(out / "jobs.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
     return code, log
@@ -268,9 +209,7 @@ def _tee(argv: list[str], log: Path) -> int:
         RUNNING[:] = [proc]
         for line in proc.stdout:
             f.write(line)
-            err_console.print(
-                "  " + line.rstrip("\n"), markup=False, highlight=False, soft_wrap=True
-            )
+            err_console.print("  " + line.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
         code = proc.wait()
         RUNNING.clear()
         return code
@@ -298,15 +237,9 @@ def _report(recipe, out: Path, runs: Path, scale: str) -> None:
     (out / "report.md").write_text(markdown(recipe, rows, scale_label(scale)))
     table = Table("row", "paper", "ours", "diff", "", "training", "status", title=recipe.title)
     for r in rows:
-        table.add_row(
-            escape(r.label),
-            fmt(r.paper),
-            fmt(r.ours, r.ours_se),
-            "" if r.difference is None else f"{r.difference:+.3g}",
-            escape(r.extra),
-            escape(r.steps),
-            r.status,
-        )
+        table.add_row(escape(r.label), fmt(r.paper), fmt(r.ours, r.ours_se),
+                      "" if r.difference is None else f"{r.difference:+.3g}", escape(r.extra), escape(r.steps),
+                      r.status)
     console.print(table)
     console.print(f"Wrote {out / 'report.md'} ({scale_label(scale)})", markup=False)
     try:

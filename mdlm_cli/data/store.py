@@ -43,18 +43,11 @@ if TYPE_CHECKING:
 FORMAT_VERSION = 1
 
 
-def cache_key(
-    source: Source, tokenizer: Tokenizer, length: int, packing: str, limits: dict | None = None
-) -> str:
+def cache_key(source: Source, tokenizer: Tokenizer, length: int, packing: str, limits: dict | None = None) -> str:
     """`limits`: the row limits per split ({} or None when every row is kept: the key of every
     data set prepared before limits existed)."""
-    payload = {
-        "format": FORMAT_VERSION,
-        "source": source.fingerprint,
-        "tokenizer": tokenizer.fingerprint,
-        "length": length,
-        "packing": packing,
-    }
+    payload = {"format": FORMAT_VERSION, "source": source.fingerprint, "tokenizer": tokenizer.fingerprint,
+               "length": length, "packing": packing}
     if limits:
         payload["row_limits"] = limits
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -76,9 +69,7 @@ class TokenSplit:
 
     tokens: np.ndarray  # (rows, L)
     lengths: np.ndarray  # (rows,)
-    pad_id: int | None = (
-        None  # set: this token is excluded wherever it stands (DNA's N), not only at the end
-    )
+    pad_id: int | None = None  # set: this token is excluded wherever it stands (DNA's N), not only at the end
     scored: np.ndarray | None = None  # (rows,) tokens that count per row, when pad_id is set
     prompt: np.ndarray | None = None  # (rows,) packing sft: prompt tokens at each row's start
 
@@ -108,9 +99,7 @@ class TokenSplit:
         targets = (positions[None, :] >= starts[:, None]) & (positions[None, :] < ends[:, None])
         return x0, attention_mask, targets.to(device)
 
-    def batch(
-        self, rows, device: torch.device | str = "cpu"
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def batch(self, rows, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor | None]:
         """x0 (B, L) long and an attention mask (B, L) bool, or None when nothing is padded."""
         rows = np.asarray(rows)
         x0 = torch.from_numpy(self.tokens[rows].astype(np.int64))
@@ -146,9 +135,7 @@ class PreparedData:
 
     def split(self, name: str) -> TokenSplit:
         if name not in self.meta["splits"]:
-            raise MdlmError(
-                f"split {name!r} is not in {self.folder.name}; available: {', '.join(self.splits)}"
-            )
+            raise MdlmError(f"split {name!r} is not in {self.folder.name}; available: {', '.join(self.splits)}")
         info = self.meta["splits"][name]
         shape = (info["rows"], self.length)
         try:
@@ -167,16 +154,8 @@ class PreparedData:
                 return TokenSplit(tokens, lengths, prompt=prompt)
             if not self.meta.get("pad_anywhere"):
                 return TokenSplit(tokens, lengths)
-            scored = (
-                np.zeros(0, dtype=np.int32)
-                if info["rows"] == 0
-                else np.memmap(
-                    self.folder / f"{name}.scored.bin",
-                    dtype=np.int32,
-                    mode="r",
-                    shape=(info["rows"],),
-                )
-            )
+            scored = (np.zeros(0, dtype=np.int32) if info["rows"] == 0 else
+                      np.memmap(self.folder / f"{name}.scored.bin", dtype=np.int32, mode="r", shape=(info["rows"],)))
         except (OSError, ValueError) as e:
             raise MdlmError(f"{self.folder}/{name}.*.bin is missing or truncated ({e}); "
                             f"delete {self.folder} and run mdlm prepare-data again") from None
@@ -202,19 +181,10 @@ def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
             counts["docs"] += len(docs)
             if progress is not None:
                 progress(split, len(docs), total_docs)
-            arrays = (
-                cfg.packing == "window" and tokenizer.kind == "dna"
-            )  # genome pieces: arrays, not lists
-            ids = (
-                [tokenizer.encode_array(d) for d in docs]
-                if arrays
-                else tokenizer.encode_batch(docs)
-            )
+            arrays = cfg.packing == "window" and tokenizer.kind == "dna"  # genome pieces: arrays, not lists
+            ids = [tokenizer.encode_array(d) for d in docs] if arrays else tokenizer.encode_batch(docs)
             if unscored:  # stored as the pad token, which the attention mask then excludes anywhere
-                ids = [
-                    np.where(np.isin(np.asarray(d), unscored), tokenizer.pad_id, np.asarray(d))
-                    for d in ids
-                ]
+                ids = [np.where(np.isin(np.asarray(d), unscored), tokenizer.pad_id, np.asarray(d)) for d in ids]
                 ids = ids if arrays else [d.tolist() for d in ids]
             yield ids
 
@@ -227,10 +197,7 @@ def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
                            pad=tokenizer.pad_id)
     n_rows = n_tokens = 0
     scored_file = open(folder / f"{split}.scored.bin", "wb") if unscored else None
-    with (
-        open(folder / f"{split}.tokens.bin", "wb") as ft,
-        open(folder / f"{split}.lengths.bin", "wb") as fl,
-    ):
+    with open(folder / f"{split}.tokens.bin", "wb") as ft, open(folder / f"{split}.lengths.bin", "wb") as fl:
         for rows, lengths in rows_iter:
             if limit is not None:
                 rows, lengths = rows[: limit - n_rows], lengths[: limit - n_rows]
@@ -296,9 +263,7 @@ def prepared_folder(cfg: DataConfig) -> tuple[Path, Source, Tokenizer]:
     return root / "data" / name, source, tokenizer
 
 
-def prepare(
-    cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = False
-) -> PreparedData:
+def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = False) -> PreparedData:
     """Prepare (or find in the cache) the data set described by `cfg`.
 
     `progress(split, n_docs_done_now, total_docs)` is called as documents are read.
@@ -322,17 +287,10 @@ def prepare(
         meta = {
             "format": FORMAT_VERSION,
             "key": cache_key(source, tokenizer, cfg.length, key_packing(cfg), limits),
-            "source": {
-                "name": source.name,
-                "description": source.description,
-                "fingerprint": source.fingerprint,
-            },
-            "tokenizer": tokenizer.describe(),
-            "length": cfg.length,
-            "packing": cfg.packing,
-            "dtype": np.dtype(dtype).name,
-            "splits": splits,
-            **({"pad_anywhere": True} if source.unscored else {}),
+            "source": {"name": source.name, "description": source.description,
+                       "fingerprint": source.fingerprint},
+            "tokenizer": tokenizer.describe(), "length": cfg.length, "packing": cfg.packing,
+            "dtype": np.dtype(dtype).name, "splits": splits, **({"pad_anywhere": True} if source.unscored else {}),
             **({"pad_as_eos": cfg.pad_as_eos} if cfg.packing == "sft" else {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }

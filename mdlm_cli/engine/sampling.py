@@ -104,9 +104,7 @@ def get_sampler(name: str) -> SamplerSpec:
     try:
         return SAMPLERS[name]
     except KeyError:
-        raise EngineError(
-            f"unknown sampler {name!r}; choose one of: {', '.join(SAMPLERS)}"
-        ) from None
+        raise EngineError(f"unknown sampler {name!r}; choose one of: {', '.join(SAMPLERS)}") from None
 
 
 def _initial_state(prompt: Tensor | None, num_samples: int, length: int, mask_id: int,
@@ -129,11 +127,8 @@ def _resolve(spec: SamplerSpec, denoiser: Denoiser, time_agnostic: bool | None) 
     agnostic = is_time_agnostic(denoiser) if time_agnostic is None else time_agnostic
     if agnostic:
         return spec
-    warnings.warn(
-        f"{spec.name} needs a denoiser that ignores t (time_agnostic=True; a model without time "
-        f"conditioning): falling back to {spec.fallback}",
-        stacklevel=3,
-    )
+    warnings.warn(f"{spec.name} needs a denoiser that ignores t (time_agnostic=True; a model without time "
+                  f"conditioning): falling back to {spec.fallback}", stacklevel=3)
     return SAMPLERS[spec.fallback]
 
 
@@ -142,9 +137,7 @@ def _run_batch(spec: SamplerSpec, z: Tensor, ctx: SamplerContext) -> Tensor:
     try:
         return spec.run(z, ctx)
     except ProbabilityError as e:
-        raise ProbabilityError(
-            f"{spec.name} sampler, at network call {ctx.stats.calls}: {e}"
-        ) from None
+        raise ProbabilityError(f"{spec.name} sampler, at network call {ctx.stats.calls}: {e}") from None
 
 
 def _check_arguments(spec: SamplerSpec,
@@ -258,16 +251,8 @@ def semi_ar(denoiser: Denoiser, *, sampler: str, num_samples: int, window: int, 
     keep = window - stride
 
     def run(block_prompt: Tensor) -> Tensor:
-        tokens, s = sample(
-            denoiser,
-            sampler=sampler,
-            num_samples=num_samples,
-            length=window,
-            mask_id=mask_id,
-            prompt=block_prompt,
-            return_stats=True,
-            **sample_kwargs,
-        )
+        tokens, s = sample(denoiser, sampler=sampler, num_samples=num_samples, length=window, mask_id=mask_id,
+                           prompt=block_prompt, return_stats=True, **sample_kwargs)
         stats.merge(s)
         return tokens
 
@@ -279,9 +264,7 @@ def semi_ar(denoiser: Denoiser, *, sampler: str, num_samples: int, window: int, 
         prompt = prompt[None].expand(num_samples, -1) if prompt.dim() == 1 else prompt
         n_prompt = prompt.shape[1]
         if n_prompt >= window:
-            raise EngineError(
-                f"the prompt ({n_prompt} tokens) must be shorter than the window ({window})"
-            )
+            raise EngineError(f"the prompt ({n_prompt} tokens) must be shorter than the window ({window})")
         first[:, :n_prompt] = prompt
     output = run(first)
     if on_block is not None:

@@ -33,13 +33,9 @@ class TimedDenoiser:
         self.inner, self.device = inner, device
         self.seconds = 0.0
 
-    def __getattr__(
-        self, name: str
-    ):  # supports_output_mask, time_agnostic, schedule, bos_id, new_cache...
+    def __getattr__(self, name: str):  # supports_output_mask, time_agnostic, schedule, bos_id, new_cache...
         attribute = getattr(self.inner, name)
-        return (
-            self._timed(attribute) if name == "log_score" else attribute
-        )  # a score model's network call
+        return self._timed(attribute) if name == "log_score" else attribute  # a score model's network call
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -88,17 +84,11 @@ class BenchRow:
     nfe: float  # network evaluations per sequence
     ncs: float  # categorical draws per sequence
     calls: int  # batched network calls per repeat
-    whole_batch_calls: (
-        int | None
-    )  # ancestral-cache: batched calls if any change invalidated the whole batch
-    nfe_whole_batch: (
-        float | None
-    )  # the same as network evaluations per sequence (the reference's cache)
+    whole_batch_calls: int | None  # ancestral-cache: batched calls if any change invalidated the whole batch
+    nfe_whole_batch: float | None  # the same as network evaluations per sequence (the reference's cache)
     network_share: float
     overhead_share: float  # 1 - network_share: sampler work outside the forward
-    options: dict[str, Any] = field(
-        default_factory=dict
-    )  # the sampler options of the row (engine.sample's)
+    options: dict[str, Any] = field(default_factory=dict)  # the sampler options of the row (engine.sample's)
     quality: Any = None  # frontier.Quality of the first timed run's samples, with --judge
 
     @property
@@ -122,11 +112,7 @@ class BenchReport:
 
 
 def environment(device: torch.device, dtype: torch.dtype | None) -> dict:
-    name = (
-        torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else (platform.processor() or "cpu")
-    )
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
     return {"device": str(device), "device_name": name,
             "dtype": "bf16 autocast" if dtype == torch.bfloat16 else "fp32",
             "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -138,26 +124,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_config(
-    denoiser,
-    *,
-    sampler: str,
-    steps: int | None,
-    batch_size: int,
-    precision: str,
-    num_samples: int,
-    length: int,
-    mask_id: int,
-    repeats: int,
-    seed: int,
-    device: torch.device,
-    schedule=None,
-    warmup: bool = True,
-    options: dict | None = None,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    on_tokens: Callable[[torch.Tensor], None] | None = None,
-) -> BenchRow:
+def run_config(denoiser, *, sampler: str, steps: int | None, batch_size: int, precision: str,
+               num_samples: int, length: int, mask_id: int, repeats: int, seed: int, device: torch.device,
+               schedule=None, warmup: bool = True, options: dict | None = None,
+               temperature: float = 1.0,
+               top_p: float = 1.0,
+               on_tokens: Callable[[torch.Tensor], None] | None = None) -> BenchRow:
     """One row: `repeats` timed runs of `num_samples` samples in batches (after a warm-up).
     `options`: sampler options (engine.sample's keywords); `on_tokens` gets the tokens of
     the first timed run (seed `seed`: what `mdlm sample --seed` draws with the same flags)."""
@@ -199,35 +171,20 @@ def run_config(
     median = statistics.median(per_sample)
     share = statistics.median(shares)
     return BenchRow(
-        sampler=sampler,
-        steps=steps if spec.uses_steps else None,
-        batch_size=batch_size,
-        precision=precision,
-        num_samples=num_samples,
-        repeats=repeats,
-        seconds_per_sample=median,
-        seconds_per_sample_min=min(per_sample),
-        seconds_per_sample_max=max(per_sample),
-        tokens_per_second=length / median if median > 0 else float("inf"),
-        nfe=last.nfe,
-        ncs=last.ncs,
-        calls=last.calls,
-        whole_batch_calls=None if whole is None else whole.calls,
+        sampler=sampler, steps=steps if spec.uses_steps else None, batch_size=batch_size,
+        precision=precision, num_samples=num_samples, repeats=repeats, seconds_per_sample=median,
+        seconds_per_sample_min=min(per_sample), seconds_per_sample_max=max(per_sample),
+        tokens_per_second=length / median if median > 0 else float("inf"), nfe=last.nfe, ncs=last.ncs,
+        calls=last.calls, whole_batch_calls=None if whole is None else whole.calls,
         nfe_whole_batch=None if whole is None else whole.calls * batch_size / num_samples,
-        network_share=share,
-        overhead_share=1.0 - share,
-        options=options,
-    )
+        network_share=share, overhead_share=1.0 - share, options=options)
 
 
 def option_grid(sampler: str, options: dict[str, list] | None) -> list[dict]:
     """Every combination of the option values given (name -> values) that the sampler reads."""
     reads = engine.get_sampler(sampler).option_names
     read = sorted(name for name in (options or {}) if name in reads)
-    return [
-        dict(zip(read, values, strict=True))
-        for values in itertools.product(*(options[n] for n in read))
-    ]
+    return [dict(zip(read, values, strict=True)) for values in itertools.product(*(options[n] for n in read))]
 
 
 def grid(samplers: list[str], steps: list[int], batch_sizes: list[int], precisions: list[str],
@@ -244,51 +201,23 @@ def grid(samplers: list[str], steps: list[int], batch_sizes: list[int], precisio
     return out
 
 
-def run_bench(
-    denoiser,
-    *,
-    samplers: list[str],
-    steps: list[int],
-    batch_sizes: list[int],
-    precisions: list[str],
-    num_samples: int,
-    length: int,
-    mask_id: int,
-    repeats: int,
-    seed: int,
-    device: torch.device,
-    meta: dict,
-    schedule=None,
-    options: dict[str, list] | None = None,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    on_tokens: Callable[[BenchRow, torch.Tensor], None] | None = None,
-    on_row: Callable[[BenchRow], None] | None = None,
-) -> BenchReport:
+def run_bench(denoiser, *, samplers: list[str], steps: list[int], batch_sizes: list[int],
+              precisions: list[str], num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
+              device: torch.device, meta: dict, schedule=None, options: dict[str, list] | None = None,
+              temperature: float = 1.0,
+              top_p: float = 1.0,
+              on_tokens: Callable[[BenchRow, torch.Tensor], None] | None = None,
+              on_row: Callable[[BenchRow], None] | None = None) -> BenchReport:
     """Every configuration of `grid`; `on_tokens(row, tokens)` sees each row's first timed
     samples before `on_row(row)` (the judge fills `row.quality` there)."""
     report = BenchReport(meta=meta)
     for sampler, s, b, precision, opts in grid(samplers, steps, batch_sizes, precisions, options):
         n = max(num_samples - num_samples % b, b)  # whole batches only
         kept = []
-        row = run_config(
-            denoiser,
-            sampler=sampler,
-            steps=s,
-            batch_size=b,
-            precision=precision,
-            num_samples=n,
-            length=length,
-            mask_id=mask_id,
-            repeats=repeats,
-            seed=seed,
-            device=device,
-            schedule=schedule,
-            options=opts,
-            temperature=temperature,
-            top_p=top_p,
-            on_tokens=kept.append,
-        )
+        row = run_config(denoiser, sampler=sampler, steps=s, batch_size=b, precision=precision, num_samples=n,
+                         length=length, mask_id=mask_id, repeats=repeats, seed=seed, device=device,
+                         schedule=schedule, options=opts, temperature=temperature, top_p=top_p,
+                         on_tokens=kept.append)
         if on_tokens is not None:
             on_tokens(row, kept[0])
         report.results.append(row)
@@ -316,9 +245,7 @@ def plot(report: BenchReport, path: str) -> None:
             ax.plot(steps, [rows[0].seconds_per_sample] * len(steps), "--", label=label)
         else:
             rows.sort(key=lambda r: r.steps)
-            ax.plot(
-                [r.steps for r in rows], [r.seconds_per_sample for r in rows], "o-", label=label
-            )
+            ax.plot([r.steps for r in rows], [r.seconds_per_sample for r in rows], "o-", label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("sampling steps")

@@ -55,9 +55,7 @@ class ClassifyConfig:
 class SequenceClassifier(nn.Module):
     """A backbone's `features` mean-pooled over the length, then a linear head (`score`)."""
 
-    def __init__(
-        self, backbone: nn.Module, n_classes: int, *, conjoin: bool, complement: list[int]
-    ):
+    def __init__(self, backbone: nn.Module, n_classes: int, *, conjoin: bool, complement: list[int]):
         super().__init__()
         self.backbone, self.conjoin = backbone, conjoin
         self.strands = bool(getattr(backbone, "rcps", False))
@@ -83,26 +81,15 @@ def strand_recipe(model: nn.Module, cfg: ClassifyConfig) -> tuple[bool, bool]:
     """(rc_augment, conjoin) for this backbone, as Caduceus's scripts, unless the config says."""
     ps, causal = bool(getattr(model, "rcps", False)), bool(model.causal)  # rcps: DNA encoders only
     rc_aug = causal if cfg.rc_augment is None else cfg.rc_augment  # Mamba: RC augmentation
-    conjoin = (
-        (not ps and not causal) if cfg.conjoin is None else cfg.conjoin
-    )  # Ph: post-hoc conjoining
+    conjoin = (not ps and not causal) if cfg.conjoin is None else cfg.conjoin  # Ph: post-hoc conjoining
     return rc_aug, conjoin
 
 
 @torch.no_grad()
-def accuracy(
-    model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: torch.device
-) -> float:
+def accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: torch.device) -> float:
     model.eval()
-    correct = sum(
-        int(
-            (
-                model(x[i : i + batch_size].to(device)).argmax(-1)
-                == y[i : i + batch_size].to(device)
-            ).sum()
-        )
-        for i in range(0, len(x), batch_size)
-    )
+    correct = sum(int((model(x[i:i + batch_size].to(device)).argmax(-1) == y[i:i + batch_size].to(device)).sum())
+                  for i in range(0, len(x), batch_size))
     return correct / max(len(x), 1)
 
 
@@ -156,70 +143,31 @@ def classify(loaded: LoadedModel, task: GenomicTask, cfg: ClassifyConfig, device
              on_run=None) -> dict:
     """The whole sweep on one task: every (lr, batch size) x seed; the best setting by mean validation accuracy."""
     if loaded.tokenizer.complement is None:
-        raise MdlmError(
-            f"classify needs a DNA model (tokenizer dna); {loaded.path} uses {loaded.tokenizer.name}"
-        )
+        raise MdlmError(f"classify needs a DNA model (tokenizer dna); {loaded.path} uses {loaded.tokenizer.name}")
     if not hasattr(loaded.model, "features"):
-        raise MdlmError(
-            f"classify fine-tunes a DNA encoder (backbone caduceus or mamba); {loaded.path} is a "
-            f"{loaded.config.model.backbone} model"
-        )
+        raise MdlmError(f"classify fine-tunes a DNA encoder (backbone caduceus or mamba); {loaded.path} is a "
+                        f"{loaded.config.model.backbone} model")
     length = cfg.max_length or task.max_length
     tok = loaded.tokenizer
-    x, x_test = (
-        encode_left_padded([s for s, _ in rows], tok, length) for rows in (task.train, task.test)
-    )
+    x, x_test = (encode_left_padded([s for s, _ in rows], tok, length) for rows in (task.train, task.test))
     y, y_test = (torch.tensor([label for _, label in rows]) for rows in (task.train, task.test))
     t0, settings = time.perf_counter(), []
     for lr in cfg.lrs:
         for batch_size in cfg.batch_sizes:
             runs = []
             for seed in cfg.seeds:
-                runs.append(
-                    fine_tune(
-                        loaded,
-                        task,
-                        x,
-                        y,
-                        x_test,
-                        y_test,
-                        lr=lr,
-                        batch_size=batch_size,
-                        seed=seed,
-                        cfg=cfg,
-                        device=device,
-                    )
-                )
+                runs.append(fine_tune(loaded, task, x, y, x_test, y_test, lr=lr, batch_size=batch_size, seed=seed,
+                                      cfg=cfg, device=device))
                 if on_run is not None:
                     on_run(lr, batch_size, runs[-1])
-            settings.append(
-                {
-                    "lr": lr,
-                    "batch_size": batch_size,
-                    "runs": runs,
-                    "mean_val_accuracy": statistics.fmean(r["val_accuracy"] for r in runs),
-                    "mean_test_accuracy": statistics.fmean(r["test_accuracy"] for r in runs),
-                }
-            )
+            settings.append({"lr": lr, "batch_size": batch_size, "runs": runs,
+                             "mean_val_accuracy": statistics.fmean(r["val_accuracy"] for r in runs),
+                             "mean_test_accuracy": statistics.fmean(r["test_accuracy"] for r in runs)})
     best = max(settings, key=lambda s: s["mean_val_accuracy"])
     tests = [r["test_accuracy"] for r in best["runs"]]
-    return {
-        "task": task.name,
-        "classes": task.classes,
-        "checkpoint": str(loaded.path),
-        "backbone": loaded.config.model.backbone,
-        "rcps": loaded.config.model.rcps,
-        "max_length": length,
-        "train_sequences": len(task.train),
-        "test_sequences": len(task.test),
-        "best": {
-            "lr": best["lr"],
-            "batch_size": best["batch_size"],
-            "test_accuracy_mean": statistics.fmean(tests),
-            "test_accuracy_max_minus_min": max(tests) - min(tests),
-            "test_accuracies": tests,
-        },
-        "sweep": settings,
-        "config": asdict(cfg),
-        "seconds": time.perf_counter() - t0,
-    }
+    return {"task": task.name, "classes": task.classes, "checkpoint": str(loaded.path),
+            "backbone": loaded.config.model.backbone, "rcps": loaded.config.model.rcps, "max_length": length,
+            "train_sequences": len(task.train), "test_sequences": len(task.test),
+            "best": {"lr": best["lr"], "batch_size": best["batch_size"], "test_accuracy_mean": statistics.fmean(tests),
+                     "test_accuracy_max_minus_min": max(tests) - min(tests), "test_accuracies": tests},
+            "sweep": settings, "config": asdict(cfg), "seconds": time.perf_counter() - t0}

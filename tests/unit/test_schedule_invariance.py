@@ -123,9 +123,9 @@ def test_eval_ppl_schedule_is_refused_in_one_line_where_the_bound_would_change(
         time_conditioning,
         refusal):
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.eval.ppl import use_schedule
     from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.errors import MdlmError
+    from mdlm_cli.eval.ppl import use_schedule
     from mdlm_cli.objectives import get_objective
 
     cfg = resolve_config("test", [f"diffusion.objective={objective}",
@@ -140,8 +140,8 @@ def test_eval_ppl_schedule_swaps_the_bound_and_its_time_draws():
     """A model without time conditioning: the objective's schedule is replaced (its bound and
     its t draws read it), eps kept; the trained schedule's name comes back for the record."""
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.eval.ppl import use_schedule
     from mdlm_cli.data.tokenizers import load_tokenizer
+    from mdlm_cli.eval.ppl import use_schedule
     from mdlm_cli.objectives import get_objective
 
     cfg = resolve_config("test", ["model.time_conditioning=false"])
