@@ -21,7 +21,10 @@ from .models import BACKBONES
 from .objectives import OBJECTIVES
 
 # a backbone that only attends one way, and the objectives it then cannot serve
-CAUSAL_ALTERNATIVE = {True: "the dit backbone, or mamba on DNA", False: "the dit backbone, or caduceus on DNA"}
+CAUSAL_ALTERNATIVE = {
+    True: "the dit backbone, or mamba on DNA",
+    False: "the dit backbone, or caduceus on DNA",
+}
 
 
 def resolve_config(preset: str | None, overrides: typing.Sequence[str] = (),
@@ -92,6 +95,8 @@ def _check_attention(cfg: Config, backbone, objective) -> None:
     needs = getattr(backbone, "requires_causal", None)
     if needs is not None and needs != objective.causal:
         kind = "causal" if objective.causal else "bidirectional"
-        raise MdlmError(f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; the "
-                        f"{cfg.diffusion.objective} objective needs {kind} attention "
-                        f"({CAUSAL_ALTERNATIVE[objective.causal]})")
+        raise MdlmError(
+            f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; the "
+            f"{cfg.diffusion.objective} objective needs {kind} attention "
+            f"({CAUSAL_ALTERNATIVE[objective.causal]})"
+        )

@@ -28,13 +28,17 @@ class DataConfig:
     dataset: str = "bigtxt"  # registry name (`mdlm prepare-data --help`) or a local text/jsonl path
     tokenizer: str = "gpt2"  # gpt2 | bert-base-uncased | char | local tokenizer folder | hub id
     length: int = 128  # tokens per row (L)
-    packing: str = "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | window (DNA)
+    packing: str = (
+        "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | window (DNA)
+    )
     # | sft (prompt/response examples, one per row, loss on the response: data/sft.py)
     # | sft-pack (several examples per row, attention within each: data/sft_pack.py)
     pad_as_eos: bool = True  # sft*: fill with EOS, learnt (the model picks the length); false: pad
     cache_dir: str = ""  # "" = $MDLM_CACHE or ~/.cache/mdlm
     rc_augment: bool = False  # DNA: each training row reverse-complemented with probability 1/2
-    max_rows: int = 0  # rows of the train split to prepare, 0 = all (a streamed source stops reading there)
+    max_rows: int = (
+        0  # rows of the train split to prepare, 0 = all (a streamed source stops reading there)
+    )
     max_eval_rows: int = 0  # rows of each evaluation split (valid, test), 0 = all
 
 
@@ -61,22 +65,30 @@ class ModelConfig:
     d_conv: int = 4
     expand: int = 2
     rcps: bool = False  # caduceus: Caduceus-PS (reverse-complement equivariant) instead of Ph
-    fused_add_norm: bool = True  # caduceus PS layout: true = the released checkpoints' (halves swapped per block)
+    fused_add_norm: bool = (
+        True  # caduceus PS layout: true = the released checkpoints' (halves swapped per block)
+    )
     bidirectional_strategy: str = "add"  # caduceus: add | ew_multiply
-    bidirectional_weight_tie: bool = True  # caduceus: mamba_rev shares mamba_fwd's in/out projections
+    bidirectional_weight_tie: bool = (
+        True  # caduceus: mamba_rev shares mamba_fwd's in/out projections
+    )
     rms_norm: bool = True  # RMSNorm (else LayerNorm)
     norm_epsilon: float = 1e-5
 
 
 @dataclass
 class DiffusionConfig:
-    objective: str = "mdlm"  # objectives.OBJECTIVES: mdlm | sedd | d3pm | ar (autoregressive baseline)
+    objective: str = (
+        "mdlm"  # objectives.OBJECTIVES: mdlm | sedd | d3pm | ar (autoregressive baseline)
+    )
     schedule: str = "loglinear"  # loglinear | cosine | cosine-squared | linear | geometric
     eps: float = 1e-3
     antithetic: bool = True  # low-discrepancy t over the global batch
     T: int = 0  # 0 = continuous time; T > 0 = discrete-time bound (Table 8); d3pm needs T > 0
     # The two halves of SUBS (§3.2.3), switches of the Table 8 ablation (mdlm, d3pm):
-    zero_masking: bool = True  # the model gives the mask token probability 0 (d3pm: the reference's subs_masking)
+    zero_masking: bool = (
+        True  # the model gives the mask token probability 0 (d3pm: the reference's subs_masking)
+    )
     carry_over: bool = True  # unmasked tokens are copied; off adds the t = 0 reconstruction term
 
 
@@ -110,7 +122,9 @@ class TrainConfig:
     save_every: int = 10_000
     keep_last: int = 2
     out_dir: str = "runs/{name}"
-    init_from: str = ""  # start from these weights: an mdlm checkpoint, or a Caduceus hub id / folder
+    init_from: str = (
+        ""  # start from these weights: an mdlm checkpoint, or a Caduceus hub id / folder
+    )
 
 
 @dataclass
@@ -239,7 +253,9 @@ def parse_config(data: dict) -> Config:
                   "description": str(data.pop("description", "") or "")}
     for section, values in data.items():
         if section not in SECTIONS:
-            raise MdlmError(f"unknown config section {section!r}; valid sections: {', '.join(SECTIONS)}")
+            raise MdlmError(
+                f"unknown config section {section!r}; valid sections: {', '.join(SECTIONS)}"
+            )
         if not isinstance(values, dict):
             raise MdlmError(f"config section {section!r} must be a mapping")
         cfg_kwargs[section] = _section_from_dict(SECTIONS[section], values, section)
@@ -256,12 +272,16 @@ def apply_override(data: dict, assignment: str) -> None:
         raise MdlmError(f"--set expects section.key=value (e.g. optim.lr=1e-4), got {assignment!r}")
     section, name = parts
     if section not in SECTIONS:
-        raise MdlmError(f"unknown config section {section!r} in --set; valid sections: {', '.join(SECTIONS)}")
+        raise MdlmError(
+            f"unknown config section {section!r} in --set; valid sections: {', '.join(SECTIONS)}"
+        )
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:  # a python tag (!!python/...) or broken YAML: plain values only
         reason = str(e).strip().splitlines()[0]
-        raise MdlmError(f"--set {key.strip()}: {raw.strip()!r} is not a plain YAML value ({reason})") from None
+        raise MdlmError(
+            f"--set {key.strip()}: {raw.strip()!r} is not a plain YAML value ({reason})"
+        ) from None
     data.setdefault(section, {})[name] = value
 
 
@@ -273,7 +293,9 @@ def merge_sources(preset: str | None, overrides: typing.Sequence[str] = (),
     for assignment in overrides:
         apply_override(data, assignment)
     for key, value in (flags or {}).items():
-        if value is not None:  # a flag's value is taken as it is: a path like 'x[1].txt' is not YAML
+        if (
+            value is not None
+        ):  # a flag's value is taken as it is: a path like 'x[1].txt' is not YAML
             section, name = key.split(".")
             data.setdefault(section, {})[name] = value
     return data
@@ -297,16 +319,22 @@ def validate_sections(cfg: Config) -> None:
     positive = {
         "data.length": cfg.data.length,
         "train.global_batch_size": cfg.train.global_batch_size,
-        "train.micro_batch_size": cfg.train.micro_batch_size, "train.max_steps": cfg.train.max_steps,
-        "train.log_every": cfg.train.log_every, "train.eval_every": cfg.train.eval_every,
-        "train.save_every": cfg.train.save_every, "train.keep_last": cfg.train.keep_last,
+        "train.micro_batch_size": cfg.train.micro_batch_size,
+        "train.max_steps": cfg.train.max_steps,
+        "train.log_every": cfg.train.log_every,
+        "train.eval_every": cfg.train.eval_every,
+        "train.save_every": cfg.train.save_every,
+        "train.keep_last": cfg.train.keep_last,
     }
     for where, value in positive.items():
         if value <= 0:
             raise MdlmError(f"{where} must be positive (got {value})")
     if cfg.data.length < 4:
         raise MdlmError(f"data.length must be at least 4 (got {cfg.data.length})")
-    for where, value in (("data.max_rows", cfg.data.max_rows), ("data.max_eval_rows", cfg.data.max_eval_rows)):
+    for where, value in (
+        ("data.max_rows", cfg.data.max_rows),
+        ("data.max_eval_rows", cfg.data.max_eval_rows),
+    ):
         if value < 0:
             raise MdlmError(f"{where} must be 0 (all rows) or a number of rows (got {value})")
     if cfg.train.global_batch_size % cfg.train.micro_batch_size:
@@ -318,12 +346,16 @@ def validate_sections(cfg: Config) -> None:
         raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
     _check_optim(cfg.optim)
     if cfg.train.threads < 0:
-        raise MdlmError(f"train.threads must be 0 (the default choice) or a positive count (got {cfg.train.threads})")
+        raise MdlmError(
+            f"train.threads must be 0 (the default choice) or a positive count (got {cfg.train.threads})"
+        )
     try:
         cfg.train.out_dir.format(name=cfg.name)
     except (KeyError, IndexError, ValueError, AttributeError):
-        raise MdlmError(f"train.out_dir may contain {{name}} (the config's name) and no other {{...}} field "
-                        f"(got {cfg.train.out_dir!r}); write {{{{ and }}}} for literal braces") from None
+        raise MdlmError(
+            f"train.out_dir may contain {{name}} (the config's name) and no other {{...}} field "
+            f"(got {cfg.train.out_dir!r}); write {{{{ and }}}} for literal braces"
+        ) from None
 
 
 def _check_optim(o: OptimConfig) -> None:
@@ -335,7 +367,9 @@ def _check_optim(o: OptimConfig) -> None:
     for where, value in (("optim.eps", o.eps), ("optim.weight_decay", o.weight_decay),
                          ("optim.warmup_steps", o.warmup_steps), ("optim.grad_clip", o.grad_clip)):
         if value < 0 or (where == "optim.eps" and value == 0):
-            raise MdlmError(f"{where} must be {'positive' if where == 'optim.eps' else 'at least 0'} (got {value})")
+            raise MdlmError(
+                f"{where} must be {'positive' if where == 'optim.eps' else 'at least 0'} (got {value})"
+            )
     if not 0.0 <= o.min_lr_ratio <= 1.0:
         raise MdlmError(f"optim.min_lr_ratio must be in [0, 1] (got {o.min_lr_ratio})")
 

@@ -11,7 +11,7 @@ so the estimate is of the right size, not exact; it errs on neither side by much
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -107,3 +107,25 @@ def check_fits(what: str, need: Footprint, device: torch.device, fix: str) -> No
         f"{what} needs about {size_text(need.total)} of memory ({parts}); this machine has "
         f"{size_text(free)} {source}; {fix}"
     )
+
+
+def check_memory(
+    model,
+    model_cfg,
+    vocab: int,
+    *,
+    batch: int,
+    length: int,
+    device,
+    what: str,
+    fix: str,
+    rows: int = 0,
+) -> None:
+    """Refuse, before anything large is allocated, a forward pass of `batch` rows of `length`
+    tokens through `model` (its ModelConfig `model_cfg`) that the device cannot hold: one
+    line with the estimate and the memory available. `rows`: sequences whose ids are all held."""
+    m = model_cfg
+    params = sum(p.numel() for p in model.parameters())
+    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
+                     mlp_ratio=m.mlp_ratio, vocab=vocab, batch=batch, length=length)
+    check_fits(what, replace(need, token_ids=8 * rows * length), device, fix)

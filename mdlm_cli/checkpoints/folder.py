@@ -63,7 +63,14 @@ from ..objectives import Objective, get_objective
 SCHEMA_VERSION = 2
 V1_MODEL_KEYS = ("hidden_size", "n_blocks", "n_heads", "cond_dim", "mlp_ratio", "dropout")
 # what every whole step folder holds (written into a temporary folder first, renamed when complete)
-STEP_FILES = ("model.safetensors", "model.json", "state.json", "config.yaml", "data.json", "tokenizer")
+STEP_FILES = (
+    "model.safetensors",
+    "model.json",
+    "state.json",
+    "config.yaml",
+    "data.json",
+    "tokenizer",
+)
 
 
 def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn.Module | None,
@@ -77,7 +84,9 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
     final = ckpt_root / f"step-{step:08d}"
     weights = distributed.full_model_state(model)
     ema_weights = distributed.full_model_state(ema_model) if ema_model is not None else None
-    optimizer_state = distributed.full_optimizer_state(model, optimizer) if optimizer is not None else None
+    optimizer_state = (
+        distributed.full_optimizer_state(model, optimizer) if optimizer is not None else None
+    )
     if distributed.current_rank() != 0:
         distributed.barrier()  # until rank 0 has written it
         return final
@@ -93,7 +102,9 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / "optimizer.pt")
         base = unwrap(model)
-        base.save_checkpoint_files(tmp)  # what the backbone needs beside the weights (hf-mlm: its HF config)
+        base.save_checkpoint_files(
+            tmp
+        )  # what the backbone needs beside the weights (hf-mlm: its HF config)
         (tmp / "model.json").write_text(json.dumps(model_metadata(base, cfg), indent=2))
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
         (tmp / "config.yaml").write_text(config_yaml(cfg))
@@ -103,7 +114,11 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
         write_text_atomic(run_dir / "latest", final.name + "\n")
         if best:
             write_text_atomic(run_dir / "best", final.name + "\n")
-    except (OSError, RuntimeError, SafetensorError) as e:  # disk full, read-only: one line, nothing lost
+    except (
+        OSError,
+        RuntimeError,
+        SafetensorError,
+    ) as e:  # disk full, read-only: one line, nothing lost
         raise write_failure(e, run_dir, f"the checkpoint of step {step}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -114,9 +129,14 @@ def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn
 
 def model_metadata(model: nn.Module, cfg: Config) -> dict:
     """model.json: what config.yaml's model section does not say about the weights."""
-    return {"schema_version": SCHEMA_VERSION, "backbone": cfg.model.backbone, "vocab_size": model.vocab_size,
-            "causal": model.causal, "objective": cfg.diffusion.objective,
-            "parameters": sum(p.numel() for p in model.parameters())}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "backbone": cfg.model.backbone,
+        "vocab_size": model.vocab_size,
+        "causal": model.causal,
+        "objective": cfg.diffusion.objective,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def upgrade_metadata(model_meta: dict, cfg_dict: dict) -> tuple[dict, dict]:
@@ -127,12 +147,23 @@ def upgrade_metadata(model_meta: dict, cfg_dict: dict) -> tuple[dict, dict]:
     """
     version = model_meta.get("schema_version", 1)
     if version > SCHEMA_VERSION:
-        raise ValueError(f"schema_version {version} is newer than this mdlm reads ({SCHEMA_VERSION}); upgrade mdlm")
+        raise ValueError(
+            f"schema_version {version} is newer than this mdlm reads ({SCHEMA_VERSION}); upgrade mdlm"
+        )
     if version == 1:
-        cfg_dict = {**cfg_dict, "model": {**(cfg_dict.get("model") or {}),
-                                          **{k: model_meta[k] for k in V1_MODEL_KEYS if k in model_meta}}}
-        model_meta = {"schema_version": 2, "backbone": "dit", "vocab_size": model_meta["vocab_size"],
-                      "causal": bool(model_meta.get("causal", False))}
+        cfg_dict = {
+            **cfg_dict,
+            "model": {
+                **(cfg_dict.get("model") or {}),
+                **{k: model_meta[k] for k in V1_MODEL_KEYS if k in model_meta},
+            },
+        }
+        model_meta = {
+            "schema_version": 2,
+            "backbone": "dit",
+            "vocab_size": model_meta["vocab_size"],
+            "causal": bool(model_meta.get("causal", False)),
+        }
     return model_meta, cfg_dict
 
 
@@ -183,16 +214,27 @@ def resolve_checkpoint(path: str | Path, which: str = "latest") -> Path:
         return path / "checkpoints" / named
     whole = _whole_steps(path)
     if named is None and not whole:
-        raise MdlmError(f"{path} holds no mdlm checkpoint (no model.safetensors, no '{which}' pointer)")
+        raise MdlmError(
+            f"{path} holds no mdlm checkpoint (no model.safetensors, no '{which}' pointer)"
+        )
     problem = (f"{pointer} names {named}, which is missing or incomplete in {path / 'checkpoints'}"
                if named is not None else f"{path} has no '{which}' pointer")
     if not whole:
-        raise MdlmError(f"{problem}, and no other whole checkpoint is there (a save was interrupted before any "
-                        "completed)")
+        raise MdlmError(
+            f"{problem}, and no other whole checkpoint is there (a save was interrupted before any "
+            "completed)"
+        )
     name, folder = whole[-1]
-    where = "" if folder.name == name else f" (its whole copy {folder.name}, left by the interrupted save)"
-    warnings.warn(f"{problem} (a save was interrupted); using {name}{where}, the newest whole checkpoint",
-                  MdlmWarning, stacklevel=2)
+    where = (
+        ""
+        if folder.name == name
+        else f" (its whole copy {folder.name}, left by the interrupted save)"
+    )
+    warnings.warn(
+        f"{problem} (a save was interrupted); using {name}{where}, the newest whole checkpoint",
+        MdlmWarning,
+        stacklevel=2,
+    )
     return folder
 
 
@@ -202,7 +244,9 @@ def saved_config(step_dir: Path) -> Config:
         _, cfg_dict = upgrade_metadata(json.loads((step_dir / "model.json").read_text()),
                                        yaml.safe_load((step_dir / "config.yaml").read_text()))
     except (OSError, json.JSONDecodeError, yaml.YAMLError, TypeError, KeyError, ValueError) as e:
-        raise MdlmError(f"{step_dir} is incomplete or corrupted ({type(e).__name__}: {e})") from None
+        raise MdlmError(
+            f"{step_dir} is incomplete or corrupted ({type(e).__name__}: {e})"
+        ) from None
     return config_from_dict(cfg_dict)
 
 
@@ -210,7 +254,9 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(path)
     except (SafetensorError, OSError) as e:
-        raise MdlmError(f"{path} is not a readable safetensors file ({e}); the checkpoint is corrupted") from None
+        raise MdlmError(
+            f"{path} is not a readable safetensors file ({e}); the checkpoint is corrupted"
+        ) from None
 
 
 def weight_mismatch(target: dict[str, torch.Tensor],
@@ -280,12 +326,16 @@ def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device 
     """An mdlm run or step folder (EMA weights by default), in eval mode."""
     step_dir = resolve_checkpoint(path, which)
     try:
-        model_meta, cfg_dict = upgrade_metadata(json.loads((step_dir / "model.json").read_text()),
-                                                yaml.safe_load((step_dir / "config.yaml").read_text()))
+        model_meta, cfg_dict = upgrade_metadata(
+            json.loads((step_dir / "model.json").read_text()),
+            yaml.safe_load((step_dir / "config.yaml").read_text()),
+        )
         data_meta = json.loads((step_dir / "data.json").read_text())
         state = json.loads((step_dir / "state.json").read_text())
     except (OSError, json.JSONDecodeError, yaml.YAMLError, TypeError, KeyError, ValueError) as e:
-        raise MdlmError(f"{step_dir} is incomplete or corrupted ({type(e).__name__}: {e})") from None
+        raise MdlmError(
+            f"{step_dir} is incomplete or corrupted ({type(e).__name__}: {e})"
+        ) from None
     cfg = config_from_dict(cfg_dict)
     tokenizer = load_tokenizer(str(step_dir / "tokenizer"))
     if tokenizer.vocab_size != model_meta["vocab_size"]:
@@ -293,8 +343,10 @@ def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device 
                         f"the model's {model_meta['vocab_size']}")
     causal = get_objective(cfg, tokenizer).causal
     if model_meta["causal"] != causal:
-        raise MdlmError(f"{step_dir}: model.json says causal={model_meta['causal']}, but the {cfg.diffusion.objective} "
-                        "objective of its config.yaml needs the other; the checkpoint is inconsistent")
+        raise MdlmError(
+            f"{step_dir}: model.json says causal={model_meta['causal']}, but the {cfg.diffusion.objective} "
+            "objective of its config.yaml needs the other; the checkpoint is inconsistent"
+        )
     weights_file = step_dir / ("ema.safetensors" if ema and (step_dir / "ema.safetensors").is_file()
                                else "model.safetensors")
     model = build_model(cfg.model, model_meta["vocab_size"], causal=causal, folder=step_dir)

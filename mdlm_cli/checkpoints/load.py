@@ -4,10 +4,12 @@ Face-style folder, a reference Lightning `.ckpt`)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
 
+from ..errors import MdlmError, MdlmWarning
 from ..models.speed import model_width
 from ..runtime import Runtime
 from .folder import LoadedModel, load_run_folder
@@ -30,3 +32,16 @@ def load_on_device(path: str | Path, *, device: str | None = None, raw_weights: 
     rt = Runtime.create(device or "auto", precision, threads=threads or 0)
     loaded = load_checkpoint(path, ema=not raw_weights, device=rt.device)
     return loaded, rt.for_model(precision, model_width(loaded.model))
+
+
+def check_length(loaded: LoadedModel, length: int, allow_longer: bool) -> None:
+    """A length beyond the model's trained L only with `allow_longer` (--allow-longer), and
+    then with a warning."""
+    if length <= loaded.length:
+        return
+    if not allow_longer:
+        raise MdlmError(f"--length {length} is beyond the {loaded.length} tokens the model was "
+                        "trained at; add --allow-longer to run it anyway (its quality past that "
+                        "length is unknown)")
+    warnings.warn(f"--length {length} is beyond the trained length {loaded.length}: quality "
+                  "past it is unknown", MdlmWarning, stacklevel=2)

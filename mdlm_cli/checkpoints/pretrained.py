@@ -52,13 +52,23 @@ from .folder import LoadedModel, load_state_into, load_weights
 from .formats import reference as ref
 from .formats import sedd as sedd_format
 
-TOKENIZER_FILES = ("mdlm_tokenizer.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt")
+TOKENIZER_FILES = (
+    "mdlm_tokenizer.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+)
 # The reference tokenisers by model vocabulary (mask included), with the data they imply.
 KNOWN_VOCABS = {50258: "gpt2", 30522: "bert-base-uncased", 35: "char"}
 TOKENIZER_DEFAULTS = {  # name -> (dataset, packing, length) of the reference's runs
-    "gpt2": ("openwebtext", "wrap", 1024), "bert-base-uncased": ("lm1b", "pad", 128), "char": ("text8", "chunk", 256),
+    "gpt2": ("openwebtext", "wrap", 1024),
+    "bert-base-uncased": ("lm1b", "pad", 128),
+    "char": ("text8", "chunk", 256),
 }
-PLAIN_MLM_ROWS = 100_000  # rows per split a plain masked LM's evaluation data keeps (bert-ft's validation too)
+PLAIN_MLM_ROWS = (
+    100_000  # rows per split a plain masked LM's evaluation data keeps (bert-ft's validation too)
+)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 RUN_ROOT = TrainConfig.out_dir.split("/")[0]  # "runs": `runs/NAME` is always a local run folder
 
@@ -90,7 +100,9 @@ def pretrained_source(path: str | Path, which: str = "latest") -> Source | None:
     return None
 
 
-def load_pretrained(source: Source, *, ema: bool = True, device: torch.device | str = "cpu") -> LoadedModel:
+def load_pretrained(
+    source: Source, *, ema: bool = True, device: torch.device | str = "cpu"
+) -> LoadedModel:
     if source.kind == "hub":
         folder = download(source.location)
         return _from_hf_folder(folder, label=source.location, device=device)
@@ -110,33 +122,64 @@ def _from_hf_folder(folder: Path, *, label: str, device) -> LoadedModel:
     try:
         raw = json.loads(config_file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MdlmError(f"{config_file} is not readable JSON ({_first_line(e)}); the checkpoint is corrupted") from None
+        raise MdlmError(
+            f"{config_file} is not readable JSON ({_first_line(e)}); the checkpoint is corrupted"
+        ) from None
     if not isinstance(raw, dict):
         raise MdlmError(f"{config_file} must hold a JSON object")
-    if raw.get("model_type") == "caduceus":  # a released Caduceus: mdlm's own caduceus backbone, no remote code
+    if (
+        raw.get("model_type") == "caduceus"
+    ):  # a released Caduceus: mdlm's own caduceus backbone, no remote code
         from .formats.caduceus import caduceus_from_hf
 
-        return caduceus_from_hf(folder, raw, _read_hf_weights(folder)[1], label=label, device=device)
+        return caduceus_from_hf(
+            folder, raw, _read_hf_weights(folder)[1], label=label, device=device
+        )
     mdlm_meta = raw.get("mdlm") if isinstance(raw.get("mdlm"), dict) else {}
     sedd = sedd_format.sedd_config(raw)
     if sedd is not None:  # SEDD's own hub format (louaaron/sedd-small)
         partial = sedd_format.partial_from_sedd_config(sedd, config_file)
-    elif raw.get("model_type") not in (None, "mdlm"):  # a Hugging Face masked LM (or an hf-mlm export)
+    elif raw.get("model_type") not in (
+        None,
+        "mdlm",
+    ):  # a Hugging Face masked LM (or an hf-mlm export)
         return _from_hf_mlm_folder(folder, raw, mdlm_meta, label=label, device=device)
     elif isinstance(raw.get("config"), dict) and isinstance(raw["config"].get("model"), dict):
-        partial = ref.partial_from_hydra(raw["config"], config_file)  # a DiT pushed with PyTorchModelHubMixin
+        partial = ref.partial_from_hydra(
+            raw["config"], config_file
+        )  # a DiT pushed with PyTorchModelHubMixin
     else:
         partial = ref.partial_from_hf_config(raw, config_file)
     weights_file, state = _read_hf_weights(folder)
-    tokenizer_name = (mdlm_meta.get("tokenizer") or {}).get("name") or partial["data"].get("tokenizer")
+    tokenizer_name = (mdlm_meta.get("tokenizer") or {}).get("name") or partial["data"].get(
+        "tokenizer"
+    )
     state_json = dict(mdlm_meta.get("state") or {})
-    state_json.update({"format": "hugging-face", "source": label, "weights": mdlm_meta.get("weights", "as stored")})
-    return _assemble(ref.backbone_state(state, weights_file), partial, source=f"{weights_file}", path=folder,
-                     tokenizer_folder=folder, tokenizer_name=tokenizer_name, shadow=None, state=state_json,
-                     mdlm_meta=mdlm_meta, label=label, device=device)
+    state_json.update(
+        {
+            "format": "hugging-face",
+            "source": label,
+            "weights": mdlm_meta.get("weights", "as stored"),
+        }
+    )
+    return _assemble(
+        ref.backbone_state(state, weights_file),
+        partial,
+        source=f"{weights_file}",
+        path=folder,
+        tokenizer_folder=folder,
+        tokenizer_name=tokenizer_name,
+        shadow=None,
+        state=state_json,
+        mdlm_meta=mdlm_meta,
+        label=label,
+        device=device,
+    )
 
 
-def _from_hf_mlm_folder(folder: Path, raw: dict, mdlm_meta: dict, *, label: str, device) -> LoadedModel:
+def _from_hf_mlm_folder(
+    folder: Path, raw: dict, mdlm_meta: dict, *, label: str, device
+) -> LoadedModel:
     """A masked LM that transformers implements, as an MDLM denoiser (the hf-mlm backbone): an
     `mdlm export` of an hf-mlm run (its "mdlm" section gives the config it was trained with), or
     any MLM, which gets the defaults of an encoder to fine-tune: C4, L = 128 (at most its
@@ -159,7 +202,13 @@ def _from_hf_mlm_folder(folder: Path, raw: dict, mdlm_meta: dict, *, label: str,
     model = HFMaskedLM(config.model, tokenizer.vocab_size, folder=folder)
     data_meta = _data_meta(mdlm_meta, config, tokenizer)
     state = dict(mdlm_meta.get("state") or {})
-    state.update({"format": "hugging-face", "source": label, "weights": mdlm_meta.get("weights", "as stored")})
+    state.update(
+        {
+            "format": "hugging-face",
+            "source": label,
+            "weights": mdlm_meta.get("weights", "as stored"),
+        }
+    )
     if model.notes:
         state["notes"] = model.notes
     return LoadedModel(folder, model.to(device).eval(), config, tokenizer, data_meta, state)
@@ -168,8 +217,10 @@ def _from_hf_mlm_folder(folder: Path, raw: dict, mdlm_meta: dict, *, label: str,
 def _hf_mlm_tokenizer(folder: Path, label: str) -> Tokenizer:
     """The folder's own tokeniser, named as the model is (so data prepared for it is shared)."""
     if not any((folder / f).is_file() for f in TOKENIZER_FILES):
-        raise MdlmError(f"{folder} carries no tokenizer files; a masked LM needs its own tokenizer next to "
-                        "its config.json")
+        raise MdlmError(
+            f"{folder} carries no tokenizer files; a masked LM needs its own tokenizer next to "
+            "its config.json"
+        )
     with quiet_transformers():
         tokenizer = load_tokenizer(str(folder))
     if not (folder / "mdlm_tokenizer.json").is_file() and not Path(label).is_dir():
@@ -186,7 +237,9 @@ def _read_hf_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise MdlmError(f"{index} is not a valid safetensors index ({_first_line(e)})") from None
+            raise MdlmError(
+                f"{index} is not a valid safetensors index ({_first_line(e)})"
+            ) from None
         weights: dict[str, torch.Tensor] = {}
         for shard in shards:
             weights.update(load_weights(folder / shard))
@@ -205,21 +258,39 @@ def _read_hf_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 def _from_torch_file(path: Path, *, ema: bool, device) -> LoadedModel:
     obj = read_torch_file(path)
     if not isinstance(obj, dict):
-        raise MdlmError(f"{path} holds a {type(obj).__name__}, not a checkpoint dictionary or state dict")
+        raise MdlmError(
+            f"{path} holds a {type(obj).__name__}, not a checkpoint dictionary or state dict"
+        )
     state = obj["state_dict"] if isinstance(obj.get("state_dict"), dict) else obj
     hparams = plain(obj.get("hyper_parameters") or {})
     config = hparams.get("config", hparams) if isinstance(hparams, dict) else {}
-    partial = ref.partial_from_hydra(config, path) if isinstance(config, dict) and config else ref.new_partial()
+    partial = (
+        ref.partial_from_hydra(config, path)
+        if isinstance(config, dict) and config
+        else ref.new_partial()
+    )
     ema_state = obj.get("ema")
     shadow = ema_state.get("shadow_params") if ema and isinstance(ema_state, dict) else None
-    weights = "ema" if shadow is not None else ("raw" if not ema else "raw (the checkpoint holds no EMA)")
+    weights = (
+        "ema" if shadow is not None else ("raw" if not ema else "raw (the checkpoint holds no EMA)")
+    )
     state_json = {"format": "lightning", "source": str(path), "weights": weights}
     for key in ("global_step", "epoch"):
         if isinstance(obj.get(key), int):
             state_json["step" if key == "global_step" else key] = obj[key]
-    return _assemble(ref.backbone_state(state, path), partial, source=str(path), path=path, tokenizer_folder=None,
-                     tokenizer_name=partial["data"].get("tokenizer"), shadow=shadow, state=state_json, mdlm_meta={},
-                     label=path.stem, device=device)
+    return _assemble(
+        ref.backbone_state(state, path),
+        partial,
+        source=str(path),
+        path=path,
+        tokenizer_folder=None,
+        tokenizer_name=partial["data"].get("tokenizer"),
+        shadow=shadow,
+        state=state_json,
+        mdlm_meta={},
+        label=path.stem,
+        device=device,
+    )
 
 
 def _assemble(weights: dict[str, torch.Tensor], partial: dict, *, source: str, path: Path,
@@ -228,17 +299,24 @@ def _assemble(weights: dict[str, torch.Tensor], partial: dict, *, source: str, p
     inv_freq = weights.pop(ref.INV_FREQ, None)
     model_cfg, vocab = ref.model_config(weights, partial, inv_freq, source)
     embedding = tuple(weights["vocab_embed.embedding"].shape)
-    if embedding != (vocab, model_cfg.hidden_size):  # before fetching a tokenizer for the wrong vocabulary
+    if embedding != (
+        vocab,
+        model_cfg.hidden_size,
+    ):  # before fetching a tokenizer for the wrong vocabulary
         raise MdlmError(f"{source}: vocab_embed.embedding has shape {embedding}, the model expects "
                         f"{(vocab, model_cfg.hidden_size)} (its config says vocab {vocab}, "
                         f"hidden {model_cfg.hidden_size})")
     tokenizer = _tokenizer(tokenizer_folder, tokenizer_name, vocab, source)
     if tokenizer.vocab_size != vocab:
-        raise MdlmError(f"{source}: the tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens (mask "
-                        f"included) but the model's vocabulary is {vocab}; they do not belong together")
+        raise MdlmError(
+            f"{source}: the tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens (mask "
+            f"included) but the model's vocabulary is {vocab}; they do not belong together"
+        )
     if partial["mask_id"] is not None and tokenizer.mask_id != partial["mask_id"]:
-        raise MdlmError(f"{source}: the model's mask (absorbing state) is id {partial['mask_id']}, but the tokenizer "
-                        f"{tokenizer.name!r} masks with id {tokenizer.mask_id}; they do not belong together")
+        raise MdlmError(
+            f"{source}: the model's mask (absorbing state) is id {partial['mask_id']}, but the tokenizer "
+            f"{tokenizer.name!r} masks with id {tokenizer.mask_id}; they do not belong together"
+        )
     config = mdlm_config(model_cfg, partial, tokenizer, mdlm_meta, label)
     model = build_model(model_cfg, vocab, causal=get_objective(config, tokenizer).causal)
     if shadow is not None:
@@ -262,7 +340,9 @@ def _data_meta(mdlm_meta: dict, config: Config, tokenizer: Tokenizer) -> dict:
     return data_meta
 
 
-def mdlm_config(model_cfg, partial: dict, tokenizer: Tokenizer, mdlm_meta: dict, label: str) -> Config:
+def mdlm_config(
+    model_cfg, partial: dict, tokenizer: Tokenizer, mdlm_meta: dict, label: str
+) -> Config:
     """mdlm's typed config for an imported model: the exporter's own when present, else the reference's."""
     dataset, packing, length = TOKENIZER_DEFAULTS.get(tokenizer.name, ("openwebtext", "wrap", 1024))
     saved = mdlm_meta.get("config") if isinstance(mdlm_meta.get("config"), dict) else {}
@@ -273,18 +353,32 @@ def mdlm_config(model_cfg, partial: dict, tokenizer: Tokenizer, mdlm_meta: dict,
     model = {k: v for k, v in model_dict(model_cfg).items() if k != "time_conditioning"}
     if "time_conditioning" in partial["model"]:
         model["time_conditioning"] = partial["model"]["time_conditioning"]
-    data = {"dataset": recorded.get("dataset") or saved_data.get("dataset", dataset),
-            "packing": recorded.get("packing") or saved_data.get("packing", packing),
-            "length": recorded.get("length") or saved_data.get("length", length), "tokenizer": tokenizer.name}
+    data = {
+        "dataset": recorded.get("dataset") or saved_data.get("dataset", dataset),
+        "packing": recorded.get("packing") or saved_data.get("packing", packing),
+        "length": recorded.get("length") or saved_data.get("length", length),
+        "tokenizer": tokenizer.name,
+    }
     if saved:
-        merged = {**saved, "data": {**saved_data, **data}, "model": {**(saved.get("model") or {}), **model},
-                  "diffusion": {**(saved.get("diffusion") or {}), **partial["diffusion"]}}
+        merged = {
+            **saved,
+            "data": {**saved_data, **data},
+            "model": {**(saved.get("model") or {}), **model},
+            "diffusion": {**(saved.get("diffusion") or {}), **partial["diffusion"]},
+        }
         try:
             return config_from_dict(merged)
         except MdlmError:
             pass  # written by another mdlm version: keep what this one understands
-    return config_from_dict({"name": label.rstrip("/").split("/")[-1], "description": f"imported from {label}",
-                             "data": data, "model": model, "diffusion": partial["diffusion"]})
+    return config_from_dict(
+        {
+            "name": label.rstrip("/").split("/")[-1],
+            "description": f"imported from {label}",
+            "data": data,
+            "model": model,
+            "diffusion": partial["diffusion"],
+        }
+    )
 
 
 def _tokenizer(folder: Path | None, name: str | None, vocab_size: int, source) -> Tokenizer:
@@ -294,8 +388,10 @@ def _tokenizer(folder: Path | None, name: str | None, vocab_size: int, source) -
             return load_tokenizer(str(folder))
     name = name or KNOWN_VOCABS.get(vocab_size)
     if name is None:
-        raise MdlmError(f"{source} carries no tokenizer files and its vocabulary ({vocab_size}) is not GPT-2's "
-                        "(50258), BERT's (30522) or text8's (35); put the tokenizer files next to its config.json")
+        raise MdlmError(
+            f"{source} carries no tokenizer files and its vocabulary ({vocab_size}) is not GPT-2's "
+            "(50258), BERT's (30522) or text8's (35); put the tokenizer files next to its config.json"
+        )
     return load_tokenizer(name)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import warnings
@@ -54,7 +53,9 @@ def float_in(
     return check
 
 
-PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="Preset name (see `mdlm presets`) or a YAML file.")]
+PresetOpt = Annotated[
+    str, typer.Option("--preset", "-p", help="Preset name (see `mdlm presets`) or a YAML file.")
+]
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", "-s", help="Override a config value, e.g. --set optim.lr=1e-4 (repeatable).")]
 
@@ -87,24 +88,41 @@ def user_errors():
         rank = os.environ.get("RANK", "0")  # set by torchrun
         where = "" if rank == "0" else f"(rank {rank}) "
         text = os_error_message(e) if isinstance(e, OSError) else str(e)
-        err_console.print(f"[bold red]error:[/] {escape(where + text)}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {escape(where + text)}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         raise typer.Exit(130) from None
 
 
-CheckpointOpt = Annotated[str, typer.Option(
-    "--checkpoint", "-c", help="Run folder (its latest checkpoint), step folder, Hugging Face hub id "
-    "(e.g. kuleshov-group/mdlm-owt) or Hugging Face-style folder, or a reference Lightning .ckpt.")]
-SamplerOpt = Annotated[str | None, typer.Option(
-    help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its ancestral chain for "
-         "D3PM, left to right for AR; with --steps a step-based one). "
-         + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items()) + ".")]
-StepsOpt = Annotated[int | None, typer.Option(
-    help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). Given without "
-         "--sampler, it picks the model's step-based sampler (MDLM: ancestral-cache where the model ignores time, "
-         "else ancestral; SEDD: analytic).")]
+CheckpointOpt = Annotated[
+    str,
+    typer.Option(
+        "--checkpoint",
+        "-c",
+        help="Run folder (its latest checkpoint), step folder, Hugging Face hub id "
+        "(e.g. kuleshov-group/mdlm-owt) or Hugging Face-style folder, or a reference Lightning .ckpt.",
+    ),
+]
+SamplerOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its ancestral chain for "
+        "D3PM, left to right for AR; with --steps a step-based one). "
+        + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items())
+        + "."
+    ),
+]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). Given without "
+        "--sampler, it picks the model's step-based sampler (MDLM: ancestral-cache where the model ignores time, "
+        "else ancestral; SEDD: analytic)."
+    ),
+]
 
 
 NumSamplesOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Sequences to draw.")]
@@ -119,9 +137,14 @@ TopPOpt = Annotated[float, typer.Option(
 OutOpt = Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
 RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]
-ThreadsOpt = Annotated[int | None, typer.Option(
-    help="CPU threads for torch (default: OMP_NUM_THREADS if set, else one per physical core left idle by the "
-         "machine's load, so a busy machine is not oversubscribed; see README).", min=1)]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else one per physical core left idle by the "
+        "machine's load, so a busy machine is not oversubscribed; see README).",
+        min=1,
+    ),
+]
 
 
 def net_precision(value: str | None) -> str | None:
@@ -137,15 +160,19 @@ NetPrecisionOpt = Annotated[str, typer.Option(
          "units (AMX / AVX512-BF16), fp32 elsewhere; fp32 = no autocast.")]
 
 
-def load_for_command(checkpoint: str, device: str | None, raw_weights: bool, threads: int | None = None,
-                     precision: str = "auto"):
+def load_for_command(checkpoint: str, device: str | None, raw_weights: bool,
+                     threads: int | None = None, precision: str = "auto"):
     from ..checkpoints.load import load_on_device
 
-    loaded, rt = load_on_device(checkpoint, device=device, raw_weights=raw_weights, threads=threads,
-                                precision=precision)
-    for note in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
-        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    loaded, rt = load_on_device(checkpoint, device=device, raw_weights=raw_weights,
+                                threads=threads, precision=precision)
+    for text in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
+        note(text)
     return loaded, rt
+
+
+def note(message: str) -> None:
+    err_console.print(f"[yellow]note:[/] {escape(message)}", highlight=False)
 
 
 def warn(message: str) -> None:
@@ -192,7 +219,9 @@ def int_list(text: str, name: str) -> list[int]:
     try:
         values = [int(float(x)) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise MdlmError(f"{name} expects comma-separated integers, e.g. 100,1000 (got {text!r})") from None
+        raise MdlmError(
+            f"{name} expects comma-separated integers, e.g. 100,1000 (got {text!r})"
+        ) from None
     if not values or min(values) < 1:
         raise MdlmError(f"{name} expects positive integers (got {text!r})")
     return values
@@ -215,39 +244,3 @@ def command_flags(command: str) -> set[str]:
 AllowLongerOpt = Annotated[bool, typer.Option(
     help="Allow --length beyond the length L the model was trained at: the rotary DiT runs at any "
          "length, but its quality past L is unknown (it never saw those positions).")]
-
-
-def check_length(loaded, length: int, allow_longer: bool) -> None:
-    """A length beyond the model's trained L only with --allow-longer (said as a warning)."""
-    if length <= loaded.length:
-        return
-    if not allow_longer:
-        raise MdlmError(f"--length {length} is beyond the {loaded.length} tokens the model was "
-                        "trained at; add --allow-longer to run it anyway (its quality past that "
-                        "length is unknown)")
-    warn(f"--length {length} is beyond the trained length {loaded.length}: quality past it is "
-         "unknown")
-
-
-def check_memory(
-    model,
-    model_cfg,
-    vocab: int,
-    *,
-    batch: int,
-    length: int,
-    device,
-    what: str,
-    fix: str,
-    rows: int = 0,
-) -> None:
-    """Refuse, before anything large is allocated, a forward pass of `batch` rows of `length`
-    tokens through `model` (its ModelConfig `model_cfg`) that the device cannot hold: one
-    line with the estimate and the memory available. `rows`: sequences whose ids are all held."""
-    from ..memory import check_fits, footprint
-
-    m = model_cfg
-    params = sum(p.numel() for p in model.parameters())
-    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
-                     mlp_ratio=m.mlp_ratio, vocab=vocab, batch=batch, length=length)
-    check_fits(what, dataclasses.replace(need, token_ids=8 * rows * length), device, fix)

@@ -1,4 +1,5 @@
-"""`mdlm eval-ppl`: the test perplexity of a checkpoint (a bound, or exact for AR)."""
+"""`mdlm eval-ppl`: the test perplexity of a checkpoint (a bound, or exact for AR); the
+flags, the progress and the table (the evaluation is `eval.ppl`)."""
 
 from __future__ import annotations
 
@@ -11,51 +12,46 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..engine.schedules import get_schedule
 from ..errors import MdlmError
 from ..objectives.bound import relation
 from .common import (
     CheckpointOpt,
     NetPrecisionOpt,
+    RawWeightsOpt,
     ThreadsOpt,
     app,
-    check_memory,
     console,
     err_console,
     load_for_command,
+    note,
     user_errors,
-    warn,
 )
 
-
-@app.command("eval-ppl")
-def eval_ppl_cmd(
-    checkpoint: CheckpointOpt = "runs/demo",
-    dataset: Annotated[str | None, typer.Option(
-        help="Data set name or local text path (default: the checkpoint's own data).")] = None,
-    data: Annotated[str | None, typer.Option(help="A prepared data folder (mdlm prepare-data) or local path.")] = None,
-    datasets: Annotated[str | None, typer.Option(
-        help="Comma-separated data sets for one zero-shot table, e.g. wikitext2,ptb,lambada.")] = None,
-    split: Annotated[str, typer.Option(help="test | valid | train (test falls back to valid where absent).")] = "test",
-    mc_samples: Annotated[int | None, typer.Option(
-        "--mc-samples", "-k", help="Independent Monte-Carlo passes of a bound (default 4); K >= 2 gives a "
-        "standard error. Exact likelihoods take one pass.")] = None,
-    T: Annotated[int | None, typer.Option(
-        "--T", help="0 = continuous-time bound, T > 0 = T-step discrete bound (default: as trained).")] = None,
-    schedule: Annotated[str | None, typer.Option(
-        help="Evaluate the bound under this noise schedule instead of the trained one (a model "
-        "without time conditioning only: its continuous-time bound is the same integral under "
-        "every schedule; Table 9).")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Rows per batch (default: the training micro-batch).")] = None,
-    rows: Annotated[int, typer.Option(help="Evaluate only the first N rows (0 = every row).")] = 0,
-    seed: Annotated[int, typer.Option(help="Seed of the Monte-Carlo draws.")] = 0,
-    json_out: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
-    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")] = None,
-    raw_weights: Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")] = False,
-    threads: ThreadsOpt = None,
-    precision: NetPrecisionOpt = "auto",
-) -> None:
-    """Test perplexity: the NELBO bound of a diffusion model, the exact value of an AR model.
+DatasetOpt = Annotated[str | None, typer.Option(
+    help="Data set name or local text path (default: the checkpoint's own data).")]
+DataOpt = Annotated[str | None, typer.Option(
+    help="A prepared data folder (mdlm prepare-data) or local path.")]
+DatasetsOpt = Annotated[str | None, typer.Option(
+    help="Comma-separated data sets for one zero-shot table, e.g. wikitext2,ptb,lambada.")]
+SplitOpt = Annotated[str, typer.Option(
+    help="test | valid | train (test falls back to valid where absent).")]
+McSamplesOpt = Annotated[int | None, typer.Option(
+    "--mc-samples", "-k",
+    help="Independent Monte-Carlo passes of a bound (default 4); K >= 2 gives a standard error. "
+         "Exact likelihoods take one pass.")]
+TOpt = Annotated[int | None, typer.Option(
+    "--T", help="0 = continuous-time bound, T > 0 = T-step discrete bound (default: as trained).")]
+ScheduleOpt = Annotated[str | None, typer.Option(
+    help="Evaluate the bound under this noise schedule instead of the trained one (a model "
+         "without time conditioning only: its continuous-time bound is the same integral under "
+         "every schedule; Table 9).")]
+BatchSizeOpt = Annotated[int | None, typer.Option(
+    help="Rows per batch (default: the training micro-batch).")]
+RowsOpt = Annotated[int, typer.Option(help="Evaluate only the first N rows (0 = every row).")]
+SeedOpt = Annotated[int, typer.Option(help="Seed of the Monte-Carlo draws.")]
+JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")]
+DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")]
+HELP = """Test perplexity: the NELBO bound of a diffusion model, the exact value of an AR model.
 
     The bound is averaged over every token of the split (K passes, one t per sequence,
     antithetic), with its standard error across passes; character data also gets bits per
@@ -65,29 +61,50 @@ def eval_ppl_cmd(
       mdlm eval-ppl --checkpoint runs/demo                     # bound on the demo's test split
       mdlm eval-ppl --checkpoint runs/demo-ar                  # exact perplexity, same tokens
       mdlm eval-ppl --checkpoint runs/owt --T 1000 --mc-samples 1
-      mdlm eval-ppl --checkpoint runs/demo --schedule cosine --mc-samples 8   # Table 9's variance
-      mdlm eval-ppl --checkpoint runs/owt --datasets wikitext103,ptb,lm1b,lambada,ag_news,pubmed,arxiv
+      mdlm eval-ppl --checkpoint runs/demo --schedule cosine -k 8   # Table 9's variance
+      mdlm eval-ppl --checkpoint runs/owt \\
+          --datasets wikitext103,ptb,lm1b,lambada,ag_news,pubmed,arxiv
     """
-    from ..distributed import session
-    from ..io.files import check_writable
 
-    with user_errors(), session(device or "auto") as dist:  # under torchrun: the batches split over ranks
+
+@app.command("eval-ppl", help=HELP)
+def eval_ppl_cmd(
+    checkpoint: CheckpointOpt = "runs/demo",
+    dataset: DatasetOpt = None,
+    data: DataOpt = None,
+    datasets: DatasetsOpt = None,
+    split: SplitOpt = "test",
+    mc_samples: McSamplesOpt = None,
+    T: TOpt = None,
+    schedule: ScheduleOpt = None,
+    batch_size: BatchSizeOpt = None,
+    rows: RowsOpt = 0,
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = None,
+    device: DeviceOpt = None,
+    raw_weights: RawWeightsOpt = False,
+    threads: ThreadsOpt = None,
+    precision: NetPrecisionOpt = "auto",
+) -> None:
+    from ..distributed import session
+    from ..engine.schedules import get_schedule
+    from ..eval.ppl import eval_options
+    from ..io.files import check_all_writable
+
+    # under torchrun the batches are split over the ranks
+    with user_errors(), session(device or "auto") as dist:
         names = _dataset_names(datasets, dataset, data)
-        if json_out:
-            check_writable(json_out)
+        check_all_writable(json_out)
         if schedule is not None:
             get_schedule(schedule)  # a misspelt name fails before the model loads
         loaded, rt = load_for_command(checkpoint, str(dist.device), raw_weights, threads, precision)
-        mc_samples, T = _passes(loaded.objective, mc_samples, T)
-        trained = _use_schedule(loaded.objective, schedule)
-        options = {"split": split, "mc_samples": mc_samples, "T": T, "seed": seed, "rows": rows,
-                   "batch_size": batch_size or loaded.config.train.micro_batch_size,
-                   "rank": dist.rank, "world_size": dist.world_size}
-        _check_eval_memory(loaded, rt.device, options)
+        options, trained = eval_options(
+            loaded, rt.device, schedule=schedule, split=split, mc_samples=mc_samples, T=T,
+            seed=seed, rows=rows, batch_size=batch_size, rank=dist.rank,
+            world_size=dist.world_size)
         results = [_eval_one(loaded, rt, name, data, options) for name in names]
-        if not dist.is_main:
-            return
-        _report_eval(results, loaded, schedule, trained, json_out, raw_weights)
+        if dist.is_main:
+            _report_eval(results, loaded, schedule, trained, json_out, raw_weights)
 
 
 def _dataset_names(datasets: str | None, dataset: str | None, data: str | None) -> list:
@@ -113,52 +130,28 @@ def _report_eval(results, loaded, schedule: str | None, trained: str, json_out: 
         console.print(f"Wrote {json_out}", markup=False)
 
 
-def _check_eval_memory(loaded, device, options: dict) -> None:
-    """An evaluation batch that cannot fit in memory is refused before any data is read."""
-    rows, batch = options["rows"], options["batch_size"]
-    batch = min(batch, rows) if rows > 0 else batch
-    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
-                 length=loaded.length, device=device,
-                 what=f"evaluating {batch} rows of {loaded.length} tokens per batch",
-                 fix="lower --batch-size")
-
-
-def _passes(objective, mc_samples: int | None, T: int | None) -> tuple[int, int | None]:
-    """(K, T) of an evaluation: an exact likelihood takes one pass and no T (said if asked for)."""
-    if not objective.exact:
-        return 4 if mc_samples is None else mc_samples, T
-    for flag, value in (("--mc-samples", mc_samples), ("--T", T)):
-        if value is not None:
-            warn(f"{flag} {value} does not apply: the {objective.name} model's likelihood is exact")
-    return 1, None
-
-
-def _use_schedule(objective, schedule: str | None) -> str:
-    """Swap the objective's schedule for `schedule` (the bound and its time draws read it); the
-    trained schedule's name. Refused where the swap changes what the model computes."""
-    trained = objective.schedule.name
-    if schedule is None:
-        return trained
-    if not objective.uses_time:
-        raise MdlmError(f"--schedule does not apply: the {objective.name} objective has no "
-                        "diffusion time")
-    if objective.takes_time:
-        raise MdlmError(f"--schedule needs a model without time conditioning: this "
-                        f"{objective.name} model reads sigma(t) of its {trained} schedule, so "
-                        "its bound is not invariant to the schedule")
-    objective.schedule = get_schedule(schedule, objective.schedule.eps)
-    return trained
-
-
 def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
     """Prepare (if needed) and evaluate one data set, with progress bars."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     from ..distributed import is_main_process
     from ..eval.ppl import evaluate, evaluation_data, pick_split
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err_console, transient=True, disable=not is_main_process()) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=not is_main_process(),
+    ) as progress:
         tasks: dict[str, int] = {}
 
         def on_docs(split_name: str, n: int, total: int | None) -> None:
@@ -174,8 +167,8 @@ def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
         task = progress.add_task(f"{escape(label)}: {kind}", total=n_rows * options["mc_samples"])
         result = evaluate(loaded, prepared, name=label, device=rt.device, dtype=rt.dtype,
                           on_batch=lambda n: progress.advance(task, n), **options)
-    for note in result.notes:
-        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    for text in result.notes:
+        note(text)
     return result
 
 
@@ -185,7 +178,11 @@ def _print_ppl_table(results, loaded) -> None:
                   *(["bits/char"] if char else []), box=None)
     for r in results:
         rel = relation(r.exact, r.kind)
-        se = "exact" if r.exact else ("n/a" if r.standard_error is None else f"{r.standard_error:.4f}")
+        se = (
+            "exact"
+            if r.exact
+            else ("n/a" if r.standard_error is None else f"{r.standard_error:.4f}")
+        )
         sd = "" if r.exact or r.pass_std is None else f"{r.pass_std:.4f}"
         row = [r.dataset, r.split, f"{r.tokens:,}", "-" if r.exact else str(len(r.passes)),
                f"{r.nats_per_token:.4f}", se, sd, f"{rel} {r.perplexity:.3f}"]
@@ -193,19 +190,29 @@ def _print_ppl_table(results, loaded) -> None:
             row.append("" if r.bits_per_char is None else f"{rel} {r.bits_per_char:.4f}")
         table.add_row(*(Text(cell) for cell in row))  # data set names are paths, not markup
     console.print(table)
-    if loaded.objective.kind == "masked-token":
-        console.print(f"[dim]~ masked-token perplexity of the {loaded.objective.name} model: exp of the mean "
-                      "cross-entropy at the 15% selected positions (80/10/10 corruption); not a bound[/]")
-    elif loaded.objective.exact:
-        console.print(f"[dim]= exact likelihood of the {loaded.objective.name} model (every token of each row, "
+    _print_footnote(results, loaded.objective)
+
+
+def _print_footnote(results, objective) -> None:
+    """What the table's numbers are: a masked-token perplexity, an exact likelihood, or a
+    bound (with its per-datapoint spread)."""
+    name = objective.name
+    if objective.kind == "masked-token":
+        console.print(f"[dim]~ masked-token perplexity of the {name} model: exp of the mean "
+                      "cross-entropy at the 15% selected positions (80/10/10 corruption); not "
+                      "a bound[/]")
+        return
+    if objective.exact:
+        console.print(f"[dim]= exact likelihood of the {name} model (every token of each row, "
                       "the first given BOS)[/]")
-    else:
-        T = results[0].T if results else 0
-        kind = "continuous-time NELBO" if T == 0 else f"{T}-step discrete-time NELBO"
-        console.print(f"[dim]≤ upper bound ({loaded.objective.name}): {kind}, one antithetic t per sequence per pass, "
-                      "K passes; SE = sd of the pass estimates / sqrt(K)[/]")
-        for r in results:
-            if r.sequence_sd is not None:
-                console.print(f"[dim]{escape(r.dataset)}: per-datapoint sd of a one-pass bound {r.sequence_sd:.4f} "
-                              f"nats/token (variance {r.sequence_var:.4f}; each sequence's spread over the K passes, "
-                              "averaged over sequences: Table 9)[/]", highlight=False)
+        return
+    T = results[0].T if results else 0
+    kind = "continuous-time NELBO" if T == 0 else f"{T}-step discrete-time NELBO"
+    console.print(f"[dim]≤ upper bound ({name}): {kind}, one antithetic t per sequence per "
+                  "pass, K passes; SE = sd of the pass estimates / sqrt(K)[/]")
+    for r in results:
+        if r.sequence_sd is not None:
+            console.print(f"[dim]{escape(r.dataset)}: per-datapoint sd of a one-pass bound "
+                          f"{r.sequence_sd:.4f} nats/token (variance {r.sequence_var:.4f}; "
+                          "each sequence's spread over the K passes, averaged over sequences: "
+                          "Table 9)[/]", highlight=False)

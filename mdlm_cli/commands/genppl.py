@@ -30,9 +30,13 @@ SamplesOpt = Annotated[str | None, typer.Option(
     help="JSONL from mdlm sample --out (written here with --sample-first).")]
 JudgeOpt = Annotated[str, typer.Option(
     help="HF causal LM hub id or folder, a .gguf file, `smollm2`, or an mdlm AR checkpoint.")]
-ContextOpt = Annotated[int | None, typer.Option(help="Tokens per chunk (default: the judge's context).")]
+ContextOpt = Annotated[
+    int | None, typer.Option(help="Tokens per chunk (default: the judge's context).")
+]
 EosOpt = Annotated[str, typer.Option(help="EOS policy: keep | first (the reference's) | skip.")]
-SampleFirstOpt = Annotated[bool, typer.Option(help="Draw the samples from --checkpoint first, then score.")]
+SampleFirstOpt = Annotated[
+    bool, typer.Option(help="Draw the samples from --checkpoint first, then score.")
+]
 MauveReferenceOpt = Annotated[str | None, typer.Option(
     help="MAUVE against real text: a JSONL file with a 'text' per line, or with --sample-first a "
          "split (test, valid, train) of the checkpoint's data (as many rows as samples, of their "
@@ -42,7 +46,9 @@ FeaturizerOpt = Annotated[str | None, typer.Option(
          "smollm2 (default: the judge).")]
 MauveSeedsOpt = Annotated[str, typer.Option(
     help="MAUVE's k-means seeds, comma-separated (mean and sd).")]
-ModelToSampleOpt = Annotated[str | None, typer.Option("--checkpoint", "-c", help="Model to sample (--sample-first).")]
+ModelToSampleOpt = Annotated[
+    str | None, typer.Option("--checkpoint", "-c", help="Model to sample (--sample-first).")
+]
 
 
 @app.command("gen-ppl")
@@ -54,7 +60,9 @@ def gen_ppl_cmd(
     batch_size: Annotated[int, typer.Option(help="Chunks per judge forward pass.")] = 8,
     context: ContextOpt = None,
     eos: EosOpt = "keep",
-    json_out: Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
+    json_out: Annotated[
+        str | None, typer.Option("--json", help="Write the results as JSON here.")
+    ] = None,
     device: DeviceOpt = None,
     sample_first: SampleFirstOpt = False,
     checkpoint: ModelToSampleOpt = None,
@@ -98,7 +106,9 @@ def gen_ppl_cmd(
         texts, tokens = _texts_to_score(sample_first, checkpoint, sampling, num_samples, seed,
                                         device, samples, threads)
         rt = Runtime.create(device or "auto", threads=threads or 0)
-        result, scorer = _score(judge, texts, tokens, rt, context=context, batch_size=batch_size, eos=eos)
+        result, scorer = _score(
+            judge, texts, tokens, rt, context=context, batch_size=batch_size, eos=eos
+        )
         record = _report(result, scorer, texts, tokens, mauve, rt.device)
         if json_out:
             Path(json_out).write_text(json.dumps({"samples": samples, **record}, indent=2))
@@ -116,7 +126,9 @@ def _texts_to_score(sample_first: bool,
     """The texts and token ids to score: drawn first (--sample-first), or read from --samples
     (then the sampling flags are refused)."""
     if not sample_first:
-        return _given_samples(samples, ["--checkpoint"] * (checkpoint is not None) + sampling.given())
+        return _given_samples(
+            samples, ["--checkpoint"] * (checkpoint is not None) + sampling.given()
+        )
     if checkpoint is None:
         raise MdlmError("--sample-first needs --checkpoint (the model to sample)")
     return _sample_for_judging(checkpoint, sampling, num_samples, seed, device, samples, threads)
@@ -211,49 +223,65 @@ def _given_samples(samples: str | None, given: list[str]):
     from ..eval.genppl import read_samples
 
     if given:
-        raise MdlmError(f"{', '.join(given)} only apply with --sample-first (draw samples, then score them)")
+        raise MdlmError(
+            f"{', '.join(given)} only apply with --sample-first (draw samples, then score them)"
+        )
     if samples is None:
-        raise MdlmError("give --samples FILE.jsonl (from mdlm sample --out), or --sample-first --checkpoint DIR")
+        raise MdlmError(
+            "give --samples FILE.jsonl (from mdlm sample --out), or --sample-first --checkpoint DIR"
+        )
     return read_samples(samples)
 
 
 def _print_gen_ppl(result) -> None:
     from ..eval.genppl import EOS_DESCRIPTIONS
 
-    table = Table("samples", "scored tokens", "chunks", "nats/token", "gen PPL", "entropy", "nats/char", box=None)
+    table = Table(
+        "samples",
+        "scored tokens",
+        "chunks",
+        "nats/token",
+        "gen PPL",
+        "entropy",
+        "nats/char",
+        box=None,
+    )
     table.add_row(str(len(result.samples)), f"{result.tokens:,}", str(result.chunks),
                   f"{result.nats_per_token:.4f}", f"{result.gen_ppl:.3f}", f"{result.entropy:.4f}",
                   f"{result.nats_per_char:.4f}")
     console.print(table)
-    console.print(Text(f"judge {result.judge} (context {result.context}); EOS policy {result.eos_policy}: "
-                       f"{EOS_DESCRIPTIONS[result.eos_policy]}; entropy in nats over {result.entropy_of}; "
-                       f"{result.empty} empty samples; {result.seconds:.1f} s", style="dim"))
+    console.print(
+        Text(
+            f"judge {result.judge} (context {result.context}); EOS policy {result.eos_policy}: "
+            f"{EOS_DESCRIPTIONS[result.eos_policy]}; entropy in nats over {result.entropy_of}; "
+            f"{result.empty} empty samples; {result.seconds:.1f} s",
+            style="dim",
+        )
+    )
 
 
-def _sample_for_judging(checkpoint: str,
-                        sampling: Sampling,
-                        num_samples: int,
-                        seed: int,
-                        device: str | None,
-                        out: str | None,
-                        threads: int | None):
-    from rich.progress import Progress
-
-    from ..sample.generate import generate, write_jsonl
+def _sample_for_judging(
+    checkpoint: str,
+    sampling: Sampling,
+    num_samples: int,
+    seed: int,
+    device: str | None,
+    out: str | None,
+    threads: int | None,
+):
+    """--sample-first: the samples drawn as mdlm sample draws them (batches of 16 at most),
+    written to --samples where given."""
+    from ..sample.draw import draw, write_samples
+    from .sample import sampling_progress
 
     loaded, rt = load_for_command(checkpoint, device, False, threads)
-    spec, steps = sampling.resolve(loaded.objective)
-    with Progress(console=err_console, transient=True) as progress:
-        task = progress.add_task(f"sampling ({spec.name})", total=num_samples)
-        records, stats, seconds = generate(
-            loaded, sampler=spec.name, num_samples=num_samples, batch_size=min(num_samples, 16),
-            steps=steps, seed=seed, device=rt.device, dtype=rt.dtype,
-            on_batch=lambda n: progress.advance(task, n), **sampling.engine_kwargs(spec))
-    err_console.print(f"{spec.name}: {num_samples} samples, {seconds / num_samples:.2f} s/sample, "
-                      f"NFE {stats.nfe:.1f}")
+    how = sampling.drawing(loaded.objective)
+    with sampling_progress(how.sampler, num_samples) as advance:
+        drawn = draw(loaded, rt, how, num_samples=num_samples, seed=seed,
+                     batch_size=min(num_samples, 16), on_batch=advance)
+    err_console.print(f"{how.sampler}: {num_samples} samples, {drawn.per_sample:.2f} s/sample, "
+                      f"NFE {drawn.stats.nfe:.1f}")
     if out:
-        extra = {**sampling.record(spec, steps), "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
-                 "checkpoint": str(loaded.path), "seconds": seconds / num_samples}
-        write_jsonl(out, [r.to_json(**extra) for r in records])
-        err_console.print(f"Wrote {len(records)} samples to {out}", markup=False)
-    return [r.text for r in records], [r.tokens for r in records]
+        write_samples(out, drawn)
+        err_console.print(f"Wrote {len(drawn.records)} samples to {out}", markup=False)
+    return [r.text for r in drawn.records], [r.tokens for r in drawn.records]

@@ -20,6 +20,8 @@ import typer
 from ..engine.options import KINDS, describe, problem, value_type
 from ..engine.sampling import SAMPLERS, get_sampler
 from ..errors import MdlmError
+from ..sample.benchmark import SamplingSweep
+from ..sample.draw import Drawing
 from .common import (
     PrecisionOpt,
     SamplerOpt,
@@ -84,6 +86,12 @@ class Sampling:
         """How samples were drawn, for their JSONL records."""
         return {"sampler": spec.name, "steps": steps, **self.engine_kwargs(spec)}
 
+    def drawing(self, objective) -> Drawing:
+        """The sampler and steps resolved for the objective (`resolve`), as sample.draw takes
+        them."""
+        spec, steps = self.resolve(objective)
+        return Drawing(spec.name, steps, self.engine_kwargs(spec), self.record(spec, steps))
+
     def given(self) -> list[str]:
         """The sampling flags given on the command line (away from their defaults)."""
         out = [f"--{name}" for name in ("sampler", "steps") if getattr(self, name) is not None]
@@ -93,23 +101,6 @@ class Sampling:
             for k, default in (("precision", "fp64"), ("temperature", 1.0), ("top_p", 1.0))
             if getattr(self, k) != default
         ]
-
-
-@dataclass
-class SamplingSweep:
-    """bench-sampler's sampling flags: lists to sweep (a row per value)."""
-
-    samplers: list[str] | None  # None: the objective's exact samplers
-    steps: list[int]
-    steps_text: str | None  # --steps as given (None: the default)
-    precisions: list[str]
-    temperature: float
-    top_p: float
-    options: dict[str, list]  # option name -> its values, from the flags and --opt
-
-    def drawing(self) -> dict[str, float]:
-        """The temperature and nucleus mass every row draws with."""
-        return {"temperature": self.temperature, "top_p": self.top_p}
 
 
 def _check(name: str, f: Field, value: Any) -> Any:

@@ -21,30 +21,19 @@ from .common import (
     user_errors,
 )
 
-
-@app.command("train")
-def train_cmd(
-    preset: PresetOpt = "demo",
-    overrides: SetOpt = None,
-    out: Annotated[str | None, typer.Option(help="Run folder (default runs/<preset>).")] = None,
-    resume: Annotated[bool, typer.Option(
-        help="Continue the run in --out from its latest checkpoint (start it if there is none).")] = False,
-    max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
-    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
-    time_limit: Annotated[float, typer.Option(help="Stop after this many minutes (0 = no limit).",
-                                              callback=float_in(0))] = 0.0,
-    print_config: Annotated[bool, typer.Option(help="Print the resolved config.")] = True,
-    override_resume_config: Annotated[bool, typer.Option(
-        help="With --resume: continue although the data, model, objective, optimisation or batch settings differ "
-             "from the checkpoint's (the change is recorded in metrics.jsonl).")] = False,
-    threads: ThreadsOpt = None,
-    precision: Annotated[str | None, typer.Option(
-        callback=net_precision,
-        help="train.precision: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix units "
-             "(AMX / AVX512-BF16), fp32 elsewhere.")] = None,
-) -> None:
-    """Train a masked diffusion LM. With no options: the offline demo on this machine.
+OutOpt = Annotated[str | None, typer.Option(help="Run folder (default runs/<preset>).")]
+ResumeOpt = Annotated[bool, typer.Option(
+    help="Continue the run in --out from its latest checkpoint (start it if there is none).")]
+MaxStepsOpt = Annotated[int | None, typer.Option(help="Optimizer steps.")]
+DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
+SeedOpt = Annotated[int | None, typer.Option(help="Random seed.")]
+TimeLimitOpt = Annotated[float, typer.Option(
+    help="Stop after this many minutes (0 = no limit).", callback=float_in(0))]
+PrintConfigOpt = Annotated[bool, typer.Option(help="Print the resolved config.")]
+OverrideResumeOpt = Annotated[bool, typer.Option(
+    help="With --resume: continue although the data, model, objective, optimisation or batch "
+         "settings differ from the checkpoint's (the change is recorded in metrics.jsonl).")]
+HELP = """Train a masked diffusion LM. With no options: the offline demo on this machine.
 
     Under torchrun it trains data-parallel on every rank (DDP; --set train.parallel=fsdp for FSDP2).
     SIGTERM saves a checkpoint after the current step and exits (continue with --resume).
@@ -57,8 +46,29 @@ def train_cmd(
       mdlm train --preset demo --resume            # continue runs/demo
       torchrun --nproc-per-node 8 -m mdlm_cli train --preset owt --resume   # 8 GPUs
     """
+
+
+@app.command("train", help=HELP)
+def train_cmd(
+    preset: PresetOpt = "demo",
+    overrides: SetOpt = None,
+    out: OutOpt = None,
+    resume: ResumeOpt = False,
+    max_steps: MaxStepsOpt = None,
+    device: DeviceOpt = None,
+    seed: SeedOpt = None,
+    time_limit: TimeLimitOpt = 0.0,
+    print_config: PrintConfigOpt = True,
+    override_resume_config: OverrideResumeOpt = False,
+    threads: ThreadsOpt = None,
+    precision: Annotated[str | None, typer.Option(
+        callback=net_precision,
+        help="train.precision: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix units "
+             "(AMX / AVX512-BF16), fp32 elsewhere.")] = None,
+) -> None:
     from ..distributed import is_main_process
     from ..train.loop import train
+    from ..train.memory import check_train_memory
 
     with user_errors():
         cfg = resolve_config(preset, overrides or [], {
@@ -76,51 +86,27 @@ def train_cmd(
             _report(result)
 
 
-# vocabulary sizes of the named tokenisers (the estimate needs one before any data is prepared)
-VOCAB_GUESS = {"gpt2": 50_258, "bert-base-uncased": 30_522, "char": 256, "dna": 16}
-
-
-def check_train_memory(cfg) -> None:
-    """Refuse, before the data and the model are set up, a micro-batch the device cannot hold:
-    the weights, gradients, AdamW state and EMA of the model, built on the meta device (no
-    memory), and the activations and logits at data.length."""
-    import torch
-
-    from ..memory import check_fits, footprint
-    from ..models import BACKBONES, build_model
-    from ..objectives import OBJECTIVES
-    from ..runtime import pick_device
-
-    if "hidden_size" not in BACKBONES[cfg.model.backbone].config_keys:
-        return  # a Hugging Face backbone: its shape is the hub model's, not the config's
-    vocab = VOCAB_GUESS.get(cfg.data.tokenizer, 50_258)
-    with torch.device("meta"):
-        model = build_model(cfg.model, vocab, causal=OBJECTIVES[cfg.diffusion.objective].causal)
-        params = sum(p.numel() for p in model.parameters())
-    m, t = cfg.model, cfg.train
-    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
-                     mlp_ratio=m.mlp_ratio, vocab=vocab, batch=t.micro_batch_size,
-                     length=cfg.data.length, training=True)
-    what = (f"training at data.length={cfg.data.length} with "
-            f"train.micro_batch_size={t.micro_batch_size}")
-    check_fits(what, need, pick_device(t.device), "lower data.length or train.micro_batch_size")
-
-
 def _report(result) -> None:
     from ..perf import mfu_text
     from ..train.log import nats_text
 
     if result.already_done:
-        console.print(f"Already trained: {result.run_dir} is at step {result.step} (train.max_steps reached); "
-                      "nothing was run or written. Raise --max-steps to train on.", markup=False, highlight=False)
+        console.print(
+            f"Already trained: {result.run_dir} is at step {result.step} (train.max_steps "
+            "reached); nothing was run or written. Raise --max-steps to train on.",
+            markup=False,
+            highlight=False,
+        )
     elif result.stopped_by:
         console.print(f"[bold yellow]Stopped[/] by {result.stopped_by} at step {result.step}; "
                       f"checkpoint: {escape(str(result.checkpoint))}; continue with --resume")
         return
     else:
-        console.print(f"[bold green]Done[/]: {result.step} steps, {result.tokens_seen:,} tokens, "
-                      f"{result.train_seconds / 60:.1f} min, {result.tokens_per_second:,.0f} tokens/s"
-                      + (f", {mfu_text(result.mfu)}" if result.mfu is not None else ""))
+        console.print(
+            f"[bold green]Done[/]: {result.step} steps, {result.tokens_seen:,} tokens, "
+            f"{result.train_seconds / 60:.1f} min, {result.tokens_per_second:,.0f} tokens/s"
+            + (f", {mfu_text(result.mfu)}" if result.mfu is not None else "")
+        )
     if result.final_valid is not None:
         final = result.final_valid
         kind, rel = ("exact NLL", "=") if final.exact else (final.kind or "bound", final.relation)

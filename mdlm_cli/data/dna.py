@@ -64,16 +64,23 @@ def read_bed(path: Path, split: str) -> dict[str, list[tuple[int, int]]]:
         if not parts or parts[0].startswith(("#", "track", "browser")):
             continue
         if len(parts) < 4:
-            raise MdlmError(f"{path}:{n}: expected 4 columns (chr, start, end, split), got {len(parts)}")
+            raise MdlmError(
+                f"{path}:{n}: expected 4 columns (chr, start, end, split), got {len(parts)}"
+            )
         if parts[3] == split:
             out.setdefault(parts[0], []).append((int(parts[1]), int(parts[2])))
     return out
 
 
-def merged_pieces(intervals: list[tuple[int, int]], chrom_len: int, extend: int = EXTEND) -> list[tuple[int, int]]:
+def merged_pieces(
+    intervals: list[tuple[int, int]], chrom_len: int, extend: int = EXTEND
+) -> list[tuple[int, int]]:
     """The union of [start, start + extend) over the intervals, clamped to the chromosome, in
     pieces of at most `extend` bases aligned to the start of each merged run."""
-    spans = sorted((max(0, min(s, chrom_len - extend)), min(chrom_len, max(s, 0) + extend)) for s, _ in intervals)
+    spans = sorted(
+        (max(0, min(s, chrom_len - extend)), min(chrom_len, max(s, 0) + extend))
+        for s, _ in intervals
+    )
     merged: list[list[int]] = []
     for s, e in spans:
         if merged and s <= merged[-1][1]:
@@ -99,10 +106,12 @@ class HG38Files:
         for name in names:
             if (self.folder / name).is_file():
                 return self.folder / name
-        raise MdlmError(f"HG38 data not found: {self.folder} needs {' or '.join(names)}; with a network, once: "
-                        f"mkdir -p {self.folder} && curl -L {HG38_URLS[0]} -o {self.folder}/hg38.ml.fa.gz && "
-                        f"curl -L {HG38_URLS[1]} -o {self.folder}/sequences_human.bed "
-                        "(or point data.dataset at hg38:FOLDER or $MDLM_HG38)")
+        raise MdlmError(
+            f"HG38 data not found: {self.folder} needs {' or '.join(names)}; with a network, once: "
+            f"mkdir -p {self.folder} && curl -L {HG38_URLS[0]} -o {self.folder}/hg38.ml.fa.gz && "
+            f"curl -L {HG38_URLS[1]} -o {self.folder}/sequences_human.bed "
+            "(or point data.dataset at hg38:FOLDER or $MDLM_HG38)"
+        )
 
     def fingerprint(self) -> str:
         """Sizes and a hash of the first and last MiB of both files (a full hash of 3 GB is slow)."""
@@ -128,7 +137,9 @@ def hg38_folder(spec: str) -> Path:
     return default_cache_root() / "hg38"
 
 
-def hg38_pieces(files: HG38Files, split: str, batch: int = 8, extend: int = EXTEND) -> Iterator[list[str]]:
+def hg38_pieces(
+    files: HG38Files, split: str, batch: int = 8, extend: int = EXTEND
+) -> Iterator[list[str]]:
     """Batches of the split's pieces (strings of at most `extend` bases), chromosome by chromosome."""
     wanted = read_bed(files.bed, BED_SPLITS[split])
     found = set()
@@ -136,12 +147,16 @@ def hg38_pieces(files: HG38Files, split: str, batch: int = 8, extend: int = EXTE
         if name not in wanted:
             continue
         found.add(name)
-        pieces = [seq[s:e].decode("latin-1") for s, e in merged_pieces(wanted[name], len(seq), extend)]
+        pieces = [
+            seq[s:e].decode("latin-1") for s, e in merged_pieces(wanted[name], len(seq), extend)
+        ]
         for i in range(0, len(pieces), batch):
             yield pieces[i:i + batch]
     missing = sorted(set(wanted) - found)
     if missing:
-        raise MdlmError(f"{files.bed} names chromosome {missing[0]}, which {files.fasta} does not hold")
+        raise MdlmError(
+            f"{files.bed} names chromosome {missing[0]}, which {files.fasta} does not hold"
+        )
 
 
 # ----------------------------------------------------------------------------- a synthetic genome
@@ -149,8 +164,14 @@ def hg38_pieces(files: HG38Files, split: str, batch: int = 8, extend: int = EXTE
 SYNTHETIC_VERSION = 1
 
 
-def write_synthetic_genome(folder: Path, *, chromosomes: int = 3, length: int = 300_000, interval: int = 4096,
-                           seed: int = 0) -> Path:
+def write_synthetic_genome(
+    folder: Path,
+    *,
+    chromosomes: int = 3,
+    length: int = 300_000,
+    interval: int = 4096,
+    seed: int = 0,
+) -> Path:
     """A small genome with structure to learn, as FASTA + BED in HG38's layout (offline demos, tests).
 
     An order-3 Markov chain with Dirichlet(0.3) transitions, 12 motifs of 24-64 bases inserted
@@ -182,14 +203,19 @@ def write_synthetic_genome(folder: Path, *, chromosomes: int = 3, length: int = 
         for k, start in enumerate(range(0, length - interval + 1, interval)):
             split = "valid" if k % 20 == 18 else "test" if k % 20 == 19 else "train"
             bed.append(f"chr{c + 1}\t{start}\t{start + interval}\t{split}")
-    for name, lines in (("hg38.ml.fa", fasta), ("sequences_human.bed", bed)):  # the BED last: it marks completion
+    for name, lines in (
+        ("hg38.ml.fa", fasta),
+        ("sequences_human.bed", bed),
+    ):  # the BED last: it marks completion
         tmp = folder / f".{name}.tmp-{os.getpid()}"
         tmp.write_text("\n".join(lines) + "\n")
         os.replace(tmp, folder / name)
     return folder
 
 
-def write_motif_task(folder: str | Path, *, n_train: int = 200, n_test: int = 100, seed: int = 0) -> Path:
+def write_motif_task(
+    folder: str | Path, *, n_train: int = 200, n_test: int = 100, seed: int = 0
+) -> Path:
     """A two-class task in the Genomic Benchmarks layout (CPU smoke runs of `mdlm classify`):
     uniform random sequences of 50-70 bases; class `motif` carries GATTACAGGCTA on either
     strand at a random place, class `plain` does not."""
@@ -232,9 +258,14 @@ def rc_augment(x0: Tensor, attention_mask: Tensor | None, complement: list[int],
 
 # Caduceus's configs/dataset/genomic_benchmark.yaml: task -> (max length, classes)
 GENOMIC_BENCHMARKS = {
-    "dummy_mouse_enhancers_ensembl": (1024, 2), "demo_coding_vs_intergenomic_seqs": (200, 2),
-    "demo_human_or_worm": (200, 2), "human_enhancers_cohn": (500, 2), "human_enhancers_ensembl": (512, 2),
-    "human_ensembl_regulatory": (512, 3), "human_nontata_promoters": (251, 2), "human_ocr_ensembl": (512, 2),
+    "dummy_mouse_enhancers_ensembl": (1024, 2),
+    "demo_coding_vs_intergenomic_seqs": (200, 2),
+    "demo_human_or_worm": (200, 2),
+    "human_enhancers_cohn": (500, 2),
+    "human_enhancers_ensembl": (512, 2),
+    "human_ensembl_regulatory": (512, 3),
+    "human_nontata_promoters": (251, 2),
+    "human_ocr_ensembl": (512, 2),
 }
 
 
@@ -255,19 +286,29 @@ def read_genomic_task(folder: str | Path) -> GenomicTask:
     """A task folder `<task>/{train,test}/<class>/<id>.txt`; labels from the sorted class names."""
     folder = Path(folder)
     if not (folder / "train").is_dir() or not (folder / "test").is_dir():
-        raise MdlmError(f"{folder} is not a Genomic Benchmarks task folder (it needs train/ and test/, each with "
-                        "one folder per class of .txt files)")
+        raise MdlmError(
+            f"{folder} is not a Genomic Benchmarks task folder (it needs train/ and test/, each with "
+            "one folder per class of .txt files)"
+        )
     classes = sorted(p.name for p in (folder / "train").iterdir() if p.is_dir())
     if len(classes) < 2:
-        raise MdlmError(f"{folder}/train has {len(classes)} class folder(s); a classification task needs 2 or more")
+        raise MdlmError(
+            f"{folder}/train has {len(classes)} class folder(s); a classification task needs 2 or more"
+        )
     task = GenomicTask(folder.name, classes)
     for split in ("train", "test"):
-        extra = sorted(p.name for p in (folder / split).iterdir() if p.is_dir() and p.name not in classes)
+        extra = sorted(
+            p.name for p in (folder / split).iterdir() if p.is_dir() and p.name not in classes
+        )
         if extra:
             raise MdlmError(f"{folder}/{split} has class {extra[0]!r}, which train/ does not have")
         rows = getattr(task, split)
         for label, name in enumerate(classes):
-            for path in sorted((folder / split / name).glob("*.txt")) if (folder / split / name).is_dir() else []:
+            for path in (
+                sorted((folder / split / name).glob("*.txt"))
+                if (folder / split / name).is_dir()
+                else []
+            ):
                 rows.append(("".join(path.read_text().split()), label))
         if not rows:
             raise MdlmError(f"{folder}/{split} holds no sequences")

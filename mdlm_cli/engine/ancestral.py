@@ -32,7 +32,9 @@ class AncestralOptions:
     final_denoise: bool = final_denoise_option()
 
 
-def ancestral_times(steps: int, eps: float = 1e-5, device: torch.device | str | None = None) -> Tensor:
+def ancestral_times(
+    steps: int, eps: float = 1e-5, device: torch.device | str | None = None
+) -> Tensor:
     """The time grid 1 = t_0 > t_1 > ... > t_steps = eps (float64, steps + 1 values):
     step i goes from t_i to t_{i+1}; the final denoising step runs at eps."""
     return torch.linspace(1.0, eps, steps + 1, dtype=torch.float64, device=device)
@@ -85,12 +87,16 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
     # Which rows to evaluate at which step is known now, so it is read to the host once:
     # the loop then synchronises with the device only where the network's output size
     # (the number of positions unmasking) is data-dependent, once per call.
-    span = at.masked_fill(~masked, -1).amax(1) + 1  # a row holds a mask at the start of step i iff i < span
+    span = (
+        at.masked_fill(~masked, -1).amax(1) + 1
+    )  # a row holds a mask at the start of step i iff i < span
     span_host = span.tolist()
     n_steps = min(max(span_host), ctx.steps)  # steps with a mask left: the loop's length
     if cache:  # a call only where a row changes
         B = len(z)
-        pairs = torch.unique((at * B + torch.arange(B, device=z.device)[:, None])[at < ctx.steps])  # by step, row
+        pairs = torch.unique(
+            (at * B + torch.arange(B, device=z.device)[:, None])[at < ctx.steps]
+        )  # by step, row
         change_steps, counts = torch.unique_consecutive(pairs // B, return_counts=True)
         change_steps = change_steps.tolist()
         if ctx.on_changes is not None:
@@ -110,7 +116,9 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
 def _ancestral_reference(z: Tensor, ctx: SamplerContext, times: Tensor, *, cache: bool) -> None:
     """fp32: the reference's joint float32 draw over V real tokens + "stay masked", in place."""
     B, L = z.shape
-    unmask_probs = ctx.schedule.unmask_prob(times[:-1], times[1:]).float()  # (steps,), once for the run
+    unmask_probs = ctx.schedule.unmask_prob(
+        times[:-1], times[1:]
+    ).float()  # (steps,), once for the run
     cached = None  # last full logits per sequence
     valid = torch.zeros(B, dtype=torch.bool, device=z.device)  # cache still matches z
     changed_at = []  # per step, whether any sequence changed (only when someone asks, `on_changes`)
@@ -143,7 +151,9 @@ def _ancestral_reference(z: Tensor, ctx: SamplerContext, times: Tensor, *, cache
         if ctx.on_changes is not None:
             changed_at.append(changed.any())
     if cache and ctx.on_changes is not None:
-        ctx.on_changes(torch.stack(changed_at).nonzero()[:, 0].tolist() if changed_at else [], len(changed_at))
+        ctx.on_changes(
+            torch.stack(changed_at).nonzero()[:, 0].tolist() if changed_at else [], len(changed_at)
+        )
 
 
 def ancestral(z: Tensor, ctx: SamplerContext) -> Tensor:

@@ -23,8 +23,10 @@ def prefix_length(z: Tensor, mask_id: int) -> int:
     free = z == mask_id
     n = int(free[0].long().argmax()) if bool(free[0].any()) else z.shape[1]
     if bool(free[:, :n].any()) or not bool(free[:, n:].all()):
-        raise EngineError("an autoregressive model can only continue a prefix (the same length in every row); "
-                          "use --prompt, not --infill")
+        raise EngineError(
+            "an autoregressive model can only continue a prefix (the same length in every row); "
+            "use --prompt, not --infill"
+        )
     return n
 
 
@@ -38,7 +40,9 @@ def autoregressive(z: Tensor, ctx: SamplerContext) -> Tensor:
     if n == L:
         return z
     cache = lm.new_cache(B, L, z.device)
-    step_in = torch.cat([torch.full((B, 1), lm.bos_id, dtype=torch.long, device=z.device), z[:, :n]], 1)
+    step_in = torch.cat(
+        [torch.full((B, 1), lm.bos_id, dtype=torch.long, device=z.device), z[:, :n]], 1
+    )
     for pos in range(n, L):
         logits = lm(step_in, cache)[:, -1]  # (B, V)
         ctx.stats.calls += 1

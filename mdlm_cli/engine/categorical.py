@@ -38,13 +38,17 @@ def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_p: float = 1.
     if top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # mass before this class already enough
+        drop_sorted = (
+            cum - sorted_logits.softmax(-1) >= top_p
+        )  # mass before this class already enough
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
 
 
-def token_weights(logits: Tensor, mask_id: int, *, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
+def token_weights(
+    logits: Tensor, mask_id: int, *, temperature: float = 1.0, top_p: float = 1.0
+) -> Tensor:
     """Weights (N, V) proportional to p_theta under SUBS, the mask's weight 0: float32, or
     float64 for float64 logits (normalised in the logits' own precision, so nothing of a
     float64 logit is lost to a cast first). Not normalised after the mask is dropped: both
@@ -100,7 +104,9 @@ def reference_draw(weights: Tensor, *, generator: torch.Generator | None) -> Ten
     return (weights / (1e-10 - (u + 1e-10).log_())).argmax(dim=-1)
 
 
-def inverse_cdf_draw(weights: Tensor, *, generator: torch.Generator | None, never: int | None = None) -> Tensor:
+def inverse_cdf_draw(
+    weights: Tensor, *, generator: torch.Generator | None, never: int | None = None
+) -> Tensor:
     """One draw per row from unnormalised weights (N, V): the first class whose float64
     running sum (the CDF, unnormalised) reaches v times the row total, v = 1 - u ~ U(0, 1]
     in float64. As v > 0 and the search is left-closed, a class whose running sum does not
@@ -139,7 +145,9 @@ def sample_tokens_with_probs(logits: Tensor, mask_id: int, *, generator: torch.G
     return tokens, probs
 
 
-def _draw(weights: Tensor, mask_id: int, *, generator: torch.Generator | None, precision: str) -> Tensor:
+def _draw(
+    weights: Tensor, mask_id: int, *, generator: torch.Generator | None, precision: str
+) -> Tensor:
     if precision not in PRECISIONS:
         raise EngineError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "fp64":

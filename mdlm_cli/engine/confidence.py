@@ -47,7 +47,9 @@ def reveal_counts(n_masked: list[int], steps: int, k_schedule: str) -> Tensor:
     """Tokens each sequence reveals at each step, (B, steps) long on the host: the masked
     count left after step i is floor(n * f(i / steps)), f from K_SCHEDULES, 0 after the last.
     A step that reveals nothing for a sequence costs it no network call."""
-    f = torch.tensor([K_SCHEDULES[k_schedule](i / steps) for i in range(steps + 1)], dtype=torch.float64)
+    f = torch.tensor(
+        [K_SCHEDULES[k_schedule](i / steps) for i in range(steps + 1)], dtype=torch.float64
+    )
     n = torch.tensor(n_masked, dtype=torch.float64)[:, None]
     left = torch.floor(n * f + 1e-9).long().clamp(min=0)  # + 1e-9: 0.7 * 10 is 7, not 6.999...
     left[:, 0], left[:, -1] = n[:, 0].long(), 0
@@ -62,7 +64,9 @@ def _times(z: Tensor, ctx: SamplerContext) -> Tensor:
     return ctx.schedule.inverse(1.0 - frac).clamp(ctx.eps, 1.0)
 
 
-def _draw_masked(z: Tensor, ctx: SamplerContext, rows: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+def _draw_masked(
+    z: Tensor, ctx: SamplerContext, rows: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """A token drawn at every masked position of the sequences `rows` (all if None) from one
     network call. Returns, for those sequences, (masked (R, L), tokens (R, L), confidence (R, L):
     the drawn token's probability at masked positions, -inf elsewhere)."""
@@ -70,7 +74,9 @@ def _draw_masked(z: Tensor, ctx: SamplerContext, rows: Tensor | None) -> tuple[T
     tokens, probs = ctx.draw_with_probs(ctx.logits(z, _times(z, ctx), masked, rows))
     if rows is not None:
         masked = masked[rows]
-    drawn = torch.zeros(masked.shape, dtype=torch.long, device=z.device).masked_scatter_(masked, tokens)
+    drawn = torch.zeros(masked.shape, dtype=torch.long, device=z.device).masked_scatter_(
+        masked, tokens
+    )
     conf = torch.full(masked.shape, float("-inf"), dtype=torch.float64, device=z.device)
     return masked, drawn, conf.masked_scatter_(masked, probs)
 
@@ -101,7 +107,9 @@ def confidence(z: Tensor, ctx: SamplerContext) -> Tensor:
         masked, drawn, conf = _draw_masked(z, ctx, rows)
         k = k[active].to(z.device)
         order = conf.argsort(dim=1, descending=True, stable=True)  # masked positions first
-        rank = torch.empty_like(order).scatter_(1, order, torch.arange(z.shape[1], device=z.device).expand_as(order))
+        rank = torch.empty_like(order).scatter_(
+            1, order, torch.arange(z.shape[1], device=z.device).expand_as(order)
+        )
         _reveal(z, rows, masked & (rank < k[:, None]), drawn)
     return z
 
@@ -111,7 +119,9 @@ def threshold(z: Tensor, ctx: SamplerContext) -> Tensor:
     `ctx.options.threshold`, and at least the most confident one. Threshold 0 reveals
     everything in one call, threshold 1 one token per call (a probability never exceeds 1)."""
     B = len(z)
-    left = (z == ctx.mask_id).sum(1).tolist()  # read once per call: what a call reveals depends on the model
+    left = (
+        (z == ctx.mask_id).sum(1).tolist()
+    )  # read once per call: what a call reveals depends on the model
     while any(left):
         active = [b for b, n in enumerate(left) if n]
         rows = None if len(active) == B else torch.tensor(active, device=z.device)

@@ -74,14 +74,18 @@ class SamplerContext:
             positions = None if positions is None else positions[rows]
         return z, t, positions
 
-    def logits(self, z: Tensor, t: Tensor, positions: Tensor | None, rows: Tensor | None = None) -> Tensor:
+    def logits(
+        self, z: Tensor, t: Tensor, positions: Tensor | None, rows: Tensor | None = None
+    ) -> Tensor:
         """Logits (N, V) at the True entries of `positions[rows]` (all positions if None) for
         the sequences `rows` (all if None); t is one time for all or one per sequence."""
         z, t, positions = self._select(z, t, positions, rows)
         with torch.no_grad():
             return call_denoiser(self.denoiser, z, t.float(), output_mask=positions)
 
-    def log_score(self, z: Tensor, t: Tensor, positions: Tensor, rows: Tensor | None = None) -> Tensor:
+    def log_score(
+        self, z: Tensor, t: Tensor, positions: Tensor, rows: Tensor | None = None
+    ) -> Tensor:
         """Log concrete scores (N, V) at the masked positions `positions[rows]`: the denoiser's own
         `log_score(z_t, t, output_mask=)` where it has one (a score model: SEDD), else its
         logits read as SUBS's p_theta and converted (`subs_log_score`)."""
@@ -96,14 +100,26 @@ class SamplerContext:
 
     def draw(self, logits: Tensor) -> Tensor:
         self.stats.draws += logits.shape[0]
-        return sample_tokens(logits, self.mask_id, generator=self.generator, precision=self.precision,
-                             temperature=self.temperature, top_p=self.top_p)
+        return sample_tokens(
+            logits,
+            self.mask_id,
+            generator=self.generator,
+            precision=self.precision,
+            temperature=self.temperature,
+            top_p=self.top_p,
+        )
 
     def draw_with_probs(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """`draw`, and the probability of each drawn token (float64) under the distribution drawn from."""
         self.stats.draws += logits.shape[0]
-        return sample_tokens_with_probs(logits, self.mask_id, generator=self.generator, precision=self.precision,
-                                        temperature=self.temperature, top_p=self.top_p)
+        return sample_tokens_with_probs(
+            logits,
+            self.mask_id,
+            generator=self.generator,
+            precision=self.precision,
+            temperature=self.temperature,
+            top_p=self.top_p,
+        )
 
     def rand(self, shape, device) -> Tensor:
         return torch.rand(shape, generator=self.generator, device=device, dtype=torch.float64)

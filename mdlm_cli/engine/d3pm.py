@@ -20,7 +20,9 @@ from .protocols import Denoiser
 from .schedules import Schedule
 
 
-def posterior_kl(log_probs: Tensor, x0: Tensor, t: Tensor, s: Tensor, schedule: Schedule, mask_id: int) -> Tensor:
+def posterior_kl(
+    log_probs: Tensor, x0: Tensor, t: Tensor, s: Tensor, schedule: Schedule, mask_id: int
+) -> Tensor:
     """KL(q(z_s | z_t = m, x0) || p_theta(z_s | z_t = m)) at N masked positions (eq. 9): nats (N,).
 
     The true posterior puts (alpha_s - alpha_t) / (1 - alpha_t) on x0 and the rest on the
@@ -37,15 +39,27 @@ def posterior_kl(log_probs: Tensor, x0: Tensor, t: Tensor, s: Tensor, schedule: 
     log_norm = torch.log1p(alpha_t * x_m / rate_t)  # log(N / (1 - alpha_t))
     to_x0 = schedule.unmask_prob(t, s)
     stays = rate_s / rate_t
-    safe_rate_s = torch.where(rate_s > 0, rate_s, torch.ones_like(rate_s))  # at s = 0 nothing stays masked
+    safe_rate_s = torch.where(
+        rate_s > 0, rate_s, torch.ones_like(rate_s)
+    )  # at s = 0 nothing stays masked
     to_mask = torch.where(rate_s > 0, stays * (log_norm - torch.log1p(alpha_s * x_m / safe_rate_s)),
                           torch.zeros_like(stays))
     return (to_x0 * (log_norm - log_x0) + to_mask).float()
 
 
-def d3pm_terms(denoiser: Denoiser, x0: Tensor, t: Tensor, *, mask_id: int, schedule: Schedule, T: int,
-               carry_over: bool = False, generator: torch.Generator | None = None,
-               attention_mask: Tensor | None = None, targets: Tensor | None = None) -> Tensor:
+def d3pm_terms(
+    denoiser: Denoiser,
+    x0: Tensor,
+    t: Tensor,
+    *,
+    mask_id: int,
+    schedule: Schedule,
+    T: int,
+    carry_over: bool = False,
+    generator: torch.Generator | None = None,
+    attention_mask: Tensor | None = None,
+    targets: Tensor | None = None,
+) -> Tensor:
     """One Monte-Carlo term of the T-step bound per sequence (eq. 9; the reference's
     `_d3pm_loss` + `_reconstruction_loss`), nats (B,): t (B,) on the grid {1/T, ..., 1},
     s = t - 1/T, T times the posterior KL summed over the masked positions, plus the
@@ -54,14 +68,24 @@ def d3pm_terms(denoiser: Denoiser, x0: Tensor, t: Tensor, *, mask_id: int, sched
     z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=generator,
                       attention_mask=noised_positions(attention_mask, targets))
     masked = z_t == mask_id
-    logits = call_denoiser(denoiser, z_t, t, output_mask=masked, attention_mask=attention_mask)  # (N, V)
+    logits = call_denoiser(
+        denoiser, z_t, t, output_mask=masked, attention_mask=attention_mask
+    )  # (N, V)
     per_position = lambda v: v[:, None].expand(masked.shape)[masked]  # noqa: E731 - (B,) -> (N,)
     kl = posterior_kl(logits.float().log_softmax(-1), x0[masked], per_position(t),
                       per_position((t - 1.0 / T).clamp_min(0.0)), schedule, mask_id)
     per_token = torch.zeros(x0.shape, device=x0.device, dtype=kl.dtype).masked_scatter_(masked, kl)
-    reconstruction = reconstruction_terms(denoiser, x0, mask_id=mask_id, schedule=schedule, carry_over=carry_over,
-                                          zero_masking=False, generator=generator, attention_mask=attention_mask,
-                                          targets=targets)
+    reconstruction = reconstruction_terms(
+        denoiser,
+        x0,
+        mask_id=mask_id,
+        schedule=schedule,
+        carry_over=carry_over,
+        zero_masking=False,
+        generator=generator,
+        attention_mask=attention_mask,
+        targets=targets,
+    )
     return T * per_token.sum(dim=1) + reconstruction
 
 

@@ -146,7 +146,9 @@ def nelbo_terms(denoiser: Denoiser, x0: Tensor, t: Tensor, *, mask_id: int,
     logits = call_denoiser(denoiser, z_t, t, output_mask=masked,
                            attention_mask=attention_mask)
     nll = masked_nll(logits, x0[masked], mask_id)  # (N,)
-    per_token = torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype).masked_scatter_(masked, nll)
+    per_token = torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype).masked_scatter_(
+        masked, nll
+    )
     return loss_weight(t, schedule, T).to(nll.dtype) * per_token.sum(dim=1)
 
 
@@ -173,9 +175,18 @@ def nelbo(denoiser: Denoiser, x0: Tensor, *, mask_id: int, schedule: str | Sched
     return total / num_samples
 
 
-def reconstruction_terms(denoiser: Denoiser, x0: Tensor, *, mask_id: int, schedule: Schedule, carry_over: bool,
-                         zero_masking: bool, generator: torch.Generator | None = None,
-                         attention_mask: Tensor | None = None, targets: Tensor | None = None) -> Tensor:
+def reconstruction_terms(
+    denoiser: Denoiser,
+    x0: Tensor,
+    *,
+    mask_id: int,
+    schedule: Schedule,
+    carry_over: bool,
+    zero_masking: bool,
+    generator: torch.Generator | None = None,
+    attention_mask: Tensor | None = None,
+    targets: Tensor | None = None,
+) -> Tensor:
     """The t = 0 term of the bound, E_{z_0 ~ q(.|x0)} [-log p_theta(x0 | z_0)] (D3PM's L_0, the
     reference's `_reconstruction_loss`), with its own forward pass: nats per sequence (B,).
 
@@ -191,7 +202,11 @@ def reconstruction_terms(denoiser: Denoiser, x0: Tensor, *, mask_id: int, schedu
     if carry_over and not bool((rate0 > 0).any()):
         return torch.zeros(B, device=x0.device)
     noised = noised_positions(attention_mask, targets)
-    z0 = mask_tokens(x0, rate0, mask_id, generator=generator, attention_mask=noised) if bool((rate0 > 0).any()) else x0
+    z0 = (
+        mask_tokens(x0, rate0, mask_id, generator=generator, attention_mask=noised)
+        if bool((rate0 > 0).any())
+        else x0
+    )
     if carry_over:
         scored = z0 == mask_id
     else:
@@ -199,4 +214,8 @@ def reconstruction_terms(denoiser: Denoiser, x0: Tensor, *, mask_id: int, schedu
     logits = call_denoiser(denoiser, z0, t0, output_mask=scored, attention_mask=attention_mask)
     nll = masked_nll(logits, x0[scored], mask_id) if zero_masking else F.cross_entropy(
         logits.float(), x0[scored], reduction="none")
-    return torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype).masked_scatter_(scored, nll).sum(dim=1)
+    return (
+        torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype)
+        .masked_scatter_(scored, nll)
+        .sum(dim=1)
+    )

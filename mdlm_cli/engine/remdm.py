@@ -45,7 +45,9 @@ def remask_probs(times: Tensor, schedule: Schedule, eta: float, name: str) -> Te
     checked with the options, RemdmOptions)."""
     alpha_t = 1.0 - schedule.mask_rate(times[:-1])
     rate_s = schedule.mask_rate(times[1:])
-    sigma_max = torch.where(alpha_t > 0, rate_s / alpha_t.clamp_min(1e-300), torch.ones_like(rate_s)).clamp(max=1.0)
+    sigma_max = torch.where(
+        alpha_t > 0, rate_s / alpha_t.clamp_min(1e-300), torch.ones_like(rate_s)
+    ).clamp(max=1.0)
     return REMDM_SCHEDULES[name](eta, sigma_max)
 
 
@@ -62,20 +64,29 @@ def remdm(z: Tensor, ctx: SamplerContext) -> Tensor:
     """
     times = ancestral_times(ctx.steps, ctx.eps, z.device)
     # computed as the ancestral sampler computes its survival, so that eta = 0 matches it bit for bit
-    rate_s, rate_t = ctx.schedule.mask_rate(times[1:]), ctx.schedule.mask_rate(times[:-1])  # (steps,)
+    rate_s, rate_t = (
+        ctx.schedule.mask_rate(times[1:]),
+        ctx.schedule.mask_rate(times[:-1]),
+    )  # (steps,)
     sigma = remask_probs(times, ctx.schedule, ctx.options.eta, ctx.options.remdm_schedule)
     stay = (1.0 - sigma * (1.0 - rate_t) / rate_s).clamp(0.0, 1.0)  # the product's factors
     sigma_host = sigma.tolist()
     free = z == ctx.mask_id  # never remask a prompt's positions
     u = ctx.rand(z.shape, z.device)
-    since = ctx.schedule.mask_rate(times[:1]).expand(z.shape).clone()  # rate when each was last masked
+    since = (
+        ctx.schedule.mask_rate(times[:1]).expand(z.shape).clone()
+    )  # rate when each was last masked
     product = torch.ones(z.shape, dtype=torch.float64, device=z.device)
     for i in range(ctx.steps):
         masked = z == ctx.mask_id
         if sigma_host[i] > 0:
             product.mul_(stay[i])
         reveal = masked & (u >= rate_s[i] / since * product)
-        remask = (free & ~masked & (ctx.rand(z.shape, z.device) < sigma_host[i])) if sigma_host[i] > 0 else None
+        remask = (
+            (free & ~masked & (ctx.rand(z.shape, z.device) < sigma_host[i]))
+            if sigma_host[i] > 0
+            else None
+        )
         rows = reveal.any(1).nonzero()[:, 0]  # a network call only where a token is revealed
         if len(rows):
             z.masked_scatter_(reveal, ctx.draw(ctx.logits(z, times[i], reveal, rows)))

@@ -51,9 +51,17 @@ def score_entropy(log_score: Tensor, x0: Tensor, log_k: Tensor, mask_id: int) ->
     return positive - log_k.exp() * (1.0 + at_x0 - log_k)
 
 
-def score_entropy_terms(scorer, x0: Tensor, t: Tensor, *, mask_id: int, schedule: Schedule,
-                        generator: torch.Generator | None = None, attention_mask: Tensor | None = None,
-                        targets: Tensor | None = None) -> Tensor:
+def score_entropy_terms(
+    scorer,
+    x0: Tensor,
+    t: Tensor,
+    *,
+    mask_id: int,
+    schedule: Schedule,
+    generator: torch.Generator | None = None,
+    attention_mask: Tensor | None = None,
+    targets: Tensor | None = None,
+) -> Tensor:
     """One Monte-Carlo term of SEDD's bound per sequence, nats (B,): x0 masked at time t (B,)
     (eq. 4), score entropy summed over the masked positions, times dsigma/dt (the
     reference's `dsigma * _score_entropy`). With the exact score it equals MDLM's term:
@@ -61,10 +69,14 @@ def score_entropy_terms(scorer, x0: Tensor, t: Tensor, *, mask_id: int, schedule
     z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=generator,
                       attention_mask=noised_positions(attention_mask, targets))
     masked = z_t == mask_id
-    log_score = scorer.log_score(z_t, t, output_mask=masked, attention_mask=attention_mask)  # (N, V)
+    log_score = scorer.log_score(
+        z_t, t, output_mask=masked, attention_mask=attention_mask
+    )  # (N, V)
     log_k = schedule.log_odds(t.double())[:, None].expand(masked.shape)[masked]
     entropy = score_entropy(log_score, x0[masked], log_k, mask_id).float()  # (N,)
-    per_token = torch.zeros(x0.shape, device=x0.device, dtype=entropy.dtype).masked_scatter_(masked, entropy)
+    per_token = torch.zeros(x0.shape, device=x0.device, dtype=entropy.dtype).masked_scatter_(
+        masked, entropy
+    )
     return schedule.dsigma(t).to(entropy.dtype) * per_token.sum(dim=1)
 
 
@@ -83,7 +95,9 @@ def _leap(z: Tensor, ctx: SamplerContext, t: Tensor, rate: Tensor, rows: Tensor 
     if not log_score.shape[0]:
         return
     mask = torch.tensor([ctx.mask_id], device=z.device)
-    if ctx.precision == "fp32":  # the reference's single float32 draw over V real tokens + "stay masked"
+    if (
+        ctx.precision == "fp32"
+    ):  # the reference's single float32 draw over V real tokens + "stay masked"
         probs = token_weights(log_score, ctx.mask_id, temperature=ctx.temperature, top_p=ctx.top_p)
         total = rate * log_score.index_fill(-1, mask, float("-inf")).logsumexp(-1).double().exp()
         probs = probs * (total / probs.double().sum(-1)).float()[:, None]
@@ -91,7 +105,9 @@ def _leap(z: Tensor, ctx: SamplerContext, t: Tensor, rate: Tensor, rows: Tensor 
         ctx.stats.draws += probs.shape[0]
         z[masked] = reference_draw(probs, generator=ctx.generator)
         return
-    total = rate * log_score.index_fill(-1, mask, float("-inf")).logsumexp(-1).double().exp()  # (N,)
+    total = (
+        rate * log_score.index_fill(-1, mask, float("-inf")).logsumexp(-1).double().exp()
+    )  # (N,)
     check_finite(total)
     unmask = ctx.rand(total.shape, z.device) < total  # "whether" first, in float64
     if bool(unmask.any()):
@@ -110,7 +126,9 @@ def _denoise(z: Tensor, ctx: SamplerContext, t: Tensor) -> None:
     log_score = ctx.log_score(z, t, masked, rows)
     if ctx.precision == "fp32":
         ctx.stats.draws += log_score.shape[0]
-        weights = token_weights(log_score, ctx.mask_id, temperature=ctx.temperature, top_p=ctx.top_p)
+        weights = token_weights(
+            log_score, ctx.mask_id, temperature=ctx.temperature, top_p=ctx.top_p
+        )
         z[masked] = reference_draw(weights, generator=ctx.generator)
     else:
         z[masked] = ctx.draw(log_score)

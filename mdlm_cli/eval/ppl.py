@@ -11,6 +11,7 @@ import dataclasses
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from ..data.store import PreparedData, prepare
-from ..errors import MdlmError
+from ..errors import MdlmError, MdlmWarning
 from ..objectives.bound import BoundResult
 from ..runtime import derive_seed
 
@@ -72,9 +73,15 @@ class PplResult:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d.update(kind="exact" if self.exact else (self.kind or "bound"), nats_per_token=self.nats_per_token,
-                 perplexity=self.perplexity, standard_error=self.standard_error,
-                 pass_std=self.pass_std, bits_per_char=self.bits_per_char, mc_samples=len(self.passes))
+        d.update(
+            kind="exact" if self.exact else (self.kind or "bound"),
+            nats_per_token=self.nats_per_token,
+            perplexity=self.perplexity,
+            standard_error=self.standard_error,
+            pass_std=self.pass_std,
+            bits_per_char=self.bits_per_char,
+            mc_samples=len(self.passes),
+        )
         return d
 
 
@@ -86,13 +93,17 @@ def evaluation_data(loaded: LoadedModel, *, dataset: str | None = None, data: st
     if data is not None and (Path(data) / "meta.json").is_file():
         prepared = PreparedData(Path(data))
     else:
-        cfg = dataclasses.replace(loaded.config.data, dataset=data or dataset or loaded.config.data.dataset)
+        cfg = dataclasses.replace(
+            loaded.config.data, dataset=data or dataset or loaded.config.data.dataset
+        )
         prepared = prepare(cfg, progress=progress, load_dataset=load_dataset)
     name = prepared.meta["source"]["name"]  # a registry name, or a local file's stem
     tok, mine = prepared.meta["tokenizer"], loaded.tokenizer
     if (tok["vocab_size"], tok["mask_id"]) != (mine.vocab_size, mine.mask_id):
-        raise MdlmError(f"{prepared.folder.name} uses tokenizer {tok['name']} (vocab {tok['vocab_size']}); "
-                        f"the checkpoint's has vocab {mine.vocab_size}: prepare it with the same tokenizer")
+        raise MdlmError(
+            f"{prepared.folder.name} uses tokenizer {tok['name']} (vocab {tok['vocab_size']}); "
+            f"the checkpoint's has vocab {mine.vocab_size}: prepare it with the same tokenizer"
+        )
     return name, prepared
 
 
@@ -102,13 +113,28 @@ def pick_split(prepared: PreparedData, split: str) -> tuple[str, str | None]:
         return split, None
     if split == "test" and "valid" in prepared.splits:
         return "valid", f"{prepared.meta['source']['name']} has no test split; used valid"
-    raise MdlmError(f"split {split!r} is not in {prepared.folder.name}; available: {', '.join(prepared.splits)}")
+    raise MdlmError(
+        f"split {split!r} is not in {prepared.folder.name}; available: {', '.join(prepared.splits)}"
+    )
 
 
-def evaluate(loaded: LoadedModel, prepared: PreparedData, *, name: str, split: str = "test",
-             mc_samples: int = 4, T: int | None = None, batch_size: int = 16, device: torch.device,
-             dtype: torch.dtype | None = None, seed: int = 0, rows: int = 0,
-             on_batch: Callable[[int], None] | None = None, rank: int = 0, world_size: int = 1) -> PplResult:
+def evaluate(
+    loaded: LoadedModel,
+    prepared: PreparedData,
+    *,
+    name: str,
+    split: str = "test",
+    mc_samples: int = 4,
+    T: int | None = None,
+    batch_size: int = 16,
+    device: torch.device,
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+    rows: int = 0,
+    on_batch: Callable[[int], None] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> PplResult:
     """Perplexity (bound or exact, as the checkpoint's objective gives it) on one split."""
     if mc_samples < 1:
         raise MdlmError(f"--mc-samples must be at least 1 (got {mc_samples})")
@@ -118,21 +144,43 @@ def evaluate(loaded: LoadedModel, prepared: PreparedData, *, name: str, split: s
         raise MdlmError(f"split {split_name} of {prepared.folder.name} is empty")
     t0 = time.perf_counter()
     objective = loaded.objective
-    results = objective.evaluate(loaded.denoiser(dtype), token_split,
-                                 seeds=[derive_seed(seed, "eval-ppl", k) for k in range(mc_samples)],
-                                 batch_size=batch_size, device=device, rows=rows, T=T, on_batch=on_batch,
-                                 rank=rank, world_size=world_size, per_sequence=not objective.exact and mc_samples > 1)
+    results = objective.evaluate(
+        loaded.denoiser(dtype),
+        token_split,
+        seeds=[derive_seed(seed, "eval-ppl", k) for k in range(mc_samples)],
+        batch_size=batch_size,
+        device=device,
+        rows=rows,
+        T=T,
+        on_batch=on_batch,
+        rank=rank,
+        world_size=world_size,
+        per_sequence=not objective.exact and mc_samples > 1,
+    )
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     first = results[0]
     spread = sequence_spread(results, token_split.lengths[:first.sequences])
-    return PplResult(name, split_name, first.tokens, first.sequences, [r.nats_per_token for r in results],
-                     exact=first.exact, T=first.T, char_level=loaded.tokenizer.is_character_level,
-                     seconds=time.perf_counter() - t0, notes=[note] if note else [],
-                     sequence_sd=spread[0], sequence_var=spread[1], kind=first.kind)
+    return PplResult(
+        name,
+        split_name,
+        first.tokens,
+        first.sequences,
+        [r.nats_per_token for r in results],
+        exact=first.exact,
+        T=first.T,
+        char_level=loaded.tokenizer.is_character_level,
+        seconds=time.perf_counter() - t0,
+        notes=[note] if note else [],
+        sequence_sd=spread[0],
+        sequence_var=spread[1],
+        kind=first.kind,
+    )
 
 
-def sequence_spread(results: list[BoundResult], lengths: np.ndarray) -> tuple[float | None, float | None]:
+def sequence_spread(
+    results: list[BoundResult], lengths: np.ndarray
+) -> tuple[float | None, float | None]:
     """(mean sd, mean variance) over sequences of each sequence's bound across the passes, in
     nats/token of the sequence: the per-datapoint variance of a one-sample estimate (Table 9).
     None with fewer than two passes or without per-sequence values."""
@@ -141,3 +189,62 @@ def sequence_spread(results: list[BoundResult], lengths: np.ndarray) -> tuple[fl
     per_token = np.stack([r.per_sequence for r in results]) / np.maximum(lengths, 1)[None]  # (K, n)
     var = per_token.var(axis=0, ddof=1)
     return float(np.sqrt(var).mean()), float(var.mean())
+
+
+def eval_options(loaded: LoadedModel, device, *, schedule: str | None = None,
+                 split: str = "test", mc_samples: int | None = None, T: int | None = None,
+                 seed: int = 0, rows: int = 0, batch_size: int | None = None, rank: int = 0,
+                 world_size: int = 1) -> tuple[dict, str]:
+    """`evaluate`'s keywords for `mdlm eval-ppl`'s flags, and the trained schedule's name: the
+    passes (`eval_passes`), the schedule swapped in (`use_schedule`) and a batch refused where
+    it cannot fit (`check_eval_memory`)."""
+    mc_samples, T = eval_passes(loaded.objective, mc_samples, T)
+    trained = use_schedule(loaded.objective, schedule)
+    options = {"split": split, "mc_samples": mc_samples, "T": T, "seed": seed, "rows": rows,
+               "batch_size": batch_size or loaded.config.train.micro_batch_size,
+               "rank": rank, "world_size": world_size}
+    check_eval_memory(loaded, device, options)
+    return options, trained
+
+
+def check_eval_memory(loaded: LoadedModel, device, options: dict) -> None:
+    """An evaluation batch that cannot fit in memory is refused before any data is read."""
+    from ..memory import check_memory
+
+    rows, batch = options["rows"], options["batch_size"]
+    batch = min(batch, rows) if rows > 0 else batch
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
+                 length=loaded.length, device=device,
+                 what=f"evaluating {batch} rows of {loaded.length} tokens per batch",
+                 fix="lower --batch-size")
+
+
+def eval_passes(objective, mc_samples: int | None, T: int | None) -> tuple[int, int | None]:
+    """(K, T) of an evaluation: an exact likelihood takes one pass and no T (a warning where
+    either is asked for)."""
+    if not objective.exact:
+        return 4 if mc_samples is None else mc_samples, T
+    for flag, value in (("--mc-samples", mc_samples), ("--T", T)):
+        if value is not None:
+            warnings.warn(f"{flag} {value} does not apply: the {objective.name} model's "
+                          "likelihood is exact", MdlmWarning, stacklevel=2)
+    return 1, None
+
+
+def use_schedule(objective, schedule: str | None) -> str:
+    """Swap the objective's schedule for `schedule` (the bound and its time draws read it); the
+    trained schedule's name. Refused where the swap changes what the model computes."""
+    from ..engine.schedules import get_schedule
+
+    trained = objective.schedule.name
+    if schedule is None:
+        return trained
+    if not objective.uses_time:
+        raise MdlmError(f"--schedule does not apply: the {objective.name} objective has no "
+                        "diffusion time")
+    if objective.takes_time:
+        raise MdlmError(f"--schedule needs a model without time conditioning: this "
+                        f"{objective.name} model reads sigma(t) of its {trained} schedule, so "
+                        "its bound is not invariant to the schedule")
+    objective.schedule = get_schedule(schedule, objective.schedule.eps)
+    return trained

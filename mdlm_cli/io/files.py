@@ -55,7 +55,9 @@ def swap_folder(new: Path, final: Path) -> None:
         return
     old = temporary(final, "old")
     shutil.rmtree(old, ignore_errors=True)
-    os.replace(final, old)  # killed here: `final` is missing, `old` is whole (restored on the next clean-up)
+    os.replace(
+        final, old
+    )  # killed here: `final` is missing, `old` is whole (restored on the next clean-up)
     os.replace(new, final)
     shutil.rmtree(old, ignore_errors=True)
 
@@ -69,7 +71,12 @@ def remove_stale_temporaries(folder: Path, name: str | None = None) -> list[str]
         return done
     for path in sorted(folder.iterdir()):
         m = _TEMPORARY.match(path.name)
-        if m is None or int(m["pid"]) == os.getpid() or pid_alive(int(m["pid"])) or name not in (None, m["name"]):
+        if (
+            m is None
+            or int(m["pid"]) == os.getpid()
+            or pid_alive(int(m["pid"]))
+            or name not in (None, m["name"])
+        ):
             continue
         target = folder / m["name"]
         if m["kind"] == "old" and not target.exists():
@@ -91,8 +98,13 @@ def stale_old_folders(folder: Path) -> list[tuple[str, Path]]:
     if folder.is_dir():
         for path in folder.iterdir():
             m = _TEMPORARY.match(path.name)
-            if (m is not None and m["kind"] == "old" and path.is_dir() and not (folder / m["name"]).exists()
-                    and not pid_alive(int(m["pid"]))):
+            if (
+                m is not None
+                and m["kind"] == "old"
+                and path.is_dir()
+                and not (folder / m["name"]).exists()
+                and not pid_alive(int(m["pid"]))
+            ):
                 out.append((m["name"], path))
     return out
 
@@ -125,8 +137,10 @@ def write_failure(e: BaseException, folder: Path, what: str) -> MdlmError:
     """The one-line error for a failed write of `what` into `folder` (nothing lost: the
     caller has discarded its temporaries and not touched what was there)."""
     if no_space(e):
-        return MdlmError(f"no space left on the device holding {folder}; nothing was lost ({what} was not "
-                         "written, everything already there is intact): free some space and run the command again")
+        return MdlmError(
+            f"no space left on the device holding {folder}; nothing was lost ({what} was not "
+            "written, everything already there is intact): free some space and run the command again"
+        )
     detail = os_error_message(e) if isinstance(e, OSError) else str(e).strip().splitlines()[0]
     return MdlmError(f"could not write {what} in {folder} ({detail}); nothing was lost")
 

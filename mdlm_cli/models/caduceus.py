@@ -140,7 +140,9 @@ class Block(nn.Module):
         mixer, norm = BiMamba(cfg), RMSNorm(cfg.hidden_size, cfg.norm_epsilon, cfg.rms_norm)
         self.mixer = Wrapped(mixer) if cfg.rcps else mixer
         self.norm = Wrapped(norm) if cfg.rcps and not cfg.fused_add_norm else norm
-        if cfg.time_conditioning:  # zero-initialised: the block's function is unchanged at the start
+        if (
+            cfg.time_conditioning
+        ):  # zero-initialised: the block's function is unchanged at the start
             self.time_modulation = nn.Linear(cfg.cond_dim, 2 * cfg.hidden_size)
             nn.init.zeros_(self.time_modulation.weight)
             nn.init.zeros_(self.time_modulation.bias)
@@ -152,7 +154,9 @@ class Block(nn.Module):
             y = y * (1 + scale) + shift
         return y
 
-    def forward(self, hs: Tensor, residual: Tensor | None, c: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, hs: Tensor, residual: Tensor | None, c: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         if not self.rcps:
             residual = hs if residual is None else hs + residual
             return self.mixer(self._norm(residual, c)), residual
@@ -160,7 +164,11 @@ class Block(nn.Module):
         # the forward strand's residual comes from the second half under the fused layout
         first, second = (hs[..., d:], hs[..., :d]) if self.swap else (hs[..., :d], hs[..., d:])
         if residual is not None:
-            r1, r2 = (residual[..., d:], residual[..., :d]) if self.swap else (residual[..., :d], residual[..., d:])
+            r1, r2 = (
+                (residual[..., d:], residual[..., :d])
+                if self.swap
+                else (residual[..., :d], residual[..., d:])
+            )
             first, second = first + r1, second + r2
         fwd, rev = first, rc(second)  # each strand in its own frame
         residual = torch.cat([fwd, rc(rev)], dim=-1)
@@ -223,7 +231,9 @@ class MambaBackbone:
                 raise MdlmError(f"model.{key} must be positive (got {getattr(m, key)})")
 
     @classmethod
-    def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *, causal: bool = False):
+    def from_checkpoint(
+        cls, cfg: ModelConfig, vocab_size: int, folder: Path, *, causal: bool = False
+    ):
         """config.yaml's model section is all it needs (the weights are loaded after)."""
         return cls(cfg, vocab_size, causal=causal)
 
@@ -241,8 +251,10 @@ class Caduceus(MambaBackbone, nn.Module):
     def validate_config(cls, cfg: Config) -> None:
         super().validate_config(cfg)
         if cfg.model.bidirectional_strategy not in BIDIRECTIONAL:
-            raise MdlmError(f"model.bidirectional_strategy must be one of: {', '.join(BIDIRECTIONAL)} "
-                            f"(got {cfg.model.bidirectional_strategy!r})")
+            raise MdlmError(
+                f"model.bidirectional_strategy must be one of: {', '.join(BIDIRECTIONAL)} "
+                f"(got {cfg.model.bidirectional_strategy!r})"
+            )
 
     def describe(self) -> str:
         return f"Caduceus-{'PS' if self.config.rcps else 'Ph'} {self.config.n_blocks}x{self.config.hidden_size}"
@@ -252,12 +264,16 @@ class Caduceus(MambaBackbone, nn.Module):
         super().__init__()
         cfg = read_section(CaduceusConfig, cfg)
         if causal:
-            raise MdlmError("the caduceus backbone is bidirectional; an autoregressive model uses model.backbone=mamba")
+            raise MdlmError(
+                "the caduceus backbone is bidirectional; an autoregressive model uses model.backbone=mamba"
+            )
         self.config, self.vocab_size, self.causal = cfg, vocab_size, False
         self.d, self.rcps = cfg.hidden_size, cfg.rcps
         self.caduceus = Encoder(cfg, vocab_size)
         complement = complement_ids(vocab_size) if complement is None else complement
-        self.register_buffer("complement_map", torch.tensor(complement, dtype=torch.long), persistent=False)
+        self.register_buffer(
+            "complement_map", torch.tensor(complement, dtype=torch.long), persistent=False
+        )
         head = nn.Linear(cfg.hidden_size, vocab_size, bias=False)
         head.weight = self.embedding.weight  # tied, as the released models
         self.lm_head = RCPSHead(head) if cfg.rcps else head
@@ -276,10 +292,16 @@ class Caduceus(MambaBackbone, nn.Module):
     def features(self, tokens: Tensor, sigma: Tensor | None = None) -> Tensor:
         """Final hidden states: (B, L, d), or (B, L, 2d) for PS (second half in the RC frame, flipped)."""
         bb = self.caduceus.backbone
-        c = F.silu(bb.time_embed(sigma)) if sigma is not None and hasattr(bb, "time_embed") else None
+        c = (
+            F.silu(bb.time_embed(sigma))
+            if sigma is not None and hasattr(bb, "time_embed")
+            else None
+        )
         emb = self.embedding
         hs = emb(tokens)
-        if self.rcps:  # [emb(x), flip(emb(rc x))]; flip(emb(rc x)) at l is the flipped embedding of comp(x_l)
+        if (
+            self.rcps
+        ):  # [emb(x), flip(emb(rc x))]; flip(emb(rc x)) at l is the flipped embedding of comp(x_l)
             hs = torch.cat([hs, rc(emb(self.complement_map[tokens.flip(-1)]))], dim=-1)
         residual = None
         for layer in bb.layers:
@@ -300,16 +322,25 @@ class Caduceus(MambaBackbone, nn.Module):
         if not self.rcps:
             return F.linear(hidden, self.head_weight)
         d, weight = self.d, self.head_weight
-        return F.linear(hidden[..., :d], weight) + F.linear(hidden[..., d:].flip(-1), weight[self.complement_map])
+        return F.linear(hidden[..., :d], weight) + F.linear(
+            hidden[..., d:].flip(-1), weight[self.complement_map]
+        )
 
-    def forward(self, tokens: Tensor, sigma: Tensor | None = None, attention_mask: Tensor | None = None,
-                output_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        tokens: Tensor,
+        sigma: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        output_mask: Tensor | None = None,
+    ) -> Tensor:
         """Logits (B, L, V), or (N, V) at the N True positions of `output_mask` (row-major)."""
         hidden = self.features(tokens, sigma)
         if output_mask is not None:
             hidden = hidden[output_mask]
         logits = self.head(hidden)
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 autocast -> float32
+        return logits.to(
+            torch.promote_types(logits.dtype, torch.float32)
+        )  # bf16 autocast -> float32
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -330,4 +361,8 @@ def complement_ids(vocab_size: int) -> list[int]:
     from ..data.tokenizers import dna_complement
 
     ids = dna_complement()
-    return ids + list(range(len(ids), vocab_size)) if vocab_size >= len(ids) else list(range(vocab_size))
+    return (
+        ids + list(range(len(ids), vocab_size))
+        if vocab_size >= len(ids)
+        else list(range(vocab_size))
+    )

@@ -38,13 +38,20 @@ if TYPE_CHECKING:
 CONFIG_FILE = "hf_config.json"  # the HF config, beside an mdlm checkpoint's weights
 # model_type -> the MLM model's submodules that map the encoder's hidden states to logits, in order
 HEADS = {
-    "bert": ("cls",), "megatron-bert": ("cls",), "roberta": ("lm_head",), "xlm-roberta": ("lm_head",),
-    "camembert": ("lm_head",), "albert": ("predictions",), "modernbert": ("head", "decoder"),
+    "bert": ("cls",),
+    "megatron-bert": ("cls",),
+    "roberta": ("lm_head",),
+    "xlm-roberta": ("lm_head",),
+    "camembert": ("lm_head",),
+    "albert": ("predictions",),
+    "modernbert": ("head", "decoder"),
     "distilbert": ("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector"),
     "electra": ("generator_predictions", "generator_lm_head"),
 }
-REMOTE_CODE_HINT = ("mdlm never runs trust_remote_code (MosaicBERT, the paper's encoder, is such a model); "
-                    "use a natively implemented one such as bert-base-uncased")
+REMOTE_CODE_HINT = (
+    "mdlm never runs trust_remote_code (MosaicBERT, the paper's encoder, is such a model); "
+    "use a natively implemented one such as bert-base-uncased"
+)
 
 
 def check_native(raw: dict, name: str) -> None:
@@ -54,15 +61,21 @@ def check_native(raw: dict, name: str) -> None:
 
     model_type = raw.get("model_type")
     if raw.get("auto_map"):
-        raise MdlmError(f"{name} holds a {model_type!r} model that needs remote code (its config.json has "
-                        f"auto_map); {REMOTE_CODE_HINT}")
+        raise MdlmError(
+            f"{name} holds a {model_type!r} model that needs remote code (its config.json has "
+            f"auto_map); {REMOTE_CODE_HINT}"
+        )
     if model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
-        raise MdlmError(f"{name} holds a {model_type!r} model, which transformers {transformers.__version__} does "
-                        f"not implement as a masked LM; {REMOTE_CODE_HINT}")
+        raise MdlmError(
+            f"{name} holds a {model_type!r} model, which transformers {transformers.__version__} does "
+            f"not implement as a masked LM; {REMOTE_CODE_HINT}"
+        )
     unknown = [a for a in raw.get("architectures") or [] if not hasattr(transformers, a)]
     if unknown:
-        raise MdlmError(f"{name} holds a {model_type!r} model of architecture {unknown[0]!r}, which transformers "
-                        f"does not implement; {REMOTE_CODE_HINT}")
+        raise MdlmError(
+            f"{name} holds a {model_type!r} model of architecture {unknown[0]!r}, which transformers "
+            f"does not implement; {REMOTE_CODE_HINT}"
+        )
 
 
 def model_folder(name: str) -> Path:
@@ -76,8 +89,10 @@ def model_folder(name: str) -> Path:
     path = Path(name)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise MdlmError(f"{path} has no config.json: model.hf_model must be a Hugging Face model folder, "
-                            "hub id or packaged model")
+            raise MdlmError(
+                f"{path} has no config.json: model.hf_model must be a Hugging Face model folder, "
+                "hub id or packaged model"
+            )
         return path
     from ..io.hub import download
 
@@ -88,7 +103,9 @@ def read_config(folder: Path) -> dict:
     try:
         raw = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise MdlmError(f"{folder / 'config.json'} is not readable JSON ({type(e).__name__}: {e})") from None
+        raise MdlmError(
+            f"{folder / 'config.json'} is not readable JSON ({type(e).__name__}: {e})"
+        ) from None
     if not isinstance(raw, dict):
         raise MdlmError(f"{folder / 'config.json'} must hold a JSON object")
     return raw
@@ -125,8 +142,10 @@ def load_pretrained(folder: Path, name: str) -> tuple[nn.Module, list[str]]:
                                                                output_loading_info=True)
         except (OSError, ValueError, RuntimeError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-            raise MdlmError(f"{name} holds a {raw.get('model_type')!r} model that does not load as a masked LM: "
-                            f"{first}") from None
+            raise MdlmError(
+                f"{name} holds a {raw.get('model_type')!r} model that does not load as a masked LM: "
+                f"{first}"
+            ) from None
     head = {child for child, _ in model.named_children()} - {model.base_model_prefix}
     missing = sorted(info.get("missing_keys") or [])
     encoder_missing = [k for k in missing if k.split(".")[0] not in head]
@@ -159,25 +178,38 @@ class HFMaskedLM(nn.Module):
     requires_causal = False  # a bidirectional encoder
     causal = False
 
-    def __init__(self, cfg: ModelConfig | HFMaskedLMConfig, vocab_size: int, causal: bool = False, *,
-                 hf: nn.Module | None = None, folder: Path | None = None):
+    def __init__(
+        self,
+        cfg: ModelConfig | HFMaskedLMConfig,
+        vocab_size: int,
+        causal: bool = False,
+        *,
+        hf: nn.Module | None = None,
+        folder: Path | None = None,
+    ):
         super().__init__()
         cfg = read_section(HFMaskedLMConfig, cfg)
         if causal:
-            raise MdlmError("the hf-mlm backbone is bidirectional; it cannot serve a causal objective")
+            raise MdlmError(
+                "the hf-mlm backbone is bidirectional; it cannot serve a causal objective"
+            )
         self.notes: list[str] = []
         self.source = cfg.hf_model
         if hf is None:
             hf, fresh = load_pretrained(folder or model_folder(cfg.hf_model), cfg.hf_model)
             if fresh:
-                self.notes.append(f"{cfg.hf_model} has no MLM head: {type(hf).__name__}'s standard head "
-                                  f"({len(fresh)} tensors, decoder tied to the word embeddings) is freshly "
-                                  "initialised (seed 0)")
+                self.notes.append(
+                    f"{cfg.hf_model} has no MLM head: {type(hf).__name__}'s standard head "
+                    f"({len(fresh)} tensors, decoder tied to the word embeddings) is freshly "
+                    "initialised (seed 0)"
+                )
         self.hf, self.vocab_size = hf, vocab_size
         outputs = hf.get_output_embeddings().weight.shape[0]
         if outputs < vocab_size:
-            raise MdlmError(f"the tokenizer has {vocab_size} tokens but {cfg.hf_model}'s output layer only "
-                            f"{outputs}: use the model's own tokenizer (data.tokenizer={cfg.hf_model})")
+            raise MdlmError(
+                f"the tokenizer has {vocab_size} tokens but {cfg.hf_model}'s output layer only "
+                f"{outputs}: use the model's own tokenizer (data.tokenizer={cfg.hf_model})"
+            )
         names = HEADS.get(hf.config.model_type, ())
         self.head_names = names if all(hasattr(hf, n) for n in names) else ()
         self.max_length = getattr(hf.config, "max_position_embeddings", None)
@@ -189,8 +221,10 @@ class HFMaskedLM(nn.Module):
     @classmethod
     def validate_config(cls, cfg: Config) -> None:
         if not cfg.model.hf_model:
-            raise MdlmError("model.hf_model must name the Hugging Face masked LM of the hf-mlm backbone "
-                            "(hub id, folder or packaged model)")
+            raise MdlmError(
+                "model.hf_model must name the Hugging Face masked LM of the hf-mlm backbone "
+                "(hub id, folder or packaged model)"
+            )
         if cfg.model.time_conditioning:
             raise MdlmError("the hf-mlm backbone takes no time input (MDLM needs none); "
                             "set model.time_conditioning=false")
@@ -204,19 +238,25 @@ class HFMaskedLM(nn.Module):
         check_native(raw, cfg.model.hf_model)
         positions = raw.get("max_position_embeddings")
         if positions and cfg.data.length > positions:
-            raise MdlmError(f"data.length {cfg.data.length} exceeds the {positions} positions of {cfg.model.hf_model}")
+            raise MdlmError(
+                f"data.length {cfg.data.length} exceeds the {positions} positions of {cfg.model.hf_model}"
+            )
         try:
             own = load_tokenizer(cfg.model.hf_model)
         except MdlmError:
             return  # a model folder without tokeniser files: the vocabulary sizes are checked when built
         same = tokenizer.hf is not None and tokenizer.hf.get_vocab() == own.hf.get_vocab()
         if not same or tokenizer.mask_id != own.mask_id:
-            raise MdlmError(f"data.tokenizer {cfg.data.tokenizer!r} ({tokenizer.vocab_size} tokens) is not the "
-                            f"tokenizer of model.hf_model {cfg.model.hf_model!r} ({own.vocab_size} tokens); set "
-                            f"data.tokenizer={cfg.model.hf_model}")
+            raise MdlmError(
+                f"data.tokenizer {cfg.data.tokenizer!r} ({tokenizer.vocab_size} tokens) is not the "
+                f"tokenizer of model.hf_model {cfg.model.hf_model!r} ({own.vocab_size} tokens); set "
+                f"data.tokenizer={cfg.model.hf_model}"
+            )
 
     @classmethod
-    def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *, causal: bool = False) -> HFMaskedLM:
+    def from_checkpoint(
+        cls, cfg: ModelConfig, vocab_size: int, folder: Path, *, causal: bool = False
+    ) -> HFMaskedLM:
         """The architecture from the checkpoint's hf_config.json (offline; weights loaded after)."""
         from transformers import AutoConfig, AutoModelForMaskedLM
 
@@ -227,7 +267,9 @@ class HFMaskedLM(nn.Module):
                             f"({type(e).__name__}); the checkpoint is incomplete") from None
         check_native(raw, str(folder / CONFIG_FILE))
         with quiet_transformers():
-            hf = AutoModelForMaskedLM.from_config(AutoConfig.for_model(**raw), trust_remote_code=False)
+            hf = AutoModelForMaskedLM.from_config(
+                AutoConfig.for_model(**raw), trust_remote_code=False
+            )
         return cls(cfg, vocab_size, causal=causal, hf=hf.float())
 
     def save_checkpoint_files(self, folder: Path) -> None:
@@ -251,13 +293,20 @@ class HFMaskedLM(nn.Module):
         return []
 
     # ------------------------------------------------------------------ forward
-    def forward(self, tokens: torch.Tensor, sigma: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, output_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        sigma: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        output_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits (B, L, V), or (N, V) at the N True positions of `output_mask` (row-major)."""
         if sigma is not None:
             raise ValueError("the hf-mlm backbone takes no time input")
         if self.max_length and tokens.shape[1] > self.max_length:
-            raise MdlmError(f"{tokens.shape[1]} positions asked for; {self.source} has {self.max_length}")
+            raise MdlmError(
+                f"{tokens.shape[1]} positions asked for; {self.source} has {self.max_length}"
+            )
         mask = None if attention_mask is None else attention_mask.long()
         if not self.head_names:  # a head mdlm does not know: every position, then the rows
             logits = self.hf(input_ids=tokens, attention_mask=mask).logits
@@ -293,7 +342,9 @@ def _drop_aliases(module, state_dict, prefix, local_metadata):
         state_dict.pop(prefix + key, None)
 
 
-def _fill_aliases(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+def _fill_aliases(
+    module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+):
     for key, source in module.aliases.items():
         if prefix + key not in state_dict and prefix + source in state_dict:
             state_dict[prefix + key] = state_dict[prefix + source]

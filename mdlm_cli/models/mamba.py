@@ -47,8 +47,13 @@ def _logits(hidden: Tensor, weight: Tensor) -> Tensor:
 class Layer(nn.Module):
     def __init__(self, cfg: MambaConfig):
         super().__init__()
-        self.mixer = MambaMixer(cfg.hidden_size, d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand,
-                                impl=cfg.mixer)
+        self.mixer = MambaMixer(
+            cfg.hidden_size,
+            d_state=cfg.d_state,
+            d_conv=cfg.d_conv,
+            expand=cfg.expand,
+            impl=cfg.mixer,
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_epsilon, cfg.rms_norm)
 
 
@@ -81,8 +86,10 @@ class Mamba(MambaBackbone, nn.Module):
     def __init__(self, cfg: ModelConfig | MambaConfig, vocab_size: int, causal: bool = True):
         super().__init__()
         if not causal:
-            raise MdlmError("the mamba backbone is causal (the autoregressive baseline); a bidirectional DNA "
-                            "model uses model.backbone=caduceus")
+            raise MdlmError(
+                "the mamba backbone is causal (the autoregressive baseline); a bidirectional DNA "
+                "model uses model.backbone=caduceus"
+            )
         cfg = read_section(MambaConfig, cfg)
         self.config, self.vocab_size, self.causal = cfg, vocab_size, True
         self.backbone = Backbone(cfg, vocab_size)
@@ -93,10 +100,18 @@ class Mamba(MambaBackbone, nn.Module):
 
     def new_cache(self, batch: int, max_len: int, device: torch.device,
                   dtype: torch.dtype = torch.float32) -> MambaCache:
-        return MambaCache([layer.mixer.new_state(batch, device, dtype) for layer in self.backbone.layers], max_len)
+        return MambaCache(
+            [layer.mixer.new_state(batch, device, dtype) for layer in self.backbone.layers], max_len
+        )
 
-    def forward(self, tokens: Tensor, sigma: Tensor | None = None, attention_mask: Tensor | None = None,
-                output_mask: Tensor | None = None, kv_cache: MambaCache | None = None) -> Tensor:
+    def forward(
+        self,
+        tokens: Tensor,
+        sigma: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        output_mask: Tensor | None = None,
+        kv_cache: MambaCache | None = None,
+    ) -> Tensor:
         """Logits (B, L, V) (or (N, V) at `output_mask`); with `kv_cache`, of the new tokens only.
         The recurrence reads every position; `attention_mask` only concerns the loss (trailing
         padding comes after every real position, so no real position sees it)."""
@@ -121,7 +136,9 @@ class Mamba(MambaBackbone, nn.Module):
     def _decode(self, tokens: Tensor, cache: MambaCache) -> Tensor:
         n = tokens.shape[1]
         if cache.length + n > cache.max_len:
-            raise ValueError(f"the Mamba cache holds {cache.max_len} positions; {cache.length + n} asked for")
+            raise ValueError(
+                f"the Mamba cache holds {cache.max_len} positions; {cache.length + n} asked for"
+            )
         if cache.length == 0:  # prefill: the parallel scan, keeping each layer's final state
             hidden = self._trunk(tokens, cache.states)
         else:

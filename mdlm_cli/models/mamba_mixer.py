@@ -55,8 +55,10 @@ def resolve_mixer(impl: str, device: torch.device) -> str:
     if impl == "auto":
         return "cuda" if device.type == "cuda" and mamba_ssm_available() else "torch"
     if impl == "cuda" and (device.type != "cuda" or not mamba_ssm_available()):
-        raise MdlmError("model.mixer=cuda needs CUDA tensors and mamba-ssm (pip install mamba-ssm on a CUDA "
-                        "machine); use model.mixer=torch (mambapy) or auto")
+        raise MdlmError(
+            "model.mixer=cuda needs CUDA tensors and mamba-ssm (pip install mamba-ssm on a CUDA "
+            "machine); use model.mixer=torch (mambapy) or auto"
+        )
     return impl
 
 
@@ -78,8 +80,18 @@ class MambaMixer(nn.Module):
     """`MambaMixer(d_model)(x (B, L, d_model)) -> (B, L, d_model)`; mamba-ssm's defaults
     (d_state 16, d_conv 4, expand 2, dt_rank ceil(d/16), dt in [1e-3, 0.1], S4D-real A)."""
 
-    def __init__(self, d_model: int, *, d_state: int = 16, d_conv: int = 4, expand: int = 2,
-                 impl: str = "auto", dt_min: float = 1e-3, dt_max: float = 0.1, dt_init_floor: float = 1e-4):
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        d_state: int = 16,
+        d_conv: int = 4,
+        expand: int = 2,
+        impl: str = "auto",
+        dt_min: float = 1e-3,
+        dt_max: float = 0.1,
+        dt_init_floor: float = 1e-4,
+    ):
         super().__init__()
         self.d_model, self.d_state, self.d_conv, self.impl = d_model, d_state, d_conv, impl
         self.d_inner = expand * d_model
@@ -89,13 +101,19 @@ class MambaMixer(nn.Module):
         self.conv1d = nn.Conv1d(E, E, kernel_size=d_conv, groups=E, padding=d_conv - 1, bias=True)
         self.x_proj = nn.Linear(E, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, E, bias=True)
-        std = self.dt_rank ** -0.5  # keeps the variance of dt_proj's output at init (mamba-ssm's "random")
+        std = (
+            self.dt_rank**-0.5
+        )  # keeps the variance of dt_proj's output at init (mamba-ssm's "random")
         nn.init.uniform_(self.dt_proj.weight, -std, std)
-        log_dt = torch.rand(E) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)  # log-uniform dt
+        log_dt = torch.rand(E) * (math.log(dt_max) - math.log(dt_min)) + math.log(
+            dt_min
+        )  # log-uniform dt
         dt = torch.exp(log_dt).clamp(min=dt_init_floor)
         with torch.no_grad():  # softplus(bias) = dt: the inverse softplus
             self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1, dtype=torch.float32).repeat(E, 1)))
+        self.A_log = nn.Parameter(
+            torch.log(torch.arange(1, d_state + 1, dtype=torch.float32).repeat(E, 1))
+        )
         self.D = nn.Parameter(torch.ones(E))
         self.out_proj = nn.Linear(E, d_model, bias=False)
 
@@ -106,7 +124,9 @@ class MambaMixer(nn.Module):
         if state is not None:  # the last d_conv conv inputs, zero-padded on the left
             state.conv.copy_(F.pad(xs.transpose(1, 2), (self.d_conv - L, 0)) if L < self.d_conv
                              else xs[:, -self.d_conv:].transpose(1, 2))
-        xs = F.silu(self.conv1d(xs.transpose(1, 2))[..., :L]).transpose(1, 2)  # causal depthwise conv
+        xs = F.silu(self.conv1d(xs.transpose(1, 2))[..., :L]).transpose(
+            1, 2
+        )  # causal depthwise conv
         dt, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         A = -torch.exp(self.A_log.to(_scan_dtype(x)))  # (E, N)
         if resolve_mixer(self.impl, x.device) == "cuda" and state is None:
@@ -116,7 +136,9 @@ class MambaMixer(nn.Module):
         return self.out_proj(y)
 
     def _torch_scan(self, xs, dt, A, B, C, z, state: MixerState | None) -> Tensor:
-        f = _scan_dtype(xs)  # the scan in float32 at least (bf16 autocast), float64 for float64 models
+        f = _scan_dtype(
+            xs
+        )  # the scan in float32 at least (bf16 autocast), float64 for float64 models
         delta = F.softplus(self.dt_proj(dt)).to(f)  # (B, L, E)
         deltaA = torch.exp(delta[..., None] * A.to(f))  # (B, L, E, N)
         BX = delta[..., None] * B.to(f)[:, :, None, :] * xs.to(f)[..., None]  # (B, L, E, N)
@@ -129,14 +151,25 @@ class MambaMixer(nn.Module):
     def _cuda_scan(self, xs, dt, A, B, C, z) -> Tensor:
         from mamba_ssm.ops.selective_scan_interface import selective_scan_fn  # type: ignore[import-not-found]
 
-        delta = F.linear(dt, self.dt_proj.weight)  # the bias and softplus are applied inside the kernel
-        y = selective_scan_fn(xs.transpose(1, 2).contiguous(), delta.transpose(1, 2).contiguous(), A,
-                              B.transpose(1, 2).contiguous(), C.transpose(1, 2).contiguous(), self.D.float(),
-                              z=z.transpose(1, 2).contiguous(), delta_bias=self.dt_proj.bias.float(),
-                              delta_softplus=True)  # (B, E, L)
+        delta = F.linear(
+            dt, self.dt_proj.weight
+        )  # the bias and softplus are applied inside the kernel
+        y = selective_scan_fn(
+            xs.transpose(1, 2).contiguous(),
+            delta.transpose(1, 2).contiguous(),
+            A,
+            B.transpose(1, 2).contiguous(),
+            C.transpose(1, 2).contiguous(),
+            self.D.float(),
+            z=z.transpose(1, 2).contiguous(),
+            delta_bias=self.dt_proj.bias.float(),
+            delta_softplus=True,
+        )  # (B, E, L)
         return y.transpose(1, 2)
 
-    def new_state(self, batch: int, device: torch.device, dtype: torch.dtype = torch.float32) -> MixerState:
+    def new_state(
+        self, batch: int, device: torch.device, dtype: torch.dtype = torch.float32
+    ) -> MixerState:
         return MixerState(torch.zeros(batch, self.d_inner, self.d_conv, device=device, dtype=dtype),
                           torch.zeros(batch, self.d_inner, self.d_state, device=device,
                                       dtype=torch.promote_types(dtype, torch.float32)))
@@ -144,7 +177,9 @@ class MambaMixer(nn.Module):
     def step(self, x: Tensor, state: MixerState) -> Tensor:
         """One new position x (B, 1, d_model) after those `state` summarises; updates `state`."""
         xs, z = self.in_proj(x[:, 0]).chunk(2, dim=-1)  # (B, E)
-        state.conv.copy_(torch.cat([state.conv[..., 1:], xs[..., None].to(state.conv.dtype)], dim=-1))
+        state.conv.copy_(
+            torch.cat([state.conv[..., 1:], xs[..., None].to(state.conv.dtype)], dim=-1)
+        )
         xs = F.silu((state.conv * self.conv1d.weight[:, 0]).sum(-1) + self.conv1d.bias).to(x.dtype)
         dt, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         f = _scan_dtype(xs)

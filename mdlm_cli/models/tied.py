@@ -52,7 +52,9 @@ def canonical_state(module: nn.Module, weights: dict, source: str = "") -> dict:
         value = weights[present[0]]
         for name in present[1:]:
             if weights[name].shape != value.shape or not bool((weights[name] == value).all()):
-                raise MdlmError(f"{source}: {name} should be tied to {present[0]} but holds other values")
+                raise MdlmError(
+                    f"{source}: {name} should be tied to {present[0]} but holds other values"
+                )
             del weights[name]
         if present[0] != group[0]:
             weights[group[0]] = weights.pop(present[0])

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..data.tokenizers import Tokenizer
 
-OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in (MDLM, SEDD, D3PM, Autoregressive, MaskedLM)}
+OBJECTIVES: dict[str, type[Objective]] = {
+    cls.name: cls for cls in (MDLM, SEDD, D3PM, Autoregressive, MaskedLM)
+}
 
 __all__ = ["OBJECTIVES", "Objective", "get_objective", "objectives_served_by"]
 

@@ -27,7 +27,9 @@ class SamplerChoice:
     spec: SamplerSpec
     steps: int | None  # None for a sampler without steps
     note: str = ""  # how an unnamed sampler was chosen
-    ignored: dict[str, Any] = field(default_factory=dict)  # asked-for settings the sampler does not read
+    ignored: dict[str, Any] = field(
+        default_factory=dict
+    )  # asked-for settings the sampler does not read
 
 
 class Objective(ABC):
@@ -40,13 +42,19 @@ class Objective(ABC):
 
     name: ClassVar[str]
     causal: ClassVar[bool] = False  # the backbone attends only to earlier positions
-    exact: ClassVar[bool] = False  # evaluation is an exact likelihood, not a bound (one pass is enough)
+    exact: ClassVar[bool] = (
+        False  # evaluation is an exact likelihood, not a bound (one pass is enough)
+    )
     uses_time: ClassVar[bool] = True  # training and evaluation draw a diffusion time per sequence
-    scores_targets: ClassVar[bool] = True  # loss_terms(..., targets=) is a likelihood of the targets (lm-eval)
+    scores_targets: ClassVar[bool] = (
+        True  # loss_terms(..., targets=) is a likelihood of the targets (lm-eval)
+    )
     default_sampler: ClassVar[str]  # "" for an objective without samplers (mlm)
     sampler_names: ClassVar[tuple[str, ...]] = ()  # the engine.SAMPLERS serving its models
     description: ClassVar[str]
-    kind: ClassVar[str] = ""  # what `evaluate` gives: "" = exact or bound as `exact` says; "masked-token" (mlm)
+    kind: ClassVar[str] = (
+        ""  # what `evaluate` gives: "" = exact or bound as `exact` says; "masked-token" (mlm)
+    )
 
     def __init__(self, cfg: Config, tokenizer: Tokenizer):
         self.cfg = cfg
@@ -73,8 +81,17 @@ class Objective(ABC):
         (engine/protocols.py) over the backbone."""
 
     @abstractmethod
-    def loss_terms(self, denoiser: Any, x0: Tensor, t: Tensor | None, *, generator: torch.Generator | None,
-                   attention_mask: Tensor | None, T: int | None = None, targets: Tensor | None = None) -> Tensor:
+    def loss_terms(
+        self,
+        denoiser: Any,
+        x0: Tensor,
+        t: Tensor | None,
+        *,
+        generator: torch.Generator | None,
+        attention_mask: Tensor | None,
+        T: int | None = None,
+        targets: Tensor | None = None,
+    ) -> Tensor:
         """Training loss of a batch x0 (B, L) at times t (B,): nats per sequence (B,). The train
         loop divides their sum by the number of tokens of the global batch. `T` overrides
         the configured number of discrete steps (evaluation at another T).
@@ -92,8 +109,12 @@ class Objective(ABC):
         targets = targets.bool()
         z = x0.masked_fill(targets, self.mask_id)
         t = torch.ones(x0.shape[0], device=x0.device)
-        logits = call_denoiser(denoiser, z, t, output_mask=targets, attention_mask=attention_mask)  # (N, V)
-        best = logits.float().index_fill(-1, torch.tensor([self.mask_id], device=x0.device), float("-inf"))
+        logits = call_denoiser(
+            denoiser, z, t, output_mask=targets, attention_mask=attention_mask
+        )  # (N, V)
+        best = logits.float().index_fill(
+            -1, torch.tensor([self.mask_id], device=x0.device), float("-inf")
+        )
         return x0.masked_scatter(targets, best.argmax(-1))
 
     def sampling_steps(self, spec: SamplerSpec) -> int:
@@ -109,7 +130,9 @@ class Objective(ABC):
         if not served:
             raise MdlmError(f"{self.name} models have no sampler ({self.description})")
         note = ""
-        if sampler is None and steps is not None:  # `--steps N` means "a step-based sampler with N steps"
+        if (
+            sampler is None and steps is not None
+        ):  # `--steps N` means "a step-based sampler with N steps"
             stepped = [s for s in served if s.uses_steps and s.exact
                        and (not self.takes_time or not s.needs_time_agnostic)]
             spec = (max(stepped, key=lambda s: s.needs_time_agnostic) if stepped
@@ -118,9 +141,13 @@ class Objective(ABC):
         else:
             spec = get_sampler(sampler or self.default_sampler)
         if spec not in served:
-            raise MdlmError(f"sampler {spec.name} does not serve {self.name} models; choose one of: "
-                            f"{', '.join(s.name for s in served)}")
-        ignored = {name: value for name, value in (options or {}).items() if name not in spec.option_names}
+            raise MdlmError(
+                f"sampler {spec.name} does not serve {self.name} models; choose one of: "
+                f"{', '.join(s.name for s in served)}"
+            )
+        ignored = {
+            name: value for name, value in (options or {}).items() if name not in spec.option_names
+        }
         if spec.uses_steps:
             steps = steps or self.sampling_steps(spec)
         elif steps is not None:
@@ -134,14 +161,18 @@ class Objective(ABC):
         defaults = type(cfg.diffusion)  # the dataclass: its class attributes are the defaults
         for key in keys:
             if getattr(cfg.diffusion, key) != getattr(defaults, key):
-                raise MdlmError(f"diffusion.{key} does not apply to the {cls.name} objective; leave it at "
-                                f"{getattr(defaults, key)}")
+                raise MdlmError(
+                    f"diffusion.{key} does not apply to the {cls.name} objective; leave it at "
+                    f"{getattr(defaults, key)}"
+                )
 
     def eval_T(self, T: int | None) -> int:
         """The discrete-time T of an evaluation (None: as trained); 0 for continuous time."""
         return 0
 
-    def draw_times(self, T: int, antithetic: bool = True) -> Callable[[int, torch.Generator], Tensor] | None:
+    def draw_times(
+        self, T: int, antithetic: bool = True
+    ) -> Callable[[int, torch.Generator], Tensor] | None:
         """`draw(n, generator)`: one time per sequence of a global batch or an evaluation set,
         stratified over it (antithetic), mapped to t (T steps, 0: continuous); None for objectives
         without time."""
@@ -160,10 +191,24 @@ class Objective(ABC):
             return self.loss_terms(denoiser, x0, t, generator=gen, attention_mask=attention_mask,
                                    T=T, targets=targets)
 
-        results = [sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
-                               draw_times=self.draw_times(T, antithetic), exact=self.exact, T=T, on_batch=on_batch,
-                               rank=rank, world_size=world_size, per_sequence=per_sequence)
-                   for seed in (seeds[:1] if self.exact else seeds)]
+        results = [
+            sharded_sum(
+                terms,
+                split,
+                batch_size=batch_size,
+                device=device,
+                seed=seed,
+                rows=rows,
+                draw_times=self.draw_times(T, antithetic),
+                exact=self.exact,
+                T=T,
+                on_batch=on_batch,
+                rank=rank,
+                world_size=world_size,
+                per_sequence=per_sequence,
+            )
+            for seed in (seeds[:1] if self.exact else seeds)
+        ]
         for r in results:
             r.kind = self.kind or r.kind
         return results

@@ -55,10 +55,22 @@ class BoundResult:
 
 
 @torch.no_grad()
-def sharded_sum(terms: TermsFn, split: TokenSplit, *, batch_size: int, device: torch.device, seed: int = 0,
-                rows: int = 0, draw_times: Callable[[int, torch.Generator], Tensor] | None = None,
-                exact: bool = False, T: int = 0, on_batch: Callable[[int], None] | None = None,
-                rank: int = 0, world_size: int = 1, per_sequence: bool = False) -> BoundResult:
+def sharded_sum(
+    terms: TermsFn,
+    split: TokenSplit,
+    *,
+    batch_size: int,
+    device: torch.device,
+    seed: int = 0,
+    rows: int = 0,
+    draw_times: Callable[[int, torch.Generator], Tensor] | None = None,
+    exact: bool = False,
+    T: int = 0,
+    on_batch: Callable[[int], None] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    per_sequence: bool = False,
+) -> BoundResult:
     """`terms` summed over the first `rows` rows of `split` (0 = all, remainder batch included);
     with `per_sequence`, every row's value too (`BoundResult.per_sequence`, in row order).
 
@@ -79,7 +91,9 @@ def sharded_sum(terms: TermsFn, split: TokenSplit, *, batch_size: int, device: t
     n_batches = -(-n // batch_size)
     for r in range(-(-n_batches // world_size)):
         b = r * world_size + rank  # this rank's batch in this round
-        filler = b >= n_batches  # none left for this rank: one row through the model, result dropped
+        filler = (
+            b >= n_batches
+        )  # none left for this rank: one row through the model, result dropped
         start = 0 if filler else b * batch_size
         idx = np.arange(start, start + 1 if filler else min(start + batch_size, n))
         x0, attention_mask, targets = split.batch_with_targets(idx, device)  # sft: the responses
@@ -122,18 +136,43 @@ def nelbo_bound(denoiser: Denoiser, split: TokenSplit, *, schedule: Schedule, ma
                        rank=rank, world_size=world_size)
 
 
-def bound_passes(denoiser: Denoiser, split: TokenSplit, *, schedule: Schedule, mask_id: int, mc_samples: int,
-                 batch_size: int, device: torch.device, seed: int = 0, rows: int = 0, T: int = 0,
-                 on_batch: Callable[[int], None] | None = None, rank: int = 0,
-                 world_size: int = 1) -> list[BoundResult]:
+def bound_passes(
+    denoiser: Denoiser,
+    split: TokenSplit,
+    *,
+    schedule: Schedule,
+    mask_id: int,
+    mc_samples: int,
+    batch_size: int,
+    device: torch.device,
+    seed: int = 0,
+    rows: int = 0,
+    T: int = 0,
+    on_batch: Callable[[int], None] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> list[BoundResult]:
     """`mc_samples` independent NELBO passes over the split (antithetic t within each pass),
     seeded as `mdlm eval-ppl` seeds them."""
     if mc_samples < 1:
         raise MdlmError(f"--mc-samples must be at least 1 (got {mc_samples})")
-    return [nelbo_bound(denoiser, split, schedule=schedule, mask_id=mask_id, batch_size=batch_size, device=device,
-                        seed=derive_seed(seed, "eval-ppl", k), rows=rows, T=T, on_batch=on_batch, rank=rank,
-                        world_size=world_size)
-            for k in range(mc_samples)]
+    return [
+        nelbo_bound(
+            denoiser,
+            split,
+            schedule=schedule,
+            mask_id=mask_id,
+            batch_size=batch_size,
+            device=device,
+            seed=derive_seed(seed, "eval-ppl", k),
+            rows=rows,
+            T=T,
+            on_batch=on_batch,
+            rank=rank,
+            world_size=world_size,
+        )
+        for k in range(mc_samples)
+    ]
 
 
 def relation(exact: bool, kind: str = "") -> str:

@@ -30,34 +30,64 @@ class D3PMDenoiser(DiffusionDenoiser):
         logits = super().__call__(z_t, t, **kwargs)
         if not self.zero_masking:
             return logits
-        return logits.index_fill(-1, torch.tensor([self.mask_id], device=logits.device), float("-inf"))
+        return logits.index_fill(
+            -1, torch.tensor([self.mask_id], device=logits.device), float("-inf")
+        )
 
 
 class D3PM(Objective):
     name = "d3pm"
     default_sampler = "d3pm-ancestral"
     sampler_names = ("d3pm-ancestral",)
-    description = "discrete-time absorbing D3PM (eq. 9): full posterior KL over T steps, a bound on the NLL"
+    description = (
+        "discrete-time absorbing D3PM (eq. 9): full posterior KL over T steps, a bound on the NLL"
+    )
 
     @classmethod
     def validate(cls, cfg) -> None:
         if cfg.diffusion.T <= 0:
-            raise MdlmError(f"the d3pm objective is discrete-time (eq. 9): set diffusion.T to its number of steps, "
-                            f"e.g. 1000 (got {cfg.diffusion.T})")
+            raise MdlmError(
+                f"the d3pm objective is discrete-time (eq. 9): set diffusion.T to its number of steps, "
+                f"e.g. 1000 (got {cfg.diffusion.T})"
+            )
 
     @property
     def takes_time(self) -> bool:
         return self.cfg.model.time_conditioning
 
     def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> D3PMDenoiser:
-        return D3PMDenoiser(model, self.schedule, mask_id=self.mask_id, zero_masking=self.cfg.diffusion.zero_masking,
-                            time_conditioning=self.takes_time, autocast_dtype=autocast_dtype)
+        return D3PMDenoiser(
+            model,
+            self.schedule,
+            mask_id=self.mask_id,
+            zero_masking=self.cfg.diffusion.zero_masking,
+            time_conditioning=self.takes_time,
+            autocast_dtype=autocast_dtype,
+        )
 
-    def loss_terms(self, denoiser: D3PMDenoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
-                   T: int | None = None, targets: Tensor | None = None) -> Tensor:
-        return d3pm_terms(denoiser, x0, t, mask_id=self.mask_id, schedule=self.schedule, T=self.eval_T(T),
-                          carry_over=self.cfg.diffusion.carry_over, generator=generator,
-                          attention_mask=attention_mask, targets=targets)
+    def loss_terms(
+        self,
+        denoiser: D3PMDenoiser,
+        x0: Tensor,
+        t: Tensor | None,
+        *,
+        generator,
+        attention_mask,
+        T: int | None = None,
+        targets: Tensor | None = None,
+    ) -> Tensor:
+        return d3pm_terms(
+            denoiser,
+            x0,
+            t,
+            mask_id=self.mask_id,
+            schedule=self.schedule,
+            T=self.eval_T(T),
+            carry_over=self.cfg.diffusion.carry_over,
+            generator=generator,
+            attention_mask=attention_mask,
+            targets=targets,
+        )
 
     def sampling_steps(self, spec: SamplerSpec) -> int:
         return self.cfg.diffusion.T  # its own chain
@@ -65,5 +95,7 @@ class D3PM(Objective):
     def eval_T(self, T: int | None) -> int:
         T = self.cfg.diffusion.T if T is None else T
         if T <= 0:
-            raise MdlmError(f"--T must be a positive number of steps: D3PM's bound is discrete-time (got {T})")
+            raise MdlmError(
+                f"--T must be a positive number of steps: D3PM's bound is discrete-time (got {T})"
+            )
         return T

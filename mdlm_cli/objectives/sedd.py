@@ -28,7 +28,9 @@ class ScoreDenoiser(DiffusionDenoiser):
                   attention_mask: Tensor | None = None) -> Tensor:
         sigma = self.schedule.sigma(t)
         with autocast_for(z_t.device, self.autocast_dtype):
-            logits = self.model(z_t, sigma, attention_mask=attention_mask, output_mask=output_mask)  # (N, V)
+            logits = self.model(
+                z_t, sigma, attention_mask=attention_mask, output_mask=output_mask
+            )  # (N, V)
         log_k = self.schedule.log_odds(t.double())[:, None].expand(output_mask.shape)[output_mask]
         return sedd_log_score(logits, z_t[output_mask], log_k)
 
@@ -37,31 +39,60 @@ class SEDD(Objective):
     name = "sedd"
     default_sampler = "analytic"
     sampler_names = ("analytic", "euler")
-    description = "score entropy discrete diffusion (Lou et al.), absorbing graph: a bound on the NLL"
+    description = (
+        "score entropy discrete diffusion (Lou et al.), absorbing graph: a bound on the NLL"
+    )
 
     @classmethod
     def validate(cls, cfg) -> None:
         if not cfg.model.time_conditioning:
-            raise MdlmError("the sedd objective needs model.time_conditioning=true: its log-score is divided by "
-                            "expm1(sigma(t)), which the network cannot do without the time input")
+            raise MdlmError(
+                "the sedd objective needs model.time_conditioning=true: its log-score is divided by "
+                "expm1(sigma(t)), which the network cannot do without the time input"
+            )
         if cfg.diffusion.T:
-            raise MdlmError("diffusion.T does not apply to the sedd objective: its score-entropy bound is "
-                            "continuous-time; leave it at 0")
+            raise MdlmError(
+                "diffusion.T does not apply to the sedd objective: its score-entropy bound is "
+                "continuous-time; leave it at 0"
+            )
         cls.refuse_unused(cfg, "zero_masking", "carry_over")
 
     @property
     def takes_time(self) -> bool:
         return True
 
-    def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> ScoreDenoiser:
-        return ScoreDenoiser(model, self.schedule, time_conditioning=True, autocast_dtype=autocast_dtype)
+    def denoiser(
+        self, model: nn.Module, autocast_dtype: torch.dtype | None = None
+    ) -> ScoreDenoiser:
+        return ScoreDenoiser(
+            model, self.schedule, time_conditioning=True, autocast_dtype=autocast_dtype
+        )
 
-    def loss_terms(self, denoiser: ScoreDenoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
-                   T: int | None = None, targets: Tensor | None = None) -> Tensor:
-        return score_entropy_terms(denoiser, x0, t, mask_id=self.mask_id, schedule=self.schedule, generator=generator,
-                                   attention_mask=attention_mask, targets=targets)
+    def loss_terms(
+        self,
+        denoiser: ScoreDenoiser,
+        x0: Tensor,
+        t: Tensor | None,
+        *,
+        generator,
+        attention_mask,
+        T: int | None = None,
+        targets: Tensor | None = None,
+    ) -> Tensor:
+        return score_entropy_terms(
+            denoiser,
+            x0,
+            t,
+            mask_id=self.mask_id,
+            schedule=self.schedule,
+            generator=generator,
+            attention_mask=attention_mask,
+            targets=targets,
+        )
 
     def eval_T(self, T: int | None) -> int:
         if T:
-            raise MdlmError(f"--T {T} does not apply: SEDD's score-entropy bound is continuous-time")
+            raise MdlmError(
+                f"--T {T} does not apply: SEDD's score-entropy bound is continuous-time"
+            )
         return 0

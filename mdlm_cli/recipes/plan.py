@@ -15,18 +15,40 @@ from ..errors import MdlmError
 from .schema import Model, Recipe, Row, Step
 
 # --scale tiny: the test-size model on short rows and few steps, a smoke run of the plumbing
-TINY_MODEL = ["model.hidden_size=64", "model.n_blocks=2", "model.n_heads=2", "model.cond_dim=32", "data.length=32",
-              "train.global_batch_size=16", "train.micro_batch_size=8", "train.eval_every=1000",
-              "train.save_every=1000", "train.eval_rows=32", "optim.warmup_steps=2"]
+TINY_MODEL = [
+    "model.hidden_size=64",
+    "model.n_blocks=2",
+    "model.n_heads=2",
+    "model.cond_dim=32",
+    "data.length=32",
+    "train.global_batch_size=16",
+    "train.micro_batch_size=8",
+    "train.eval_every=1000",
+    "train.save_every=1000",
+    "train.eval_rows=32",
+    "optim.warmup_steps=2",
+]
 TINY_STEPS = 6
-TINY_ARGS = {"eval-ppl": {"rows": 32}, "gen-ppl": {"num-samples": 2}, "sample": {"num-samples": 2},
-             "semi-ar": {"num-samples": 1}, "bench-sampler": {"num-samples": 1, "repeats": 1, "batch-size": "1"},
-             "classify": {"seeds": "1", "epochs": 1}, "lm-eval": {"limit": 4},
-             "glue": {"max-train-rows": 32, "max-eval-rows": 32, "epochs": 1}}
-OUTPUT_FLAG = {"eval-ppl": ("json", ".json"), "gen-ppl": ("json", ".json"), "bench-sampler": ("json", ".json"),
-               "sample": ("out", ".jsonl"), "semi-ar": ("out", ".jsonl"),
-               "classify": ("json", ".json"), "glue": ("json", ".json"),
-               "lm-eval": ("json", ".json")}
+TINY_ARGS = {
+    "eval-ppl": {"rows": 32},
+    "gen-ppl": {"num-samples": 2},
+    "sample": {"num-samples": 2},
+    "semi-ar": {"num-samples": 1},
+    "bench-sampler": {"num-samples": 1, "repeats": 1, "batch-size": "1"},
+    "classify": {"seeds": "1", "epochs": 1},
+    "lm-eval": {"limit": 4},
+    "glue": {"max-train-rows": 32, "max-eval-rows": 32, "epochs": 1},
+}
+OUTPUT_FLAG = {
+    "eval-ppl": ("json", ".json"),
+    "gen-ppl": ("json", ".json"),
+    "bench-sampler": ("json", ".json"),
+    "sample": ("out", ".jsonl"),
+    "semi-ar": ("out", ".jsonl"),
+    "classify": ("json", ".json"),
+    "glue": ("json", ".json"),
+    "lm-eval": ("json", ".json"),
+}
 
 
 @dataclass
@@ -57,7 +79,11 @@ class Job:
 
 
 def scale_label(scale: str) -> str:
-    return "the paper's setting" if scale == "paper" else f"scale {scale} (a smoke run, NOT the paper's setting)"
+    return (
+        "the paper's setting"
+        if scale == "paper"
+        else f"scale {scale} (a smoke run, NOT the paper's setting)"
+    )
 
 
 def run_dir(model: Model, runs: Path, scale: str) -> str:
@@ -77,8 +103,17 @@ def _train_job(model: Model, runs: Path, scale: str, rows: list[str]) -> Job:
     elif scale != "paper":
         max_steps = max(1, math.ceil(max_steps * float(scale)))
     out = run_dir(model, runs, scale)
-    argv = ["train", "--preset", model.preset, "--out", out, "--resume", "--no-print-config", "--max-steps",
-            str(max_steps)]
+    argv = [
+        "train",
+        "--preset",
+        model.preset,
+        "--out",
+        out,
+        "--resume",
+        "--no-print-config",
+        "--max-steps",
+        str(max_steps),
+    ]
     for assignment in overrides:
         argv += ["--set", assignment]
     return Job("train", model.key, argv, Path(out), max_steps, rows)
@@ -95,7 +130,13 @@ def _step_job(row: Row, index: int, step: Step, context: dict, scale: str) -> Jo
     argv = [step.command]
     for key, value in args.items():
         argv += _flag(key, value, context)
-    return Job("step", f"{row.name}.{index}", argv, Path(str(args[flag]).format(**context)), rows=[row.name])
+    return Job(
+        "step",
+        f"{row.name}.{index}",
+        argv,
+        Path(str(args[flag]).format(**context)),
+        rows=[row.name],
+    )
 
 
 def _tiny(command: str, args: dict) -> dict:
@@ -118,11 +159,15 @@ def _flag(key: str, value, context: dict) -> list[str]:
     return [part for v in values for part in (f"--{key}", str(v).format(**context))]
 
 
-def plan(recipe: Recipe, *, out: Path, runs: Path, scale: str = "paper", rows: list[str] | None = None) -> list[Job]:
+def plan(
+    recipe: Recipe, *, out: Path, runs: Path, scale: str = "paper", rows: list[str] | None = None
+) -> list[Job]:
     """Training jobs first (one per model the selected rows need), then every row's steps in order.
     Steps with the same command and output (a shared benchmark) run once."""
     if scale not in ("paper", "tiny") and not 0 < _factor(scale) <= 1:
-        raise MdlmError(f"--scale must be paper, tiny or a factor in (0, 1] on the training steps (got {scale!r})")
+        raise MdlmError(
+            f"--scale must be paper, tiny or a factor in (0, 1] on the training steps (got {scale!r})"
+        )
     chosen = [r for r in recipe.rows if rows is None or r.name in rows]
     unknown = set(rows or []) - {r.name for r in recipe.rows}
     if unknown:

@@ -60,13 +60,25 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
         if "acc,none" in record:
             return record["acc,none"], record.get("acc_stderr,none"), "lm-eval acc"
         return record.get("value"), None, str(record.get("metric", ""))
-    if m == "accuracy":  # mdlm classify: the best setting's test accuracy, mean and max - min over the seeds
+    if (
+        m == "accuracy"
+    ):  # mdlm classify: the best setting's test accuracy, mean and max - min over the seeds
         best = record.get("best", {})
         spread = best.get("test_accuracy_max_minus_min")
-        return best.get("test_accuracy_mean"), None, "" if spread is None else f"± {spread:.3f} (max - min)"
+        return (
+            best.get("test_accuracy_mean"),
+            None,
+            "" if spread is None else f"± {spread:.3f} (max - min)",
+        )
     if m == "variance":
-        value = record.get("sequence_var")  # eval-ppl: the mean over sequences of their variance across the K passes
-        return value, None, f"PPL {'≤' if record.get('kind') == 'bound' else '='} {record.get('perplexity', 0):.2f}"
+        value = record.get(
+            "sequence_var"
+        )  # eval-ppl: the mean over sequences of their variance across the K passes
+        return (
+            value,
+            None,
+            f"PPL {'≤' if record.get('kind') == 'bound' else '='} {record.get('perplexity', 0):.2f}",
+        )
     exact = record.get("kind") == "exact"
     se = None if exact else record.get("standard_error")
     if exact:
@@ -113,16 +125,26 @@ def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[Re
         paper = row.paper.get("value")
         source = str(row.paper.get("source", ""))
         if row.paper_only:
-            rows.append(ReportRow(row.name, row.label, paper, source, None, None, "", "quoted (not run)", "", ""))
+            rows.append(
+                ReportRow(
+                    row.name, row.label, paper, source, None, None, "", "quoted (not run)", "", ""
+                )
+            )
             continue
         steps, hardware = _training(recipe, row, runs, scale, jobs_log)
         path = result_file(recipe, row, out=out, runs=runs, scale=scale)
         record = _pick(_records(path), row.pick) if path.is_file() else None
         if record is None:
-            rows.append(ReportRow(row.name, row.label, paper, source, None, None, "", "pending", steps, hardware))
+            rows.append(
+                ReportRow(
+                    row.name, row.label, paper, source, None, None, "", "pending", steps, hardware
+                )
+            )
             continue
         value, se, extra = _value(recipe, row, record)
-        rows.append(ReportRow(row.name, row.label, paper, source, value, se, extra, "done", steps, hardware))
+        rows.append(
+            ReportRow(row.name, row.label, paper, source, value, se, extra, "done", steps, hardware)
+        )
     return rows
 
 
@@ -137,7 +159,9 @@ def _hardware(out: Path) -> dict[str, str]:
             except json.JSONDecodeError:
                 continue
             if job.get("kind") == "train" and job.get("returncode") == 0:
-                found[job["name"]] = f"{job.get('device', '?')}, {job.get('seconds', 0) / 60:.1f} min"
+                found[job["name"]] = (
+                    f"{job.get('device', '?')}, {job.get('seconds', 0) / 60:.1f} min"
+                )
     return found
 
 
@@ -150,13 +174,25 @@ def fmt(value: float | None, se: float | None = None) -> str:
 
 
 def markdown(recipe: Recipe, rows: list[ReportRow], scale_text: str) -> str:
-    lines = [f"# {recipe.title}", "", f"Paper numbers: {recipe.source}. Ours: {scale_text}; metric `{recipe.metric}`"
-             + (" (diffusion values are upper bounds)" if recipe.metric in ("ppl", "bpc", "nats") else "") + ".", "",
-             "| row | paper | ours | difference | | training | hardware | status |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# {recipe.title}",
+        "",
+        f"Paper numbers: {recipe.source}. Ours: {scale_text}; metric `{recipe.metric}`"
+        + (
+            " (diffusion values are upper bounds)"
+            if recipe.metric in ("ppl", "bpc", "nats")
+            else ""
+        )
+        + ".",
+        "",
+        "| row | paper | ours | difference | | training | hardware | status |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r.label} | {fmt(r.paper)} | {fmt(r.ours, r.ours_se)} | {fmt(r.difference)} | {r.extra} "
-                     f"| {r.steps} | {r.hardware} | {r.status} |")
+        lines.append(
+            f"| {r.label} | {fmt(r.paper)} | {fmt(r.ours, r.ours_se)} | {fmt(r.difference)} | {r.extra} "
+            f"| {r.steps} | {r.hardware} | {r.status} |"
+        )
     sources = sorted({r.paper_source for r in rows if r.paper_source})
     lines += ["", "Sources of the paper's numbers: " + "; ".join(sources) + "." if sources else ""]
     if recipe.notes:
@@ -187,9 +223,15 @@ def plot(recipe: Recipe, rows: list[ReportRow], path: Path, *, runs: Path, scale
     else:
         by_row = {r.name: r for r in rows}
         for series in sorted({row.series or "" for row in recipe.rows}):
-            members = sorted((row for row in recipe.rows if (row.series or "") == series and row.x is not None),
-                             key=lambda row: row.x)
-            points = [(row.x, by_row[row.name].ours) for row in members if by_row[row.name].ours is not None]
+            members = sorted(
+                (row for row in recipe.rows if (row.series or "") == series and row.x is not None),
+                key=lambda row: row.x,
+            )
+            points = [
+                (row.x, by_row[row.name].ours)
+                for row in members
+                if by_row[row.name].ours is not None
+            ]
             if points:
                 ax.plot(*zip(*points, strict=True), "o-", label=series or recipe.metric)
         ax.set_xscale("log")

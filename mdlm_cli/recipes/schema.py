@@ -88,11 +88,15 @@ def tables_dir() -> Path:
     return preset_dir() / "tables"
 
 
-FlagsOf = Callable[[str], set[str]]  # an mdlm command -> its option names (commands.common.command_flags)
+FlagsOf = Callable[
+    [str], set[str]
+]  # an mdlm command -> its option names (commands.common.command_flags)
 
 
 def list_recipes(flags_of: FlagsOf) -> dict[str, Recipe]:
-    return {path.stem: load_recipe(path.stem, flags_of) for path in sorted(tables_dir().glob("*.yaml"))}
+    return {
+        path.stem: load_recipe(path.stem, flags_of) for path in sorted(tables_dir().glob("*.yaml"))
+    }
 
 
 def load_recipe(name_or_path: str, flags_of: FlagsOf) -> Recipe:
@@ -103,7 +107,9 @@ def load_recipe(name_or_path: str, flags_of: FlagsOf) -> Recipe:
         path = tables_dir() / f"{name_or_path}.yaml"
     if not path.is_file():
         names = ", ".join(p.stem for p in sorted(tables_dir().glob("*.yaml")))
-        raise MdlmError(f"unknown table {name_or_path!r}; choose one of: {names} (see mdlm reproduce --list)")
+        raise MdlmError(
+            f"unknown table {name_or_path!r}; choose one of: {names} (see mdlm reproduce --list)"
+        )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -126,7 +132,9 @@ def _mapping(value, where: str, keys: tuple[str, ...] | None = None) -> dict:
     if not isinstance(value, dict):
         raise MdlmError(f"{where} must be a mapping")
     if keys is not None and set(value) - set(keys):
-        raise MdlmError(f"{where}: unknown key {sorted(set(value) - set(keys))[0]!r}; valid keys: {', '.join(keys)}")
+        raise MdlmError(
+            f"{where}: unknown key {sorted(set(value) - set(keys))[0]!r}; valid keys: {', '.join(keys)}"
+        )
     return value
 
 
@@ -134,24 +142,44 @@ def _recipe(name: str, data: dict, where: str) -> Recipe:
     _mapping(data, where, ("title", "source", "metric", "plot", "needs", "models", "rows", "notes"))
     metric = data.get("metric", "ppl")
     if metric not in METRICS or data.get("plot") not in (None, *PLOTS):
-        raise MdlmError(f"{where}: metric must be one of {', '.join(METRICS)}, plot one of {', '.join(PLOTS)}")
+        raise MdlmError(
+            f"{where}: metric must be one of {', '.join(METRICS)}, plot one of {', '.join(PLOTS)}"
+        )
     models = {key: _model(key, value, f"{where}: models.{key}")
               for key, value in _mapping(data.get("models") or {}, f"{where}: models").items()}
-    rows = [_row(value, models, f"{where}: rows[{i}]") for i, value in enumerate(data.get("rows") or [])]
+    rows = [
+        _row(value, models, f"{where}: rows[{i}]") for i, value in enumerate(data.get("rows") or [])
+    ]
     if not rows:
         raise MdlmError(f"{where} has no rows")
     if len({r.name for r in rows}) != len(rows):
         raise MdlmError(f"{where}: row names must be unique")
-    return Recipe(name, str(data.get("title", name)), str(data.get("source", "")), metric, str(data.get("needs", "")),
-                  models, rows, data.get("plot"), str(data.get("notes", "")))
+    return Recipe(
+        name,
+        str(data.get("title", name)),
+        str(data.get("source", "")),
+        metric,
+        str(data.get("needs", "")),
+        models,
+        rows,
+        data.get("plot"),
+        str(data.get("notes", "")),
+    )
 
 
 def _model(key: str, value, where: str) -> Model:
     value = _mapping(value, where, ("preset", "set", "max_steps", "checkpoint"))
     if ("preset" in value) == ("checkpoint" in value):
-        raise MdlmError(f"{where} needs exactly one of preset (a training run) or checkpoint (a published model)")
-    model = Model(key, value.get("preset"), [str(s) for s in value.get("set") or []], value.get("max_steps"),
-                  value.get("checkpoint"))
+        raise MdlmError(
+            f"{where} needs exactly one of preset (a training run) or checkpoint (a published model)"
+        )
+    model = Model(
+        key,
+        value.get("preset"),
+        [str(s) for s in value.get("set") or []],
+        value.get("max_steps"),
+        value.get("checkpoint"),
+    )
     if model.preset is not None:
         load_preset(model.preset)  # unknown presets are errors
         resolve_config(model.preset, model.overrides)  # so are unknown keys and bad values
@@ -159,7 +187,11 @@ def _model(key: str, value, where: str) -> Model:
 
 
 def _row(value, models: dict[str, Model], where: str) -> Row:
-    value = _mapping(value, where, ("name", "label", "model", "steps", "paper", "pick", "paper_only", "x", "series"))
+    value = _mapping(
+        value,
+        where,
+        ("name", "label", "model", "steps", "paper", "pick", "paper_only", "x", "series"),
+    )
     if "name" not in value:
         raise MdlmError(f"{where} needs a name")
     paper = _mapping(value.get("paper") or {}, f"{where}.paper", ("value", "source", "se", "note"))
@@ -167,13 +199,22 @@ def _row(value, models: dict[str, Model], where: str) -> Row:
         raise MdlmError(f"{where}: paper value {paper['value']} needs a source (the seed file and "
                         "its sentence, the reference file and key, a named transcription, or "
                         "'from nowhere')")
-    row = Row(str(value["name"]), str(value.get("label", value["name"])), value.get("model"),
-              [_step(s, f"{where}.steps[{i}]") for i, s in enumerate(value.get("steps") or [])], paper,
-              _mapping(value.get("pick") or {}, f"{where}.pick"), bool(value.get("paper_only", False)),
-              value.get("x"), value.get("series"))
+    row = Row(
+        str(value["name"]),
+        str(value.get("label", value["name"])),
+        value.get("model"),
+        [_step(s, f"{where}.steps[{i}]") for i, s in enumerate(value.get("steps") or [])],
+        paper,
+        _mapping(value.get("pick") or {}, f"{where}.pick"),
+        bool(value.get("paper_only", False)),
+        value.get("x"),
+        value.get("series"),
+    )
     if not row.paper_only and (row.model not in models or not row.steps):
-        raise MdlmError(f"{where} ({row.name}) needs a model (one of: {', '.join(models)}) and steps, "
-                        "or paper_only: true")
+        raise MdlmError(
+            f"{where} ({row.name}) needs a model (one of: {', '.join(models)}) and steps, "
+            "or paper_only: true"
+        )
     return row
 
 
@@ -182,5 +223,7 @@ def _step(value, where: str) -> Step:
         raise MdlmError(f"{where} must be one mapping {{command: {{flag: value}}}}")
     (command, args), = value.items()
     if command not in STEP_COMMANDS:
-        raise MdlmError(f"{where}: unknown command {command!r}; steps run: {', '.join(STEP_COMMANDS)}")
+        raise MdlmError(
+            f"{where}: unknown command {command!r}; steps run: {', '.join(STEP_COMMANDS)}"
+        )
     return Step(command, dict(_mapping(args or {}, where)))

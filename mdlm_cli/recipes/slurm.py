@@ -42,8 +42,13 @@ def emit(jobs: list[Job], folder: Path, *, nodes: int = 1, gpus: int = 8) -> Pat
     limit is requeued and resumes (--resume); evaluations wait for their model (afterok)."""
     folder.mkdir(parents=True, exist_ok=True)
     logs = folder / "logs"
-    submit = ["#!/bin/bash", "# Submit the training runs, then each row's evaluation once its model is trained.",
-              "set -euo pipefail", 'cd "$(dirname "$0")"', f"mkdir -p {shlex.quote(str(logs))}"]
+    submit = [
+        "#!/bin/bash",
+        "# Submit the training runs, then each row's evaluation once its model is trained.",
+        "set -euo pipefail",
+        'cd "$(dirname "$0")"',
+        f"mkdir -p {shlex.quote(str(logs))}",
+    ]
     trained: dict[str, str] = {}  # run folder -> shell variable holding the job id
     for job in (j for j in jobs if j.kind == "train"):
         script = folder / f"train-{job.name}.sbatch"
@@ -57,7 +62,9 @@ def emit(jobs: list[Job], folder: Path, *, nodes: int = 1, gpus: int = 8) -> Pat
         by_row.setdefault(job.rows[0], []).append(job)
     for row, steps in by_row.items():
         script = folder / f"eval-{row}.sbatch"
-        script.write_text(STEP.format(name=row, logs=logs, commands="\n".join(j.command() for j in steps)))
+        script.write_text(
+            STEP.format(name=row, logs=logs, commands="\n".join(j.command() for j in steps))
+        )
         needs = sorted({trained[run] for j in steps for run in trained if run in j.argv})
         dependency = f"--dependency=afterok:{':'.join('$' + v for v in needs)} " if needs else ""
         submit.append(f"sbatch {dependency}{script.name}")

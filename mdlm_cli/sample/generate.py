@@ -41,9 +41,13 @@ def template(loaded: LoadedModel, length: int, *, prompt: str | None = None,
         for m in MASK_SPAN.finditer(infill):
             ids += tok.encode(infill[pos:m.start()]) if m.start() > pos else []
             span = int(m.group(1) or 1)
-            if len(ids) + span > length:  # before building it: <mask:99999999999> is not a list to allocate
-                raise MdlmError(f"--infill needs more than the sequence length of {length} tokens "
-                                f"({m.group(0)} at token {len(ids)}); shorten the spans or raise --length")
+            if (
+                len(ids) + span > length
+            ):  # before building it: <mask:99999999999> is not a list to allocate
+                raise MdlmError(
+                    f"--infill needs more than the sequence length of {length} tokens "
+                    f"({m.group(0)} at token {len(ids)}); shorten the spans or raise --length"
+                )
             ids += [mask_id] * span
             pos = m.end()
         ids += tok.encode(infill[pos:]) if pos < len(infill) else []
@@ -148,10 +152,24 @@ def generate(loaded: LoadedModel,
     gen = torch.Generator(device=device).manual_seed(seed)
     t0 = time.perf_counter()
     tokens, stats = engine.sample(
-        loaded.denoiser(dtype), sampler=sampler, num_samples=num_samples, length=length, mask_id=loaded.mask_id,
-        steps=steps, schedule=loaded.objective.schedule, generator=gen, prompt=prompt, batch_size=batch_size,
-        precision=precision, temperature=temperature, top_p=top_p, device=device, return_stats=True,
-        on_batch=on_batch, **options)
+        loaded.denoiser(dtype),
+        sampler=sampler,
+        num_samples=num_samples,
+        length=length,
+        mask_id=loaded.mask_id,
+        steps=steps,
+        schedule=loaded.objective.schedule,
+        generator=gen,
+        prompt=prompt,
+        batch_size=batch_size,
+        precision=precision,
+        temperature=temperature,
+        top_p=top_p,
+        device=device,
+        return_stats=True,
+        on_batch=on_batch,
+        **options,
+    )
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0

@@ -67,11 +67,15 @@ def load_encoder(checkpoint: str) -> Encoder:
         checkpoint = str(download(checkpoint))
     loaded = load_checkpoint(checkpoint)
     if not isinstance(loaded.model, HFMaskedLM):
-        raise MdlmError(f"{checkpoint} holds a {loaded.config.model.backbone} model; mdlm glue fine-tunes an "
-                        "encoder: an hf-mlm checkpoint or a Hugging Face masked LM")
+        raise MdlmError(
+            f"{checkpoint} holds a {loaded.config.model.backbone} model; mdlm glue fine-tunes an "
+            "encoder: an hf-mlm checkpoint or a Hugging Face masked LM"
+        )
     hf = loaded.model.hf
     weights = {k: v.detach().clone() for k, v in hf.base_model.state_dict().items()}
-    return Encoder(f"{loaded.path}: {loaded.model.describe()}", hf.config, weights, loaded.tokenizer.hf)
+    return Encoder(
+        f"{loaded.path}: {loaded.model.describe()}", hf.config, weights, loaded.tokenizer.hf
+    )
 
 
 def build_classifier(encoder: Encoder, task: GlueTask, seed: int) -> nn.Module:
@@ -89,7 +93,9 @@ def build_classifier(encoder: Encoder, task: GlueTask, seed: int) -> nn.Module:
     missing, unexpected = model.base_model.load_state_dict(encoder.weights, strict=False)
     foreign = [k for k in missing if not k.startswith("pooler.")] + list(unexpected)
     if foreign:
-        raise MdlmError(f"the encoder of {encoder.name} does not fit {type(model).__name__} ({foreign[0]})")
+        raise MdlmError(
+            f"the encoder of {encoder.name} does not fit {type(model).__name__} ({foreign[0]})"
+        )
     return model
 
 
@@ -97,7 +103,9 @@ def encode(tokenizer, task: GlueTask, rows: list[dict], max_length: int) -> list
     """Token ids (and segment ids where the model takes them) of every row, truncated to max_length."""
     texts = [[row[f] for row in rows] for f in task.fields]
     enc = tokenizer(*texts, truncation=True, max_length=max_length)
-    keys = [k for k in ("input_ids", "token_type_ids") if k in enc and k in tokenizer.model_input_names]
+    keys = [
+        k for k in ("input_ids", "token_type_ids") if k in enc and k in tokenizer.model_input_names
+    ]
     return [{**{k: enc[k][i] for k in keys}, "label": row["label"]} for i, row in enumerate(rows)]
 
 
@@ -109,8 +117,9 @@ def collate(examples: list[dict], pad_id: int, device: torch.device, regression:
         if key in examples[0]:
             fill = pad_id if key == "input_ids" else 0
             batch[key] = torch.tensor([e[key] + [fill] * (width - len(e[key])) for e in examples])
-    batch["attention_mask"] = torch.tensor([[1] * len(e["input_ids"]) + [0] * (width - len(e["input_ids"]))
-                                            for e in examples])
+    batch["attention_mask"] = torch.tensor(
+        [[1] * len(e["input_ids"]) + [0] * (width - len(e["input_ids"])) for e in examples]
+    )
     labels = [e["label"] for e in examples]
     batch["labels"] = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
     return {k: v.to(device) for k, v in batch.items()}
@@ -148,7 +157,9 @@ def predict(model: nn.Module, rows: list[dict], task: GlueTask, recipe: GlueReci
     model.eval()
     out = []
     for start in range(0, len(rows), recipe.eval_batch_size):
-        batch = collate(rows[start:start + recipe.eval_batch_size], pad_id, device, task.num_labels == 1)
+        batch = collate(
+            rows[start : start + recipe.eval_batch_size], pad_id, device, task.num_labels == 1
+        )
         batch.pop("labels")
         logits = model(**batch).logits.float().cpu()
         out.append(logits[:, 0] if task.num_labels == 1 else logits.argmax(-1))
@@ -164,14 +175,32 @@ def run_task(encoder: Encoder, task: GlueTask, recipe: GlueRecipe, *, device: to
     train = subset(load_rows(task, "train", data_dir, load_dataset), max_train_rows, recipe.seed)
     model = build_classifier(encoder, task, recipe.seed)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    loss = fine_tune(model, encode(tok, task, train, recipe.max_length), task, recipe, pad_id=pad_id,
-                     device=device, on_step=on_step)
-    record = {"task": task.name, "metric": task.metric, "train_rows": len(train), "final_train_loss": loss}
+    loss = fine_tune(
+        model,
+        encode(tok, task, train, recipe.max_length),
+        task,
+        recipe,
+        pad_id=pad_id,
+        device=device,
+        on_step=on_step,
+    )
+    record = {
+        "task": task.name,
+        "metric": task.metric,
+        "train_rows": len(train),
+        "final_train_loss": loss,
+    }
     for split in task.eval_splits:
         rows = load_rows(task, split, data_dir, load_dataset)
         rows = rows[:max_eval_rows] if max_eval_rows > 0 else rows
-        predictions = predict(model, encode(tok, task, rows, recipe.max_length), task, recipe, pad_id=pad_id,
-                              device=device)
+        predictions = predict(
+            model,
+            encode(tok, task, rows, recipe.max_length),
+            task,
+            recipe,
+            pad_id=pad_id,
+            device=device,
+        )
         labels = np.array([r["label"] for r in rows])
         name = split.replace("validation_", "") if len(task.eval_splits) > 1 else "validation"
         record[name] = {**metrics(task, predictions, labels), "rows": len(rows)}

@@ -29,21 +29,32 @@ class GlueTask:
     fields: tuple[str, ...]  # one sentence, or a pair
     num_labels: int  # 1 = regression (STS-B)
     metric: str  # the paper's: accuracy | f1 | spearman
-    eval_splits: tuple[str, ...] = ("validation",)  # GLUE's test labels are hidden: its validation splits
+    eval_splits: tuple[str, ...] = (
+        "validation",
+    )  # GLUE's test labels are hidden: its validation splits
     hub: bool = True  # in nyu-mll/glue (else built in)
 
 
-TASKS = {t.name: t for t in (
-    GlueTask("cola", ("sentence",), 2, "accuracy"),
-    GlueTask("sst2", ("sentence",), 2, "accuracy"),
-    GlueTask("mrpc", ("sentence1", "sentence2"), 2, "f1"),
-    GlueTask("qqp", ("question1", "question2"), 2, "f1"),
-    GlueTask("stsb", ("sentence1", "sentence2"), 1, "spearman"),
-    GlueTask("mnli", ("premise", "hypothesis"), 3, "accuracy", ("validation_matched", "validation_mismatched")),
-    GlueTask("qnli", ("question", "sentence"), 2, "accuracy"),
-    GlueTask("rte", ("sentence1", "sentence2"), 2, "accuracy"),
-    GlueTask("bigtxt-swap", ("sentence",), 2, "accuracy", hub=False),  # offline, CoLA's format
-)}
+TASKS = {
+    t.name: t
+    for t in (
+        GlueTask("cola", ("sentence",), 2, "accuracy"),
+        GlueTask("sst2", ("sentence",), 2, "accuracy"),
+        GlueTask("mrpc", ("sentence1", "sentence2"), 2, "f1"),
+        GlueTask("qqp", ("question1", "question2"), 2, "f1"),
+        GlueTask("stsb", ("sentence1", "sentence2"), 1, "spearman"),
+        GlueTask(
+            "mnli",
+            ("premise", "hypothesis"),
+            3,
+            "accuracy",
+            ("validation_matched", "validation_mismatched"),
+        ),
+        GlueTask("qnli", ("question", "sentence"), 2, "accuracy"),
+        GlueTask("rte", ("sentence1", "sentence2"), 2, "accuracy"),
+        GlueTask("bigtxt-swap", ("sentence",), 2, "accuracy", hub=False),  # offline, CoLA's format
+    )
+}
 GLUE = [name for name, task in TASKS.items() if task.hub]
 LOCAL_SUFFIXES = (".jsonl", ".csv", ".tsv")
 
@@ -56,7 +67,9 @@ def get_task(name: str) -> GlueTask:
 
 # ---------------------------------------------------------------------- rows
 
-def load_rows(task: GlueTask, split: str, data_dir: str | None = None, load_dataset=None) -> list[dict]:
+def load_rows(
+    task: GlueTask, split: str, data_dir: str | None = None, load_dataset=None
+) -> list[dict]:
     """The rows of one split: local files under `data_dir` first, then the built-in or hub source."""
     if data_dir is not None:
         return _local_rows(task, split, Path(data_dir))
@@ -69,8 +82,10 @@ def _local_rows(task: GlueTask, split: str, root: Path) -> list[dict]:
     path = next((root / task.name / f"{split}{s}" for s in LOCAL_SUFFIXES
                  if (root / task.name / f"{split}{s}").is_file()), None)
     if path is None:
-        raise MdlmError(f"no {split} file for {task.name} under {root}: expected {root / task.name}/{split}.jsonl, "
-                        ".csv or .tsv")
+        raise MdlmError(
+            f"no {split} file for {task.name} under {root}: expected {root / task.name}/{split}.jsonl, "
+            ".csv or .tsv"
+        )
     if path.suffix == ".jsonl":
         raw = []
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -88,13 +103,17 @@ def _local_rows(task: GlueTask, split: str, root: Path) -> list[dict]:
 
 def _row(task: GlueTask, record, where: str) -> dict:
     if not isinstance(record, dict) or any(k not in record for k in (*task.fields, "label")):
-        raise MdlmError(f"{where}: a {task.name} row needs the fields {', '.join((*task.fields, 'label'))}")
+        raise MdlmError(
+            f"{where}: a {task.name} row needs the fields {', '.join((*task.fields, 'label'))}"
+        )
     try:
         label = float(record["label"]) if task.num_labels == 1 else int(float(record["label"]))
     except (TypeError, ValueError):
         raise MdlmError(f"{where}: label {record['label']!r} is not a number") from None
     if task.num_labels > 1 and not 0 <= label < task.num_labels:
-        raise MdlmError(f"{where}: label {label} is not one of {task.name}'s {task.num_labels} classes")
+        raise MdlmError(
+            f"{where}: label {label} is not one of {task.name}'s {task.num_labels} classes"
+        )
     return {**{k: str(record[k]) for k in task.fields}, "label": label}
 
 
@@ -109,8 +128,10 @@ def _hub_rows(task: GlueTask, split: str, load_dataset) -> list[dict]:
         ds = load_dataset("nyu-mll/glue", task.name, split=split)
     except Exception as e:  # noqa: BLE001 - any failure here is "could not load"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise MdlmError(f"could not load GLUE {task.name} ({split}) from the Hugging Face Hub (no network?): "
-                        f"{first}. Offline, pass --data DIR with {task.name}/{split}.jsonl files") from None
+        raise MdlmError(
+            f"could not load GLUE {task.name} ({split}) from the Hugging Face Hub (no network?): "
+            f"{first}. Offline, pass --data DIR with {task.name}/{split}.jsonl files"
+        ) from None
     return [_row(task, r, f"nyu-mll/glue {task.name} {split}") for r in ds]
 
 
@@ -134,8 +155,13 @@ def corpus_swap_rows(split: str, n: int | None = None, seed: int = 0) -> list[di
     if source_split is None:
         raise MdlmError(f"bigtxt-swap has the splits train and validation (not {split})")
     docs = BigTxt().all_documents()
-    sentences = [s for i, doc in enumerate(docs) if split_of(i, len(docs)) == source_split
-                 for s in re.split(r"(?<=[.!?])\s+", doc.replace("\n", " ")) if 8 <= len(s.split()) <= 30]
+    sentences = [
+        s
+        for i, doc in enumerate(docs)
+        if split_of(i, len(docs)) == source_split
+        for s in re.split(r"(?<=[.!?])\s+", doc.replace("\n", " "))
+        if 8 <= len(s.split()) <= 30
+    ]
     rng = random.Random(f"bigtxt-swap/{split}/{seed}")
     chosen = rng.sample(sentences, min(n or (2000 if split == "train" else 500), len(sentences)))
     rows = []
@@ -156,7 +182,10 @@ def metrics(task: GlueTask, predictions: np.ndarray, labels: np.ndarray) -> dict
     """The task's metrics: accuracy (+ F1 for MRPC/QQP, + Matthews for CoLA); Spearman and
     Pearson for regression."""
     if task.num_labels == 1:
-        return {"spearman": pearson(_ranks(predictions), _ranks(labels)), "pearson": pearson(predictions, labels)}
+        return {
+            "spearman": pearson(_ranks(predictions), _ranks(labels)),
+            "pearson": pearson(predictions, labels),
+        }
     out = {"accuracy": float((predictions == labels).mean())}
     if task.metric == "f1":
         out["f1"] = f1(predictions, labels)
@@ -168,13 +197,22 @@ def metrics(task: GlueTask, predictions: np.ndarray, labels: np.ndarray) -> dict
 def f1(predictions: np.ndarray, labels: np.ndarray) -> float:
     """F1 of the positive class (label 1)."""
     tp = float(((predictions == 1) & (labels == 1)).sum())
-    fp, fn = float(((predictions == 1) & (labels != 1)).sum()), float(((predictions != 1) & (labels == 1)).sum())
+    fp, fn = (
+        float(((predictions == 1) & (labels != 1)).sum()),
+        float(((predictions != 1) & (labels == 1)).sum()),
+    )
     return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
 
 
 def matthews(predictions: np.ndarray, labels: np.ndarray) -> float:
-    tp, tn = float(((predictions == 1) & (labels == 1)).sum()), float(((predictions == 0) & (labels == 0)).sum())
-    fp, fn = float(((predictions == 1) & (labels == 0)).sum()), float(((predictions == 0) & (labels == 1)).sum())
+    tp, tn = (
+        float(((predictions == 1) & (labels == 1)).sum()),
+        float(((predictions == 0) & (labels == 0)).sum()),
+    )
+    fp, fn = (
+        float(((predictions == 1) & (labels == 0)).sum()),
+        float(((predictions == 0) & (labels == 1)).sum()),
+    )
     denominator = ((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)) ** 0.5
     return (tp * tn - fp * fn) / denominator if denominator else 0.0
 
@@ -188,6 +226,8 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
 
 def _ranks(x: np.ndarray) -> np.ndarray:
     """Ranks with ties averaged (Spearman's rho is Pearson's r of the ranks)."""
-    _, inverse, counts = np.unique(np.asarray(x, dtype=np.float64), return_inverse=True, return_counts=True)
+    _, inverse, counts = np.unique(
+        np.asarray(x, dtype=np.float64), return_inverse=True, return_counts=True
+    )
     ends = np.cumsum(counts)
     return ((ends - counts + ends - 1) / 2.0)[inverse]

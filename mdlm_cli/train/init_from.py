@@ -16,7 +16,10 @@ from ..checkpoints.folder import weight_mismatch
 from ..data.tokenizers import Tokenizer
 from ..errors import MdlmError
 
-FRESH = ("time_modulation", "time_embed")  # may be absent from a pretrained model: zero-initialised here
+FRESH = (
+    "time_modulation",
+    "time_embed",
+)  # may be absent from a pretrained model: zero-initialised here
 
 
 def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
@@ -24,16 +27,23 @@ def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
     from ..checkpoints.load import load_checkpoint
 
     loaded = load_checkpoint(spec)
-    if (loaded.tokenizer.vocab_size, loaded.tokenizer.mask_id) != (tokenizer.vocab_size, tokenizer.mask_id):
-        raise MdlmError(f"train.init_from {spec}: its tokenizer {loaded.tokenizer.name} (vocab "
-                        f"{loaded.tokenizer.vocab_size}) is not this run's {tokenizer.name} ({tokenizer.vocab_size})")
+    if (loaded.tokenizer.vocab_size, loaded.tokenizer.mask_id) != (
+        tokenizer.vocab_size,
+        tokenizer.mask_id,
+    ):
+        raise MdlmError(
+            f"train.init_from {spec}: its tokenizer {loaded.tokenizer.name} (vocab "
+            f"{loaded.tokenizer.vocab_size}) is not this run's {tokenizer.name} ({tokenizer.vocab_size})"
+        )
     weights, target = loaded.model.state_dict(), model.state_dict()
     missing, unexpected, reshaped = weight_mismatch(target, weights,
                                                     may_lack=lambda k: any(f in k for f in FRESH))
     if unexpected or missing:
         what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
-        raise MdlmError(f"train.init_from {spec} does not fit this run's {loaded.config.model.backbone} model "
-                        f"({what}); the model section must match the checkpoint's")
+        raise MdlmError(
+            f"train.init_from {spec} does not fit this run's {loaded.config.model.backbone} model "
+            f"({what}); the model section must match the checkpoint's"
+        )
     if reshaped is not None:
         got, want = tuple(weights[reshaped].shape), tuple(target[reshaped].shape)
         raise MdlmError(f"train.init_from {spec}: {reshaped} has shape {got}, this run's model "

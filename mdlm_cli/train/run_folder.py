@@ -55,32 +55,41 @@ def locked(run_dir: Path, dist: Dist):
         lock.release()
 
 
-def resume_point(cfg: Config, dist: Dist, console: Console, resume: bool, override: bool) -> ResumePoint:
+def resume_point(
+    cfg: Config, dist: Dist, console: Console, resume: bool, override: bool
+) -> ResumePoint:
     """The checkpoint --resume continues, and the config keys that differ from its own
     (refused unless `override`). Call with the run folder locked."""
     run_dir = cfg.out_dir
     if not resume:
         if (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").glob("step-*")):
-            raise MdlmError(f"{run_dir} already holds checkpoints; continue it with --resume, or choose another --out")
+            raise MdlmError(
+                f"{run_dir} already holds checkpoints; continue it with --resume, or choose another --out"
+            )
         return ResumePoint()
     if dist.is_main:
         for note in recover_run_folder(run_dir):
             console.print(f"[dim]{escape(str(run_dir))}: {escape(note)}[/]")
     distributed.barrier()  # the other ranks read the folder rank 0 has just tidied
-    if not (run_dir / "latest").is_file() and not any(is_whole(p) for p in (run_dir / "checkpoints").glob("step-*")):
+    if not (run_dir / "latest").is_file() and not any(
+        is_whole(p) for p in (run_dir / "checkpoints").glob("step-*")
+    ):
         return ResumePoint()
     step_dir = resolve_checkpoint(run_dir)
     changes = resume_differences(saved_config(step_dir), cfg)
     if changes and not override:
         listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
-        raise MdlmError(f"--resume with a config that differs from the one {run_dir} was trained with ({listed}); "
-                        "resume with the run's own settings, start another --out, or pass --override-resume-config "
-                        "to continue with the new ones (recorded in metrics.jsonl)")
+        raise MdlmError(
+            f"--resume with a config that differs from the one {run_dir} was trained with ({listed}); "
+            "resume with the run's own settings, start another --out, or pass --override-resume-config "
+            "to continue with the new ones (recorded in metrics.jsonl)"
+        )
     try:
         state = json.loads((step_dir / "state.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise MdlmError(f"{step_dir}/state.json is unreadable ({type(e).__name__}); the checkpoint is "
-                        "corrupted") from None
+        raise MdlmError(
+            f"{step_dir}/state.json is unreadable ({type(e).__name__}); the checkpoint is corrupted"
+        ) from None
     return ResumePoint(step_dir, TrainState.from_dict(state), changes)
 
 
@@ -101,16 +110,25 @@ def finished(cfg: Config, start: ResumePoint) -> bool:
 def read_metrics(path: Path, *, warn_torn: bool = True) -> tuple[list[str], bool]:
     """(the log's JSON lines, whether a torn last line was left out). A kill mid-write can
     tear only the last line; a bad line elsewhere is an error naming it."""
-    lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    lines = [
+        line
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines()
+        if line.strip()
+    ]
     for n, line in enumerate(lines):
         try:
             json.loads(line)
         except json.JSONDecodeError:
             if n < len(lines) - 1:
-                raise MdlmError(f"{path} line {n + 1} is not JSON ({line[:40]!r}); fix or delete that line") from None
+                raise MdlmError(
+                    f"{path} line {n + 1} is not JSON ({line[:40]!r}); fix or delete that line"
+                ) from None
             if warn_torn:
-                warnings.warn(f"{path}: dropped a torn last line (a run killed while writing it)", MdlmWarning,
-                              stacklevel=2)
+                warnings.warn(
+                    f"{path}: dropped a torn last line (a run killed while writing it)",
+                    MdlmWarning,
+                    stacklevel=2,
+                )
             return lines[:-1], True
     return lines, False
 
@@ -130,5 +148,7 @@ def log_config_change(run_dir: Path, step: int, changes: dict, console: Console)
     """What --override-resume-config let change, on the record in metrics.jsonl."""
     with open(run_dir / "metrics.jsonl", "a") as log:
         log.write(json.dumps({"step": step, "config_change": changes}) + "\n")
-    console.print(f"[yellow]Resuming with a changed config[/] (--override-resume-config): "
-                  f"{escape(', '.join(f'{k}: {old!r} -> {new!r}' for k, (old, new) in changes.items()))}")
+    console.print(
+        f"[yellow]Resuming with a changed config[/] (--override-resume-config): "
+        f"{escape(', '.join(f'{k}: {old!r} -> {new!r}' for k, (old, new) in changes.items()))}"
+    )

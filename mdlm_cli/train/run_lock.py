@@ -58,7 +58,9 @@ class RunLock:
             self._remove_if_created()
             raise MdlmError(f"cannot lock the run folder {self.run_dir}: {os_error_message(e)}; "
                             "choose a writable --out") from None
-        raise MdlmError(f"could not lock {self.path}: it keeps changing; is another trainer starting?")
+        raise MdlmError(
+            f"could not lock {self.path}: it keeps changing; is another trainer starting?"
+        )
 
     def _take(self, fd: int) -> str | None:
         """None once this process holds the lock on `fd`; else why not (or 'replaced')."""
@@ -68,11 +70,17 @@ class RunLock:
             return self._refusal(recorded)
         if os.fstat(fd).st_ino != os.stat(self.path).st_ino:  # released and deleted meanwhile
             return "replaced"
-        if flocked is None and recorded and _alive(recorded):  # no flock here: trust the recorded pid
+        if (
+            flocked is None and recorded and _alive(recorded)
+        ):  # no flock here: trust the recorded pid
             return self._refusal(recorded)
         if recorded:
-            warnings.warn(f"took over a stale lock on {self.run_dir}: process {recorded.get('pid')} on "
-                          f"{recorded.get('host')} no longer runs", MdlmWarning, stacklevel=3)
+            warnings.warn(
+                f"took over a stale lock on {self.run_dir}: process {recorded.get('pid')} on "
+                f"{recorded.get('host')} no longer runs",
+                MdlmWarning,
+                stacklevel=3,
+            )
         record = {"pid": os.getpid(), "host": socket.gethostname(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         os.ftruncate(fd, 0)
@@ -82,10 +90,15 @@ class RunLock:
         return None
 
     def _refusal(self, recorded: dict) -> str:
-        who = (f"process {recorded.get('pid')} on {recorded.get('host')} (since {recorded.get('started')})"
-               if recorded else "another process")
-        return (f"{self.run_dir} is being trained by {who}; wait for it to finish or stop it, or choose another "
-                f"--out (if that process is gone, delete {self.path})")
+        who = (
+            f"process {recorded.get('pid')} on {recorded.get('host')} (since {recorded.get('started')})"
+            if recorded
+            else "another process"
+        )
+        return (
+            f"{self.run_dir} is being trained by {who}; wait for it to finish or stop it, or choose another "
+            f"--out (if that process is gone, delete {self.path})"
+        )
 
     def release(self) -> None:
         if self.fd is None:

@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from mdlm_cli.build import resolve_config
 from mdlm_cli.cli import app
-from mdlm_cli.commands.train import check_train_memory
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.memory import available, footprint
+from mdlm_cli.train.memory import check_train_memory
 
 
 def test_the_machine_reports_its_memory():

@@ -123,16 +123,16 @@ def test_eval_ppl_schedule_is_refused_in_one_line_where_the_bound_would_change(
         time_conditioning,
         refusal):
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.commands.evaluate import _use_schedule
     from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.errors import MdlmError
+    from mdlm_cli.eval.ppl import use_schedule
     from mdlm_cli.objectives import get_objective
 
     cfg = resolve_config("test", [f"diffusion.objective={objective}",
                                   f"model.time_conditioning={time_conditioning}"])
     obj = get_objective(cfg, load_tokenizer("char"))
     with pytest.raises(MdlmError, match=refusal) as e:
-        _use_schedule(obj, "cosine")
+        use_schedule(obj, "cosine")
     assert "\n" not in str(e.value)
 
 
@@ -140,15 +140,15 @@ def test_eval_ppl_schedule_swaps_the_bound_and_its_time_draws():
     """A model without time conditioning: the objective's schedule is replaced (its bound and
     its t draws read it), eps kept; the trained schedule's name comes back for the record."""
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.commands.evaluate import _use_schedule
     from mdlm_cli.data.tokenizers import load_tokenizer
+    from mdlm_cli.eval.ppl import use_schedule
     from mdlm_cli.objectives import get_objective
 
     cfg = resolve_config("test", ["model.time_conditioning=false"])
     obj = get_objective(cfg, load_tokenizer("char"))
     eps = obj.schedule.eps
-    assert _use_schedule(obj, None) == "loglinear" and obj.schedule.name == "loglinear"
-    assert _use_schedule(obj, "linear") == "loglinear"
+    assert use_schedule(obj, None) == "loglinear" and obj.schedule.name == "loglinear"
+    assert use_schedule(obj, "linear") == "loglinear"
     assert obj.schedule.name == "linear" and obj.schedule.eps == eps
     den = obj.denoiser(torch.nn.Identity())
     assert den.schedule is obj.schedule

@@ -24,18 +24,29 @@ def caduceus_model_config(raw: dict, source: str) -> dict:
     """mdlm's `model` section from a CaduceusConfig (config.json)."""
     ssm = raw.get("ssm_cfg") or {}
     if not raw.get("bidirectional", True):
-        raise MdlmError(f"{source}: a unidirectional Caduceus is a plain Mamba; mdlm loads bidirectional ones")
+        raise MdlmError(
+            f"{source}: a unidirectional Caduceus is a plain Mamba; mdlm loads bidirectional ones"
+        )
     for key, expected in (("dt_rank", "auto"), ("conv_bias", True), ("bias", False)):
         if ssm.get(key, expected) != expected:
-            raise MdlmError(f"{source}: ssm_cfg.{key}={ssm[key]!r} is not supported (mdlm's mixer has {expected!r})")
+            raise MdlmError(
+                f"{source}: ssm_cfg.{key}={ssm[key]!r} is not supported (mdlm's mixer has {expected!r})"
+            )
     try:
-        return {"backbone": "caduceus", "hidden_size": int(raw["d_model"]), "n_blocks": int(raw["n_layer"]),
-                "d_state": int(ssm.get("d_state", 16)), "d_conv": int(ssm.get("d_conv", 4)),
-                "expand": int(ssm.get("expand", 2)), "rcps": bool(raw.get("rcps", False)),
-                "fused_add_norm": bool(raw.get("fused_add_norm", True)),
-                "bidirectional_strategy": raw.get("bidirectional_strategy") or "add",
-                "bidirectional_weight_tie": bool(raw.get("bidirectional_weight_tie", True)),
-                "rms_norm": bool(raw.get("rms_norm", True)), "norm_epsilon": float(raw.get("norm_epsilon", 1e-5))}
+        return {
+            "backbone": "caduceus",
+            "hidden_size": int(raw["d_model"]),
+            "n_blocks": int(raw["n_layer"]),
+            "d_state": int(ssm.get("d_state", 16)),
+            "d_conv": int(ssm.get("d_conv", 4)),
+            "expand": int(ssm.get("expand", 2)),
+            "rcps": bool(raw.get("rcps", False)),
+            "fused_add_norm": bool(raw.get("fused_add_norm", True)),
+            "bidirectional_strategy": raw.get("bidirectional_strategy") or "add",
+            "bidirectional_weight_tie": bool(raw.get("bidirectional_weight_tie", True)),
+            "rms_norm": bool(raw.get("rms_norm", True)),
+            "norm_epsilon": float(raw.get("norm_epsilon", 1e-5)),
+        }
     except (KeyError, TypeError, ValueError) as e:
         raise MdlmError(f"{source}: not a Caduceus config.json ({type(e).__name__}: {e})") from None
 
@@ -51,18 +62,36 @@ def caduceus_from_hf(folder: Path, raw: dict, weights: dict[str, torch.Tensor], 
     """A LoadedModel (objective mlm, tokenizer dna, data hg38) from a Caduceus folder's config and weights."""
     source = str(folder)
     length = seqlen_from_name(label) or seqlen_from_name(folder.name)
-    cfg = config_from_dict({"name": label.rstrip("/").split("/")[-1], "description": f"Caduceus from {label}",
-                            "data": {"dataset": "hg38", "tokenizer": "dna", "length": length or 1024,
-                                     "packing": "window"},
-                            "model": caduceus_model_config(raw, source), "diffusion": {"objective": "mlm"}})
+    cfg = config_from_dict(
+        {
+            "name": label.rstrip("/").split("/")[-1],
+            "description": f"Caduceus from {label}",
+            "data": {
+                "dataset": "hg38",
+                "tokenizer": "dna",
+                "length": length or 1024,
+                "packing": "window",
+            },
+            "model": caduceus_model_config(raw, source),
+            "diffusion": {"objective": "mlm"},
+        }
+    )
     tokenizer = load_tokenizer("dna")
-    embed = [v for k, v in weights.items() if k.endswith("word_embeddings.weight") or k.endswith("embedding.weight")]
+    embed = [
+        v
+        for k, v in weights.items()
+        if k.endswith("word_embeddings.weight") or k.endswith("embedding.weight")
+    ]
     if not embed or embed[0].shape[0] != tokenizer.vocab_size:
-        raise MdlmError(f"{source}: the embedding has {embed[0].shape[0] if embed else 'no'} rows; mdlm's DNA "
-                        f"tokenizer has {tokenizer.vocab_size} ids")
+        raise MdlmError(
+            f"{source}: the embedding has {embed[0].shape[0] if embed else 'no'} rows; mdlm's DNA "
+            f"tokenizer has {tokenizer.vocab_size} ids"
+        )
     model = build_model(cfg.model, tokenizer.vocab_size)
     complement = model.complement_map
-    for key in [k for k in weights if k.endswith("complement_map")]:  # Caduceus keeps its map as a buffer
+    for key in [
+        k for k in weights if k.endswith("complement_map")
+    ]:  # Caduceus keeps its map as a buffer
         stored = weights.pop(key)
         if not torch.equal(stored.long(), complement[: len(stored)]):
             raise MdlmError(f"{source}: {key} is not the DNA complement map mdlm uses")

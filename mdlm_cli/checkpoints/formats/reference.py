@@ -42,17 +42,39 @@ SIGMA_RANGES = {name: (s.sigma_min, s.sigma_max) for name, s in
 # adds the reconstruction term (no carry-over) and zero-masks only with `subs_masking`
 PARAMETERIZATIONS = {"subs": {"objective": "mdlm"}, "sedd": {"objective": "sedd"},
                      "d3pm": {"objective": "d3pm", "carry_over": False, "zero_masking": False}}
-DATASET_NAMES = ("openwebtext", "lm1b", "text8", "wikitext103", "wikitext2", "ptb", "lambada", "ag_news")
+DATASET_NAMES = (
+    "openwebtext",
+    "lm1b",
+    "text8",
+    "wikitext103",
+    "wikitext2",
+    "ptb",
+    "lambada",
+    "ag_news",
+)
 # config.json field of the reference's MDLMConfig -> where mdlm keeps it
-HF_FIELDS = {"vocab_size": ("vocab_size", None, int), "model_length": ("data", "length", int),
-             "hidden_dim": ("model", "hidden_size", int), "cond_dim": ("model", "cond_dim", int),
-             "n_blocks": ("model", "n_blocks", int), "n_heads": ("model", "n_heads", int),
-             "dropout": ("model", "dropout", float), "time_conditioning": ("model", "time_conditioning", bool)}
+HF_FIELDS = {
+    "vocab_size": ("vocab_size", None, int),
+    "model_length": ("data", "length", int),
+    "hidden_dim": ("model", "hidden_size", int),
+    "cond_dim": ("model", "cond_dim", int),
+    "n_blocks": ("model", "n_blocks", int),
+    "n_heads": ("model", "n_heads", int),
+    "dropout": ("model", "dropout", float),
+    "time_conditioning": ("model", "time_conditioning", bool),
+}
 
 
 def new_partial() -> dict:
     # mask_id: where the format fixes the mask token (SEDD: the last id), checked against the tokeniser
-    return {"model": {}, "data": {}, "diffusion": {}, "vocab_size": None, "mask_id": None, "inferred": []}
+    return {
+        "model": {},
+        "data": {},
+        "diffusion": {},
+        "vocab_size": None,
+        "mask_id": None,
+        "inferred": [],
+    }
 
 
 # ---------------------------------------------------------------------- hyper-parameters
@@ -78,29 +100,41 @@ def partial_from_hydra(config: dict, source) -> dict:
         value = config
         for part in dotted.split("."):
             value = value.get(part) if isinstance(value, dict) else None
-        if isinstance(value, str) and value.startswith("${"):  # an absolute interpolation, resolved once
+        if isinstance(value, str) and value.startswith(
+            "${"
+        ):  # an absolute interpolation, resolved once
             target = value[2:-1]
-            return get(target) if value.endswith("}") and re.fullmatch(r"[\w.]+", target) and target != dotted else None
+            return (
+                get(target)
+                if value.endswith("}") and re.fullmatch(r"[\w.]+", target) and target != dotted
+                else None
+            )
         return value
 
     backbone, parameterization = get("backbone"), get("parameterization") or "subs"
     if backbone not in (None, "dit", "hf_dit"):
         raise MdlmError(f"{source} holds a {backbone!r} backbone; mdlm loads MDLM's DiT")
     if parameterization not in PARAMETERIZATIONS:
-        raise MdlmError(f"{source} was trained with parameterization={parameterization!r}; mdlm implements "
-                        f"{', '.join(PARAMETERIZATIONS)}")
+        raise MdlmError(
+            f"{source} was trained with parameterization={parameterization!r}; mdlm implements "
+            f"{', '.join(PARAMETERIZATIONS)}"
+        )
     partial = new_partial()
     partial["diffusion"].update(PARAMETERIZATIONS[parameterization])
     if get("subs_masking") and parameterization == "d3pm":
         partial["diffusion"]["zero_masking"] = True
     if parameterization == "sedd" and get("time_conditioning") is not None and \
             not number(get("time_conditioning"), bool, "time_conditioning", source):
-        raise MdlmError(f"{source} is a SEDD model trained without time conditioning: the reference then feeds "
-                        "sigma = 0 and its log-score is -inf everywhere, so it has no usable output")
+        raise MdlmError(
+            f"{source} is a SEDD model trained without time conditioning: the reference then feeds "
+            "sigma = 0 and its log-score is -inf everywhere, so it has no usable output"
+        )
     for key, typ in (("hidden_size", int), ("n_blocks", int), ("n_heads", int), ("cond_dim", int),
                      ("dropout", float)):
         partial["model"][key] = number(get(f"model.{key}"), typ, f"model.{key}", source)
-    partial["model"]["time_conditioning"] = number(get("time_conditioning"), bool, "time_conditioning", source)
+    partial["model"]["time_conditioning"] = number(
+        get("time_conditioning"), bool, "time_conditioning", source
+    )
     partial["data"]["length"] = number(get("model.length"), int, "model.length", source)
     partial["diffusion"]["schedule"] = _schedule(get, source)
     partial["diffusion"]["T"] = number(get("T"), int, "T", source)
@@ -130,8 +164,10 @@ def noise_schedule(noise: str, sigmas: tuple, names: dict[str, str], source) -> 
     if name is None:
         supported = [f"{k} with {_sigma_text(SIGMA_RANGES[v])}" if v in SIGMA_RANGES else k
                      for k, v in names.items()]
-        raise MdlmError(f"{source} uses the noise schedule {noise!r}, which mdlm does not implement "
-                        f"(supported: {', '.join(supported)})")
+        raise MdlmError(
+            f"{source} uses the noise schedule {noise!r}, which mdlm does not implement "
+            f"(supported: {', '.join(supported)})"
+        )
     if name in SIGMA_RANGES:
         keys = ("noise.sigma_min", "noise.sigma_max")
         got = tuple(number(v, float, k, source) for k, v in zip(keys, sigmas, strict=True))
@@ -154,29 +190,45 @@ def model_config(weights: dict[str, torch.Tensor], partial: dict, inv_freq: torc
     vocab, hidden = weights["vocab_embed.embedding"].shape
     cond = weights.get("sigma_map.mlp.0.weight")
     mlp = weights.get("blocks.0.mlp.0.weight")
-    indices = {int(k.split(".")[1]) for k in weights if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    indices = {
+        int(k.split(".")[1])
+        for k in weights
+        if k.startswith("blocks.") and k.split(".")[1].isdigit()
+    }
     hidden = recorded.get("hidden_size") or hidden
     n_heads = recorded.get("n_heads")
     if n_heads is None and inv_freq is not None and inv_freq.numel():
         n_heads = hidden // (2 * inv_freq.numel())
         partial["inferred"].append("n_heads (from rotary_emb.inv_freq)")
     if not n_heads:
-        raise MdlmError(f"{source} records no number of attention heads (no n_heads in its config, no "
-                        "rotary_emb.inv_freq in its weights), so it cannot be loaded unambiguously")
+        raise MdlmError(
+            f"{source} records no number of attention heads (no n_heads in its config, no "
+            "rotary_emb.inv_freq in its weights), so it cannot be loaded unambiguously"
+        )
     if hidden % n_heads or (hidden // n_heads) % 2:
-        raise MdlmError(f"{source}: n_heads={n_heads} does not split hidden size {hidden} into even head sizes")
+        raise MdlmError(
+            f"{source}: n_heads={n_heads} does not split hidden size {hidden} into even head sizes"
+        )
     cfg = ModelConfig(
-        hidden_size=hidden, n_blocks=recorded.get("n_blocks") or (max(indices) + 1 if indices else 0),
-        n_heads=n_heads, cond_dim=recorded.get("cond_dim") or (cond.shape[0] if cond is not None else 128),
+        hidden_size=hidden,
+        n_blocks=recorded.get("n_blocks") or (max(indices) + 1 if indices else 0),
+        n_heads=n_heads,
+        cond_dim=recorded.get("cond_dim") or (cond.shape[0] if cond is not None else 128),
         mlp_ratio=mlp.shape[0] // hidden if mlp is not None and mlp.shape[0] % hidden == 0 else 4,
-        dropout=recorded.get("dropout", 0.1), time_conditioning=recorded.get("time_conditioning", False))
+        dropout=recorded.get("dropout", 0.1),
+        time_conditioning=recorded.get("time_conditioning", False),
+    )
     return cfg, partial["vocab_size"] or vocab
 
 
 def hf_config(loaded: LoadedModel, mdlm_section: dict) -> dict:
     """config.json of an export: the reference's MDLMConfig fields, then mdlm's own section."""
     cfg, model = loaded.config, loaded.model
-    values = {"vocab_size": model.vocab_size, "data": {"length": loaded.length}, "model": vars(cfg.model)}
+    values = {
+        "vocab_size": model.vocab_size,
+        "data": {"length": loaded.length},
+        "model": vars(cfg.model),
+    }
     fields = {name: values[name] if section == "vocab_size" else values[section][key]
               for name, (section, key, _) in HF_FIELDS.items()}
     return {"model_type": "mdlm", "architectures": ["MDLM"], **fields, "torch_dtype": "float32",
@@ -206,7 +258,9 @@ def number(value, typ, name: str, source):
 
 def backbone_state(state: dict, source) -> dict[str, torch.Tensor]:
     """The DiT's weights under mdlm's names: the reference prefix stripped (`torch.compile`'s too)."""
-    tensors = {k.replace("_orig_mod.", ""): v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    tensors = {
+        k.replace("_orig_mod.", ""): v for k, v in state.items() if isinstance(v, torch.Tensor)
+    }
     for prefix in PREFIXES:
         if prefix + "vocab_embed.embedding" in tensors:
             return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
@@ -217,7 +271,10 @@ def backbone_state(state: dict, source) -> dict[str, torch.Tensor]:
 def reference_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """mdlm's DiT weights under the reference's `MDLM` names, rotary table included."""
     base = unwrap(model)
-    out = {f"backbone.{k}": v.detach().to("cpu", torch.float32).contiguous() for k, v in base.state_dict().items()}
+    out = {
+        f"backbone.{k}": v.detach().to("cpu", torch.float32).contiguous()
+        for k, v in base.state_dict().items()
+    }
     out[f"backbone.{INV_FREQ}"] = base.rotary_emb.inv_freq.detach().cpu().float().contiguous()
     return out
 
@@ -228,21 +285,27 @@ def check_rotary(inv_freq: torch.Tensor | None, cfg: ModelConfig, source) -> Non
     head = cfg.hidden_size // cfg.n_heads
     expected = 1.0 / (10_000 ** (torch.arange(0, head, 2).float() / head))
     if inv_freq.shape != expected.shape:
-        raise MdlmError(f"{source}: rotary_emb.inv_freq has {inv_freq.numel()} frequencies, but n_heads="
-                        f"{cfg.n_heads} gives head size {head} ({head // 2} frequencies); config and weights disagree")
+        raise MdlmError(
+            f"{source}: rotary_emb.inv_freq has {inv_freq.numel()} frequencies, but n_heads="
+            f"{cfg.n_heads} gives head size {head} ({head // 2} frequencies); config and weights disagree"
+        )
     if not torch.allclose(inv_freq.float(), expected, rtol=1e-4, atol=0.0):
         raise MdlmError(f"{source}: rotary_emb.inv_freq is not the base-10000 table mdlm computes")
 
 
-def apply_ema(model: torch.nn.Module, weights: dict[str, torch.Tensor], shadow, source) -> dict[str, torch.Tensor]:
+def apply_ema(
+    model: torch.nn.Module, weights: dict[str, torch.Tensor], shadow, source
+) -> dict[str, torch.Tensor]:
     """The reference EMA is a list in `backbone.parameters()` order (then the noise module's, which
     has none); mdlm's DiT registers its parameters in the same order."""
     names = [name for name, _ in model.named_parameters()]
     if not isinstance(shadow, list | tuple) or not all(isinstance(t, torch.Tensor) for t in shadow):
         raise MdlmError(f"{source}: ema.shadow_params is not a list of tensors")
     if len(shadow) != len(names):
-        raise MdlmError(f"{source}: the EMA holds {len(shadow)} tensors but this DiT has {len(names)} "
-                        "parameters; the checkpoint does not fit the model its config describes")
+        raise MdlmError(
+            f"{source}: the EMA holds {len(shadow)} tensors but this DiT has {len(names)} "
+            "parameters; the checkpoint does not fit the model its config describes"
+        )
     out = dict(weights)
     for name, tensor in zip(names, shadow, strict=True):
         expected = tuple(model.get_parameter(name).shape)

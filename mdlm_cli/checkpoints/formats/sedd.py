@@ -16,9 +16,14 @@ from ...errors import MdlmError
 from .reference import new_partial, noise_schedule, number
 
 # SEDD's model fields -> mdlm's config (section, key, type)
-MODEL_FIELDS = {"hidden_size": ("model", "hidden_size", int), "n_blocks": ("model", "n_blocks", int),
-                "n_heads": ("model", "n_heads", int), "cond_dim": ("model", "cond_dim", int),
-                "dropout": ("model", "dropout", float), "length": ("data", "length", int)}
+MODEL_FIELDS = {
+    "hidden_size": ("model", "hidden_size", int),
+    "n_blocks": ("model", "n_blocks", int),
+    "n_heads": ("model", "n_heads", int),
+    "cond_dim": ("model", "cond_dim", int),
+    "dropout": ("model", "dropout", float),
+    "length": ("data", "length", int),
+}
 # SEDD's noise.type -> mdlm's schedule
 SCHEDULES = {"loglinear": "loglinear", "geometric": "geometric"}
 
@@ -26,7 +31,11 @@ SCHEDULES = {"loglinear": "loglinear", "geometric": "geometric"}
 def sedd_config(raw: dict) -> dict | None:
     """SEDD's Hydra config inside a config.json, or None if it is not one."""
     for candidate in (raw, raw.get("config")):
-        if isinstance(candidate, dict) and isinstance(candidate.get("graph"), dict) and "tokens" in candidate:
+        if (
+            isinstance(candidate, dict)
+            and isinstance(candidate.get("graph"), dict)
+            and "tokens" in candidate
+        ):
             return candidate
     return None
 
@@ -35,13 +44,19 @@ def partial_from_sedd_config(config: dict, source) -> dict:
     """mdlm's partial config (reference_format's layout) for a SEDD absorbing-graph model."""
     graph = config["graph"].get("type")
     if graph != "absorb":
-        raise MdlmError(f"{source} is a SEDD model with the {graph!r} graph; mdlm implements SEDD's absorbing graph")
+        raise MdlmError(
+            f"{source} is a SEDD model with the {graph!r} graph; mdlm implements SEDD's absorbing graph"
+        )
     model = config.get("model") if isinstance(config.get("model"), dict) else {}
     if model.get("type", "ddit") != "ddit":
-        raise MdlmError(f"{source} holds a SEDD {model.get('type')!r} network; mdlm loads its DiT (ddit)")
+        raise MdlmError(
+            f"{source} holds a SEDD {model.get('type')!r} network; mdlm loads its DiT (ddit)"
+        )
     if not number(model.get("scale_by_sigma", True), bool, "model.scale_by_sigma", source):
-        raise MdlmError(f"{source} was trained without scale_by_sigma, a different score parameterisation "
-                        "than SEDD's published models (and mdlm's sedd objective)")
+        raise MdlmError(
+            f"{source} was trained without scale_by_sigma, a different score parameterisation "
+            "than SEDD's published models (and mdlm's sedd objective)"
+        )
     partial = new_partial()
     tokens = number(config["tokens"], int, "tokens", source)
     partial["vocab_size"], partial["mask_id"] = tokens + 1, tokens
@@ -50,7 +65,9 @@ def partial_from_sedd_config(config: dict, source) -> dict:
         if value is not None:
             partial[section][key] = value
     partial["model"]["time_conditioning"] = True
-    partial["diffusion"].update(objective="sedd", schedule=_schedule(config.get("noise") or {}, source))
+    partial["diffusion"].update(
+        objective="sedd", schedule=_schedule(config.get("noise") or {}, source)
+    )
     if tokens == 50257:  # GPT-2's vocabulary: SEDD's published models are OpenWebText models
         partial["data"].update(tokenizer="gpt2", dataset="openwebtext", packing="wrap")
     return partial

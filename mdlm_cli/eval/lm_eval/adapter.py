@@ -52,33 +52,58 @@ DEFAULT_MAX_GEN_TOKS = 256  # the harness's HF models' default
 class MdlmLM(LM):
     """lm-eval's `LM` over an mdlm checkpoint (`--model_args checkpoint=PATH,mc_samples=K,...`)."""
 
-    def __init__(self, checkpoint: str = "runs/demo", mc_samples: int = 4, batch_size: int | str = 16,
-                 device: str | None = None, seed: int = 0, sampler: str | None = None, steps: int | None = None,
-                 stride: int | None = None, precision: str = "fp64", raw_weights: bool = False,
-                 max_batch_size: int | None = None, loaded=None, warn=None) -> None:
+    def __init__(
+        self,
+        checkpoint: str = "runs/demo",
+        mc_samples: int = 4,
+        batch_size: int | str = 16,
+        device: str | None = None,
+        seed: int = 0,
+        sampler: str | None = None,
+        steps: int | None = None,
+        stride: int | None = None,
+        precision: str = "fp64",
+        raw_weights: bool = False,
+        max_batch_size: int | None = None,
+        loaded=None,
+        warn=None,
+    ) -> None:
         super().__init__()
         from ...checkpoints.load import load_on_device
         from ...runtime import Runtime
 
         if str(batch_size).startswith("auto"):
-            raise MdlmError("batch_size=auto is not supported by the mdlm model; give a number of rows")
+            raise MdlmError(
+                "batch_size=auto is not supported by the mdlm model; give a number of rows"
+            )
         self.warn = warn or (lambda message: print(f"warning: {message}"))
         if loaded is None:
             loaded, rt = load_on_device(checkpoint, device=device, raw_weights=bool(raw_weights))
-            for note in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
+            for note in (
+                loaded.state.get("notes") or []
+            ):  # e.g. an encoder's freshly initialised MLM head
                 self.warn(note)
         else:
             rt = Runtime.create(device or str(next(loaded.model.parameters()).device))
         self.loaded, self._device, self.dtype = loaded, rt.device, rt.dtype
-        self.scorer = ConditionalScorer(loaded, mc_samples=int(mc_samples), batch_size=int(batch_size),
-                                        device=rt.device, dtype=rt.dtype, seed=int(seed))
+        self.scorer = ConditionalScorer(
+            loaded,
+            mc_samples=int(mc_samples),
+            batch_size=int(batch_size),
+            device=rt.device,
+            dtype=rt.dtype,
+            seed=int(seed),
+        )
         choice = loaded.objective.choose_sampler(sampler, None if steps is None else int(steps))
         for name, value in choice.ignored.items():
             self.warn(f"{name}={value} does not apply to {choice.spec.name}; ignored")
         spec, steps = choice.spec, choice.steps
-        self.generation = GenerationSettings(spec.name, steps, None if stride is None else int(stride),
-                                             precision, int(seed))
-        self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(list)  # task -> (request type, score)
+        self.generation = GenerationSettings(
+            spec.name, steps, None if stride is None else int(stride), precision, int(seed)
+        )
+        self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(
+            list
+        )  # task -> (request type, score)
         self._generated = 0
         self._warned: set[str] = set()
 
@@ -96,8 +121,10 @@ class MdlmLM(LM):
         dropped = sum(s.dropped for s in scores)
         if dropped and "truncated" not in self._warned:
             self._warned.add("truncated")
-            self.warn(f"contexts longer than the model length ({self.max_length} tokens) are truncated from "
-                      f"the left ({dropped} tokens dropped in this call)")
+            self.warn(
+                f"contexts longer than the model length ({self.max_length} tokens) are truncated from "
+                f"the left ({dropped} tokens dropped in this call)"
+            )
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         tok = self.loaded.tokenizer
@@ -117,13 +144,25 @@ class MdlmLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         tok, out = self.loaded.tokenizer, []
-        with _progress(f"generate_until ({self.generation.sampler})", len(requests), disable_tqdm) as advance:
+        with _progress(
+            f"generate_until ({self.generation.sampler})", len(requests), disable_tqdm
+        ) as advance:
             for req in requests:
                 context, gen_kwargs = req.args
-                until, max_gen, temperature, top_p = self._generation_options(dict(gen_kwargs or {}))
-                tokens = generate_after(self.loaded, tok.encode(context), max_gen=max_gen, settings=self.generation,
-                                        temperature=temperature, top_p=top_p, index=self._generated,
-                                        device=self._device, dtype=self.dtype)
+                until, max_gen, temperature, top_p = self._generation_options(
+                    dict(gen_kwargs or {})
+                )
+                tokens = generate_after(
+                    self.loaded,
+                    tok.encode(context),
+                    max_gen=max_gen,
+                    settings=self.generation,
+                    temperature=temperature,
+                    top_p=top_p,
+                    index=self._generated,
+                    device=self._device,
+                    dtype=self.dtype,
+                )
                 self._generated += 1
                 out.append(cut_generation(tok, tokens, until))
                 advance(1)
@@ -142,7 +181,9 @@ class MdlmLM(LM):
         unused = sorted(set(kwargs) - self._warned)
         if unused:
             self._warned.update(unused)
-            self.warn(f"generation kwargs {', '.join(unused)} do not apply to the mdlm model; ignored")
+            self.warn(
+                f"generation kwargs {', '.join(unused)} do not apply to the mdlm model; ignored"
+            )
         if not do_sample or temperature <= 0:
             return until, max_gen, 1.0, GREEDY_TOP_P
         return until, max_gen, temperature, top_p
@@ -156,7 +197,13 @@ class MdlmLM(LM):
 def _progress(label: str, total: int | None, disable: bool) -> Iterator[Callable[[int], None]]:
     """A rich progress bar on stderr, gone when done; yields `advance(n)`."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=Console(stderr=True), transient=True, disable=disable) as progress:

@@ -58,7 +58,11 @@ class Scored:
         """sd of the K passes / sqrt(K); 0 for an exact value, None for K = 1."""
         if self.exact or not self.tokens:
             return 0.0
-        return statistics.stdev(self.passes) / math.sqrt(len(self.passes)) if len(self.passes) > 1 else None
+        return (
+            statistics.stdev(self.passes) / math.sqrt(len(self.passes))
+            if len(self.passes) > 1
+            else None
+        )
 
 
 def encode_pair(tokenizer, context: str, continuation: str) -> Pair:
@@ -74,13 +78,17 @@ def encode_pair(tokenizer, context: str, continuation: str) -> Pair:
     return context_ids, tokenizer.encode(context + continuation)[len(context_ids):]
 
 
-def build_row(start: list[int], context: list[int], continuation: list[int], length: int) -> tuple[list[int], int]:
+def build_row(
+    start: list[int], context: list[int], continuation: list[int], length: int
+) -> tuple[list[int], int]:
     """[start] + context + continuation in at most `length` tokens, the context truncated
     from the left (the row start kept: training rows start with it). Returns the row and
     the number of context tokens dropped."""
     room = length - len(start) - len(continuation)
     if room < 0:
-        raise MdlmError(f"a continuation of {len(continuation)} tokens does not fit the model length {length}")
+        raise MdlmError(
+            f"a continuation of {len(continuation)} tokens does not fit the model length {length}"
+        )
     kept = context[len(context) - room:] if len(context) > room else context
     return start + kept + continuation, len(context) - len(kept)
 
@@ -94,7 +102,9 @@ def rolling_windows(tokens: list[int], max_len: int, context_len: int = 1) -> li
     tokens after the tokens just before them, so that context + predicted is max_len + 1
     tokens, and the last one has a full context."""
     if not 1 <= context_len <= max_len:
-        raise MdlmError(f"rolling windows need 1 <= context_len <= max_len (got {context_len}, {max_len})")
+        raise MdlmError(
+            f"rolling windows need 1 <= context_len <= max_len (got {context_len}, {max_len})"
+        )
     if not tokens:
         return []
     windows = [([], tokens[:max_len])]
@@ -110,19 +120,35 @@ def rolling_windows(tokens: list[int], max_len: int, context_len: int = 1) -> li
 class ConditionalScorer:
     """Batches of (context, continuation) pairs through the objective's conditional loss."""
 
-    def __init__(self, loaded: LoadedModel, *, mc_samples: int = 4, batch_size: int = 16,
-                 device: torch.device | str = "cpu", dtype: torch.dtype | None = None, seed: int = 0):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        mc_samples: int = 4,
+        batch_size: int = 16,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+    ):
         if mc_samples < 1 or batch_size < 1:
-            raise MdlmError(f"--mc-samples and --batch-size must be at least 1 (got {mc_samples}, {batch_size})")
+            raise MdlmError(
+                f"--mc-samples and --batch-size must be at least 1 (got {mc_samples}, {batch_size})"
+            )
         self.objective, self.denoiser = loaded.objective, loaded.denoiser(dtype)
         if not self.objective.scores_targets:
-            raise MdlmError(f"{loaded.path} is a {self.objective.name} model, which gives no likelihood of a "
-                            "continuation; score an mdlm, sedd, d3pm or ar checkpoint")
+            raise MdlmError(
+                f"{loaded.path} is a {self.objective.name} model, which gives no likelihood of a "
+                "continuation; score an mdlm, sedd, d3pm or ar checkpoint"
+            )
         self.exact = self.objective.exact
         self.mc_samples = 1 if self.exact else mc_samples
         self.T = self.objective.eval_T(None)
         self.draw = self.objective.draw_times(self.T, antithetic=True)
-        self.start, self.length, self.pad_id = loaded.row_start(), loaded.length, loaded.tokenizer.pad_id
+        self.start, self.length, self.pad_id = (
+            loaded.row_start(),
+            loaded.length,
+            loaded.tokenizer.pad_id,
+        )
         self.batch_size, self.device, self.seed = batch_size, torch.device(device), seed
         self.batches = 0  # batches scored so far: each has its own random stream
 
@@ -153,12 +179,16 @@ class ConditionalScorer:
             n_cont = [len(pairs[i][1]) for i in idx]
             passes, is_greedy = self._score_batch(rows, n_cont, greedy)
             for j, i in enumerate(idx):
-                out[i] = Scored(passes[:, j].tolist(), bool(is_greedy[j]), n_cont[j], self.exact, built[i][1])
+                out[i] = Scored(
+                    passes[:, j].tolist(), bool(is_greedy[j]), n_cont[j], self.exact, built[i][1]
+                )
             if on_done is not None:
                 on_done(len(idx))
         return out  # type: ignore[return-value]
 
-    def _score_batch(self, rows: list[list[int]], n_cont: list[int], greedy: bool) -> tuple[Tensor, Tensor]:
+    def _score_batch(
+        self, rows: list[list[int]], n_cont: list[int], greedy: bool
+    ) -> tuple[Tensor, Tensor]:
         """Rows right-padded (padding neither attended nor scored): nats (K, B), greedy (B,)."""
         B, width = len(rows), max(map(len, rows))
         x0 = torch.full((B, width), self.pad_id, dtype=torch.long)
@@ -173,11 +203,25 @@ class ConditionalScorer:
         gen = generator(self.device, derive_seed(self.seed, "lm-eval", self.batches))
         self.batches += 1
         # K times per row, stratified over [0, 1) (antithetic), as engine.nelbo draws them
-        t = None if self.draw is None else torch.stack([self.draw(self.mc_samples, gen) for _ in range(B)])
-        passes = torch.stack([
-            self.objective.loss_terms(self.denoiser, x0, None if t is None else t[:, k], generator=gen,
-                                      attention_mask=attention_mask, T=self.T, targets=targets).double()
-            for k in range(self.mc_samples)])
+        t = (
+            None
+            if self.draw is None
+            else torch.stack([self.draw(self.mc_samples, gen) for _ in range(B)])
+        )
+        passes = torch.stack(
+            [
+                self.objective.loss_terms(
+                    self.denoiser,
+                    x0,
+                    None if t is None else t[:, k],
+                    generator=gen,
+                    attention_mask=attention_mask,
+                    T=self.T,
+                    targets=targets,
+                ).double()
+                for k in range(self.mc_samples)
+            ]
+        )
         if not greedy:
             return passes.cpu(), torch.zeros(B, dtype=torch.bool)
         best = self.objective.greedy_tokens(self.denoiser, x0, targets, attention_mask)
@@ -192,7 +236,11 @@ class ConditionalScorer:
         out, pos = [], 0
         for ws in windows:
             parts, pos = flat[pos:pos + len(ws)], pos + len(ws)
-            passes = [sum(p.passes[k] for p in parts) for k in range(self.mc_samples)] if parts else [0.0]
+            passes = (
+                [sum(p.passes[k] for p in parts) for k in range(self.mc_samples)]
+                if parts
+                else [0.0]
+            )
             out.append(Scored(passes, False, sum(p.tokens for p in parts), self.exact))
         return out
 
@@ -223,29 +271,55 @@ def generation_plan(start: int, context: int, max_gen: int, length: int, *, caus
 
 
 @torch.no_grad()
-def generate_after(loaded: LoadedModel, context: list[int], *, max_gen: int, settings: GenerationSettings,
-                   temperature: float = 1.0, top_p: float = 1.0, index: int = 0,
-                   device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> list[int]:
+def generate_after(
+    loaded: LoadedModel,
+    context: list[int],
+    *,
+    max_gen: int,
+    settings: GenerationSettings,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    index: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> list[int]:
     """Tokens sampled after `context` (the harness's `generate_until`): one window when they
     fit the model length, else semi-autoregressive rounds of `stride` new tokens (§4.2)."""
     start, length, mask_id = loaded.row_start(), loaded.length, loaded.mask_id
     stride = settings.stride or length // 2
     if not 0 < stride < length - len(start):
         raise MdlmError(f"--stride must be between 1 and {length - len(start) - 1} (got {stride})")
-    keep, gen = generation_plan(len(start), len(context), max_gen, length, causal=loaded.objective.causal,
-                                stride=stride)
+    keep, gen = generation_plan(
+        len(start), len(context), max_gen, length, causal=loaded.objective.causal, stride=stride
+    )
     prompt = torch.tensor(start + context[len(context) - keep:], dtype=torch.long)
-    options = {"sampler": settings.sampler, "steps": settings.steps, "mask_id": mask_id,
-               "schedule": loaded.objective.schedule, "precision": settings.precision, "temperature": temperature,
-               "top_p": top_p, "device": device,
-               "generator": generator(torch.device(device), derive_seed(settings.seed, "lm-eval-generate", index))}
+    options = {
+        "sampler": settings.sampler,
+        "steps": settings.steps,
+        "mask_id": mask_id,
+        "schedule": loaded.objective.schedule,
+        "precision": settings.precision,
+        "temperature": temperature,
+        "top_p": top_p,
+        "device": device,
+        "generator": generator(
+            torch.device(device), derive_seed(settings.seed, "lm-eval-generate", index)
+        ),
+    }
     denoiser = loaded.denoiser(dtype)
     if len(prompt) + gen <= length:
         row = torch.cat([prompt, torch.full((gen,), mask_id, dtype=torch.long)])
         tokens = engine.sample(denoiser, num_samples=1, length=len(row), prompt=row, **options)[0]
     else:
-        tokens = engine.semi_ar(denoiser, num_samples=1, window=length, stride=stride, prompt=prompt,
-                                target_length=len(prompt) + gen, **options).tokens[0]
+        tokens = engine.semi_ar(
+            denoiser,
+            num_samples=1,
+            window=length,
+            stride=stride,
+            prompt=prompt,
+            target_length=len(prompt) + gen,
+            **options,
+        ).tokens[0]
     return tokens[len(prompt):].tolist()
 
 

@@ -50,7 +50,9 @@ def last_word_passages(words: list[str], size: int, min_letters: int = 4) -> Ite
     start = 0
     while start + size <= len(words):
         end = start + size
-        while end <= len(words) and not (words[end - 1].isalpha() and len(words[end - 1]) >= min_letters):
+        while end <= len(words) and not (
+            words[end - 1].isalpha() and len(words[end - 1]) >= min_letters
+        ):
             end += 1
         if end > len(words):
             return
@@ -76,9 +78,20 @@ def write_tasks(folder: str | Path, *, dataset: str, split: str = "test", char_l
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = "".join(c if c.isalnum() else "_" for c in source.name).strip("_") or "local"
-    for kind, rows, template in (("lastword", items, LASTWORD_YAML), ("rolling", docs, ROLLING_YAML)):
+    for kind, rows, template in (
+        ("lastword", items, LASTWORD_YAML),
+        ("rolling", docs, ROLLING_YAML),
+    ):
         data = folder / f"{name}_{kind}.jsonl"
         data.write_text("".join(json.dumps({"text": row}) + "\n" for row in rows))
-        (folder / f"{name}_{kind}.yaml").write_text(template.format(
-            name=name, data=data.resolve(), source=source.name, split=split, words=words, min_letters=min_letters))
+        (folder / f"{name}_{kind}.yaml").write_text(
+            template.format(
+                name=name,
+                data=data.resolve(),
+                source=source.name,
+                split=split,
+                words=words,
+                min_letters=min_letters,
+            )
+        )
     return {f"{name}_lastword": len(items), f"{name}_rolling": len(docs)}

@@ -1,0 +1,33 @@
+"""`mdlm train`'s memory check: a micro-batch the device cannot hold is refused before the
+data and the model are set up."""
+
+from __future__ import annotations
+
+# vocabulary sizes of the named tokenisers (the estimate needs one before any data is prepared)
+VOCAB_GUESS = {"gpt2": 50_258, "bert-base-uncased": 30_522, "char": 256, "dna": 16}
+
+
+def check_train_memory(cfg) -> None:
+    """Refuse, before the data and the model are set up, a micro-batch the device cannot hold:
+    the weights, gradients, AdamW state and EMA of the model, built on the meta device (no
+    memory), and the activations and logits at data.length."""
+    import torch
+
+    from ..memory import check_fits, footprint
+    from ..models import BACKBONES, build_model
+    from ..objectives import OBJECTIVES
+    from ..runtime import pick_device
+
+    if "hidden_size" not in BACKBONES[cfg.model.backbone].config_keys:
+        return  # a Hugging Face backbone: its shape is the hub model's, not the config's
+    vocab = VOCAB_GUESS.get(cfg.data.tokenizer, 50_258)
+    with torch.device("meta"):
+        model = build_model(cfg.model, vocab, causal=OBJECTIVES[cfg.diffusion.objective].causal)
+        params = sum(p.numel() for p in model.parameters())
+    m, t = cfg.model, cfg.train
+    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
+                     mlp_ratio=m.mlp_ratio, vocab=vocab, batch=t.micro_batch_size,
+                     length=cfg.data.length, training=True)
+    what = (f"training at data.length={cfg.data.length} with "
+            f"train.micro_batch_size={t.micro_batch_size}")
+    check_fits(what, need, pick_device(t.device), "lower data.length or train.micro_batch_size")
