@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MdlmError, MdlmWarning
+from ..models.speed import compile_trunk
 from .bench import BenchReport, BenchRow, environment, run_bench
 
 
@@ -205,17 +206,14 @@ def load_bench_model(checkpoint: str | None, preset: str | None, request: BenchR
                      on_note: Callable[[str], None] = _ignore) -> BenchModel:
     """A checkpoint, or a randomly initialised model of a preset's size and vocabulary;
     torch.compile'd trunk with `request.compile`."""
-    import torch
 
     if checkpoint is not None:
         bm = _checkpoint_model(checkpoint, request, on_note)
     else:
         bm = _preset_model(preset, request)
-    if request.compile:
-        if not hasattr(bm.model, "trunk"):
-            raise MdlmError(f"--compile captures the DiT's trunk; {bm.model.describe()} has none")
-        mode = "reduce-overhead" if bm.rt.device.type == "cuda" else None
-        bm.model.trunk = torch.compile(bm.model.trunk, mode=mode)
+    mode = "reduce-overhead" if bm.rt.device.type == "cuda" else None
+    if request.compile and not compile_trunk(bm.model, mode):
+        raise MdlmError(f"--compile captures the DiT's trunk; {bm.model.describe()} has none")
     return bm
 
 
