@@ -91,6 +91,8 @@ COLUMNS = (
     "NFE",
     "NFE whole-batch",
     "NCS",
+    "calls/s",
+    "MFU",
     "overhead",
 )
 QUALITY_COLUMNS = ("gen PPL", "nats/char", "entropy", "Dist-2", "self-BLEU", "rep-4", "MAUVE")
@@ -239,6 +241,8 @@ def _add_row(table: Table, r, with_quality: bool = False) -> None:
         f"{r.nfe:.1f}",
         "-" if r.nfe_whole_batch is None else f"{r.nfe_whole_batch:.1f}",
         f"{r.ncs:.1f}",
+        f"{r.calls_per_second:,.1f}",
+        "-" if r.mfu is None else f"{100 * r.mfu:.1f}%",
         f"{100 * r.overhead_share:.1f}%",
     )
     if with_quality:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from .. import engine
+from ..perf import Peak, mfu
 
 
 class TimedDenoiser:
@@ -90,6 +91,8 @@ class BenchRow:
     overhead_share: float  # 1 - network_share: sampler work outside the forward
     options: dict[str, Any] = field(default_factory=dict)  # the sampler options of the row (engine.sample's)
     quality: Any = None  # frontier.Quality of the first timed run's samples, with --judge
+    calls_per_second: float = 0.0  # batched network calls per second of the timed runs
+    mfu: float | None = None  # model FLOP utilisation of the network calls (None: no known peak)
 
     @property
     def setting(self) -> str:
@@ -207,9 +210,11 @@ def run_bench(denoiser, *, samplers: list[str], steps: list[int], batch_sizes: l
               temperature: float = 1.0,
               top_p: float = 1.0,
               on_tokens: Callable[[BenchRow, torch.Tensor], None] | None = None,
-              on_row: Callable[[BenchRow], None] | None = None) -> BenchReport:
+              on_row: Callable[[BenchRow], None] | None = None,
+              speed: tuple[float, Peak | None] | None = None) -> BenchReport:
     """Every configuration of `grid`; `on_tokens(row, tokens)` sees each row's first timed
-    samples before `on_row(row)` (the judge fills `row.quality` there)."""
+    samples before `on_row(row)` (the judge fills `row.quality` there). With `speed` (model
+    FLOPs of one forward per token, the device's peak) the rows get their MFU."""
     report = BenchReport(meta=meta)
     for sampler, s, b, precision, opts in grid(samplers, steps, batch_sizes, precisions, options):
         n = max(num_samples - num_samples % b, b)  # whole batches only
@@ -218,6 +223,9 @@ def run_bench(denoiser, *, samplers: list[str], steps: list[int], batch_sizes: l
                          length=length, mask_id=mask_id, repeats=repeats, seed=seed, device=device,
                          schedule=schedule, options=opts, temperature=temperature, top_p=top_p,
                          on_tokens=kept.append)
+        row.calls_per_second = row.calls / max(row.seconds_per_sample * n, 1e-12)
+        if speed is not None:  # nfe forwards of `length` tokens per sequence
+            row.mfu = mfu(row.nfe * length * speed[0] / max(row.seconds_per_sample, 1e-12), speed[1])
         if on_tokens is not None:
             on_tokens(row, kept[0])
         report.results.append(row)

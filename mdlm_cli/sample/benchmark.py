@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MdlmError, MdlmWarning
-from ..models.speed import compile_trunk
+from ..models.speed import compile_trunk, model_flops
+from ..perf import device_peak
 from .bench import BenchReport, BenchRow, environment, run_bench
 
 
@@ -107,7 +108,9 @@ def benchmark(request: BenchRequest, hooks: BenchHooks | None = None) -> BenchRe
                        num_samples=request.num_samples, length=length, mask_id=bm.mask_id,
                        repeats=request.repeats, seed=request.seed, device=bm.rt.device,
                        meta=meta, schedule=bm.objective.schedule, options=sampling.options,
-                       on_tokens=scorer, on_row=hooks.on_row, **sampling.drawing())
+                       on_tokens=scorer, on_row=hooks.on_row, **sampling.drawing(),
+                       speed=(model_flops(bm.model).per_token(length, training=False),
+                              device_peak(bm.rt.device, bm.rt.dtype)))
     report.reference = reference  # None without a reference text
     return report
 
