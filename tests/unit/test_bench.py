@@ -191,3 +191,18 @@ def test_default_rows_are_every_exact_sampler_of_the_objective(tmp_path):
     assert result.exit_code == 0, result.output
     rows = {r["sampler"] for r in json.loads((tmp_path / "b.json").read_text())["results"]}
     assert rows == {n for n in OBJECTIVES["mdlm"].sampler_names if engine.SAMPLERS[n].exact}
+
+
+def test_rows_report_network_calls_per_second_and_their_mfu():
+    from mdlm_cli.perf import Peak
+    from mdlm_cli.sample.bench import run_bench
+
+    flops_per_token = 1e6
+    report = run_bench(tiny_denoiser(), samplers=["first-hitting"], steps=[L], batch_sizes=[2],
+                       precisions=["fp64"], num_samples=4, length=L, mask_id=V, repeats=1, seed=0,
+                       device=torch.device("cpu"), meta={},
+                       speed=(flops_per_token, Peak(1e9, "test")))
+    row = report.results[0]
+    assert row.calls_per_second == pytest.approx(row.calls / (row.seconds_per_sample * 4))
+    flops_per_s = row.nfe * L * flops_per_token / row.seconds_per_sample
+    assert row.mfu == pytest.approx(flops_per_s / 1e9)
