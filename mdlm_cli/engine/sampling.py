@@ -216,14 +216,20 @@ def sample(denoiser: Denoiser,
                          steps=steps or 0, precision=precision, temperature=temperature,
                          top_p=top_p, options=convert_options(checked, spec.options),
                          on_changes=on_changes)
+    tokens = _run_batches(spec, z_all, ctx, batch_size, on_batch)
+    assert not (tokens == mask_id).any(), "a sampler left a mask token"
+    return (tokens, stats) if return_stats else tokens
+
+
+def _run_batches(spec: SamplerSpec, z_all: Tensor, ctx: SamplerContext, batch_size: int,
+                 on_batch: Callable[[int], None] | None) -> Tensor:
+    """Every batch of `z_all` through the sampler, in order; `on_batch(n)` after each."""
     outputs = []
     for z in z_all.split(batch_size):
         outputs.append(_run_batch(spec, z.clone(), ctx))
         if on_batch is not None:
             on_batch(len(z))
-    tokens = torch.cat(outputs)
-    assert not (tokens == mask_id).any(), "a sampler left a mask token"
-    return (tokens, stats) if return_stats else tokens
+    return torch.cat(outputs)
 
 
 def _first_window(prompt: Tensor | None, num_samples: int, window: int, mask_id: int,
