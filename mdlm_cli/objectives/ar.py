@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..engine.diffusion import without_mask
-from ..errors import MdlmError
 from ..models import KVCache, autocast_for, is_segmented, segment_starts, unwrap
 from .base import Objective
 
@@ -113,11 +112,7 @@ class Autoregressive(Objective):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        if cfg.model.time_conditioning:
-            raise MdlmError(
-                "the autoregressive objective has no time input; set model.time_conditioning=false"
-            )
-        cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
+        cls.refuse_time(cfg, "autoregressive")
 
     def denoiser(self,
                  model: nn.Module,

@@ -176,6 +176,17 @@ class Objective(ABC):
                     f"{getattr(defaults, key)}"
                 )
 
+    @classmethod
+    def refuse_time(cls, cfg: Config, label: str) -> None:
+        """The checks of an objective without diffusion time (`uses_time = False`, called the
+        `label` objective in the message): no time input, and none of the diffusion switches,
+        since it reads none of them."""
+        if cfg.model.time_conditioning:
+            raise MdlmError(
+                f"the {label} objective has no time input; set model.time_conditioning=false"
+            )
+        cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
+
     def eval_T(self, T: int | None) -> int:
         """The discrete-time T of an evaluation (None: as trained); 0 for continuous time."""
         return 0

@@ -67,12 +67,7 @@ class MaskedLM(Objective):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        if cfg.model.time_conditioning:
-            raise MdlmError(
-                "the mlm objective has no time input; set model.time_conditioning=false"
-            )
-        # BERT's corruption reads none of them
-        cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
+        cls.refuse_time(cfg, "mlm")  # BERT's corruption reads no diffusion switch
         if cfg.data.packing in SFT_PACKINGS:
             raise MdlmError("the mlm objective has no loss on the response alone "
                             f"(data.packing={cfg.data.packing}); fine-tune with "
