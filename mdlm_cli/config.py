@@ -28,17 +28,15 @@ class DataConfig:
     dataset: str = "bigtxt"  # registry name (`mdlm prepare-data --help`) or a local text/jsonl path
     tokenizer: str = "gpt2"  # gpt2 | bert-base-uncased | char | local tokenizer folder | hub id
     length: int = 128  # tokens per row (L)
-    packing: str = (
-        "wrap"  # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | window (DNA)
-    )
+    # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | window (DNA)
     # | sft (prompt/response examples, one per row, loss on the response: data/sft.py)
     # | sft-pack (several examples per row, attention within each: data/sft_pack.py)
+    packing: str = "wrap"
     pad_as_eos: bool = True  # sft*: fill with EOS, learnt (the model picks the length); false: pad
     cache_dir: str = ""  # "" = $MDLM_CACHE or ~/.cache/mdlm
     rc_augment: bool = False  # DNA: each training row reverse-complemented with probability 1/2
-    max_rows: int = (
-        0  # rows of the train split to prepare, 0 = all (a streamed source stops reading there)
-    )
+    # rows of the train split to prepare, 0 = all (a streamed source stops reading there)
+    max_rows: int = 0
     max_eval_rows: int = 0  # rows of each evaluation split (valid, test), 0 = all
 
 
@@ -58,37 +56,33 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.1
     time_conditioning: bool = False  # reference default; the paper's 23.21 used it on
-    # Mamba-based DNA backbones (caduceus, mamba; models.caduceus.MambaConfig): hidden_size is d_model,
-    # n_blocks the number of layers; the DiT does not take these
+    # Mamba-based DNA backbones (caduceus, mamba; models.caduceus.MambaConfig): hidden_size is
+    # d_model, n_blocks the number of layers; the DiT does not take these
     mixer: str = "auto"  # selective scan: auto | cuda (mamba-ssm) | torch (mambapy)
     d_state: int = 16
     d_conv: int = 4
     expand: int = 2
     rcps: bool = False  # caduceus: Caduceus-PS (reverse-complement equivariant) instead of Ph
-    fused_add_norm: bool = (
-        True  # caduceus PS layout: true = the released checkpoints' (halves swapped per block)
-    )
+    # caduceus PS layout: true = the released checkpoints' (halves swapped per block)
+    fused_add_norm: bool = True
     bidirectional_strategy: str = "add"  # caduceus: add | ew_multiply
-    bidirectional_weight_tie: bool = (
-        True  # caduceus: mamba_rev shares mamba_fwd's in/out projections
-    )
+    # caduceus: mamba_rev shares mamba_fwd's in/out projections
+    bidirectional_weight_tie: bool = True
     rms_norm: bool = True  # RMSNorm (else LayerNorm)
     norm_epsilon: float = 1e-5
 
 
 @dataclass
 class DiffusionConfig:
-    objective: str = (
-        "mdlm"  # objectives.OBJECTIVES: mdlm | sedd | d3pm | ar (autoregressive baseline)
-    )
+    # objectives.OBJECTIVES: mdlm | sedd | d3pm | ar (autoregressive baseline)
+    objective: str = "mdlm"
     schedule: str = "loglinear"  # loglinear | cosine | cosine-squared | linear | geometric
     eps: float = 1e-3
     antithetic: bool = True  # low-discrepancy t over the global batch
     T: int = 0  # 0 = continuous time; T > 0 = discrete-time bound (Table 8); d3pm needs T > 0
     # The two halves of SUBS (§3.2.3), switches of the Table 8 ablation (mdlm, d3pm):
-    zero_masking: bool = (
-        True  # the model gives the mask token probability 0 (d3pm: the reference's subs_masking)
-    )
+    # the model gives the mask token probability 0 (d3pm: the reference's subs_masking)
+    zero_masking: bool = True
     carry_over: bool = True  # unmasked tokens are copied; off adds the t = 0 reconstruction term
 
 
@@ -112,19 +106,20 @@ class TrainConfig:
     ema: float = 0.9999  # 0 = off; warmup min(ema, (1 + n) / (10 + n))
     seed: int = 1
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:1 | mps
-    precision: str = "auto"  # auto (bf16 on CUDA and on CPUs with bf16 units: runtime.py) | bf16 | fp32
+    # auto (bf16 on CUDA and on CPUs with bf16 units: runtime.py) | bf16 | fp32
+    precision: str = "auto"
     compile: bool = False
     threads: int = 0  # CPU threads, 0 = torch default
-    parallel: str = "ddp"  # under torchrun: ddp (replicated) | fsdp (FSDP2 fully_shard: sharded weights/optimizer)
+    # under torchrun: ddp (replicated) | fsdp (FSDP2 fully_shard: sharded weights/optimizer)
+    parallel: str = "ddp"
     log_every: int = 10
     eval_every: int = 10_000
     eval_rows: int = 0  # validation rows per periodic evaluation, 0 = all
     save_every: int = 10_000
     keep_last: int = 2
     out_dir: str = "runs/{name}"
-    init_from: str = (
-        ""  # start from these weights: an mdlm checkpoint, or a Caduceus hub id / folder
-    )
+    # start from these weights: an mdlm checkpoint, or a Caduceus hub id / folder
+    init_from: str = ""
 
 
 @dataclass
@@ -293,9 +288,8 @@ def merge_sources(preset: str | None, overrides: typing.Sequence[str] = (),
     for assignment in overrides:
         apply_override(data, assignment)
     for key, value in (flags or {}).items():
-        if (
-            value is not None
-        ):  # a flag's value is taken as it is: a path like 'x[1].txt' is not YAML
+        # a flag's value is taken as it is: a path like 'x[1].txt' is not YAML
+        if value is not None:
             section, name = key.split(".")
             data.setdefault(section, {})[name] = value
     return data
@@ -316,6 +310,24 @@ def validate_sections(cfg: Config) -> None:
     check_choice(cfg.optim.schedule, LR_SCHEDULES, "optim.schedule")
     check_choice(cfg.train.precision, PRECISIONS, "train.precision")
     check_choice(cfg.train.parallel, PARALLELS, "train.parallel")
+    _check_sizes(cfg)
+    if not 0.0 <= cfg.train.ema < 1.0:
+        raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
+    _check_optim(cfg.optim)
+    if cfg.train.threads < 0:
+        raise MdlmError("train.threads must be 0 (the default choice) or a positive count "
+                        f"(got {cfg.train.threads})")
+    try:
+        cfg.train.out_dir.format(name=cfg.name)
+    except (KeyError, IndexError, ValueError, AttributeError):
+        raise MdlmError(
+            f"train.out_dir may contain {{name}} (the config's name) and no other {{...}} field "
+            f"(got {cfg.train.out_dir!r}); write {{{{ and }}}} for literal braces"
+        ) from None
+
+
+def _check_sizes(cfg: Config) -> None:
+    """Row length, batch sizes, step counts and cadences, row limits: in range."""
     positive = {
         "data.length": cfg.data.length,
         "train.global_batch_size": cfg.train.global_batch_size,
@@ -342,20 +354,6 @@ def validate_sections(cfg: Config) -> None:
             f"train.global_batch_size ({cfg.train.global_batch_size}) must be a multiple of "
             f"train.micro_batch_size ({cfg.train.micro_batch_size})"
         )
-    if not 0.0 <= cfg.train.ema < 1.0:
-        raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
-    _check_optim(cfg.optim)
-    if cfg.train.threads < 0:
-        raise MdlmError(
-            f"train.threads must be 0 (the default choice) or a positive count (got {cfg.train.threads})"
-        )
-    try:
-        cfg.train.out_dir.format(name=cfg.name)
-    except (KeyError, IndexError, ValueError, AttributeError):
-        raise MdlmError(
-            f"train.out_dir may contain {{name}} (the config's name) and no other {{...}} field "
-            f"(got {cfg.train.out_dir!r}); write {{{{ and }}}} for literal braces"
-        ) from None
 
 
 def _check_optim(o: OptimConfig) -> None:
@@ -367,9 +365,8 @@ def _check_optim(o: OptimConfig) -> None:
     for where, value in (("optim.eps", o.eps), ("optim.weight_decay", o.weight_decay),
                          ("optim.warmup_steps", o.warmup_steps), ("optim.grad_clip", o.grad_clip)):
         if value < 0 or (where == "optim.eps" and value == 0):
-            raise MdlmError(
-                f"{where} must be {'positive' if where == 'optim.eps' else 'at least 0'} (got {value})"
-            )
+            bound = "positive" if where == "optim.eps" else "at least 0"
+            raise MdlmError(f"{where} must be {bound} (got {value})")
     if not 0.0 <= o.min_lr_ratio <= 1.0:
         raise MdlmError(f"optim.min_lr_ratio must be in [0, 1] (got {o.min_lr_ratio})")
 

@@ -1,4 +1,5 @@
-"""Data-parallel training on torch.distributed: process group, DDP / FSDP2, sharding, reductions, preemption.
+"""Data-parallel training on torch.distributed: process group, DDP / FSDP2, sharding,
+reductions, preemption.
 
 `torchrun` (alone, with --nnodes/--rdzv-endpoint, or under SLURM's srun) sets RANK,
 WORLD_SIZE and LOCAL_RANK; `session()` then joins the process group (NCCL on GPUs, gloo
@@ -81,14 +82,15 @@ class Dist:
         """Micro-batches per rank per step: global = micro x accumulation x world size."""
         per_rank, rest = divmod(global_batch, self.world_size)
         if rest:
-            raise MdlmError(f"train.global_batch_size ({global_batch}) cannot be split evenly over "
-                            f"{self.world_size} ranks; choose a multiple of {self.world_size} or another "
-                            "number of processes")
+            raise MdlmError(f"train.global_batch_size ({global_batch}) cannot be split evenly "
+                            f"over {self.world_size} ranks; choose a multiple of "
+                            f"{self.world_size} or another number of processes")
         if per_rank % micro_batch:
             fits = max(d for d in range(1, min(micro_batch, per_rank) + 1) if per_rank % d == 0)
-            raise MdlmError(f"train.global_batch_size ({global_batch}) over {self.world_size} ranks is "
-                            f"{per_rank} sequences per rank, not a multiple of train.micro_batch_size "
-                            f"({micro_batch}); use --set train.micro_batch_size={fits}")
+            raise MdlmError(f"train.global_batch_size ({global_batch}) over {self.world_size} "
+                            f"ranks is {per_rank} sequences per rank, not a multiple of "
+                            f"train.micro_batch_size ({micro_batch}); use --set "
+                            f"train.micro_batch_size={fits}")
         return per_rank // micro_batch
 
     def batch_shard(self, global_batch: int) -> slice:
@@ -122,45 +124,56 @@ class Dist:
           the sharded module.
         """
         if not self.enabled:
-            model.to(self.device)
-            if ema_model is not None:
-                ema_model.to(self.device)
+            self._to_device(model, ema_model)
             return model
         if parallel == "fsdp":
-            try:
-                from torch.distributed.device_mesh import init_device_mesh
-                from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
-                FSDPModule.set_force_sum_reduction_for_comms  # noqa: B018 - newest API used below
-            except (ImportError, AttributeError):
-                raise MdlmError(f"train.parallel=fsdp needs a newer torch than {torch.__version__} (FSDP2 "
-                                "fully_shard with set_force_sum_reduction_for_comms); upgrade torch or use "
-                                "train.parallel=ddp") from None
-            mesh = init_device_mesh(self.device.type, (self.world_size,))
-            policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                      if dtype == torch.bfloat16 else MixedPrecisionPolicy())
-            for m in (model, ema_model):
-                if m is None:
-                    continue
-                for block in getattr(m, "blocks", []):
-                    fully_shard(block, mesh=mesh, mp_policy=policy)
-                fully_shard(m, mesh=mesh, mp_policy=policy)
-            for sub in model.modules():
-                if isinstance(sub, FSDPModule):  # sum, not mean, over ranks (see module docstring)
-                    sub.set_gradient_divide_factor(1.0)
-                    sub.set_force_sum_reduction_for_comms(True)
+            self._shard(model, ema_model, dtype)
             return model
-        from torch.nn.parallel import DistributedDataParallel
+        return self._replicate(model, ema_model)
 
+    def _to_device(self, model: nn.Module, ema_model: nn.Module | None) -> None:
         model.to(self.device)
         if ema_model is not None:
             ema_model.to(self.device)
+
+    def _shard(self, model: nn.Module, ema_model: nn.Module | None,
+               dtype: torch.dtype | None) -> None:
+        """FSDP2 in place: every block, then the root, of the model and of its EMA copy."""
+        try:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+            FSDPModule.set_force_sum_reduction_for_comms  # noqa: B018 - newest API used below
+        except (ImportError, AttributeError):
+            raise MdlmError(f"train.parallel=fsdp needs a newer torch than {torch.__version__} "
+                            "(FSDP2 fully_shard with set_force_sum_reduction_for_comms); upgrade "
+                            "torch or use train.parallel=ddp") from None
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if dtype == torch.bfloat16 else MixedPrecisionPolicy())
+        for m in (model, ema_model):
+            if m is None:
+                continue
+            for block in getattr(m, "blocks", []):
+                fully_shard(block, mesh=mesh, mp_policy=policy)
+            fully_shard(m, mesh=mesh, mp_policy=policy)
+        for sub in model.modules():
+            if isinstance(sub, FSDPModule):  # sum, not mean, over ranks (see module docstring)
+                sub.set_gradient_divide_factor(1.0)
+                sub.set_force_sum_reduction_for_comms(True)
+
+    def _replicate(self, model: nn.Module, ema_model: nn.Module | None) -> nn.Module:
+        """DDP around the model on this rank's device, its gradients summed over ranks."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        self._to_device(model, ema_model)
         # the only buffers are constant (rotary frequencies): no broadcast before every forward
+        ddp_options = inspect.signature(DistributedDataParallel).parameters
         no_buffer_sync = ({"forward_sync_buffers": False}
-                          if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                          if "forward_sync_buffers" in ddp_options
                           else {"broadcast_buffers": False})
-        ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                                      **no_buffer_sync)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=device_ids, **no_buffer_sync)
         ddp.register_comm_hook(None, _allreduce_sum_hook)
         return ddp
 
@@ -247,6 +260,16 @@ def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str
     return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
+def _renumbered(state: dict, key) -> dict:
+    """An optimizer state dict with its parameters' keys mapped through `key` (indices to
+    names or back), in its state and in its param groups."""
+    return {
+        "state": {key[k]: v for k, v in state["state"].items()},
+        "param_groups": [dict(g, params=[key[k] for k in g["params"]])
+                         for g in state["param_groups"]],
+    }
+
+
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """The optimizer state as one process's `optimizer.state_dict()` would hold it
     (parameters numbered in order, full tensors) on rank 0; {} elsewhere. Collective
@@ -258,19 +281,20 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
         if not by_name:
             return {}
         index = {name: i for i, name in enumerate(_param_names(model, optimizer))}
-        return {"state": {index[n]: v for n, v in by_name["state"].items()},
-                "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in by_name["param_groups"]]}
+        return _renumbered(by_name, index)
     return optimizer.state_dict() if current_rank() == 0 else {}
 
 
-def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
+                              state: dict) -> None:
     """Inverse of `full_optimizer_state`; FSDP2 keeps only this rank's shard."""
     if _is_fsdp(unwrap(model)):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
 
-        names = _param_names(model, optimizer)
-        by_name = {"state": {names[i]: v for i, v in state["state"].items()},
-                   "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]]}
+        by_name = _renumbered(state, _param_names(model, optimizer))
         set_optimizer_state_dict(unwrap(model), optimizer, by_name,
                                  options=StateDictOptions(full_state_dict=True))
     else:
@@ -301,11 +325,12 @@ def session(device_name: str = "auto"):
         yield Dist(device=device)
         return
     if device.type == "mps":
-        raise MdlmError("multi-process training is not supported on MPS; use --device cpu or CUDA GPUs")
+        raise MdlmError("multi-process training is not supported on MPS; use --device cpu or "
+                        "CUDA GPUs")
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
-            raise MdlmError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) are visible; "
-                            "use --nproc-per-node <= the number of GPUs per node")
+            raise MdlmError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) "
+                            "are visible; use --nproc-per-node <= the number of GPUs per node")
         device = torch.device("cuda", local_rank)  # one GPU per process, whatever --device said
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"

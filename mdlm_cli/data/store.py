@@ -36,7 +36,7 @@ import torch
 from ..config import SFT_PACKINGS
 from ..errors import MdlmError
 from ..io.files import pid_alive
-from .packing import PACKERS
+from .packed_split import write_packed_split
 from .sft import example_source, write_sft_split
 from .sft_pack import write_sft_pack_split
 from .sources import Source, get_source
@@ -48,18 +48,25 @@ if TYPE_CHECKING:
 FORMAT_VERSION = 1
 
 
-def cache_key(source: Source, tokenizer: Tokenizer, length: int, packing: str, limits: dict | None = None) -> str:
+def cache_key(source: Source, tokenizer: Tokenizer, length: int, packing: str,
+              limits: dict | None = None) -> str:
     """`limits`: the row limits per split ({} or None when every row is kept: the key of every
     data set prepared before limits existed)."""
-    payload = {"format": FORMAT_VERSION, "source": source.fingerprint, "tokenizer": tokenizer.fingerprint,
-               "length": length, "packing": packing}
+    payload = {
+        "format": FORMAT_VERSION,
+        "source": source.fingerprint,
+        "tokenizer": tokenizer.fingerprint,
+        "length": length,
+        "packing": packing,
+    }
     if limits:
         payload["row_limits"] = limits
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def row_limits(cfg: DataConfig, splits) -> dict[str, int]:
-    """Rows to keep per split (data.max_rows for train, data.max_eval_rows for the others); unlimited ones left out."""
+    """Rows to keep per split (data.max_rows for train, data.max_eval_rows for the others);
+    unlimited ones left out."""
     limits = {split: cfg.max_rows if split == "train" else cfg.max_eval_rows for split in splits}
     return {split: n for split, n in limits.items() if n > 0}
 
@@ -74,7 +81,8 @@ class TokenSplit:
 
     tokens: np.ndarray  # (rows, L)
     lengths: np.ndarray  # (rows,)
-    pad_id: int | None = None  # set: this token is excluded wherever it stands (DNA's N), not only at the end
+    # set: this token is excluded wherever it stands (DNA's N), not only at the end
+    pad_id: int | None = None
     scored: np.ndarray | None = None  # (rows,) tokens that count per row, when pad_id is set
     prompt: np.ndarray | None = None  # (rows,) packing sft: prompt tokens at each row's start
     segments: np.ndarray | None = None  # (rows, L) packing sft-pack: example ids, 0 = padding
@@ -116,7 +124,8 @@ class TokenSplit:
         targets = (positions[None, :] >= starts[:, None]) & (positions[None, :] < ends[:, None])
         return x0, attention_mask, targets.to(device)
 
-    def batch(self, rows, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor | None]:
+    def batch(self, rows,
+              device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor | None]:
         """x0 (B, L) long and an attention mask (B, L) bool, or None when nothing is padded."""
         rows = np.asarray(rows)
         x0 = torch.from_numpy(self.tokens[rows].astype(np.int64))
@@ -152,7 +161,8 @@ class PreparedData:
 
     def split(self, name: str) -> TokenSplit:
         if name not in self.meta["splits"]:
-            raise MdlmError(f"split {name!r} is not in {self.folder.name}; available: {', '.join(self.splits)}")
+            available = ", ".join(self.splits)
+            raise MdlmError(f"split {name!r} is not in {self.folder.name}; available: {available}")
         info = self.meta["splits"][name]
         shape = (info["rows"], self.length)
         try:
@@ -174,7 +184,8 @@ class PreparedData:
             if not self.meta.get("pad_anywhere"):
                 return TokenSplit(tokens, lengths)
             scored = (np.zeros(0, dtype=np.int32) if info["rows"] == 0 else
-                      np.memmap(self.folder / f"{name}.scored.bin", dtype=np.int32, mode="r", shape=(info["rows"],)))
+                      np.memmap(self.folder / f"{name}.scored.bin", dtype=np.int32, mode="r",
+                                shape=(info["rows"],)))
         except (OSError, ValueError) as e:
             raise MdlmError(f"{self.folder}/{name}.*.bin is missing or truncated ({e}); "
                             f"delete {self.folder} and run mdlm prepare-data again") from None
@@ -198,60 +209,15 @@ class PreparedData:
 
 def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
                  cfg: DataConfig, dtype, load_dataset, progress, limit: int | None = None) -> dict:
-    """Tokenise and pack one split; with `limit`, stop reading the source once that many rows are written."""
-    if cfg.packing == "sft-pack":
-        return write_sft_pack_split(folder, split, source, tokenizer, length=cfg.length,
-                                    pad_as_eos=cfg.pad_as_eos, dtype=dtype, progress=progress,
-                                    limit=limit, load_dataset=load_dataset)
-    if cfg.packing == "sft":
-        return write_sft_split(folder, split, source, tokenizer, length=cfg.length,
-                               pad_as_eos=cfg.pad_as_eos, dtype=dtype, progress=progress,
-                               limit=limit, load_dataset=load_dataset)
-    batches, total_docs = source.documents(split, load_dataset)
-    counts = {"docs": 0}
-    unscored = [tokenizer.encode(c)[0] for c in source.unscored]
-
-    def tokenized():
-        for docs in batches:
-            counts["docs"] += len(docs)
-            if progress is not None:
-                progress(split, len(docs), total_docs)
-            arrays = cfg.packing == "window" and tokenizer.kind == "dna"  # genome pieces: arrays, not lists
-            ids = [tokenizer.encode_array(d) for d in docs] if arrays else tokenizer.encode_batch(docs)
-            if unscored:  # stored as the pad token, which the attention mask then excludes anywhere
-                ids = [np.where(np.isin(np.asarray(d), unscored), tokenizer.pad_id, np.asarray(d)) for d in ids]
-                ids = ids if arrays else [d.tolist() for d in ids]
-            yield ids
-
-    packer = PACKERS[cfg.packing]
-    if cfg.packing == "chunk":
-        sep = tokenizer.encode(" ")[0] if tokenizer.is_character_level else tokenizer.eos_id
-        rows_iter = packer(tokenized(), cfg.length, pad=tokenizer.pad_id, separator=sep)
-    else:
-        rows_iter = packer(tokenized(), cfg.length, bos=tokenizer.bos_id, eos=tokenizer.eos_id,
-                           pad=tokenizer.pad_id)
-    n_rows = n_tokens = 0
-    scored_file = open(folder / f"{split}.scored.bin", "wb") if unscored else None
-    with open(folder / f"{split}.tokens.bin", "wb") as ft, open(folder / f"{split}.lengths.bin", "wb") as fl:
-        for rows, lengths in rows_iter:
-            if limit is not None:
-                rows, lengths = rows[: limit - n_rows], lengths[: limit - n_rows]
-            ft.write(rows.astype(dtype).tobytes())
-            fl.write(lengths.astype(np.int32).tobytes())
-            n_rows += len(rows)
-            if scored_file is not None:
-                inside = np.arange(rows.shape[1])[None, :] < lengths[:, None]
-                lengths = (inside & (rows != tokenizer.pad_id)).sum(1)
-                scored_file.write(lengths.astype(np.int32).tobytes())
-            n_tokens += int(lengths.sum())
-            if limit is not None and n_rows >= limit:
-                break  # a streamed source is read no further
-    if scored_file is not None:
-        scored_file.close()
-    info = {"rows": n_rows, "tokens": n_tokens, "docs": counts["docs"]}
-    if limit is not None:  # docs = documents read up to the limit
-        info.update(row_limit=limit, stopped_at_limit=n_rows >= limit)
-    return info
+    """Tokenise and pack one split; with `limit`, stop reading the source once that many rows
+    are written."""
+    if cfg.packing in SFT_PACKINGS:
+        write = write_sft_pack_split if cfg.packing == "sft-pack" else write_sft_split
+        return write(folder, split, source, tokenizer, length=cfg.length,
+                     pad_as_eos=cfg.pad_as_eos, dtype=dtype, progress=progress,
+                     limit=limit, load_dataset=load_dataset)
+    return write_packed_split(folder, split, source, tokenizer, cfg, dtype=dtype,
+                              progress=progress, limit=limit, load_dataset=load_dataset)
 
 
 def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
@@ -301,7 +267,8 @@ def prepared_folder(cfg: DataConfig) -> tuple[Path, Source, Tokenizer]:
     return root / "data" / name, source, tokenizer
 
 
-def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = False) -> PreparedData:
+def prepare(cfg: DataConfig, *, load_dataset=None, progress=None,
+            force: bool = False) -> PreparedData:
     """Prepare (or find in the cache) the data set described by `cfg`.
 
     `progress(split, n_docs_done_now, total_docs)` is called as documents are read.
@@ -322,16 +289,7 @@ def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = 
         for split in source.splits:
             splits[split] = _write_split(tmp, split, source, tokenizer, cfg, dtype,
                                          load_dataset, progress, limits.get(split))
-        meta = {
-            "format": FORMAT_VERSION,
-            "key": cache_key(source, tokenizer, cfg.length, key_packing(cfg), limits),
-            "source": {"name": source.name, "description": source.description,
-                       "fingerprint": source.fingerprint},
-            "tokenizer": tokenizer.describe(), "length": cfg.length, "packing": cfg.packing,
-            "dtype": np.dtype(dtype).name, "splits": splits, **({"pad_anywhere": True} if source.unscored else {}),
-            **({"pad_as_eos": cfg.pad_as_eos} if cfg.packing in SFT_PACKINGS else {}),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
+        meta = _meta(cfg, source, tokenizer, dtype, splits, limits)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         meta["unigram_valid_nats"] = unigram_baseline(PreparedData(tmp), tokenizer.vocab_size)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -345,6 +303,22 @@ def prepare(cfg: DataConfig, *, load_dataset=None, progress=None, force: bool = 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return PreparedData(folder)
+
+
+def _meta(cfg: DataConfig, source: Source, tokenizer: Tokenizer, dtype, splits: dict,
+          limits: dict) -> dict:
+    """meta.json of a prepared data set (before its unigram baseline is known)."""
+    return {
+        "format": FORMAT_VERSION,
+        "key": cache_key(source, tokenizer, cfg.length, key_packing(cfg), limits),
+        "source": {"name": source.name, "description": source.description,
+                   "fingerprint": source.fingerprint},
+        "tokenizer": tokenizer.describe(), "length": cfg.length, "packing": cfg.packing,
+        "dtype": np.dtype(dtype).name, "splits": splits,
+        **({"pad_anywhere": True} if source.unscored else {}),
+        **({"pad_as_eos": cfg.pad_as_eos} if cfg.packing in SFT_PACKINGS else {}),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def _remove_stale_partials(folder: Path) -> None:

@@ -47,7 +47,8 @@ DNA_PAIRS = {"A": "T", "C": "G", "G": "C", "T": "A", "N": "N"}
 
 
 def dna_complement() -> list[int]:
-    """id -> id of its complement (A<->T, C<->G; N and the specials map to themselves), length 16."""
+    """id -> id of its complement (A<->T, C<->G; N and the specials map to themselves),
+    length 16."""
     itos = DNA_SPECIALS + list(DNA_ALPHABET)
     stoi = {s: i for i, s in enumerate(itos)}
     return [stoi[DNA_PAIRS[s]] if s in DNA_PAIRS else i for i, s in enumerate(itos)] + list(

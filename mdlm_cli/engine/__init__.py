@@ -2,7 +2,8 @@
 
     from mdlm_cli import engine
     nats = engine.nelbo(denoiser, x0, mask_id=50257)              # (B,) bound per sequence
-    tokens = engine.sample(denoiser, sampler="first-hitting", num_samples=4, length=128, mask_id=50257)
+    tokens = engine.sample(denoiser, sampler="first-hitting", num_samples=4, length=128,
+                           mask_id=50257)
 
 The models it calls are written contracts (protocols.py): a `Denoiser` is any callable
 `denoiser(z_t (B, L) long, t (B,) float) -> logits (B, L, V)` with V including the mask

@@ -19,7 +19,8 @@ from .protocols import CausalLM
 
 def prefix_length(z: Tensor, mask_id: int) -> int:
     """Length of the fixed prefix shared by every row of z (B, L); the rest must be free.
-    A left-to-right model can only continue a prefix: a fixed token after a free one is an infill."""
+    A left-to-right model can only continue a prefix: a fixed token after a free one is an
+    infill."""
     free = z == mask_id
     n = int(free[0].long().argmax()) if bool(free[0].any()) else z.shape[1]
     if bool(free[:, :n].any()) or not bool(free[:, n:].all()):

@@ -98,28 +98,24 @@ class SamplerContext:
             log_k = self.schedule.log_odds(t.double())[:, None].expand(positions.shape)[positions]
             return subs_log_score(logits, log_k, self.mask_id)
 
+    def _draw_settings(self) -> dict[str, Any]:
+        """How every categorical draw of the run is made: its stream, precision and filters."""
+        return {
+            "generator": self.generator,
+            "precision": self.precision,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+        }
+
     def draw(self, logits: Tensor) -> Tensor:
         self.stats.draws += logits.shape[0]
-        return sample_tokens(
-            logits,
-            self.mask_id,
-            generator=self.generator,
-            precision=self.precision,
-            temperature=self.temperature,
-            top_p=self.top_p,
-        )
+        return sample_tokens(logits, self.mask_id, **self._draw_settings())
 
     def draw_with_probs(self, logits: Tensor) -> tuple[Tensor, Tensor]:
-        """`draw`, and the probability of each drawn token (float64) under the distribution drawn from."""
+        """`draw`, and the probability of each drawn token (float64) under the distribution
+        drawn from."""
         self.stats.draws += logits.shape[0]
-        return sample_tokens_with_probs(
-            logits,
-            self.mask_id,
-            generator=self.generator,
-            precision=self.precision,
-            temperature=self.temperature,
-            top_p=self.top_p,
-        )
+        return sample_tokens_with_probs(logits, self.mask_id, **self._draw_settings())
 
     def rand(self, shape, device) -> Tensor:
         return torch.rand(shape, generator=self.generator, device=device, dtype=torch.float64)

@@ -15,7 +15,13 @@ from torch import Tensor
 from .ancestral import finish_masks
 from .categorical import check_finite, reference_draw, token_weights
 from .context import SamplerContext, rows_active
-from .diffusion import call_denoiser, mask_tokens, noised_positions, reconstruction_terms
+from .diffusion import (
+    call_denoiser,
+    mask_tokens,
+    noised_positions,
+    reconstruction_terms,
+    sum_per_sequence,
+)
 from .protocols import Denoiser
 from .schedules import Schedule
 
@@ -74,7 +80,6 @@ def d3pm_terms(
     per_position = lambda v: v[:, None].expand(masked.shape)[masked]  # noqa: E731 - (B,) -> (N,)
     kl = posterior_kl(logits.float().log_softmax(-1), x0[masked], per_position(t),
                       per_position((t - 1.0 / T).clamp_min(0.0)), schedule, mask_id)
-    per_token = torch.zeros(x0.shape, device=x0.device, dtype=kl.dtype).masked_scatter_(masked, kl)
     reconstruction = reconstruction_terms(
         denoiser,
         x0,
@@ -86,7 +91,7 @@ def d3pm_terms(
         attention_mask=attention_mask,
         targets=targets,
     )
-    return T * per_token.sum(dim=1) + reconstruction
+    return T * sum_per_sequence(kl, masked) + reconstruction
 
 
 def d3pm_ancestral(z: Tensor, ctx: SamplerContext) -> Tensor:

@@ -85,8 +85,16 @@ def subs_log_probs(logits: Tensor, z_t: Tensor, mask_id: int) -> Tensor:
     torch.log_softmax(log_probs, dim=-1, out=log_probs)
     carried = (z_t != mask_id)[..., None]  # (B, L, 1)
     log_probs.masked_fill_(carried, float("-inf"))
-    # point mass on the observed token; at masked positions z_t is the mask, whose entry is -inf already
+    # point mass on the observed token; at masked positions z_t is the mask, whose entry is
+    # -inf already
     return log_probs.scatter_(-1, z_t[..., None], torch.where(carried, 0.0, float("-inf")))
+
+
+def without_mask(logits: Tensor, mask_id: int) -> Tensor:
+    """Float32 logits (..., V) with the mask's logit -inf, out of place: the mask is never
+    an output (SUBS's zero masking; never a real token for a causal model)."""
+    mask = torch.tensor([mask_id], device=logits.device)
+    return logits.float().index_fill(-1, mask, float("-inf"))
 
 
 def masked_nll(logits: Tensor, targets: Tensor, mask_id: int) -> Tensor:
@@ -95,9 +103,14 @@ def masked_nll(logits: Tensor, targets: Tensor, mask_id: int) -> Tensor:
     Equal to gathering `subs_log_probs` at masked positions, without materialising
     the carried-over rows (they contribute exactly zero).
     """
-    logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device),
-                                       float("-inf"))
-    return F.cross_entropy(logits, targets, reduction="none")
+    return F.cross_entropy(without_mask(logits, mask_id), targets, reduction="none")
+
+
+def sum_per_sequence(values: Tensor, positions: Tensor) -> Tensor:
+    """Values (N,) at the N True `positions` (B, L), row-major, summed per row: (B,), in
+    their dtype; every other position counts zero."""
+    per_token = torch.zeros(positions.shape, device=values.device, dtype=values.dtype)
+    return per_token.masked_scatter_(positions, values).sum(dim=1)
 
 
 def subs_log_score(logits: Tensor, log_k: Tensor, mask_id: int) -> Tensor:
@@ -146,10 +159,7 @@ def nelbo_terms(denoiser: Denoiser, x0: Tensor, t: Tensor, *, mask_id: int,
     logits = call_denoiser(denoiser, z_t, t, output_mask=masked,
                            attention_mask=attention_mask)
     nll = masked_nll(logits, x0[masked], mask_id)  # (N,)
-    per_token = torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype).masked_scatter_(
-        masked, nll
-    )
-    return loss_weight(t, schedule, T).to(nll.dtype) * per_token.sum(dim=1)
+    return loss_weight(t, schedule, T).to(nll.dtype) * sum_per_sequence(nll, masked)
 
 
 def nelbo(denoiser: Denoiser, x0: Tensor, *, mask_id: int, schedule: str | Schedule = "loglinear",
@@ -214,8 +224,4 @@ def reconstruction_terms(
     logits = call_denoiser(denoiser, z0, t0, output_mask=scored, attention_mask=attention_mask)
     nll = masked_nll(logits, x0[scored], mask_id) if zero_masking else F.cross_entropy(
         logits.float(), x0[scored], reduction="none")
-    return (
-        torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype)
-        .masked_scatter_(scored, nll)
-        .sum(dim=1)
-    )
+    return sum_per_sequence(nll, scored)

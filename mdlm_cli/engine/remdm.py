@@ -63,7 +63,8 @@ def remdm(z: Tensor, ctx: SamplerContext) -> Tensor:
     uniform, the tokens of `ancestral` in fp64).
     """
     times = ancestral_times(ctx.steps, ctx.eps, z.device)
-    # computed as the ancestral sampler computes its survival, so that eta = 0 matches it bit for bit
+    # computed as the ancestral sampler computes its survival, so that eta = 0 matches it bit
+    # for bit
     rate_s, rate_t = (
         ctx.schedule.mask_rate(times[1:]),
         ctx.schedule.mask_rate(times[:-1]),

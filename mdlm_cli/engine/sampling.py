@@ -104,7 +104,8 @@ def get_sampler(name: str) -> SamplerSpec:
     try:
         return SAMPLERS[name]
     except KeyError:
-        raise EngineError(f"unknown sampler {name!r}; choose one of: {', '.join(SAMPLERS)}") from None
+        choices = ", ".join(SAMPLERS)
+        raise EngineError(f"unknown sampler {name!r}; choose one of: {choices}") from None
 
 
 def _initial_state(prompt: Tensor | None, num_samples: int, length: int, mask_id: int,
@@ -121,14 +122,18 @@ def _initial_state(prompt: Tensor | None, num_samples: int, length: int, mask_id
 
 
 def _resolve(spec: SamplerSpec, denoiser: Denoiser, time_agnostic: bool | None) -> SamplerSpec:
-    """The sampler that will run: a caching sampler falls back where the denoiser may depend on t."""
+    """The sampler that will run: a caching sampler falls back where the denoiser may depend
+    on t."""
     if not spec.needs_time_agnostic:
         return spec
     agnostic = is_time_agnostic(denoiser) if time_agnostic is None else time_agnostic
     if agnostic:
         return spec
-    warnings.warn(f"{spec.name} needs a denoiser that ignores t (time_agnostic=True; a model without time "
-                  f"conditioning): falling back to {spec.fallback}", stacklevel=3)
+    warnings.warn(
+        f"{spec.name} needs a denoiser that ignores t (time_agnostic=True; a model without "
+        f"time conditioning): falling back to {spec.fallback}",
+        stacklevel=3,
+    )
     return SAMPLERS[spec.fallback]
 
 
@@ -137,7 +142,8 @@ def _run_batch(spec: SamplerSpec, z: Tensor, ctx: SamplerContext) -> Tensor:
     try:
         return spec.run(z, ctx)
     except ProbabilityError as e:
-        raise ProbabilityError(f"{spec.name} sampler, at network call {ctx.stats.calls}: {e}") from None
+        where = f"{spec.name} sampler, at network call {ctx.stats.calls}"
+        raise ProbabilityError(f"{where}: {e}") from None
 
 
 def _check_arguments(spec: SamplerSpec,
@@ -210,14 +216,38 @@ def sample(denoiser: Denoiser,
                          steps=steps or 0, precision=precision, temperature=temperature,
                          top_p=top_p, options=convert_options(checked, spec.options),
                          on_changes=on_changes)
+    tokens = _run_batches(spec, z_all, ctx, batch_size, on_batch)
+    assert not (tokens == mask_id).any(), "a sampler left a mask token"
+    return (tokens, stats) if return_stats else tokens
+
+
+def _run_batches(spec: SamplerSpec, z_all: Tensor, ctx: SamplerContext, batch_size: int,
+                 on_batch: Callable[[int], None] | None) -> Tensor:
+    """Every batch of `z_all` through the sampler, in order; `on_batch(n)` after each."""
     outputs = []
     for z in z_all.split(batch_size):
         outputs.append(_run_batch(spec, z.clone(), ctx))
         if on_batch is not None:
             on_batch(len(z))
-    tokens = torch.cat(outputs)
-    assert not (tokens == mask_id).any(), "a sampler left a mask token"
-    return (tokens, stats) if return_stats else tokens
+    return torch.cat(outputs)
+
+
+def _first_window(prompt: Tensor | None, num_samples: int, window: int, mask_id: int,
+                  device: torch.device | str) -> tuple[Tensor, int]:
+    """Semi-AR's first window (num_samples, window): the prompt, then masks; and the prompt's
+    length."""
+    first = torch.full((num_samples, window), mask_id, dtype=torch.long, device=device)
+    if prompt is None:
+        return first, 0
+    prompt = prompt.to(first.device).long()
+    prompt = prompt[None].expand(num_samples, -1) if prompt.dim() == 1 else prompt
+    n_prompt = prompt.shape[1]
+    if n_prompt >= window:
+        raise EngineError(
+            f"the prompt ({n_prompt} tokens) must be shorter than the window ({window})"
+        )
+    first[:, :n_prompt] = prompt
+    return first, n_prompt
 
 
 @dataclass
@@ -251,21 +281,21 @@ def semi_ar(denoiser: Denoiser, *, sampler: str, num_samples: int, window: int, 
     keep = window - stride
 
     def run(block_prompt: Tensor) -> Tensor:
-        tokens, s = sample(denoiser, sampler=sampler, num_samples=num_samples, length=window, mask_id=mask_id,
-                           prompt=block_prompt, return_stats=True, **sample_kwargs)
+        tokens, s = sample(
+            denoiser,
+            sampler=sampler,
+            num_samples=num_samples,
+            length=window,
+            mask_id=mask_id,
+            prompt=block_prompt,
+            return_stats=True,
+            **sample_kwargs,
+        )
         stats.merge(s)
         return tokens
 
     device = sample_kwargs.get("device") or (prompt.device if prompt is not None else "cpu")
-    first = torch.full((num_samples, window), mask_id, dtype=torch.long, device=device)
-    n_prompt = 0
-    if prompt is not None:
-        prompt = prompt.to(first.device).long()
-        prompt = prompt[None].expand(num_samples, -1) if prompt.dim() == 1 else prompt
-        n_prompt = prompt.shape[1]
-        if n_prompt >= window:
-            raise EngineError(f"the prompt ({n_prompt} tokens) must be shorter than the window ({window})")
-        first[:, :n_prompt] = prompt
+    first, n_prompt = _first_window(prompt, num_samples, window, mask_id, device)
     output = run(first)
     if on_block is not None:
         on_block(0, output[:, n_prompt:])

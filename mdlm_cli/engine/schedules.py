@@ -70,8 +70,9 @@ class Schedule(ABC):
         return -self.dalpha(t) / self.alpha(t)
 
     def log_odds(self, t: Tensor) -> Tensor:
-        """log k(t) = log(alpha / (1 - alpha)) = -log expm1(sigma): the concrete score of a masked
-        position's clean token is k(t) p(token | unmasked rest) (Lou et al. 2024, absorbing graph)."""
+        """log k(t) = log(alpha / (1 - alpha)) = -log expm1(sigma): the concrete score of a
+        masked position's clean token is k(t) p(token | unmasked rest) (Lou et al. 2024,
+        absorbing graph)."""
         return torch.log(self.alpha(t)) - torch.log(self.mask_rate(t))
 
     def __repr__(self) -> str:

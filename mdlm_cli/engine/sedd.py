@@ -21,7 +21,7 @@ from torch import Tensor
 from .ancestral import ancestral_times
 from .categorical import check_finite, reference_draw, token_weights
 from .context import SamplerContext, rows_active
-from .diffusion import mask_tokens, noised_positions
+from .diffusion import mask_tokens, noised_positions, sum_per_sequence
 from .schedules import Schedule
 
 
@@ -74,10 +74,7 @@ def score_entropy_terms(
     )  # (N, V)
     log_k = schedule.log_odds(t.double())[:, None].expand(masked.shape)[masked]
     entropy = score_entropy(log_score, x0[masked], log_k, mask_id).float()  # (N,)
-    per_token = torch.zeros(x0.shape, device=x0.device, dtype=entropy.dtype).masked_scatter_(
-        masked, entropy
-    )
-    return schedule.dsigma(t).to(entropy.dtype) * per_token.sum(dim=1)
+    return schedule.dsigma(t).to(entropy.dtype) * sum_per_sequence(entropy, masked)
 
 
 # ----------------------------------------------------------------------------- samplers

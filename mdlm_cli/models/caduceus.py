@@ -38,14 +38,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import ModelConfig
 from ..errors import MdlmError
 from .dit import TimestepEmbedder
 from .mamba_mixer import MIXERS, MambaMixer
 from .section import keys_of, read_section
-from .tied import store_tied_once
+from .tied import count_parameters, store_tied_once
 
 if TYPE_CHECKING:
-    from ..config import Config, ModelConfig
+    from ..config import Config
 
 BIDIRECTIONAL = ("add", "ew_multiply")
 
@@ -54,28 +55,28 @@ BIDIRECTIONAL = ("add", "ew_multiply")
 class MambaConfig:
     """The `model:` keys of the Mamba-based backbones (models/section.py): hidden_size is d_model,
     n_blocks the number of layers; cond_dim sizes the optional time embedding. No attention heads,
-    no dropout."""
+    no dropout. The defaults are ModelConfig's (read from it: one place for them)."""
 
-    hidden_size: int = 768
-    n_blocks: int = 12
-    cond_dim: int = 128
-    time_conditioning: bool = False
-    mixer: str = "auto"
-    d_state: int = 16
-    d_conv: int = 4
-    expand: int = 2
-    rms_norm: bool = True
-    norm_epsilon: float = 1e-5
+    hidden_size: int = ModelConfig.hidden_size
+    n_blocks: int = ModelConfig.n_blocks
+    cond_dim: int = ModelConfig.cond_dim
+    time_conditioning: bool = ModelConfig.time_conditioning
+    mixer: str = ModelConfig.mixer
+    d_state: int = ModelConfig.d_state
+    d_conv: int = ModelConfig.d_conv
+    expand: int = ModelConfig.expand
+    rms_norm: bool = ModelConfig.rms_norm
+    norm_epsilon: float = ModelConfig.norm_epsilon
 
 
 @dataclass(frozen=True)
 class CaduceusConfig(MambaConfig):
     """Caduceus's keys: the Mamba ones and its bidirectional, reverse-complement layout."""
 
-    rcps: bool = False
-    fused_add_norm: bool = True
-    bidirectional_strategy: str = "add"
-    bidirectional_weight_tie: bool = True
+    rcps: bool = ModelConfig.rcps
+    fused_add_norm: bool = ModelConfig.fused_add_norm
+    bidirectional_strategy: str = ModelConfig.bidirectional_strategy
+    bidirectional_weight_tie: bool = ModelConfig.bidirectional_weight_tie
 
 
 def rc(h: Tensor) -> Tensor:
@@ -84,7 +85,8 @@ def rc(h: Tensor) -> Tensor:
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight in float32 (mamba-ssm's RMSNorm; LayerNorm with a bias when rms_norm is off)."""
+    """x / rms(x) * weight in float32 (mamba-ssm's RMSNorm; LayerNorm with a bias when rms_norm
+    is off)."""
 
     def __init__(self, dim: int, eps: float = 1e-5, rms: bool = True):
         super().__init__()
@@ -257,7 +259,8 @@ class Caduceus(MambaBackbone, nn.Module):
             )
 
     def describe(self) -> str:
-        return f"Caduceus-{'PS' if self.config.rcps else 'Ph'} {self.config.n_blocks}x{self.config.hidden_size}"
+        variant = "PS" if self.config.rcps else "Ph"
+        return f"Caduceus-{variant} {self.config.n_blocks}x{self.config.hidden_size}"
 
     def __init__(self, cfg: ModelConfig | CaduceusConfig, vocab_size: int, causal: bool = False,
                  complement: list[int] | None = None):
@@ -265,7 +268,8 @@ class Caduceus(MambaBackbone, nn.Module):
         cfg = read_section(CaduceusConfig, cfg)
         if causal:
             raise MdlmError(
-                "the caduceus backbone is bidirectional; an autoregressive model uses model.backbone=mamba"
+                "the caduceus backbone is bidirectional; an autoregressive model uses "
+                "model.backbone=mamba"
             )
         self.config, self.vocab_size, self.causal = cfg, vocab_size, False
         self.d, self.rcps = cfg.hidden_size, cfg.rcps
@@ -290,7 +294,8 @@ class Caduceus(MambaBackbone, nn.Module):
         return (self.lm_head.lm_head if self.rcps else self.lm_head).weight
 
     def features(self, tokens: Tensor, sigma: Tensor | None = None) -> Tensor:
-        """Final hidden states: (B, L, d), or (B, L, 2d) for PS (second half in the RC frame, flipped)."""
+        """Final hidden states: (B, L, d), or (B, L, 2d) for PS (second half in the RC frame,
+        flipped)."""
         bb = self.caduceus.backbone
         c = (
             F.silu(bb.time_embed(sigma))
@@ -343,8 +348,7 @@ class Caduceus(MambaBackbone, nn.Module):
         )  # bf16 autocast -> float32
 
     def num_parameters(self, non_embedding: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())
-        return n - self.embedding.weight.numel() if non_embedding else n
+        return count_parameters(self, [self.embedding.weight] if non_embedding else [])
 
 
 def rescale_out_proj(model: nn.Module, n_layers: int) -> None:
@@ -357,7 +361,8 @@ def rescale_out_proj(model: nn.Module, n_layers: int) -> None:
 
 
 def complement_ids(vocab_size: int) -> list[int]:
-    """The DNA tokeniser's complement map (A<->T, C<->G, the rest to themselves), padded to vocab_size."""
+    """The DNA tokeniser's complement map (A<->T, C<->G, the rest to themselves), padded to
+    vocab_size."""
     from ..data.tokenizers import dna_complement
 
     ids = dna_complement()

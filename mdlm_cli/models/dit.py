@@ -21,14 +21,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import ModelConfig
 from ..errors import MdlmError
 from .section import keys_of, read_section
 from .segments import is_segmented, segment_attention
+from .tied import count_parameters
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from ..config import Config, ModelConfig
+    from ..config import Config
 
 try:  # optional, CUDA only
     from flash_attn import flash_attn_func  # type: ignore[import-not-found]
@@ -38,16 +40,17 @@ except Exception:  # noqa: BLE001 - any import failure means "not available"
 
 @dataclass(frozen=True)
 class DiTConfig:
-    """The DiT's own keys of the `model:` section (models/section.py), with ModelConfig's defaults:
-    the reference's small model, 12 x 768 with 12 heads."""
+    """The DiT's own keys of the `model:` section (models/section.py), with ModelConfig's
+    defaults (read from it: one place for them): the reference's small model, 12 x 768 with
+    12 heads."""
 
-    hidden_size: int = 768
-    n_blocks: int = 12
-    n_heads: int = 12
-    cond_dim: int = 128
-    mlp_ratio: int = 4
-    dropout: float = 0.1
-    time_conditioning: bool = False
+    hidden_size: int = ModelConfig.hidden_size
+    n_blocks: int = ModelConfig.n_blocks
+    n_heads: int = ModelConfig.n_heads
+    cond_dim: int = ModelConfig.cond_dim
+    mlp_ratio: int = ModelConfig.mlp_ratio
+    dropout: float = ModelConfig.dropout
+    time_conditioning: bool = ModelConfig.time_conditioning
 
 
 @dataclass
@@ -61,11 +64,15 @@ class KVCache:
     length: int = 0
 
     @classmethod
-    def empty(cls, model: DiT, batch: int, max_len: int, device: torch.device, dtype: torch.dtype) -> KVCache:
+    def empty(cls, model: DiT, batch: int, max_len: int, device: torch.device,
+              dtype: torch.dtype) -> KVCache:
         cfg = model.config
         shape = (batch, cfg.n_heads, max_len, cfg.hidden_size // cfg.n_heads)
-        return cls([torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_blocks)],
-                   [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_blocks)])
+
+        def per_block() -> list[torch.Tensor]:
+            return [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_blocks)]
+
+        return cls(per_block(), per_block())
 
     @property
     def max_len(self) -> int:
@@ -160,7 +167,8 @@ class DDiTBlock(nn.Module):
         nn.init.zeros_(self.adaLN_modulation.bias)
 
     def attention(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
-                  key_mask: torch.Tensor | None, cache: tuple[KVCache, int] | None = None) -> torch.Tensor:
+                  key_mask: torch.Tensor | None,
+                  cache: tuple[KVCache, int] | None = None) -> torch.Tensor:
         B, L, _ = x.shape
         q, k, v = self.attn_qkv(x).view(B, L, 3, self.n_heads, -1).unbind(dim=2)  # (B, L, H, D)
         cos, sin = rotary
@@ -193,13 +201,17 @@ class DDiTBlock(nn.Module):
         cache.values[index][:, :, start:end] = v.transpose(1, 2).to(cache.values[index].dtype)
         keys, values = cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
         # query j (absolute position start + j) sees keys 0 .. start + j
-        causal = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype),
-                                             attn_mask=causal)  # (B, heads, n, D)
+        causal = None
+        if n > 1:
+            causal = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype), attn_mask=causal
+        )  # (B, heads, n, D)
         return out.transpose(1, 2).reshape(B, n, -1)
 
     def forward(self, x: torch.Tensor, rotary, c: torch.Tensor,
-                key_mask: torch.Tensor | None = None, cache: tuple[KVCache, int] | None = None) -> torch.Tensor:
+                key_mask: torch.Tensor | None = None,
+                cache: tuple[KVCache, int] | None = None) -> torch.Tensor:
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
             self.adaLN_modulation(c)[:, None].chunk(6, dim=2)
         )
@@ -239,7 +251,8 @@ class DDitFinalLayer(nn.Module):
 
 
 class DiT(nn.Module):
-    """`DiT(cfg, vocab_size)(tokens (B, L), sigma (B,) | None, attention_mask (B, L) | None) -> logits (B, L, V)`.
+    """`DiT(cfg, vocab_size)(tokens (B, L), sigma (B,) | None, attention_mask (B, L) | None)
+    -> logits (B, L, V)`.
 
     `sigma` is the noise level -log alpha(t) fed to the time embedding; None means
     no time conditioning, in which case the conditioning vector is the embedding
@@ -261,13 +274,16 @@ class DiT(nn.Module):
             if getattr(m, key) <= 0:
                 raise MdlmError(f"model.{key} must be positive (got {getattr(m, key)})")
         if m.hidden_size % m.n_heads or (m.hidden_size // m.n_heads) % 2:
-            raise MdlmError(f"model.hidden_size ({m.hidden_size}) must be divisible by model.n_heads "
-                            f"({m.n_heads}) with an even head size")
+            raise MdlmError(
+                f"model.hidden_size ({m.hidden_size}) must be divisible by model.n_heads "
+                f"({m.n_heads}) with an even head size"
+            )
         if not 0.0 <= m.dropout < 1.0:
             raise MdlmError(f"model.dropout must be in [0, 1) (got {m.dropout})")
 
     @classmethod
-    def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *, causal: bool = False) -> DiT:
+    def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *,
+                        causal: bool = False) -> DiT:
         """config.yaml's model section is all it needs (the weights are loaded after)."""
         return cls(cfg, vocab_size, causal=causal)
 
@@ -281,7 +297,9 @@ class DiT(nn.Module):
         super().__init__()
         cfg = read_section(DiTConfig, cfg)
         if cfg.hidden_size % cfg.n_heads:
-            raise ValueError(f"hidden_size {cfg.hidden_size} is not divisible by n_heads {cfg.n_heads}")
+            raise ValueError(
+                f"hidden_size {cfg.hidden_size} is not divisible by n_heads {cfg.n_heads}"
+            )
         self.config, self.vocab_size, self.causal = cfg, vocab_size, causal
         self.vocab_embed = EmbeddingLayer(cfg.hidden_size, vocab_size)
         self.sigma_map = TimestepEmbedder(cfg.cond_dim)
@@ -291,7 +309,8 @@ class DiT(nn.Module):
 
     def forward(self, tokens: torch.Tensor, sigma: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
-                output_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+                output_mask: torch.Tensor | None = None,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
         """With `output_mask` (B, L) bool, return logits (N, V) only at its N True
         positions (row-major order): the loss needs only the masked positions, and
         the output layer is most of the compute of a small model with a large vocab.
@@ -332,7 +351,9 @@ class DiT(nn.Module):
             raise ValueError("a key/value cache needs a causal model")
         start, end = cache.length, cache.length + tokens.shape[1]
         if end > cache.max_len:
-            raise ValueError(f"the key/value cache holds {cache.max_len} positions; {end} asked for")
+            raise ValueError(
+                f"the key/value cache holds {cache.max_len} positions; {end} asked for"
+            )
         x = self.vocab_embed(tokens)  # (B, n, H)
         c = F.silu(self.sigma_map(sigma))  # (B, C)
         cos, sin = self.rotary_emb(cache.max_len, tokens.device)
@@ -343,7 +364,5 @@ class DiT(nn.Module):
         return self.output_layer(x, c)  # (B, n, V)
 
     def num_parameters(self, non_embedding: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n -= self.vocab_embed.embedding.numel() + self.output_layer.linear.weight.numel()
-        return n
+        tables = [self.vocab_embed.embedding, self.output_layer.linear.weight]
+        return count_parameters(self, tables if non_embedding else [])

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..errors import MdlmError
 from .section import keys_of, read_section
+from .tied import count_parameters
 
 if TYPE_CHECKING:
     from ..config import Config, ModelConfig
@@ -67,14 +68,14 @@ def check_native(raw: dict, name: str) -> None:
         )
     if model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         raise MdlmError(
-            f"{name} holds a {model_type!r} model, which transformers {transformers.__version__} does "
-            f"not implement as a masked LM; {REMOTE_CODE_HINT}"
+            f"{name} holds a {model_type!r} model, which transformers {transformers.__version__} "
+            f"does not implement as a masked LM; {REMOTE_CODE_HINT}"
         )
     unknown = [a for a in raw.get("architectures") or [] if not hasattr(transformers, a)]
     if unknown:
         raise MdlmError(
-            f"{name} holds a {model_type!r} model of architecture {unknown[0]!r}, which transformers "
-            f"does not implement; {REMOTE_CODE_HINT}"
+            f"{name} holds a {model_type!r} model of architecture {unknown[0]!r}, which "
+            f"transformers does not implement; {REMOTE_CODE_HINT}"
         )
 
 
@@ -143,8 +144,8 @@ def load_pretrained(folder: Path, name: str) -> tuple[nn.Module, list[str]]:
         except (OSError, ValueError, RuntimeError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             raise MdlmError(
-                f"{name} holds a {raw.get('model_type')!r} model that does not load as a masked LM: "
-                f"{first}"
+                f"{name} holds a {raw.get('model_type')!r} model that does not load as a masked "
+                f"LM: {first}"
             ) from None
     head = {child for child, _ in model.named_children()} - {model.base_model_prefix}
     missing = sorted(info.get("missing_keys") or [])
@@ -239,18 +240,20 @@ class HFMaskedLM(nn.Module):
         positions = raw.get("max_position_embeddings")
         if positions and cfg.data.length > positions:
             raise MdlmError(
-                f"data.length {cfg.data.length} exceeds the {positions} positions of {cfg.model.hf_model}"
+                f"data.length {cfg.data.length} exceeds the {positions} positions of "
+                f"{cfg.model.hf_model}"
             )
         try:
             own = load_tokenizer(cfg.model.hf_model)
         except MdlmError:
-            return  # a model folder without tokeniser files: the vocabulary sizes are checked when built
+            # a model folder without tokeniser files: the vocabulary sizes are checked when built
+            return
         same = tokenizer.hf is not None and tokenizer.hf.get_vocab() == own.hf.get_vocab()
         if not same or tokenizer.mask_id != own.mask_id:
             raise MdlmError(
                 f"data.tokenizer {cfg.data.tokenizer!r} ({tokenizer.vocab_size} tokens) is not the "
-                f"tokenizer of model.hf_model {cfg.model.hf_model!r} ({own.vocab_size} tokens); set "
-                f"data.tokenizer={cfg.model.hf_model}"
+                f"tokenizer of model.hf_model {cfg.model.hf_model!r} ({own.vocab_size} tokens); "
+                f"set data.tokenizer={cfg.model.hf_model}"
             )
 
     @classmethod
@@ -278,10 +281,11 @@ class HFMaskedLM(nn.Module):
     def describe(self) -> str:
         c = self.hf.config
         layers = getattr(c, "num_hidden_layers", getattr(c, "n_layers", "?"))
-        return f"{type(self.hf).__name__} {layers}x{getattr(c, 'hidden_size', getattr(c, 'dim', '?'))} ({self.source})"
+        width = getattr(c, "hidden_size", getattr(c, "dim", "?"))
+        return f"{type(self.hf).__name__} {layers}x{width} ({self.source})"
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        return count_parameters(self)
 
     @property
     def blocks(self) -> list[nn.Module]:
@@ -319,7 +323,8 @@ class HFMaskedLM(nn.Module):
         return logits[..., : self.vocab_size]
 
     def save_pretrained_folder(self, folder: Path) -> dict:
-        """The HF model's own folder (config.json, model.safetensors); returns config.json's content."""
+        """The HF model's own folder (config.json, model.safetensors); returns config.json's
+        content."""
         with quiet_transformers():
             self.hf.save_pretrained(folder)
         return read_config(folder)

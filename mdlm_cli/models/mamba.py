@@ -24,7 +24,7 @@ from ..errors import MdlmError
 from .caduceus import MambaBackbone, MambaConfig, RMSNorm, rescale_out_proj
 from .mamba_mixer import MambaMixer, MixerState
 from .section import keys_of, read_section
-from .tied import store_tied_once
+from .tied import count_parameters, store_tied_once
 
 if TYPE_CHECKING:
     from ..config import Config, ModelConfig
@@ -155,5 +155,5 @@ class Mamba(MambaBackbone, nn.Module):
         return self.backbone.norm_f(hs + residual)
 
     def num_parameters(self, non_embedding: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())
-        return n - self.backbone.embedding.weight.numel() if non_embedding else n
+        embedding = self.backbone.embedding.weight
+        return count_parameters(self, [embedding] if non_embedding else [])

@@ -63,7 +63,8 @@ def resolve_mixer(impl: str, device: torch.device) -> str:
 
 
 def torch_scan(deltaA: Tensor, BX: Tensor) -> Tensor:
-    """h_l = deltaA_l * h_{l-1} + BX_l (h_0 = 0) for (B, L, E, N) tensors, by mambapy's parallel scan."""
+    """h_l = deltaA_l * h_{l-1} + BX_l (h_0 = 0) for (B, L, E, N) tensors, by mambapy's parallel
+    scan."""
     if not mambapy_available():
         raise MdlmError("the torch Mamba mixer needs the mambapy package: pip install mambapy "
                         "(or pip install -e '.[dna]')")
@@ -149,7 +150,9 @@ class MambaMixer(nn.Module):
         return (y * F.silu(z.to(f))).to(xs.dtype)
 
     def _cuda_scan(self, xs, dt, A, B, C, z) -> Tensor:
-        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn  # type: ignore[import-not-found]
+        from mamba_ssm.ops.selective_scan_interface import (  # type: ignore[import-not-found]
+            selective_scan_fn,
+        )
 
         delta = F.linear(
             dt, self.dt_proj.weight

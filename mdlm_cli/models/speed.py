@@ -16,7 +16,8 @@ def model_flops(model: nn.Module) -> ModelFlops:
     """The weights used once per token (all but embedding tables, which are lookups) and the
     attention's shape: the DiT's blocks, an HF encoder's layers; none for Mamba and Caduceus."""
     model = unwrap(model)
-    lookups = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding)}
+    tables = [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
+    lookups = {id(weight): weight.numel() for weight in tables}
     embed = getattr(getattr(model, "vocab_embed", None), "embedding", None)  # the DiT's table
     if isinstance(embed, nn.Parameter):
         lookups[id(embed)] = embed.numel()

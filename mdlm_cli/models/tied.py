@@ -1,4 +1,4 @@
-"""Tied parameters in plain-file checkpoints.
+"""Tied parameters in plain-file checkpoints, and in parameter counts.
 
 safetensors refuses tensors that share memory, and the released Caduceus/Mamba checkpoints
 store each tied tensor once. A module with tied parameters calls `store_tied_once(self)`:
@@ -8,6 +8,8 @@ filled in from it before the strict key check).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from torch import nn
 
@@ -32,6 +34,13 @@ def _fill_aliases(module: nn.Module, state_dict: dict, prefix: str, *args) -> No
         if present:
             for name in group:
                 state_dict.setdefault(prefix + name, state_dict[prefix + present[0]])
+
+
+def count_parameters(module: nn.Module, excluded: Sequence[nn.Parameter] = ()) -> int:
+    """The parameters of `module`, a tied one counted once, less the `excluded` tensors (the
+    embedding tables, for `num_parameters(non_embedding=True)`)."""
+    total = sum(p.numel() for p in module.parameters())
+    return total - sum(p.numel() for p in excluded)
 
 
 def store_tied_once(module: nn.Module) -> None:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import MdlmError
+from ..engine.diffusion import without_mask
 from ..models import KVCache, autocast_for, is_segmented, segment_starts, unwrap
 from .base import Objective
 
@@ -30,7 +30,7 @@ def shift_right(x0: Tensor, bos_id: int) -> Tensor:
 def next_token_logits(logits: Tensor, mask_id: int) -> Tensor:
     """The mask token exists in the vocabulary (shared with the diffusion models) but is
     never a real token: it gets probability zero, as under SUBS."""
-    return logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
+    return without_mask(logits, mask_id)
 
 
 def sequence_nll(model: nn.Module, x0: Tensor, *, bos_id: int, mask_id: int,
@@ -51,7 +51,8 @@ def sequence_nll(model: nn.Module, x0: Tensor, *, bos_id: int, mask_id: int,
         kwargs = {"attention_mask": attention_mask}
     with autocast_for(x0.device, autocast_dtype):
         logits = model(inputs, **kwargs)  # (B, L, V)
-    nll = F.cross_entropy(next_token_logits(logits, mask_id).transpose(1, 2), x0, reduction="none")  # (B, L)
+    next_logits = next_token_logits(logits, mask_id).transpose(1, 2)  # (B, V, L): classes second
+    nll = F.cross_entropy(next_logits, x0, reduction="none")  # (B, L)
     if attention_mask is not None:
         nll = nll * attention_mask.bool().to(nll.dtype)
     if targets is not None:
@@ -63,11 +64,14 @@ class CausalLMAdapter:
     """The engine's `CausalLM` (engine/protocols.py) over a causal backbone: BOS, a key/value
     cache (or the backbone's own), and logits of the new tokens after the cached ones."""
 
-    def __init__(self, model: nn.Module, *, bos_id: int, mask_id: int, autocast_dtype: torch.dtype | None = None):
-        self.model, self.bos_id, self.mask_id, self.autocast_dtype = model, bos_id, mask_id, autocast_dtype
+    def __init__(self, model: nn.Module, *, bos_id: int, mask_id: int,
+                 autocast_dtype: torch.dtype | None = None):
+        self.model, self.bos_id, self.mask_id = model, bos_id, mask_id
+        self.autocast_dtype = autocast_dtype
 
     def new_cache(self, batch: int, max_len: int, device: torch.device):
-        """The DiT's key/value cache, or the backbone's own (`model.new_cache`, e.g. Mamba's recurrent state)."""
+        """The DiT's key/value cache, or the backbone's own (`model.new_cache`, e.g. Mamba's
+        recurrent state)."""
         dtype = self.autocast_dtype or torch.float32
         make = getattr(unwrap(self.model), "new_cache", None)  # a Backbone's optional member
         if make is not None:
@@ -78,9 +82,17 @@ class CausalLMAdapter:
         with autocast_for(tokens.device, self.autocast_dtype):
             return self.model(tokens, kv_cache=cache)
 
-    def nll(self, x0: Tensor, attention_mask: Tensor | None = None, targets: Tensor | None = None) -> Tensor:
-        return sequence_nll(self.model, x0, bos_id=self.bos_id, mask_id=self.mask_id,
-                            attention_mask=attention_mask, autocast_dtype=self.autocast_dtype, targets=targets)
+    def nll(self, x0: Tensor, attention_mask: Tensor | None = None,
+            targets: Tensor | None = None) -> Tensor:
+        return sequence_nll(
+            self.model,
+            x0,
+            bos_id=self.bos_id,
+            mask_id=self.mask_id,
+            attention_mask=attention_mask,
+            autocast_dtype=self.autocast_dtype,
+            targets=targets,
+        )
 
     def next_token_argmax(self, x0: Tensor) -> Tensor:
         """argmax_v p_theta(x_l = v | x_<l) at every position l of x0 (B, L), teacher-forced."""
@@ -100,9 +112,7 @@ class Autoregressive(Objective):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        if cfg.model.time_conditioning:
-            raise MdlmError("the autoregressive objective has no time input; set model.time_conditioning=false")
-        cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
+        cls.refuse_time(cfg, "autoregressive")
 
     def denoiser(self,
                  model: nn.Module,

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.store import TokenSplit
-from ..engine.diffusion import call_denoiser
+from ..engine.diffusion import call_denoiser, without_mask
 from ..engine.sampling import SamplerSpec, get_sampler
 from ..engine.schedules import get_schedule
 from ..errors import MdlmError
@@ -112,10 +112,20 @@ class Objective(ABC):
         logits = call_denoiser(
             denoiser, z, t, output_mask=targets, attention_mask=attention_mask
         )  # (N, V)
-        best = logits.float().index_fill(
-            -1, torch.tensor([self.mask_id], device=x0.device), float("-inf")
-        )
-        return x0.masked_scatter(targets, best.argmax(-1))
+        best = without_mask(logits, self.mask_id).argmax(-1)
+        return x0.masked_scatter(targets, best)
+
+    def diffusion_keywords(self, generator: torch.Generator | None, attention_mask: Tensor | None,
+                           targets: Tensor | None) -> dict[str, Any]:
+        """The keywords every engine loss of a masked diffusion takes: this objective's mask id
+        and schedule, and the batch's generator, padding and likelihood targets."""
+        return {
+            "mask_id": self.mask_id,
+            "schedule": self.schedule,
+            "generator": generator,
+            "attention_mask": attention_mask,
+            "targets": targets,
+        }
 
     def sampling_steps(self, spec: SamplerSpec) -> int:
         """Steps of a step-based sampler when none are asked for."""
@@ -165,6 +175,17 @@ class Objective(ABC):
                     f"diffusion.{key} does not apply to the {cls.name} objective; leave it at "
                     f"{getattr(defaults, key)}"
                 )
+
+    @classmethod
+    def refuse_time(cls, cfg: Config, label: str) -> None:
+        """The checks of an objective without diffusion time (`uses_time = False`, called the
+        `label` objective in the message): no time input, and none of the diffusion switches,
+        since it reads none of them."""
+        if cfg.model.time_conditioning:
+            raise MdlmError(
+                f"the {label} objective has no time input; set model.time_conditioning=false"
+            )
+        cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
 
     def eval_T(self, T: int | None) -> int:
         """The discrete-time T of an evaluation (None: as trained); 0 for continuous time."""

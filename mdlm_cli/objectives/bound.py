@@ -176,5 +176,6 @@ def bound_passes(
 
 
 def relation(exact: bool, kind: str = "") -> str:
-    """How a perplexity relates to the true one: = exact, ≤ a bound, ~ neither (an MLM's masked-token value)."""
+    """How a perplexity relates to the true one: = exact, ≤ a bound, ~ neither (an MLM's
+    masked-token value)."""
     return "=" if exact else "~" if kind == "masked-token" else "≤"

@@ -47,8 +47,8 @@ class D3PM(Objective):
     def validate(cls, cfg) -> None:
         if cfg.diffusion.T <= 0:
             raise MdlmError(
-                f"the d3pm objective is discrete-time (eq. 9): set diffusion.T to its number of steps, "
-                f"e.g. 1000 (got {cfg.diffusion.T})"
+                "the d3pm objective is discrete-time (eq. 9): set diffusion.T to its number of "
+                f"steps, e.g. 1000 (got {cfg.diffusion.T})"
             )
 
     @property
@@ -80,13 +80,9 @@ class D3PM(Objective):
             denoiser,
             x0,
             t,
-            mask_id=self.mask_id,
-            schedule=self.schedule,
             T=self.eval_T(T),
             carry_over=self.cfg.diffusion.carry_over,
-            generator=generator,
-            attention_mask=attention_mask,
-            targets=targets,
+            **self.diffusion_keywords(generator, attention_mask, targets),
         )
 
     def sampling_steps(self, spec: SamplerSpec) -> int:

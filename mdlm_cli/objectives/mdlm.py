@@ -29,13 +29,14 @@ class MDLM(Objective):
     def validate(cls, cfg) -> None:
         if cfg.diffusion.T < 0:
             raise MdlmError(
-                f"diffusion.T must be 0 (continuous) or a positive number of steps (got {cfg.diffusion.T})"
+                "diffusion.T must be 0 (continuous) or a positive number of steps "
+                f"(got {cfg.diffusion.T})"
             )
         if not cfg.diffusion.zero_masking:
             raise MdlmError(
-                "diffusion.zero_masking=false leaves MDLM's loss (eq. 8/10) no valid bound: it assumes "
-                "the mask gets no probability; D3PM's eq. 9 keeps that mass: use diffusion.objective=d3pm "
-                "with diffusion.T > 0"
+                "diffusion.zero_masking=false leaves MDLM's loss (eq. 8/10) no valid bound: it "
+                "assumes the mask gets no probability; D3PM's eq. 9 keeps that mass: use "
+                "diffusion.objective=d3pm with diffusion.T > 0"
             )
 
     @property
@@ -50,30 +51,15 @@ class MDLM(Objective):
 
     def loss_terms(self, denoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
                    T: int | None = None, targets: Tensor | None = None) -> Tensor:
-        terms = nelbo_terms(
-            denoiser,
-            x0,
-            t,
-            mask_id=self.mask_id,
-            schedule=self.schedule,
-            generator=generator,
-            attention_mask=attention_mask,
-            T=self.cfg.diffusion.T if T is None else T,
-            targets=targets,
-        )
+        batch = self.diffusion_keywords(generator, attention_mask, targets)
+        T = self.cfg.diffusion.T if T is None else T
+        terms = nelbo_terms(denoiser, x0, t, T=T, **batch)
         if self.cfg.diffusion.carry_over:  # SUBS: the reconstruction term is exactly 0 (§3.3)
             return terms
-        return terms + reconstruction_terms(
-            denoiser,
-            x0,
-            mask_id=self.mask_id,
-            schedule=self.schedule,
-            carry_over=False,
-            zero_masking=True,
-            generator=generator,
-            attention_mask=attention_mask,
-            targets=targets,
+        reconstruction = reconstruction_terms(
+            denoiser, x0, carry_over=False, zero_masking=True, **batch
         )
+        return terms + reconstruction
 
     def eval_T(self, T: int | None) -> int:
         T = self.cfg.diffusion.T if T is None else T

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import SFT_PACKINGS
-from ..engine.diffusion import call_denoiser
+from ..engine.diffusion import call_denoiser, sum_per_sequence
 from ..errors import MdlmError
 from ..models import DiffusionDenoiser
 from .base import Objective
@@ -56,7 +56,10 @@ class MaskedLM(Objective):
     scores_targets = False  # no likelihood of chosen positions: its loss is a masked-token estimate
     default_sampler = ""  # none: an MLM is not a generative model
     kind = "masked-token"
-    description = "BERT-style masked LM (15%, 80/10/10; Caduceus's pretraining): masked-token perplexity, no bound"
+    description = (
+        "BERT-style masked LM (15%, 80/10/10; Caduceus's pretraining): masked-token perplexity, "
+        "no bound"
+    )
 
     def __init__(self, cfg, tokenizer):
         super().__init__(cfg, tokenizer)
@@ -64,27 +67,38 @@ class MaskedLM(Objective):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        if cfg.model.time_conditioning:
-            raise MdlmError("the mlm objective has no time input; set model.time_conditioning=false")
-        cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")  # BERT's corruption reads none of them
+        cls.refuse_time(cfg, "mlm")  # BERT's corruption reads no diffusion switch
         if cfg.data.packing in SFT_PACKINGS:
             raise MdlmError("the mlm objective has no loss on the response alone "
                             f"(data.packing={cfg.data.packing}); fine-tune with "
                             "diffusion.objective=mdlm, sedd, d3pm or ar")
 
-    def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> DiffusionDenoiser:
-        return DiffusionDenoiser(model, self.schedule, time_conditioning=False, autocast_dtype=autocast_dtype)
+    def denoiser(
+        self, model: nn.Module, autocast_dtype: torch.dtype | None = None
+    ) -> DiffusionDenoiser:
+        return DiffusionDenoiser(
+            model, self.schedule, time_conditioning=False, autocast_dtype=autocast_dtype
+        )
 
     def loss_terms(self, denoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
                    T: int | None = None, targets: Tensor | None = None) -> Tensor:
         if targets is not None:
-            raise MdlmError("the mlm objective defines no likelihood of chosen positions (it scores a random 15% of "
-                            "tokens); conditional scoring (mdlm lm-eval) needs an mdlm, sedd, d3pm or ar checkpoint")
+            raise MdlmError(
+                "the mlm objective defines no likelihood of chosen positions (it scores a random "
+                "15% of tokens); conditional scoring (mdlm lm-eval) needs an mdlm, sedd, d3pm or "
+                "ar checkpoint"
+            )
         n_tokens = self.n_tokens or denoiser.model.vocab_size
-        z, selected = bert_corruption(x0, mask_id=self.mask_id, n_tokens=n_tokens, generator=generator,
-                                      attention_mask=attention_mask)
-        logits = call_denoiser(denoiser, z, torch.zeros(x0.shape[0], device=x0.device), output_mask=selected,
-                               attention_mask=attention_mask)  # (N, V)
+        z, selected = bert_corruption(
+            x0,
+            mask_id=self.mask_id,
+            n_tokens=n_tokens,
+            generator=generator,
+            attention_mask=attention_mask,
+        )
+        no_time = torch.zeros(x0.shape[0], device=x0.device)
+        logits = call_denoiser(
+            denoiser, z, no_time, output_mask=selected, attention_mask=attention_mask
+        )  # (N, V)
         nll = F.cross_entropy(logits.float(), x0[selected], reduction="none")
-        per_token = torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype).masked_scatter_(selected, nll)
-        return per_token.sum(dim=1) / MLM_PROBABILITY
+        return sum_per_sequence(nll, selected) / MLM_PROBABILITY

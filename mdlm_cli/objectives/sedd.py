@@ -47,8 +47,8 @@ class SEDD(Objective):
     def validate(cls, cfg) -> None:
         if not cfg.model.time_conditioning:
             raise MdlmError(
-                "the sedd objective needs model.time_conditioning=true: its log-score is divided by "
-                "expm1(sigma(t)), which the network cannot do without the time input"
+                "the sedd objective needs model.time_conditioning=true: its log-score is divided "
+                "by expm1(sigma(t)), which the network cannot do without the time input"
             )
         if cfg.diffusion.T:
             raise MdlmError(
@@ -79,16 +79,8 @@ class SEDD(Objective):
         T: int | None = None,
         targets: Tensor | None = None,
     ) -> Tensor:
-        return score_entropy_terms(
-            denoiser,
-            x0,
-            t,
-            mask_id=self.mask_id,
-            schedule=self.schedule,
-            generator=generator,
-            attention_mask=attention_mask,
-            targets=targets,
-        )
+        batch = self.diffusion_keywords(generator, attention_mask, targets)
+        return score_entropy_terms(denoiser, x0, t, **batch)
 
     def eval_T(self, T: int | None) -> int:
         if T:

@@ -33,7 +33,8 @@ def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
     ):
         raise MdlmError(
             f"train.init_from {spec}: its tokenizer {loaded.tokenizer.name} (vocab "
-            f"{loaded.tokenizer.vocab_size}) is not this run's {tokenizer.name} ({tokenizer.vocab_size})"
+            f"{loaded.tokenizer.vocab_size}) is not this run's {tokenizer.name} "
+            f"({tokenizer.vocab_size})"
         )
     weights, target = loaded.model.state_dict(), model.state_dict()
     missing, unexpected, reshaped = weight_mismatch(target, weights,

@@ -17,7 +17,7 @@ from ..perf import Peak, mfu, mfu_text
 from .state import TrainState
 
 if TYPE_CHECKING:
-    from .loop import Run
+    from .setup import Run
 
 
 def nats_text(nats: float, char_level: bool) -> str:
@@ -36,7 +36,9 @@ class Speed:
     devices: int = 1
 
     def mfu(self, tokens_per_s: float) -> float | None:
-        total = None if self.peak is None else Peak(self.peak.flops * self.devices, self.peak.source)
+        total = None
+        if self.peak is not None:
+            total = Peak(self.peak.flops * self.devices, self.peak.source)
         return mfu(tokens_per_s * self.flops_per_token, total)
 
     def describe(self) -> str:
@@ -61,7 +63,8 @@ class Window:
 
 def log_window(run: Run, window: Window, log, progress: Progress, task, *, lr: float,
                grad_norm: float | None, elapsed_s: float) -> None:
-    """One JSONL record (means over the window), the progress line, and a text line every 10 logs."""
+    """One JSONL record (means over the window), the progress line, and a text line every 10
+    logs."""
     done = run.state.step
     mean_loss = window.loss / window.steps
     tokens_per_s = window.tokens / max(time.perf_counter() - window.t0, 1e-9)
@@ -74,15 +77,24 @@ def log_window(run: Run, window: Window, log, progress: Progress, task, *, lr: f
     speed = f"{tokens_per_s:.0f} tok/s" + (f", {mfu_text(utilisation)}" if utilisation else "")
     progress.update(task, info=f"loss {mean_loss:.3f}  ppl≤{record['ppl_bound']:.1f}  {speed}")
     if not run.console.is_terminal and done % (run.cfg.train.log_every * 10) == 0:
-        run.console.print(f"step {done}: loss {mean_loss:.4f} (ppl≤{record['ppl_bound']:.1f}), {speed}")
+        bound = record["ppl_bound"]
+        run.console.print(f"step {done}: loss {mean_loss:.4f} (ppl≤{bound:.1f}), {speed}")
     window.reset()
 
 
 def progress_bar(run: Run) -> Progress:
     shown = run.console.is_terminal and run.dist.is_main
-    return Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                    console=run.console, transient=True, disable=not shown)
+    return Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=run.console,
+        transient=True,
+        disable=not shown,
+    )
 
 
 def record_eval(state: TrainState, result: BoundResult, step: int, log, console: Console,

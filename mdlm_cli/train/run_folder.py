@@ -64,7 +64,8 @@ def resume_point(
     if not resume:
         if (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").glob("step-*")):
             raise MdlmError(
-                f"{run_dir} already holds checkpoints; continue it with --resume, or choose another --out"
+                f"{run_dir} already holds checkpoints; continue it with --resume, or choose "
+                "another --out"
             )
         return ResumePoint()
     if dist.is_main:
@@ -80,9 +81,9 @@ def resume_point(
     if changes and not override:
         listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
         raise MdlmError(
-            f"--resume with a config that differs from the one {run_dir} was trained with ({listed}); "
-            "resume with the run's own settings, start another --out, or pass --override-resume-config "
-            "to continue with the new ones (recorded in metrics.jsonl)"
+            f"--resume with a config that differs from the one {run_dir} was trained with "
+            f"({listed}); resume with the run's own settings, start another --out, or pass "
+            "--override-resume-config to continue with the new ones (recorded in metrics.jsonl)"
         )
     try:
         state = json.loads((step_dir / "state.json").read_text())

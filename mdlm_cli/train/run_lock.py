@@ -90,14 +90,13 @@ class RunLock:
         return None
 
     def _refusal(self, recorded: dict) -> str:
-        who = (
-            f"process {recorded.get('pid')} on {recorded.get('host')} (since {recorded.get('started')})"
-            if recorded
-            else "another process"
-        )
+        who = "another process"
+        if recorded:
+            since = recorded.get("started")
+            who = f"process {recorded.get('pid')} on {recorded.get('host')} (since {since})"
         return (
-            f"{self.run_dir} is being trained by {who}; wait for it to finish or stop it, or choose another "
-            f"--out (if that process is gone, delete {self.path})"
+            f"{self.run_dir} is being trained by {who}; wait for it to finish or stop it, or "
+            f"choose another --out (if that process is gone, delete {self.path})"
         )
 
     def release(self) -> None:
