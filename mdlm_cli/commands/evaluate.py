@@ -16,6 +16,8 @@ from ..errors import MdlmError
 from ..objectives.bound import relation
 from .common import (
     CheckpointOpt,
+    DeviceOpt,
+    JsonOpt,
     NetPrecisionOpt,
     RawWeightsOpt,
     ThreadsOpt,
@@ -49,8 +51,6 @@ BatchSizeOpt = Annotated[int | None, typer.Option(
     help="Rows per batch (default: the training micro-batch).")]
 RowsOpt = Annotated[int, typer.Option(help="Evaluate only the first N rows (0 = every row).")]
 SeedOpt = Annotated[int, typer.Option(help="Seed of the Monte-Carlo draws.")]
-JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")]
-DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")]
 HELP = """Test perplexity: the NELBO bound of a diffusion model, the exact value of an AR model.
 
     The bound is averaged over every token of the split (K passes, one t per sequence,

@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from ..build import config_yaml, resolve_config
 from .common import (
+    DeviceOpt,
     PresetOpt,
     SetOpt,
     ThreadsOpt,
@@ -25,7 +26,6 @@ OutOpt = Annotated[str | None, typer.Option(help="Run folder (default runs/<pres
 ResumeOpt = Annotated[bool, typer.Option(
     help="Continue the run in --out from its latest checkpoint (start it if there is none).")]
 MaxStepsOpt = Annotated[int | None, typer.Option(help="Optimizer steps.")]
-DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
 SeedOpt = Annotated[int | None, typer.Option(help="Random seed.")]
 TimeLimitOpt = Annotated[float, typer.Option(
     help="Stop after this many minutes (0 = no limit).", callback=float_in(0))]
