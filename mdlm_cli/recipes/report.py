@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .plan import result_file, run_dir
+from .plan import result_file, run_dir, scale_label
 from .schema import Recipe, Row
 
 
@@ -145,6 +145,14 @@ def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[Re
         rows.append(
             ReportRow(row.name, row.label, paper, source, value, se, extra, "done", steps, hardware)
         )
+    return rows
+
+
+def write_report(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[ReportRow]:
+    """The report's rows, written to OUT/report.md beside the paper's numbers."""
+    rows = report_rows(recipe, out=out, runs=runs, scale=scale)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(markdown(recipe, rows, scale_label(scale)))
     return rows
 
 
