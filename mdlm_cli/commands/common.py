@@ -177,6 +177,11 @@ def note(message: str) -> None:
     err_console.print(f"[yellow]note:[/] {escape(message)}", highlight=False)
 
 
+def say(line: str) -> None:
+    """A line of progress on stderr as it is (names and paths in it are never markup)."""
+    err_console.print(line, markup=False, highlight=False)
+
+
 def warn(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 

@@ -20,9 +20,9 @@ from .common import (
     StepsOpt,
     app,
     console,
-    err_console,
     float_in,
     load_for_command,
+    say,
     user_errors,
     warn,
 )
@@ -101,14 +101,10 @@ def lm_eval_cmd(
             bootstrap_iters=bootstrap_iters)
         check_options(options)
         loaded, _ = load_for_command(checkpoint, device, raw_weights)
-        run = run_lm_eval(loaded, checkpoint, options, device=device, warn=warn, on_start=_say)
+        run = run_lm_eval(loaded, checkpoint, options, device=device, warn=warn, on_start=say)
         _print(run.results["results"], run.summary, run.lm)
         if json_out:
             _write_json(json_out, loaded, run, options, raw_weights)
-
-
-def _say(line: str) -> None:
-    err_console.print(line, markup=False, highlight=False)
 
 
 def _write_json(path: str, loaded, run, options, raw_weights: bool) -> None:
