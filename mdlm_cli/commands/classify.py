@@ -14,6 +14,7 @@ from .common import (
     CheckpointOpt,
     DeviceOpt,
     RawWeightsOpt,
+    TorchThreadsOpt,
     app,
     check_float,
     check_positive,
@@ -43,7 +44,6 @@ ConjoinOpt = Annotated[bool | None, typer.Option(
     help="Average logits of x and rc(x) in evaluation (default: Caduceus-Ph).")]
 RunsJsonOpt = Annotated[str | None, typer.Option(
     "--json", help="Write every run's numbers as JSON here.")]
-TorchThreadsOpt = Annotated[int, typer.Option(help="CPU threads (0 = torch default).")]
 
 
 @app.command("classify")
