@@ -178,6 +178,19 @@ def note(message: str) -> None:
     err_console.print(f"[yellow]note:[/] {escape(message)}", highlight=False)
 
 
+def split_bars(progress, label: str):
+    """The callback of data preparation, `on_docs(split, n, total)`, as one bar of `progress`
+    per split, named `label` + the split's name."""
+    bars: dict[str, int] = {}
+
+    def on_docs(split: str, n: int, total: int | None) -> None:
+        if split not in bars:
+            bars[split] = progress.add_task(f"{label}{split}", total=total)
+        progress.advance(bars[split], n)
+
+    return on_docs
+
+
 def say(line: str) -> None:
     """A line of progress on stderr as it is (names and paths in it are never markup)."""
     err_console.print(line, markup=False, highlight=False)

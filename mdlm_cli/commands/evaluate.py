@@ -26,6 +26,7 @@ from .common import (
     err_console,
     load_for_command,
     note,
+    split_bars,
     user_errors,
 )
 
@@ -152,13 +153,7 @@ def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
         transient=True,
         disable=not is_main_process(),
     ) as progress:
-        tasks: dict[str, int] = {}
-
-        def on_docs(split_name: str, n: int, total: int | None) -> None:
-            if split_name not in tasks:
-                tasks[split_name] = progress.add_task(f"preparing {split_name}", total=total)
-            progress.advance(tasks[split_name], n)
-
+        on_docs = split_bars(progress, "preparing ")
         label, prepared = evaluation_data(loaded, dataset=dataset, data=data, progress=on_docs)
         n_rows = prepared.meta["splits"][pick_split(prepared, options["split"])[0]]["rows"]
         n_rows = min(options["rows"], n_rows) if options["rows"] > 0 else n_rows
