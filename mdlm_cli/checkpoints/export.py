@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -253,3 +255,42 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:
 
 def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+@dataclass
+class ExportOptions:
+    """`mdlm export`'s choices: where to write, which weights, and what to do after."""
+
+    out: str
+    raw_weights: bool = False  # the raw weights instead of the EMA
+    results: list[str] = field(default_factory=list)  # evaluation records for the model card
+    overwrite: bool = False
+    verify: bool = True  # reload the export and check it gives identical logits
+    push_to_hub: str | None = None  # a Hugging Face model repo (owner/name) to upload to
+    private: bool = False  # create that repo as private
+    threads: int | None = None
+
+
+def export_checkpoint(checkpoint: str, options: ExportOptions, *,
+                      on_step: Callable[[str], None]) -> Path:
+    """Export, verify and push a checkpoint as `options` ask; `on_step` says what each step
+    did. Returns the folder written."""
+    from ..runtime import Runtime
+
+    Runtime.create("cpu", threads=options.threads or 0)
+    records = read_results(options.results)
+    ema = not options.raw_weights
+    loaded = load_checkpoint(checkpoint, ema=ema, device="cpu")
+    folder = export_folder(loaded, options.out, weights=weights_kind(loaded, ema),
+                           results=records, overwrite=options.overwrite,
+                           hub_id=options.push_to_hub)
+    on_step(f"Exported {loaded.path} to {folder}")
+    if options.verify:
+        diff = verify_export(loaded, folder)
+        if diff != 0.0:
+            raise MdlmError(f"{folder} reloads with different logits (max difference {diff:.3g})")
+        on_step("Verified: the export reloads with identical logits")
+    if options.push_to_hub:
+        url = push_to_hub(folder, options.push_to_hub, private=options.private)
+        on_step(f"Pushed to {url}")
+    return folder

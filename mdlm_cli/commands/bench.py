@@ -16,13 +16,18 @@ from rich.text import Text
 from ..errors import MdlmError
 from ..sample.benchmark import BenchHooks, BenchRequest, SamplingSweep, benchmark
 from .common import (
+    MAUVE_SEEDS,
     AllowLongerOpt,
+    DeviceOpt,
+    JsonOpt,
+    SeedOpt,
     SetOpt,
     ThreadsOpt,
     app,
     console,
     err_console,
     int_list,
+    mauve_options,
     note,
     user_errors,
 )
@@ -44,7 +49,6 @@ LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default:
 RepeatsOpt = Annotated[int, typer.Option(help="Timed repeats after the warm-up.")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile", help="torch.compile the network trunk (CUDA: reduce-overhead / CUDA graphs).")]
-JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")]
 PlotOpt = Annotated[
     str | None,
     typer.Option(
@@ -68,11 +72,7 @@ ReferenceOpt = Annotated[
         "train) of the model's own prepared data, and its band over up to 8 sets of -n rows."
     ),
 ]
-FeaturizerOpt = Annotated[str | None, typer.Option(
-    help="With --reference-text: MAUVE's feature model (HF causal or masked LM, an mdlm AR "
-         "checkpoint; default: the judge).")]
-MauveSeedsOpt = Annotated[str, typer.Option(
-    help="With --reference-text: MAUVE's k-means seeds (mean, sd).")]
+FeaturizerOpt, MauveSeedsOpt = mauve_options(needs="--reference-text")
 SaveSamplesOpt = Annotated[
     str | None,
     typer.Option(
@@ -98,8 +98,6 @@ COLUMNS = (
 QUALITY_COLUMNS = ("gen PPL", "nats/char", "entropy", "Dist-2", "self-BLEU", "rep-4", "MAUVE")
 
 
-SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
-DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")]
 HELP = """Time the samplers: seconds per sample, tokens/s, NFE, categorical draws, sampler overhead;
     with --judge, the quality of the same samples (gen PPL, entropy, diversity, MAUVE vs real text).
 
@@ -137,7 +135,7 @@ def bench_sampler_cmd(
     reference_text: ReferenceOpt = None,
     save_samples: SaveSamplesOpt = None,
     featurizer: FeaturizerOpt = None,
-    mauve_seeds: MauveSeedsOpt = "0,1,2,3,4",
+    mauve_seeds: MauveSeedsOpt = MAUVE_SEEDS,
     compile: CompileOpt = False,
     json_out: JsonOpt = None,
     plot_out: PlotOpt = None,

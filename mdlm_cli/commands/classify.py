@@ -1,4 +1,5 @@
-"""`mdlm classify`: Genomic Benchmarks fine-tuning of a DNA checkpoint (Table 7)."""
+"""`mdlm classify`: Genomic Benchmarks fine-tuning of a DNA checkpoint (Table 7); the sweep is
+`tasks.genomic.classify`."""
 
 from __future__ import annotations
 
@@ -13,42 +14,52 @@ from .common import (
     CheckpointOpt,
     DeviceOpt,
     RawWeightsOpt,
+    TorchThreadsOpt,
     app,
     check_float,
+    check_positive,
     console,
     err_console,
+    int_list,
     load_for_command,
     user_errors,
 )
 
-
-def _floats(text: str, name: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise MdlmError(f"{name} expects comma-separated numbers, e.g. 1e-3,2e-3 (got {text!r})") from None
-    if not values:
-        raise MdlmError(f"{name} expects positive numbers (got {text!r})")
-    return [check_float(name, v, 0, low_in=False) for v in values]
+DataOpt = Annotated[str, typer.Option(
+    help="A Genomic Benchmarks task folder: <task>/{train,test}/<class>/*.txt.")]
+LrsOpt = Annotated[str, typer.Option(help="Learning rates of the sweep.")]
+BatchSizesOpt = Annotated[str, typer.Option(help="Batch sizes of the sweep.")]
+SeedsOpt = Annotated[str, typer.Option(
+    help="Seeds (each its own 90/10 train/validation split).")]
+EpochsOpt = Annotated[int, typer.Option(
+    help="Epochs per run (the best validation epoch is tested).")]
+MaxLengthOpt = Annotated[int, typer.Option(
+    help="Bases per sequence (left-padded, truncated); 0 = the task's (Caduceus's table, else "
+         "the longest).")]
+RcAugmentOpt = Annotated[bool | None, typer.Option(
+    "--rc-augment/--no-rc-augment",
+    help="RC augmentation in training (default: Mamba yes, Caduceus no).")]
+ConjoinOpt = Annotated[bool | None, typer.Option(
+    "--conjoin/--no-conjoin",
+    help="Average logits of x and rc(x) in evaluation (default: Caduceus-Ph).")]
+RunsJsonOpt = Annotated[str | None, typer.Option(
+    "--json", help="Write every run's numbers as JSON here.")]
 
 
 @app.command("classify")
 def classify_cmd(
-    data: Annotated[str, typer.Option(help="A Genomic Benchmarks task folder: <task>/{train,test}/<class>/*.txt.")],
+    data: DataOpt,
     checkpoint: CheckpointOpt = "runs/dna-caduceus-ps-1k",
-    lrs: Annotated[str, typer.Option(help="Learning rates of the sweep.")] = "1e-3,2e-3",
-    batch_sizes: Annotated[str, typer.Option(help="Batch sizes of the sweep.")] = "128,256",
-    seeds: Annotated[str, typer.Option(help="Seeds (each its own 90/10 train/validation split).")] = "1,2,3,4,5",
-    epochs: Annotated[int, typer.Option(help="Epochs per run (the best validation epoch is tested).")] = 10,
-    max_length: Annotated[int, typer.Option(
-        help="Bases per sequence (left-padded, truncated); 0 = the task's (Caduceus's table, else the longest).")] = 0,
-    rc_augment: Annotated[bool | None, typer.Option(
-        "--rc-augment/--no-rc-augment", help="RC augmentation in training (default: Mamba yes, Caduceus no).")] = None,
-    conjoin: Annotated[bool | None, typer.Option(
-        "--conjoin/--no-conjoin", help="Average logits of x and rc(x) in evaluation (default: Caduceus-Ph).")] = None,
-    json_out: Annotated[str | None, typer.Option("--json", help="Write every run's numbers as JSON here.")] = None,
+    lrs: LrsOpt = "1e-3,2e-3",
+    batch_sizes: BatchSizesOpt = "128,256",
+    seeds: SeedsOpt = "1,2,3,4,5",
+    epochs: EpochsOpt = 10,
+    max_length: MaxLengthOpt = 0,
+    rc_augment: RcAugmentOpt = None,
+    conjoin: ConjoinOpt = None,
+    json_out: RunsJsonOpt = None,
     device: DeviceOpt = None,
-    threads: Annotated[int, typer.Option(help="CPU threads (0 = torch default).")] = 0,
+    threads: TorchThreadsOpt = 0,
     raw_weights: RawWeightsOpt = False,
 ) -> None:
     """Fine-tune a DNA checkpoint's encoder on one Genomic Benchmarks task: Table 7's recipe.
@@ -57,38 +68,61 @@ def classify_cmd(
     validation accuracy is reported: test accuracy mean and max - min over the seeds.
 
     [dim]Examples:[/]
-      mdlm classify --checkpoint runs/dna-caduceus-ps-1k --data gb/human_nontata_promoters --json nontata.json
-      mdlm classify -c runs/dna-tiny --data tiny_task --lrs 1e-3 --batch-sizes 16 --seeds 1,2 --epochs 2
+      mdlm classify --checkpoint runs/dna-caduceus-ps-1k --data gb/human_nontata_promoters \\
+          --json nontata.json
+      mdlm classify -c runs/dna-tiny --data tiny_task --lrs 1e-3 --batch-sizes 16 --seeds 1,2 \\
+          --epochs 2
     """
     from ..data.dna import read_genomic_task
     from ..tasks.genomic import ClassifyConfig, classify
-    from .common import int_list
 
     with user_errors():
         import torch
 
         if threads > 0:
             torch.set_num_threads(threads)
-        if epochs < 1:
-            raise MdlmError(f"--epochs must be at least 1 (got {epochs})")
-        cfg = ClassifyConfig(lrs=_floats(lrs, "--lrs"), batch_sizes=int_list(batch_sizes, "--batch-sizes"),
-                             seeds=int_list(seeds, "--seeds"), epochs=epochs, max_length=max(0, max_length),
-                             rc_augment=rc_augment, conjoin=conjoin)
+        check_positive(epochs=epochs)
+        cfg = ClassifyConfig(
+            lrs=_floats(lrs, "--lrs"), batch_sizes=int_list(batch_sizes, "--batch-sizes"),
+            seeds=int_list(seeds, "--seeds"), epochs=epochs, max_length=max(0, max_length),
+            rc_augment=rc_augment, conjoin=conjoin)
         task = read_genomic_task(data)
         loaded, rt = load_for_command(checkpoint, device, raw_weights)
-        err_console.print(f"{task.name}: {len(task.train)} train / {len(task.test)} test sequences, classes "
-                          f"{', '.join(task.classes)}; {len(cfg.lrs) * len(cfg.batch_sizes)} setting(s) x "
-                          f"{len(cfg.seeds)} seed(s) on {rt.describe()}", markup=False, highlight=False)
-
-        def on_run(lr, batch_size, run):
-            err_console.print(f"  lr {lr:g} batch {batch_size} seed {run['seed']}: val {run['val_accuracy']:.4f} "
-                              f"(epoch {run['best_epoch']}), test {run['test_accuracy']:.4f}", highlight=False)
-
-        result = classify(loaded, task, cfg, rt.device, on_run=on_run)
-        best = result["best"]
-        console.print(f"{task.name}: test accuracy {best['test_accuracy_mean']:.4f} ± "
-                      f"{best['test_accuracy_max_minus_min']:.4f} (mean ± max-min over {len(cfg.seeds)} seeds; "
-                      f"lr {best['lr']:g}, batch {best['batch_size']} by validation)", highlight=False)
+        _print_task(task, cfg, rt)
+        result = classify(loaded, task, cfg, rt.device, on_run=_print_run)
+        _print_best(task.name, result["best"], len(cfg.seeds))
         if json_out:
             Path(json_out).write_text(json.dumps(result, indent=2))
             console.print(f"Wrote {json_out}")
+
+
+def _floats(text: str, name: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MdlmError(f"{name} expects comma-separated numbers, e.g. 1e-3,2e-3 (got "
+                        f"{text!r})") from None
+    if not values:
+        raise MdlmError(f"{name} expects positive numbers (got {text!r})")
+    return [check_float(name, v, 0, low_in=False) for v in values]
+
+
+def _print_task(task, cfg, rt) -> None:
+    settings = len(cfg.lrs) * len(cfg.batch_sizes)
+    err_console.print(f"{task.name}: {len(task.train)} train / {len(task.test)} test sequences, "
+                      f"classes {', '.join(task.classes)}; {settings} setting(s) x "
+                      f"{len(cfg.seeds)} seed(s) on {rt.describe()}", markup=False,
+                      highlight=False)
+
+
+def _print_run(lr: float, batch_size: int, run: dict) -> None:
+    err_console.print(f"  lr {lr:g} batch {batch_size} seed {run['seed']}: val "
+                      f"{run['val_accuracy']:.4f} (epoch {run['best_epoch']}), test "
+                      f"{run['test_accuracy']:.4f}", highlight=False)
+
+
+def _print_best(name: str, best: dict, seeds: int) -> None:
+    console.print(f"{name}: test accuracy {best['test_accuracy_mean']:.4f} ± "
+                  f"{best['test_accuracy_max_minus_min']:.4f} (mean ± max-min over {seeds} "
+                  f"seeds; lr {best['lr']:g}, batch {best['batch_size']} by validation)",
+                  highlight=False)

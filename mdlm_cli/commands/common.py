@@ -103,14 +103,15 @@ CheckpointOpt = Annotated[
         "--checkpoint",
         "-c",
         help="Run folder (its latest checkpoint), step folder, Hugging Face hub id "
-        "(e.g. kuleshov-group/mdlm-owt) or Hugging Face-style folder, or a reference Lightning .ckpt.",
+        "(e.g. kuleshov-group/mdlm-owt) or Hugging Face-style folder, or a reference Lightning "
+        ".ckpt.",
     ),
 ]
 SamplerOpt = Annotated[
     str | None,
     typer.Option(
-        help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its ancestral chain for "
-        "D3PM, left to right for AR; with --steps a step-based one). "
+        help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its "
+        "ancestral chain for D3PM, left to right for AR; with --steps a step-based one). "
         + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items())
         + "."
     ),
@@ -118,9 +119,9 @@ SamplerOpt = Annotated[
 StepsOpt = Annotated[
     int | None,
     typer.Option(
-        help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). Given without "
-        "--sampler, it picks the model's step-based sampler (MDLM: ancestral-cache where the model ignores time, "
-        "else ancestral; SEDD: analytic)."
+        help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). "
+        "Given without --sampler, it picks the model's step-based sampler (MDLM: ancestral-cache "
+        "where the model ignores time, else ancestral; SEDD: analytic)."
     ),
 ]
 
@@ -136,12 +137,14 @@ TopPOpt = Annotated[float, typer.Option(
     help="Nucleus sampling mass.", callback=float_in(0, 1, low_in=False))]
 OutOpt = Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
+JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")]
+TorchThreadsOpt = Annotated[int, typer.Option(help="CPU threads (0 = torch's default).")]
 RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]
 ThreadsOpt = Annotated[
     int | None,
     typer.Option(
-        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else one per physical core left idle by the "
-        "machine's load, so a busy machine is not oversubscribed; see README).",
+        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else one per physical core "
+        "left idle by the machine's load, so a busy machine is not oversubscribed; see README).",
         min=1,
     ),
 ]
@@ -173,6 +176,24 @@ def load_for_command(checkpoint: str, device: str | None, raw_weights: bool,
 
 def note(message: str) -> None:
     err_console.print(f"[yellow]note:[/] {escape(message)}", highlight=False)
+
+
+def split_bars(progress, label: str):
+    """The callback of data preparation, `on_docs(split, n, total)`, as one bar of `progress`
+    per split, named `label` + the split's name."""
+    bars: dict[str, int] = {}
+
+    def on_docs(split: str, n: int, total: int | None) -> None:
+        if split not in bars:
+            bars[split] = progress.add_task(f"{label}{split}", total=total)
+        progress.advance(bars[split], n)
+
+    return on_docs
+
+
+def say(line: str) -> None:
+    """A line of progress on stderr as it is (names and paths in it are never markup)."""
+    err_console.print(line, markup=False, highlight=False)
 
 
 def warn(message: str) -> None:
@@ -244,3 +265,18 @@ def command_flags(command: str) -> set[str]:
 AllowLongerOpt = Annotated[bool, typer.Option(
     help="Allow --length beyond the length L the model was trained at: the rotary DiT runs at any "
          "length, but its quality past L is unknown (it never saw those positions).")]
+
+
+def mauve_options(needs: str = "") -> tuple[object, object]:
+    """The --featurizer and --mauve-seeds options (gen-ppl, bench-sampler); `needs` names the
+    flag they apply with, where they need one. The seeds' default: MAUVE_SEEDS."""
+    lead = f"With {needs}: " if needs else ""
+    featurizer = Annotated[str | None, typer.Option(
+        help=lead + "MAUVE's feature model: HF causal or masked LM (hub id, folder), an mdlm AR "
+        "checkpoint, smollm2 (default: the judge).")]
+    seeds = Annotated[str, typer.Option(
+        help=lead + "MAUVE's k-means seeds, comma-separated (mean and sd).")]
+    return featurizer, seeds
+
+
+MAUVE_SEEDS = "0,1,2,3,4"

@@ -13,7 +13,18 @@ from rich.text import Text
 
 from ..build import resolve_config
 from ..config import list_presets, load_preset
-from .common import PresetOpt, SetOpt, app, console, err_console, user_errors
+from .common import PresetOpt, SetOpt, app, console, err_console, split_bars, user_errors
+
+DatasetOpt = Annotated[str | None, typer.Option(
+    help="Data set name or local path (overrides the preset).")]
+TokenizerOpt = Annotated[str | None, typer.Option(
+    help="gpt2 | bert-base-uncased | char | folder | hub id.")]
+LengthOpt = Annotated[int | None, typer.Option(help="Tokens per row (L).")]
+PackingOpt = Annotated[str | None, typer.Option(
+    help="wrap | pad | chunk | window | sft | sft-pack.")]
+CacheDirOpt = Annotated[str | None, typer.Option(
+    help="Cache root (default $MDLM_CACHE or ~/.cache/mdlm).")]
+ForceOpt = Annotated[bool, typer.Option(help="Rebuild even if the cache exists.")]
 
 
 @app.command("presets")
@@ -43,13 +54,13 @@ def presets_cmd(
 @app.command("prepare-data")
 def prepare_data_cmd(
     preset: PresetOpt = "demo",
-    dataset: Annotated[str | None, typer.Option(help="Data set name or local path (overrides the preset).")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="gpt2 | bert-base-uncased | char | folder | hub id.")] = None,
-    length: Annotated[int | None, typer.Option(help="Tokens per row (L).")] = None,
-    packing: Annotated[str | None, typer.Option(help="wrap | pad | chunk | window | sft | sft-pack.")] = None,
-    cache_dir: Annotated[str | None, typer.Option(help="Cache root (default $MDLM_CACHE or ~/.cache/mdlm).")] = None,
+    dataset: DatasetOpt = None,
+    tokenizer: TokenizerOpt = None,
+    length: LengthOpt = None,
+    packing: PackingOpt = None,
+    cache_dir: CacheDirOpt = None,
     overrides: SetOpt = None,
-    force: Annotated[bool, typer.Option(help="Rebuild even if the cache exists.")] = False,
+    force: ForceOpt = False,
 ) -> None:
     """Tokenise and pack a data set into memory-mapped token files (cached; re-running is a no-op).
 
@@ -73,13 +84,7 @@ def prepare_data_cmd(
             _print_data_summary(folder)
             return
         with Progress(console=err_console, transient=True) as progress:
-            tasks: dict[str, int] = {}
-
-            def on_docs(split: str, n: int, total: int | None) -> None:
-                if split not in tasks:
-                    tasks[split] = progress.add_task(f"{escape(source.name)} {split}", total=total)
-                progress.advance(tasks[split], n)
-
+            on_docs = split_bars(progress, f"{escape(source.name)} ")
             data = prepare(cfg.data, progress=on_docs, force=force)
         console.print(f"Prepared: {data.folder}", markup=False, highlight=False)
         _print_data_summary(data.folder)

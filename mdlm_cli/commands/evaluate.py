@@ -16,6 +16,8 @@ from ..errors import MdlmError
 from ..objectives.bound import relation
 from .common import (
     CheckpointOpt,
+    DeviceOpt,
+    JsonOpt,
     NetPrecisionOpt,
     RawWeightsOpt,
     ThreadsOpt,
@@ -24,6 +26,7 @@ from .common import (
     err_console,
     load_for_command,
     note,
+    split_bars,
     user_errors,
 )
 
@@ -49,8 +52,6 @@ BatchSizeOpt = Annotated[int | None, typer.Option(
     help="Rows per batch (default: the training micro-batch).")]
 RowsOpt = Annotated[int, typer.Option(help="Evaluate only the first N rows (0 = every row).")]
 SeedOpt = Annotated[int, typer.Option(help="Seed of the Monte-Carlo draws.")]
-JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")]
-DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | mps.")]
 HELP = """Test perplexity: the NELBO bound of a diffusion model, the exact value of an AR model.
 
     The bound is averaged over every token of the split (K passes, one t per sequence,
@@ -152,13 +153,7 @@ def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
         transient=True,
         disable=not is_main_process(),
     ) as progress:
-        tasks: dict[str, int] = {}
-
-        def on_docs(split_name: str, n: int, total: int | None) -> None:
-            if split_name not in tasks:
-                tasks[split_name] = progress.add_task(f"preparing {split_name}", total=total)
-            progress.advance(tasks[split_name], n)
-
+        on_docs = split_bars(progress, "preparing ")
         label, prepared = evaluation_data(loaded, dataset=dataset, data=data, progress=on_docs)
         n_rows = prepared.meta["splits"][pick_split(prepared, options["split"])[0]]["rows"]
         n_rows = min(options["rows"], n_rows) if options["rows"] > 0 else n_rows

@@ -1,4 +1,5 @@
-"""`mdlm export`."""
+"""`mdlm export`: a checkpoint as a Hugging Face-style folder; the export is
+`checkpoints.export.export_checkpoint`."""
 
 from __future__ import annotations
 
@@ -6,22 +7,32 @@ from typing import Annotated
 
 import typer
 
-from ..errors import MdlmError
 from .common import CheckpointOpt, ThreadsOpt, app, console, user_errors
+
+OutOpt = Annotated[str, typer.Option(
+    help="Folder to write (config.json, model.safetensors, tokenizer, README).")]
+PushOpt = Annotated[str | None, typer.Option(
+    "--push-to-hub",
+    help="Also upload the folder to this Hugging Face model repo (owner/name).")]
+PrivateOpt = Annotated[bool, typer.Option(help="Create the hub repo as private.")]
+RawWeightsOpt = Annotated[bool, typer.Option(help="Export the raw weights instead of the EMA.")]
+ResultsOpt = Annotated[list[str] | None, typer.Option(
+    help="JSON/JSONL evaluation records to list in the model card (repeatable).")]
+OverwriteOpt = Annotated[bool, typer.Option(help="Replace --out if it exists.")]
+VerifyOpt = Annotated[bool, typer.Option(
+    help="Reload the export and check it gives identical logits.")]
 
 
 @app.command("export")
 def export_cmd(
-    out: Annotated[str, typer.Option(help="Folder to write (config.json, model.safetensors, tokenizer, README).")],
+    out: OutOpt,
     checkpoint: CheckpointOpt = "runs/demo",
-    push_to_hub: Annotated[str | None, typer.Option(
-        "--push-to-hub", help="Also upload the folder to this Hugging Face model repo (owner/name).")] = None,
-    private: Annotated[bool, typer.Option(help="Create the hub repo as private.")] = False,
-    raw_weights: Annotated[bool, typer.Option(help="Export the raw weights instead of the EMA.")] = False,
-    results: Annotated[list[str] | None, typer.Option(
-        help="JSON/JSONL evaluation records to list in the model card (repeatable).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
-    verify: Annotated[bool, typer.Option(help="Reload the export and check it gives identical logits.")] = True,
+    push_to_hub: PushOpt = None,
+    private: PrivateOpt = False,
+    raw_weights: RawWeightsOpt = False,
+    results: ResultsOpt = None,
+    overwrite: OverwriteOpt = False,
+    verify: VerifyOpt = True,
     threads: ThreadsOpt = None,
 ) -> None:
     """Export a checkpoint as a Hugging Face-style folder that mdlm (and the Hub) can load.
@@ -30,26 +41,18 @@ def export_cmd(
 
     [dim]Examples:[/]
       mdlm export --checkpoint runs/owt --out exports/mdlm-owt-mine
-      mdlm export --checkpoint last.ckpt --out exports/from-lightning     # a reference Lightning checkpoint
+      mdlm export --checkpoint last.ckpt --out exports/from-lightning  # a reference Lightning .ckpt
       mdlm export --checkpoint runs/owt --out exports/x --push-to-hub me/mdlm-owt-mine
-      mdlm sample --checkpoint exports/mdlm-owt-mine                      # loads back
+      mdlm sample --checkpoint exports/mdlm-owt-mine                   # loads back
     """
-    from ..checkpoints.export import export_folder, read_results, verify_export, weights_kind
-    from ..checkpoints.export import push_to_hub as push
-    from ..checkpoints.load import load_checkpoint
-    from ..runtime import Runtime
+    from ..checkpoints.export import ExportOptions, export_checkpoint
 
     with user_errors():
-        Runtime.create("cpu", threads=threads or 0)
-        records = read_results(results or [])
-        loaded = load_checkpoint(checkpoint, ema=not raw_weights, device="cpu")
-        folder = export_folder(loaded, out, weights=weights_kind(loaded, not raw_weights), results=records,
-                               overwrite=overwrite, hub_id=push_to_hub)
-        console.print(f"Exported {loaded.path} to {folder}", markup=False, highlight=False)
-        if verify:
-            diff = verify_export(loaded, folder)
-            if diff != 0.0:
-                raise MdlmError(f"{folder} reloads with different logits (max difference {diff:.3g})")
-            console.print("Verified: the export reloads with identical logits")
-        if push_to_hub:
-            console.print(f"Pushed to {push(folder, push_to_hub, private=private)}", markup=False)
+        options = ExportOptions(
+            out, raw_weights=raw_weights, results=results or [], overwrite=overwrite,
+            verify=verify, push_to_hub=push_to_hub, private=private, threads=threads)
+        export_checkpoint(checkpoint, options, on_step=_print)
+
+
+def _print(line: str) -> None:
+    console.print(line, markup=False, highlight=False)

@@ -1,14 +1,12 @@
-"""`mdlm serve`: an OpenAI-compatible HTTP server for a checkpoint (docs/serving.md)."""
+"""`mdlm serve`: an OpenAI-compatible HTTP server for a checkpoint (docs/serving.md); the
+server is `serve.launch.serve_checkpoint`."""
 
 from __future__ import annotations
 
-import ipaddress
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from ..errors import MdlmError
 from .common import (
     CheckpointOpt,
     DeviceOpt,
@@ -16,9 +14,9 @@ from .common import (
     ThreadsOpt,
     app,
     check_positive,
-    err_console,
     float_in,
-    load_for_command,
+    note,
+    say,
     user_errors,
     warn,
 )
@@ -40,31 +38,6 @@ TimeoutOpt = Annotated[float, typer.Option(help="A request's time limit in secon
                                             callback=float_in(0, low_in=False))]
 NameOpt = Annotated[str | None, typer.Option(
     help="The model id requests name (default: the checkpoint's folder name or hub id).")]
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _model_name(checkpoint: str) -> str:
-    path = Path(checkpoint)
-    return path.resolve().name if path.exists() else checkpoint.strip("/")
-
-
-def _imports():
-    try:
-        import prometheus_client  # noqa: F401
-        import starlette  # noqa: F401
-        import uvicorn
-    except ImportError as e:
-        raise MdlmError(f"mdlm serve needs the serve extra ({e.name} is missing): "
-                        "pip install 'mdlm[serve]'") from None
-    return uvicorn
 
 
 @app.command("serve")
@@ -91,35 +64,12 @@ def serve_cmd(
       mdlm serve -c runs/owt --device cuda --max-batch 16
       mdlm serve --host 0.0.0.0 --api-key $KEY       # reachable from other machines
     """
+    from ..serve.launch import ServeOptions, serve_checkpoint
+
     with user_errors():
         check_positive(max_batch=max_batch, queue_size=queue_size)
-        uvicorn = _imports()
-        from ..runtime import pick_device
-        from ..serve.app import Settings, create_app
-        from ..serve.served import Served
-
-        if max_batch is None:  # (an unknown device fails here, before the server starts)
-            max_batch = 1 if pick_device(device or "auto").type == "cpu" else 8
-
-        if not is_loopback(host) and not api_key:
-            warn(f"binding {host} without --api-key: anyone who reaches it can use the model")
-        name = model_name or _model_name(checkpoint)
-
-        def load() -> Served:
-            loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
-            err_console.print(f"serving {name} ({loaded.objective.name}, L={loaded.length}) on "
-                              f"http://{host}:{port}", highlight=False, markup=False)
-            return Served(loaded, rt.device, rt.dtype, name)
-
-        def failed(message: str) -> None:
-            server.should_exit = True
-
-        settings = Settings(api_key=api_key, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                            queue_size=queue_size, timeout_s=timeout)
-        application = create_app(load, settings, on_load_error=failed)
-        server = uvicorn.Server(uvicorn.Config(application, host=host, port=port, log_level="info",
-                                               timeout_graceful_shutdown=5))
-        server.run()
-        error = application.state.mdlm.load_error
-        if error:
-            raise MdlmError(f"{checkpoint}: {error}")
+        options = ServeOptions(
+            host=host, port=port, max_batch=max_batch, max_wait_ms=max_wait_ms,
+            queue_size=queue_size, api_key=api_key, timeout_s=timeout, model_name=model_name,
+            device=device, raw_weights=raw_weights, threads=threads)
+        serve_checkpoint(checkpoint, options, warn=warn, note=note, on_ready=say)

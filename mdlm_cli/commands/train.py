@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from ..build import config_yaml, resolve_config
 from .common import (
+    DeviceOpt,
     PresetOpt,
     SetOpt,
     ThreadsOpt,
@@ -25,7 +26,6 @@ OutOpt = Annotated[str | None, typer.Option(help="Run folder (default runs/<pres
 ResumeOpt = Annotated[bool, typer.Option(
     help="Continue the run in --out from its latest checkpoint (start it if there is none).")]
 MaxStepsOpt = Annotated[int | None, typer.Option(help="Optimizer steps.")]
-DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
 SeedOpt = Annotated[int | None, typer.Option(help="Random seed.")]
 TimeLimitOpt = Annotated[float, typer.Option(
     help="Stop after this many minutes (0 = no limit).", callback=float_in(0))]
@@ -33,6 +33,10 @@ PrintConfigOpt = Annotated[bool, typer.Option(help="Print the resolved config.")
 OverrideResumeOpt = Annotated[bool, typer.Option(
     help="With --resume: continue although the data, model, objective, optimisation or batch "
          "settings differ from the checkpoint's (the change is recorded in metrics.jsonl).")]
+PrecisionOpt = Annotated[str | None, typer.Option(
+    callback=net_precision,
+    help="train.precision: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix units "
+         "(AMX / AVX512-BF16), fp32 elsewhere.")]
 HELP = """Train a masked diffusion LM. With no options: the offline demo on this machine.
 
     Under torchrun it trains data-parallel on every rank (DDP; --set train.parallel=fsdp for FSDP2).
@@ -61,10 +65,7 @@ def train_cmd(
     print_config: PrintConfigOpt = True,
     override_resume_config: OverrideResumeOpt = False,
     threads: ThreadsOpt = None,
-    precision: Annotated[str | None, typer.Option(
-        callback=net_precision,
-        help="train.precision: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix units "
-             "(AMX / AVX512-BF16), fp32 elsewhere.")] = None,
+    precision: PrecisionOpt = None,
 ) -> None:
     from ..distributed import is_main_process
     from ..train.loop import train

@@ -87,7 +87,8 @@ def scale_label(scale: str) -> str:
 
 
 def run_dir(model: Model, runs: Path, scale: str) -> str:
-    """Training runs live under `runs`, named by what defines them, so tables share identical models."""
+    """Training runs live under `runs`, named by what defines them, so tables share identical
+    models."""
     if model.checkpoint is not None:
         return model.checkpoint
     key = json.dumps([model.preset, model.overrides, model.max_steps, scale])
@@ -166,7 +167,8 @@ def plan(
     Steps with the same command and output (a shared benchmark) run once."""
     if scale not in ("paper", "tiny") and not 0 < _factor(scale) <= 1:
         raise MdlmError(
-            f"--scale must be paper, tiny or a factor in (0, 1] on the training steps (got {scale!r})"
+            "--scale must be paper, tiny or a factor in (0, 1] on the training steps (got "
+            f"{scale!r})"
         )
     chosen = [r for r in recipe.rows if rows is None or r.name in rows]
     unknown = set(rows or []) - {r.name for r in recipe.rows}

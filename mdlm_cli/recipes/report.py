@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .plan import result_file, run_dir
+from .plan import result_file, run_dir, scale_label
 from .schema import Recipe, Row
 
 
@@ -71,14 +71,10 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
             "" if spread is None else f"± {spread:.3f} (max - min)",
         )
     if m == "variance":
-        value = record.get(
-            "sequence_var"
-        )  # eval-ppl: the mean over sequences of their variance across the K passes
-        return (
-            value,
-            None,
-            f"PPL {'≤' if record.get('kind') == 'bound' else '='} {record.get('perplexity', 0):.2f}",
-        )
+        # eval-ppl: the mean over sequences of their variance across the K passes
+        value = record.get("sequence_var")
+        relation = "≤" if record.get("kind") == "bound" else "="
+        return value, None, f"PPL {relation} {record.get('perplexity', 0):.2f}"
     exact = record.get("kind") == "exact"
     se = None if exact else record.get("standard_error")
     if exact:
@@ -148,6 +144,14 @@ def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[Re
     return rows
 
 
+def write_report(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[ReportRow]:
+    """The report's rows, written to OUT/report.md beside the paper's numbers."""
+    rows = report_rows(recipe, out=out, runs=runs, scale=scale)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(markdown(recipe, rows, scale_label(scale)))
+    return rows
+
+
 def _hardware(out: Path) -> dict[str, str]:
     """Model key -> where and how long its training ran, from the jobs log of `mdlm reproduce`."""
     found = {}
@@ -190,8 +194,8 @@ def markdown(recipe: Recipe, rows: list[ReportRow], scale_text: str) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r.label} | {fmt(r.paper)} | {fmt(r.ours, r.ours_se)} | {fmt(r.difference)} | {r.extra} "
-            f"| {r.steps} | {r.hardware} | {r.status} |"
+            f"| {r.label} | {fmt(r.paper)} | {fmt(r.ours, r.ours_se)} | {fmt(r.difference)} "
+            f"| {r.extra} | {r.steps} | {r.hardware} | {r.status} |"
         )
     sources = sorted({r.paper_source for r in rows if r.paper_source})
     lines += ["", "Sources of the paper's numbers: " + "; ".join(sources) + "." if sources else ""]

@@ -13,9 +13,11 @@
       - name: mdlm
         label: "MDLM"
         model: mdlm
-        steps:             # commands run on the model, in order; the last one's output is the row's result
+        # commands run on the model, in order; the last one's output is the row's result
+        steps:
           - eval-ppl: {mc-samples: 1}
-        pick: {dataset: lambada}     # optional: which record of the output (eval-ppl, bench-sampler)
+        # optional: which record of the output (eval-ppl, bench-sampler)
+        pick: {dataset: lambada}
         paper: {value: 27.04, source: "Tab. 8, MDLM"}
       - {name: ssd, label: "SSD-LM", paper_only: true, paper: {value: 35.43, source: "Tab. 5"}}
 
@@ -133,7 +135,8 @@ def _mapping(value, where: str, keys: tuple[str, ...] | None = None) -> dict:
         raise MdlmError(f"{where} must be a mapping")
     if keys is not None and set(value) - set(keys):
         raise MdlmError(
-            f"{where}: unknown key {sorted(set(value) - set(keys))[0]!r}; valid keys: {', '.join(keys)}"
+            f"{where}: unknown key {sorted(set(value) - set(keys))[0]!r}; valid keys: "
+            f"{', '.join(keys)}"
         )
     return value
 
@@ -171,7 +174,8 @@ def _model(key: str, value, where: str) -> Model:
     value = _mapping(value, where, ("preset", "set", "max_steps", "checkpoint"))
     if ("preset" in value) == ("checkpoint" in value):
         raise MdlmError(
-            f"{where} needs exactly one of preset (a training run) or checkpoint (a published model)"
+            f"{where} needs exactly one of preset (a training run) or checkpoint (a published "
+            "model)"
         )
     model = Model(
         key,

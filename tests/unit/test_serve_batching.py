@@ -341,7 +341,7 @@ def test_health_is_503_until_the_model_is_loaded_and_then_200():
 
 
 def test_only_loopback_addresses_count_as_loopback():
-    from mdlm_cli.commands.serve import is_loopback
+    from mdlm_cli.serve.launch import is_loopback
 
     assert all(map(is_loopback, ("127.0.0.1", "localhost", "::1", "127.0.0.2")))
     assert not any(map(is_loopback, ("0.0.0.0", "192.168.1.4", "example.org", "::")))
