@@ -14,7 +14,7 @@ from .common import (
     CheckpointOpt,
     DeviceOpt,
     RawWeightsOpt,
-    TorchThreadsOpt,
+    ThreadsOpt,
     app,
     check_float,
     check_positive,
@@ -59,7 +59,7 @@ def classify_cmd(
     conjoin: ConjoinOpt = None,
     json_out: RunsJsonOpt = None,
     device: DeviceOpt = None,
-    threads: TorchThreadsOpt = 0,
+    threads: ThreadsOpt = None,
     raw_weights: RawWeightsOpt = False,
 ) -> None:
     """Fine-tune a DNA checkpoint's encoder on one Genomic Benchmarks task: Table 7's recipe.
@@ -77,17 +77,13 @@ def classify_cmd(
     from ..tasks.genomic import ClassifyConfig, classify
 
     with user_errors():
-        import torch
-
-        if threads > 0:
-            torch.set_num_threads(threads)
         check_positive(epochs=epochs)
         cfg = ClassifyConfig(
             lrs=_floats(lrs, "--lrs"), batch_sizes=int_list(batch_sizes, "--batch-sizes"),
             seeds=int_list(seeds, "--seeds"), epochs=epochs, max_length=max(0, max_length),
             rc_augment=rc_augment, conjoin=conjoin)
         task = read_genomic_task(data)
-        loaded, rt = load_for_command(checkpoint, device, raw_weights)
+        loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         _print_task(task, cfg, rt)
         result = classify(loaded, task, cfg, rt.device, on_run=_print_run)
         _print_best(task.name, result["best"], len(cfg.seeds))

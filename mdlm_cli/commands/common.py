@@ -138,7 +138,6 @@ TopPOpt = Annotated[float, typer.Option(
 OutOpt = Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
 JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")]
-TorchThreadsOpt = Annotated[int, typer.Option(help="CPU threads (0 = torch's default).")]
 RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]
 ThreadsOpt = Annotated[
     int | None,

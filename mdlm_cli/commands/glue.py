@@ -12,7 +12,7 @@ from .common import (
     CheckpointOpt,
     DeviceOpt,
     JsonOpt,
-    TorchThreadsOpt,
+    ThreadsOpt,
     app,
     console,
     err_console,
@@ -55,7 +55,7 @@ def glue_cmd(
     max_train_rows: MaxTrainRowsOpt = 0,
     max_eval_rows: MaxEvalRowsOpt = 0,
     seed: SeedOpt = 42,
-    threads: TorchThreadsOpt = 0,
+    threads: ThreadsOpt = None,
     json_out: JsonOpt = None,
     device: DeviceOpt = None,
 ) -> None:
@@ -80,7 +80,7 @@ def glue_cmd(
         chosen = [get_task(name.strip()) for name in tasks.split(",") if name.strip()]
         recipe = GlueRecipe(batch_size=batch_size, epochs=epochs, lr=lr, max_length=max_length,
                             seed=seed)
-        rt = Runtime.create(device or "auto", "fp32", threads)
+        rt = Runtime.create(device or "auto", "fp32", threads or 0)
         encoder = load_encoder(checkpoint)
         say(f"Encoder: {encoder.name}; device {rt.describe()}")
         limits = {"data_dir": data, "max_train_rows": max_train_rows,
