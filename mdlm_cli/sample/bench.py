@@ -258,21 +258,14 @@ def grid(samplers: list[str], steps: list[int], batch_sizes: list[int], precisio
 
 
 def run_bench(denoiser, *,
-              samplers: list[str],
-              steps: list[int],
-              batch_sizes: list[int],
-              precisions: list[str],
-              num_samples: int,
-              length: int,
-              mask_id: int,
-              repeats: int,
-              seed: int,
-              device: torch.device,
-              meta: dict,
-              schedule=None,
+              # the grid
+              samplers: list[str], steps: list[int], batch_sizes: list[int], precisions: list[str],
               options: dict[str, list] | None = None,
-              temperature: float = 1.0,
-              top_p: float = 1.0,
+              # every row's draws (run_config's)
+              num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
+              device: torch.device, schedule=None, temperature: float = 1.0, top_p: float = 1.0,
+              # the report
+              meta: dict,
               on_tokens: Callable[[BenchRow, torch.Tensor], None] | None = None,
               on_row: Callable[[BenchRow], None] | None = None,
               speed: tuple[float, Peak | None] | None = None) -> BenchReport:
