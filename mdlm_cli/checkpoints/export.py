@@ -49,9 +49,15 @@ def weights_kind(loaded: LoadedModel, ema: bool) -> str:
 
 def mdlm_section(loaded: LoadedModel, weights: str) -> dict:
     """config.json's "mdlm" section: everything mdlm needs to reload the export."""
-    return {"format": FORMAT, "version": __version__, "weights": weights,
-            "tokenizer": loaded.tokenizer.describe(), "config": config_dict(loaded.config),
-            "data": loaded.data_meta, "state": loaded.state}
+    return {
+        "format": FORMAT,
+        "version": __version__,
+        "weights": weights,
+        "tokenizer": loaded.tokenizer.describe(),
+        "config": config_dict(loaded.config),
+        "data": loaded.data_meta,
+        "state": loaded.state,
+    }
 
 
 def write_model_files(loaded: LoadedModel, folder: Path, weights: str) -> dict:
@@ -62,22 +68,32 @@ def write_model_files(loaded: LoadedModel, folder: Path, weights: str) -> dict:
         config = loaded.model.save_pretrained_folder(folder)
         config["mdlm"] = mdlm_section(loaded, weights)
     else:
-        save_file(reference_state_dict(loaded.model), folder / "model.safetensors", metadata={"format": "pt"})
+        save_file(
+            reference_state_dict(loaded.model),
+            folder / "model.safetensors",
+            metadata={"format": "pt"},
+        )
         config = hf_config(loaded, mdlm_section(loaded, weights))  # the reference's fields + mdlm's
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return config
 
 
-def export_folder(loaded: LoadedModel, out: str | Path, *, weights: str, results: list[dict] | None = None,
-                  overwrite: bool = False, hub_id: str | None = None) -> Path:
+def export_folder(loaded: LoadedModel, out: str | Path, *,
+                  weights: str,
+                  results: list[dict] | None = None,
+                  overwrite: bool = False,
+                  hub_id: str | None = None) -> Path:
     """Write the folder beside `out`, then swap it in (files.swap_folder); `hub_id` is where
     it will be pushed, for the model card's usage line."""
     from ..models import DiT
 
-    if not isinstance(loaded.model, DiT | HFMaskedLM):  # the formats export writes: the reference's, or HF's own
-        raise MdlmError(f"mdlm export writes the reference DiT format or a Hugging Face masked LM's; a "
-                        f"{loaded.config.model.backbone} model is shared as its run folder (safetensors, config.yaml, "
-                        "tokenizer files)")
+    # the formats export writes: the reference's, or HF's own
+    if not isinstance(loaded.model, DiT | HFMaskedLM):
+        raise MdlmError(
+            "mdlm export writes the reference DiT format or a Hugging Face masked LM's; a "
+            f"{loaded.config.model.backbone} model is shared as its run folder (safetensors, "
+            "config.yaml, tokenizer files)"
+        )
     out = Path(out)
     check_export_target(loaded, out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +104,8 @@ def export_folder(loaded: LoadedModel, out: str | Path, *, weights: str, results
     try:
         config = write_model_files(loaded, tmp, weights)
         loaded.tokenizer.save(tmp)
-        (tmp / "README.md").write_text(model_card(loaded, config, results or [], hub_id or str(out)))
+        card = model_card(loaded, config, results or [], hub_id or str(out))
+        (tmp / "README.md").write_text(card)
         config["mdlm"]["files"] = sorted(["config.json", *(p.name for p in tmp.iterdir())])
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         swap_folder(tmp, out)
@@ -107,7 +124,9 @@ def export_files(folder: Path) -> list[str] | None:
     if not isinstance(meta, dict) or "format" not in meta:
         return None
     files = meta.get("files")
-    return [str(f) for f in files] if isinstance(files, list) else [p.name for p in folder.iterdir()]
+    if not isinstance(files, list):  # no list of files: the whole folder counts as the export
+        return [p.name for p in folder.iterdir()]
+    return [str(f) for f in files]
 
 
 def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None:
@@ -116,9 +135,12 @@ def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None
     source = loaded.path.resolve()
     run = source.parent.parent if source.parent.name == "checkpoints" else source
     target = out.resolve()
-    for protected, what in ((run, "the run being exported"), (source, "the checkpoint being exported")):
+    protected_folders = ((run, "the run being exported"), (source, "the checkpoint being exported"))
+    for protected, what in protected_folders:
         if target == protected or target in protected.parents or protected in target.parents:
-            raise MdlmError(f"--out {out} overlaps {what} ({protected}); choose a folder outside it")
+            raise MdlmError(
+                f"--out {out} overlaps {what} ({protected}); choose a folder outside it"
+            )
     if not out.exists() and not out.is_symlink():
         return
     if not out.is_dir() or out.is_symlink():
@@ -126,20 +148,27 @@ def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None
     if not any(out.iterdir()):
         return
     if not overwrite:
-        raise MdlmError(f"{out} already exists and is not empty; choose another --out or pass --overwrite")
+        raise MdlmError(
+            f"{out} already exists and is not empty; choose another --out or pass --overwrite"
+        )
     written = export_files(out)
     if written is None:
-        raise MdlmError(f"{out} is not a folder mdlm export wrote (no 'mdlm' section in its config.json); "
-                        "--overwrite replaces only an earlier export, so choose another --out")
+        raise MdlmError(
+            f"{out} is not a folder mdlm export wrote (no 'mdlm' section in its config.json); "
+            "--overwrite replaces only an earlier export, so choose another --out"
+        )
     foreign = sorted(p.name for p in out.iterdir() if p.name not in written)
     if foreign:
-        raise MdlmError(f"{out} holds files the earlier export did not write ({', '.join(foreign[:3])}); "
-                        "move them away or choose another --out")
+        raise MdlmError(
+            f"{out} holds files the earlier export did not write ({', '.join(foreign[:3])}); "
+            "move them away or choose another --out"
+        )
 
 
 @torch.no_grad()
 def verify_export(loaded: LoadedModel, folder: Path, length: int = 64) -> float:
-    """Reload the folder and compare logits on a fixed random batch; returns the max abs difference."""
+    """Reload the folder and compare logits on a fixed random batch; returns the max abs
+    difference."""
     reloaded = load_checkpoint(folder, device="cpu")
     if reloaded.tokenizer.fingerprint != loaded.tokenizer.fingerprint:
         raise MdlmError(f"{folder}: the exported tokenizer does not reload identically")
@@ -168,65 +197,95 @@ def read_results(paths: list[str]) -> list[dict]:
             try:
                 items = [json.loads(line) for line in text.splitlines() if line.strip()]
             except json.JSONDecodeError as e:
-                raise MdlmError(f"--results {path} is neither JSON nor JSONL ({e.msg}, line {e.lineno})") from None
+                raise MdlmError(
+                    f"--results {path} is neither JSON nor JSONL ({e.msg}, line {e.lineno})"
+                ) from None
         for item in items:
             if not isinstance(item, dict):
                 raise MdlmError(f"--results {path} must hold JSON objects (one per evaluation)")
-            records.append({k: v for k, v in item.items() if isinstance(v, str | int | float | bool) or v is None})
+            scalar = (str, int, float, bool, type(None))
+            records.append({k: v for k, v in item.items() if isinstance(v, scalar)})
     return records
 
 
+CARD_HEADER = ["---", "library_name: mdlm", "tags:", "- mdlm", "- masked-diffusion",
+               "- diffusion-language-model", "---", ""]
+CARD_FILES = {  # what the folder holds, by what was exported
+    "hf": "This is the Hugging Face masked LM's own folder "
+          "(`AutoModelForMaskedLM.from_pretrained` loads it as it is), fine-tuned with MDLM; "
+          "`config.json` also holds mdlm's section; ",
+    "dit": "`config.json` carries the reference implementation's `MDLMConfig` fields and "
+           "`model.safetensors` its parameter names (`backbone.*`); ",
+}
+NO_CODE = ("there is no Python code in this folder, so nothing needs `trust_remote_code`. The "
+           "tokenizer files sit next to them.")
+
+
 def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: str) -> str:
+    """README.md of an export: what the model is (a table), how to sample from it, its
+    evaluation results and the config it was trained with."""
+    files = CARD_FILES["hf" if isinstance(loaded.model, HFMaskedLM) else "dit"]
+    intro = ("A masked diffusion language model (MDLM, Sahoo et al. 2024, arXiv:2406.07524) "
+             f"exported by `mdlm` {__version__}.")
+    lines = [*CARD_HEADER, f"# {loaded.config.name}", "", intro, "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in _card_rows(loaded, config["mdlm"]["weights"])]
+    sample = f"mdlm sample --checkpoint {where} --sampler first-hitting -n 4"
+    lines += ["", "## Use", "", "```bash", sample, "```", "", files + NO_CODE, ""]
+    lines += ["## Evaluation results", "", *_card_results(loaded.state, results)]
+    config_text = config_yaml(loaded.config).rstrip()
+    lines += ["", "## Training configuration", "", "```yaml", config_text, "```", ""]
+    return "\n".join(lines)
+
+
+def _card_rows(loaded: LoadedModel, weights: str) -> list[tuple[str, str]]:
+    """The model card's table: architecture, objective, data, schedule, training."""
     cfg, state, tok = loaded.config, loaded.state, loaded.tokenizer
     millions = loaded.model.num_parameters() / 1e6
     dataset = cfg.data.dataset if not Path(cfg.data.dataset).suffix else Path(cfg.data.dataset).name
-    hf = isinstance(loaded.model, HFMaskedLM)
-    if hf:
+    if isinstance(loaded.model, HFMaskedLM):
         backbone = f"{loaded.model.describe()}, {millions:.1f}M parameters"
     else:
         c = loaded.model.config
-        backbone = (f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, cond dim {c.cond_dim}, "
-                    f"{millions:.1f}M parameters")
+        backbone = (f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, "
+                    f"cond dim {c.cond_dim}, {millions:.1f}M parameters")
+    diffusion = cfg.diffusion
+    schedule = f"{diffusion.schedule} (eps {diffusion.eps:g})"
+    schedule += f", discrete T={diffusion.T}" if diffusion.T else ", continuous time"
     rows = [
         ("backbone", backbone),
-        ("objective", f"{cfg.diffusion.objective} ({loaded.objective.description})"),
+        ("objective", f"{diffusion.objective} ({loaded.objective.description})"),
         ("vocabulary", f"{loaded.model.vocab_size} ({tok.name}, mask id {tok.mask_id})"),
         ("sequence length", f"{loaded.length} ({cfg.data.packing} packing)"),
         ("time conditioning", "on" if cfg.model.time_conditioning else "off"),
-        ("schedule", f"{cfg.diffusion.schedule} (eps {cfg.diffusion.eps:g})"
-                     + (f", discrete T={cfg.diffusion.T}" if cfg.diffusion.T else ", continuous time")),
-        ("weights", config["mdlm"]["weights"]),
+        ("schedule", schedule),
+        ("weights", weights),
         ("training data", dataset),
     ]
     if isinstance(state.get("step"), int):
-        rows.append(("training steps", f"{state['step']:,}"
-                     + (f" ({state['tokens_seen']:,} tokens)" if isinstance(state.get("tokens_seen"), int) else "")))
+        steps = f"{state['step']:,}"
+        if isinstance(state.get("tokens_seen"), int):
+            steps += f" ({state['tokens_seen']:,} tokens)"
+        rows.append(("training steps", steps))
     if state.get("source"):
         rows.append(("imported from", f"`{state['source']}` ({state.get('format', '?')})"))
-    lines = ["---", "library_name: mdlm", "tags:", "- mdlm", "- masked-diffusion", "- diffusion-language-model",
-             "---", "", f"# {cfg.name}", "",
-             "A masked diffusion language model (MDLM, Sahoo et al. 2024, arXiv:2406.07524) exported by "
-             f"`mdlm` {__version__}.", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in rows]
-    lines += ["", "## Use", "", "```bash", f"mdlm sample --checkpoint {where} --sampler first-hitting -n 4", "```", "",
-              ("This is the Hugging Face masked LM's own folder (`AutoModelForMaskedLM.from_pretrained` loads "
-               "it as it is), fine-tuned with MDLM; `config.json` also holds mdlm's section; "
-               if hf else "`config.json` carries the reference implementation's `MDLMConfig` fields and "
-               "`model.safetensors` its parameter names (`backbone.*`); ")
-              + "there is no Python code in this folder, so nothing needs `trust_remote_code`. The tokenizer files "
-              "sit next to them.", "",
-              "## Evaluation results", ""]
-    evals = []
-    for key, label in (("best_valid_nats", "best validation bound"), ("valid_nats", "last validation bound")):
+    return rows
+
+
+def _card_results(state: dict, results: list[dict]) -> list[str]:
+    """The model card's evaluation lines: the run's validation bounds, then `--results`."""
+    lines = []
+    bounds = (("best_valid_nats", "best validation bound"), ("valid_nats", "last validation bound"))
+    for key, label in bounds:
         if isinstance(state.get(key), int | float):
-            evals.append((label, f"{state[key]:.4f} nats/token, perplexity <= {math.exp(min(state[key], 700)):.2f}"))
-    lines += [f"- {k}: {v}" for k, v in evals]
+            perplexity = math.exp(min(state[key], 700))
+            lines.append(f"- {label}: {state[key]:.4f} nats/token, perplexity <= {perplexity:.2f}")
     for record in results:
         lines.append("- " + ", ".join(f"{k}: {_fmt(v)}" for k, v in record.items()))
-    if not evals and not results:
-        lines.append("None recorded with this checkpoint (pass `mdlm export --results FILE` to add some).")
-    lines += ["", "## Training configuration", "", "```yaml", config_yaml(cfg).rstrip(), "```", ""]
-    return "\n".join(lines)
+    if not lines:
+        lines.append(
+            "None recorded with this checkpoint (pass `mdlm export --results FILE` to add some)."
+        )
+    return lines
 
 
 def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:
@@ -237,8 +296,10 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:
     from ..io.hub import hub_offline
 
     if hub_offline():
-        raise MdlmError(f"cannot push to {repo_id!r}: the Hugging Face Hub is unreachable (no network); {folder} "
-                        f"is complete, upload it later with `hf upload {repo_id} {folder}`")
+        raise MdlmError(
+            f"cannot push to {repo_id!r}: the Hugging Face Hub is unreachable (no network); "
+            f"{folder} is complete, upload it later with `hf upload {repo_id} {folder}`"
+        )
     api = HfApi()
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
@@ -249,7 +310,8 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:
                         "`hf auth login` or set HF_TOKEN") from None
     except (HfHubHTTPError, OSError, ValueError) as e:
         text = str(e).strip()
-        raise MdlmError(f"cannot push to {repo_id!r}: {text.splitlines()[0] if text else type(e).__name__}") from None
+        reason = text.splitlines()[0] if text else type(e).__name__
+        raise MdlmError(f"cannot push to {repo_id!r}: {reason}") from None
     return f"https://huggingface.co/{repo_id}"
 
 

@@ -148,7 +148,8 @@ def upgrade_metadata(model_meta: dict, cfg_dict: dict) -> tuple[dict, dict]:
     version = model_meta.get("schema_version", 1)
     if version > SCHEMA_VERSION:
         raise ValueError(
-            f"schema_version {version} is newer than this mdlm reads ({SCHEMA_VERSION}); upgrade mdlm"
+            f"schema_version {version} is newer than this mdlm reads ({SCHEMA_VERSION}); "
+            "upgrade mdlm"
         )
     if version == 1:
         cfg_dict = {
@@ -344,8 +345,9 @@ def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device 
     causal = get_objective(cfg, tokenizer).causal
     if model_meta["causal"] != causal:
         raise MdlmError(
-            f"{step_dir}: model.json says causal={model_meta['causal']}, but the {cfg.diffusion.objective} "
-            "objective of its config.yaml needs the other; the checkpoint is inconsistent"
+            f"{step_dir}: model.json says causal={model_meta['causal']}, but the "
+            f"{cfg.diffusion.objective} objective of its config.yaml needs the other; the "
+            "checkpoint is inconsistent"
         )
     weights_file = step_dir / ("ema.safetensors" if ema and (step_dir / "ema.safetensors").is_file()
                                else "model.safetensors")

@@ -1,5 +1,5 @@
 """`--checkpoint` resolution, the same in every command: an mdlm run or step folder
-(checkpoint.py), or published weights (pretrained.py: a Hugging Face hub id, a Hugging
+(folder.py), or published weights (pretrained.py: a Hugging Face hub id, a Hugging
 Face-style folder, a reference Lightning `.ckpt`)."""
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ def load_checkpoint(path: str | Path, *, ema: bool = True, device: torch.device 
     return load_run_folder(path, ema=ema, device=device, which=which)
 
 
-def load_on_device(path: str | Path, *, device: str | None = None, raw_weights: bool = False,
-                   threads: int | None = None, precision: str = "auto") -> tuple[LoadedModel, Runtime]:
+def load_on_device(path: str | Path, *,
+                   device: str | None = None,
+                   raw_weights: bool = False,
+                   threads: int | None = None,
+                   precision: str = "auto") -> tuple[LoadedModel, Runtime]:
     """What a command loads: the runtime it asks for (device `auto` when None, CPU threads, the
     network's precision) and the checkpoint's EMA weights on it (raw ones with `raw_weights`)."""
     rt = Runtime.create(device or "auto", precision, threads=threads or 0)

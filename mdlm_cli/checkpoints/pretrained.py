@@ -1,7 +1,7 @@
 """Published MDLM weights: where they come from (the hub, a folder, a Lightning file) and
 how they become a loaded model.
 
-`loading.load_checkpoint` hands every `--checkpoint` that is not an mdlm run or step
+`load.load_checkpoint` hands every `--checkpoint` that is not an mdlm run or step
 folder to `load_pretrained`, so all commands accept:
 
 - a Hugging Face hub id such as `kuleshov-group/mdlm-owt`: huggingface_hub downloads
@@ -16,15 +16,15 @@ folder to `load_pretrained`, so all commands accept:
   `roberta`, ...: an `mdlm export` of an hf-mlm run, or any pretrained MLM such as
   `google-bert/bert-base-uncased`, or a pip-packaged one such as
   `sentence-transformers/all-MiniLM-L6-v2`, packaged.py): the hf-mlm backbone around it;
-- SEDD's published models (`louaaron/sedd-small`, sedd_format.py): SEDD's Hydra config in
+- SEDD's published models (`louaaron/sedd-small`, formats/sedd.py): SEDD's Hydra config in
   config.json and its DiT's weights under bare names, loaded into the sedd objective;
 - a reference Lightning checkpoint (`.ckpt`; parameterization subs, sedd or d3pm): `state_dict`
   with `backbone.*` keys, the EMA
   in `ema.shadow_params` (a list in parameter order, as the reference's models/ema.py
   stores it) and the hyper-parameters of the pickled Hydra config, read as inert data
-  (safe_load.py).
+  (io/safe_load.py).
 
-The names and fields of those formats, in both directions, are `reference_format.py`'s.
+The names and fields of those formats, in both directions, are `formats/reference.py`'s.
 Hyper-parameters come from the checkpoint (its config first, the weight shapes
 otherwise), never from flags.
 """
@@ -66,21 +66,23 @@ TOKENIZER_DEFAULTS = {  # name -> (dataset, packing, length) of the reference's 
     "bert-base-uncased": ("lm1b", "pad", 128),
     "char": ("text8", "chunk", 256),
 }
-PLAIN_MLM_ROWS = (
-    100_000  # rows per split a plain masked LM's evaluation data keeps (bert-ft's validation too)
-)
+# rows per split a plain masked LM's evaluation data keeps (bert-ft's validation too)
+PLAIN_MLM_ROWS = 100_000
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 RUN_ROOT = TrainConfig.out_dir.split("/")[0]  # "runs": `runs/NAME` is always a local run folder
 
 
 @dataclass
 class Source:
-    kind: str  # "hub" | "hf" (folder with config.json) | "torch" (Lightning .ckpt or a state-dict file) | "packaged"
+    # "hub" | "hf" (folder with config.json) | "torch" (Lightning .ckpt or a state-dict file)
+    # | "packaged"
+    kind: str
     location: str
 
 
 def pretrained_source(path: str | Path, which: str = "latest") -> Source | None:
-    """What `path` is, if it is not an mdlm run or step folder (None: let checkpoint.py handle it)."""
+    """What `path` is, if it is not an mdlm run or step folder (None: let folder.py handle
+    it)."""
     p = Path(path)
     if p.is_file():
         if p.suffix == ".safetensors" and (p.parent / "config.json").is_file():
@@ -113,8 +115,6 @@ def load_pretrained(
     return _from_torch_file(Path(source.location), ema=ema, device=device)
 
 
-# ---------------------------------------------------------------------- the hub
-
 # ---------------------------------------------------------------------- Hugging Face-style folders
 
 def _from_hf_folder(folder: Path, *, label: str, device) -> LoadedModel:
@@ -127,43 +127,28 @@ def _from_hf_folder(folder: Path, *, label: str, device) -> LoadedModel:
         ) from None
     if not isinstance(raw, dict):
         raise MdlmError(f"{config_file} must hold a JSON object")
-    if (
-        raw.get("model_type") == "caduceus"
-    ):  # a released Caduceus: mdlm's own caduceus backbone, no remote code
+    if raw.get("model_type") == "caduceus":  # a released Caduceus: mdlm's own backbone
         from .formats.caduceus import caduceus_from_hf
 
-        return caduceus_from_hf(
-            folder, raw, _read_hf_weights(folder)[1], label=label, device=device
-        )
+        weights = _read_hf_weights(folder)[1]
+        return caduceus_from_hf(folder, raw, weights, label=label, device=device)
     mdlm_meta = raw.get("mdlm") if isinstance(raw.get("mdlm"), dict) else {}
     sedd = sedd_format.sedd_config(raw)
     if sedd is not None:  # SEDD's own hub format (louaaron/sedd-small)
         partial = sedd_format.partial_from_sedd_config(sedd, config_file)
-    elif raw.get("model_type") not in (
-        None,
-        "mdlm",
-    ):  # a Hugging Face masked LM (or an hf-mlm export)
+    elif raw.get("model_type") not in (None, "mdlm"):  # a Hugging Face masked LM (or its export)
         return _from_hf_mlm_folder(folder, raw, mdlm_meta, label=label, device=device)
     elif isinstance(raw.get("config"), dict) and isinstance(raw["config"].get("model"), dict):
-        partial = ref.partial_from_hydra(
-            raw["config"], config_file
-        )  # a DiT pushed with PyTorchModelHubMixin
+        # a DiT pushed with PyTorchModelHubMixin
+        partial = ref.partial_from_hydra(raw["config"], config_file)
     else:
         partial = ref.partial_from_hf_config(raw, config_file)
-    weights_file, state = _read_hf_weights(folder)
-    tokenizer_name = (mdlm_meta.get("tokenizer") or {}).get("name") or partial["data"].get(
-        "tokenizer"
-    )
-    state_json = dict(mdlm_meta.get("state") or {})
-    state_json.update(
-        {
-            "format": "hugging-face",
-            "source": label,
-            "weights": mdlm_meta.get("weights", "as stored"),
-        }
-    )
+    weights_file, weights = _read_hf_weights(folder)
+    exported_tokenizer = (mdlm_meta.get("tokenizer") or {}).get("name")
+    tokenizer_name = exported_tokenizer or partial["data"].get("tokenizer")
+    state_json = _hf_state(mdlm_meta, label)
     return _assemble(
-        ref.backbone_state(state, weights_file),
+        ref.backbone_state(weights, weights_file),
         partial,
         source=f"{weights_file}",
         path=folder,
@@ -201,17 +186,18 @@ def _from_hf_mlm_folder(
             "model": model_section})
     model = HFMaskedLM(config.model, tokenizer.vocab_size, folder=folder)
     data_meta = _data_meta(mdlm_meta, config, tokenizer)
-    state = dict(mdlm_meta.get("state") or {})
-    state.update(
-        {
-            "format": "hugging-face",
-            "source": label,
-            "weights": mdlm_meta.get("weights", "as stored"),
-        }
-    )
+    state = _hf_state(mdlm_meta, label)
     if model.notes:
         state["notes"] = model.notes
     return LoadedModel(folder, model.to(device).eval(), config, tokenizer, data_meta, state)
+
+
+def _hf_state(mdlm_meta: dict, label: str) -> dict:
+    """state.json of a Hugging Face-style folder: an export's own, with where it came from."""
+    state = dict(mdlm_meta.get("state") or {})
+    weights = mdlm_meta.get("weights", "as stored")
+    state.update({"format": "hugging-face", "source": label, "weights": weights})
+    return state
 
 
 def _hf_mlm_tokenizer(folder: Path, label: str) -> Tokenizer:
@@ -299,10 +285,8 @@ def _assemble(weights: dict[str, torch.Tensor], partial: dict, *, source: str, p
     inv_freq = weights.pop(ref.INV_FREQ, None)
     model_cfg, vocab = ref.model_config(weights, partial, inv_freq, source)
     embedding = tuple(weights["vocab_embed.embedding"].shape)
-    if embedding != (
-        vocab,
-        model_cfg.hidden_size,
-    ):  # before fetching a tokenizer for the wrong vocabulary
+    # checked before a tokeniser is fetched for the wrong vocabulary
+    if embedding != (vocab, model_cfg.hidden_size):
         raise MdlmError(f"{source}: vocab_embed.embedding has shape {embedding}, the model expects "
                         f"{(vocab, model_cfg.hidden_size)} (its config says vocab {vocab}, "
                         f"hidden {model_cfg.hidden_size})")
@@ -314,8 +298,9 @@ def _assemble(weights: dict[str, torch.Tensor], partial: dict, *, source: str, p
         )
     if partial["mask_id"] is not None and tokenizer.mask_id != partial["mask_id"]:
         raise MdlmError(
-            f"{source}: the model's mask (absorbing state) is id {partial['mask_id']}, but the tokenizer "
-            f"{tokenizer.name!r} masks with id {tokenizer.mask_id}; they do not belong together"
+            f"{source}: the model's mask (absorbing state) is id {partial['mask_id']}, but the "
+            f"tokenizer {tokenizer.name!r} masks with id {tokenizer.mask_id}; they do not belong "
+            "together"
         )
     config = mdlm_config(model_cfg, partial, tokenizer, mdlm_meta, label)
     model = build_model(model_cfg, vocab, causal=get_objective(config, tokenizer).causal)
@@ -343,7 +328,8 @@ def _data_meta(mdlm_meta: dict, config: Config, tokenizer: Tokenizer) -> dict:
 def mdlm_config(
     model_cfg, partial: dict, tokenizer: Tokenizer, mdlm_meta: dict, label: str
 ) -> Config:
-    """mdlm's typed config for an imported model: the exporter's own when present, else the reference's."""
+    """mdlm's typed config for an imported model: the exporter's own when present, else the
+    reference's."""
     dataset, packing, length = TOKENIZER_DEFAULTS.get(tokenizer.name, ("openwebtext", "wrap", 1024))
     saved = mdlm_meta.get("config") if isinstance(mdlm_meta.get("config"), dict) else {}
     saved_data = saved.get("data") or {}
@@ -382,15 +368,17 @@ def mdlm_config(
 
 
 def _tokenizer(folder: Path | None, name: str | None, vocab_size: int, source) -> Tokenizer:
-    """The checkpoint's own tokeniser files, else the reference tokeniser its config or vocabulary names."""
+    """The checkpoint's own tokeniser files, else the reference tokeniser its config or
+    vocabulary names."""
     if folder is not None and any((folder / f).is_file() for f in TOKENIZER_FILES):
         with quiet_transformers():
             return load_tokenizer(str(folder))
     name = name or KNOWN_VOCABS.get(vocab_size)
     if name is None:
         raise MdlmError(
-            f"{source} carries no tokenizer files and its vocabulary ({vocab_size}) is not GPT-2's "
-            "(50258), BERT's (30522) or text8's (35); put the tokenizer files next to its config.json"
+            f"{source} carries no tokenizer files and its vocabulary ({vocab_size}) is not "
+            "GPT-2's (50258), BERT's (30522) or text8's (35); put the tokenizer files next to its "
+            "config.json"
         )
     return load_tokenizer(name)
 

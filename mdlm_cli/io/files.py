@@ -110,7 +110,8 @@ def stale_old_folders(folder: Path) -> list[tuple[str, Path]]:
 
 
 def no_space(e: BaseException) -> bool:
-    """Whether a write failed for lack of space (OSError, or torch's and safetensors' own errors)."""
+    """Whether a write failed for lack of space (OSError, or torch's and safetensors' own
+    errors)."""
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(e)
@@ -139,7 +140,8 @@ def write_failure(e: BaseException, folder: Path, what: str) -> MdlmError:
     if no_space(e):
         return MdlmError(
             f"no space left on the device holding {folder}; nothing was lost ({what} was not "
-            "written, everything already there is intact): free some space and run the command again"
+            "written, everything already there is intact): free some space and run the command "
+            "again"
         )
     detail = os_error_message(e) if isinstance(e, OSError) else str(e).strip().splitlines()[0]
     return MdlmError(f"could not write {what} in {folder} ({detail}); nothing was lost")

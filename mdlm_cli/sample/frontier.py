@@ -38,7 +38,8 @@ class Quality:
     num_samples: int
     gen_ppl: float
     nats_per_token: float
-    nats_per_token_se: float | None  # ratio estimator: sd of (nll_i - r tokens_i) * sqrt(n) / total tokens
+    # ratio estimator: sd of (nll_i - r tokens_i) * sqrt(n) / total tokens
+    nats_per_token_se: float | None
     nats_per_char: float
     entropy: float  # mean per-sample unigram entropy (nats)
     entropy_se: float | None
@@ -57,9 +58,12 @@ class Quality:
         entropy = np.array([s.entropy for s in result.samples], dtype=np.float64)
         n = len(nll)
         r = result.nats_per_token
-        se = math.sqrt(((nll - r * tokens) ** 2).sum() / (n - 1) * n) / max(tokens.sum(), 1) if n > 1 else None
-        return cls(n, result.gen_ppl, r, se, result.nats_per_char, result.entropy,
-                   float(entropy.std(ddof=1) / math.sqrt(n)) if n > 1 else None)
+        se = entropy_se = None
+        if n > 1:
+            residuals = nll - r * tokens
+            se = math.sqrt((residuals**2).sum() / (n - 1) * n) / max(tokens.sum(), 1)
+            entropy_se = float(entropy.std(ddof=1) / math.sqrt(n))
+        return cls(n, result.gen_ppl, r, se, result.nats_per_char, result.entropy, entropy_se)
 
     def with_texts(self, texts: list[str], mauve_set: MauveSet | None = None) -> Quality:
         """The same figures with the texts' diversity and, given a MAUVE set, their MAUVE."""
@@ -124,7 +128,9 @@ def reference_rows(split, *, length: int, count: int) -> torch.Tensor:
                         f"the benchmark's length is {length}")
     full = np.nonzero(split.lengths >= length)[0]
     if len(full) < count:
-        raise MdlmError(f"--reference-text: the split has {len(full)} rows of {length} tokens; lower -n")
+        raise MdlmError(
+            f"--reference-text: the split has {len(full)} rows of {length} tokens; lower -n"
+        )
     pick = full[np.linspace(0, len(full) - 1, count).round().astype(np.int64)]
     return torch.from_numpy(np.asarray(split.tokens[pick, :length]).astype(np.int64))
 
@@ -183,8 +189,10 @@ def reference_split(data_cfg, tokenizer, split: str):
     prepared = prepare(data_cfg)
     tok = prepared.meta["tokenizer"]
     if (tok["vocab_size"], tok["mask_id"]) != (tokenizer.vocab_size, tokenizer.mask_id):
-        raise MdlmError(f"{prepared.folder.name} uses tokenizer {tok['name']}; the model's has vocab "
-                        f"{tokenizer.vocab_size}")
+        raise MdlmError(
+            f"{prepared.folder.name} uses tokenizer {tok['name']}; the model's has vocab "
+            f"{tokenizer.vocab_size}"
+        )
     name, _ = pick_split(prepared, split)
     return prepared.split(name), name
 
@@ -213,39 +221,64 @@ def plot_frontier(report, path: str, x: str = "seconds") -> None:
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.6))
     panels = dict(zip(names, axes, strict=True))
     for key, points in _lines(rows, field):
-        sampler, precision, batch, opts = key
-        label = f"{sampler}{''.join(f' {k}={v}' for k, v in opts)} ({precision}, batch {batch})"
-        xs = [getattr(r, field) for r in points]
-        for name, ax in panels.items():
-            ys = [getattr(r.quality, name) for r in points]
-            if any(y is None for y in ys):
-                continue
-            (handle,) = ax.plot(xs, ys, "o-" if len(xs) > 1 else "o", label=label, markersize=4)
-            ax.errorbar(xs, ys, yerr=_error_bars(points, name), fmt="none", ecolor=handle.get_color(),
-                        elinewidth=0.8, capsize=2)
-            for r, xv, yv in zip(points, xs, ys, strict=True):
-                text = str(r.steps) if r.steps is not None else " ".join(f"{v}" for _, v in sorted(r.options.items()))
-                ax.annotate(text, (xv, yv), fontsize=6, xytext=(3, 3), textcoords="offset points",
-                            color=handle.get_color())
-    ref = report.reference
-    for name, ax in panels.items():
-        if ref is not None and name in ref.band:
-            ax.axhline(getattr(ref.quality, name), color="black", linestyle="--", linewidth=1,
-                       label=f"real text ({ref.split})")
-            ax.axhspan(*ref.band[name], color="grey", alpha=0.2, label=f"real-text band ({ref.groups} sets)")
-        ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(PANELS[name])
+        _plot_line(panels, points, field, _line_label(key))
+    _plot_reference(panels, report.reference, xlabel)
     ax_ppl = panels["gen_ppl"]
     ax_ppl.set_yscale("log")
     ax_ppl.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax_ppl.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
-    judge = report.meta.get("judge", "")
-    fig.suptitle(f"{report.meta.get('model')}, L={report.meta.get('length')}, judge {judge}", fontsize=9)
+    meta = report.meta
+    title = f"{meta.get('model')}, L={meta.get('length')}, judge {meta.get('judge', '')}"
+    fig.suptitle(title, fontsize=9)
     ax_ppl.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _line_label(key) -> str:
+    """A line's legend entry: its sampler with the options it runs at, precision and batch."""
+    sampler, precision, batch, opts = key
+    options = "".join(f" {k}={v}" for k, v in opts)
+    return f"{sampler}{options} ({precision}, batch {batch})"
+
+
+def _point_label(row) -> str:
+    """A point's annotation: its steps, else its options' values."""
+    if row.steps is not None:
+        return str(row.steps)
+    return " ".join(f"{v}" for _, v in sorted(row.options.items()))
+
+
+def _plot_line(panels: dict, points: list, field: str, label: str) -> None:
+    """One line on every panel whose figure all its points have, with error bars and labels."""
+    xs = [getattr(r, field) for r in points]
+    for name, ax in panels.items():
+        ys = [getattr(r.quality, name) for r in points]
+        if any(y is None for y in ys):
+            continue
+        style = "o-" if len(xs) > 1 else "o"
+        (handle,) = ax.plot(xs, ys, style, label=label, markersize=4)
+        color = handle.get_color()
+        bars = _error_bars(points, name)
+        ax.errorbar(xs, ys, yerr=bars, fmt="none", ecolor=color, elinewidth=0.8, capsize=2)
+        for r, xv, yv in zip(points, xs, ys, strict=True):
+            ax.annotate(_point_label(r), (xv, yv), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points", color=color)
+
+
+def _plot_reference(panels: dict, ref: Reference | None, xlabel: str) -> None:
+    """Real text's figure (dashed) and band (shaded) where it has one; the axes' scale and
+    labels."""
+    for name, ax in panels.items():
+        if ref is not None and name in ref.band:
+            ax.axhline(getattr(ref.quality, name), color="black", linestyle="--", linewidth=1,
+                       label=f"real text ({ref.split})")
+            band_label = f"real-text band ({ref.groups} sets)"
+            ax.axhspan(*ref.band[name], color="grey", alpha=0.2, label=band_label)
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(PANELS[name])
 
 
 def _lines(rows, field: str):
@@ -291,7 +324,8 @@ class RowScorer:
                  source: str = "",
                  seed: int = 0,
                  mauve_set: MauveSet | None = None):
-        self.judge, self.tokenizer, self.save_dir, self.source, self.seed = judge, tokenizer, save_dir, source, seed
+        self.judge, self.tokenizer = judge, tokenizer
+        self.save_dir, self.source, self.seed = save_dir, source, seed
         self.mauve_set = mauve_set
 
     def __call__(self, row, tokens: torch.Tensor) -> None:
@@ -307,12 +341,23 @@ class RowScorer:
         from .generate import SampleRecord, write_jsonl
 
         setting = row.setting.replace(" ", "-").replace("=", "") or "default"
-        path = Path(self.save_dir) / f"{row.precision}-{row.sampler}-{setting}-b{row.batch_size}.jsonl"
-        extra = {"sampler": row.sampler, "steps": row.steps, "nfe": row.nfe, "ncs": row.ncs, "seed": self.seed,
-                 "precision": row.precision, "checkpoint": self.source, "seconds": row.seconds_per_sample,
-                 **row.options}
-        write_jsonl(path, [SampleRecord(i, self.tokenizer.decode(ids), ids).to_json(**extra)
-                           for i, ids in enumerate(tokens.cpu().tolist())])
+        name = f"{row.precision}-{row.sampler}-{setting}-b{row.batch_size}.jsonl"
+        extra = {
+            "sampler": row.sampler,
+            "steps": row.steps,
+            "nfe": row.nfe,
+            "ncs": row.ncs,
+            "seed": self.seed,
+            "precision": row.precision,
+            "checkpoint": self.source,
+            "seconds": row.seconds_per_sample,
+            **row.options,
+        }
+        records = [
+            SampleRecord(i, self.tokenizer.decode(ids), ids).to_json(**extra)
+            for i, ids in enumerate(tokens.cpu().tolist())
+        ]
+        write_jsonl(Path(self.save_dir) / name, records)
 
 
 def mauve_reference_texts(spec: str,

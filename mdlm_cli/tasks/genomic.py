@@ -1,4 +1,5 @@
-"""`mdlm classify`: fine-tune a DNA checkpoint's encoder on a Genomic Benchmarks task (Table 7).
+"""`mdlm classify`: fine-tune a DNA checkpoint's encoder on a Genomic Benchmarks task
+(Table 7).
 
 Caduceus's recipe (slurm_scripts/run_genomics_benchmark.sh, configs/experiment/hg38/
 genomic_benchmark.yaml): for each seed, a random 90/10 train/validation split of the task's
@@ -55,7 +56,9 @@ class ClassifyConfig:
 class SequenceClassifier(nn.Module):
     """A backbone's `features` mean-pooled over the length, then a linear head (`score`)."""
 
-    def __init__(self, backbone: nn.Module, n_classes: int, *, conjoin: bool, complement: list[int]):
+    def __init__(self, backbone: nn.Module, n_classes: int, *,
+                 conjoin: bool,
+                 complement: list[int]):
         super().__init__()
         self.backbone, self.conjoin = backbone, conjoin
         self.strands = bool(getattr(backbone, "rcps", False))
@@ -79,18 +82,45 @@ class SequenceClassifier(nn.Module):
 
 def strand_recipe(model: nn.Module, cfg: ClassifyConfig) -> tuple[bool, bool]:
     """(rc_augment, conjoin) for this backbone, as Caduceus's scripts, unless the config says."""
-    ps, causal = bool(getattr(model, "rcps", False)), bool(model.causal)  # rcps: DNA encoders only
+    ps = bool(getattr(model, "rcps", False))  # rcps: DNA encoders only
+    causal = bool(model.causal)
     rc_aug = causal if cfg.rc_augment is None else cfg.rc_augment  # Mamba: RC augmentation
-    conjoin = (not ps and not causal) if cfg.conjoin is None else cfg.conjoin  # Ph: post-hoc conjoining
+    # Ph: post-hoc conjoining
+    conjoin = (not ps and not causal) if cfg.conjoin is None else cfg.conjoin
     return rc_aug, conjoin
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: torch.device) -> float:
+def accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int,
+             device: torch.device) -> float:
     model.eval()
-    correct = sum(int((model(x[i:i + batch_size].to(device)).argmax(-1) == y[i:i + batch_size].to(device)).sum())
-                  for i in range(0, len(x), batch_size))
+    correct = 0
+    for i in range(0, len(x), batch_size):
+        predicted = model(x[i:i + batch_size].to(device)).argmax(-1)
+        correct += int((predicted == y[i:i + batch_size].to(device)).sum())
     return correct / max(len(x), 1)
+
+
+def validation_split(n: int, fraction: float, g: torch.Generator) -> tuple[Tensor, Tensor]:
+    """(validation, training) indices of n sequences: a random `fraction` (at least one) for
+    validation, drawn from `g`."""
+    order = torch.randperm(n, generator=g)
+    n_val = max(1, round(fraction * n))
+    return order[:n_val], order[n_val:]
+
+
+def new_classifier(loaded: LoadedModel, task: GenomicTask, *,
+                   conjoin: bool,
+                   seed: int) -> SequenceClassifier:
+    """A copy of the checkpoint's backbone under a fresh head, its init seeded by the run's
+    seed."""
+    torch.manual_seed(derive_seed(seed, "classify-head"))
+    return SequenceClassifier(
+        copy.deepcopy(loaded.model),
+        len(task.classes),
+        conjoin=conjoin,
+        complement=loaded.tokenizer.complement,
+    )
 
 
 def fine_tune(loaded: LoadedModel,
@@ -107,14 +137,11 @@ def fine_tune(loaded: LoadedModel,
     """One seed of one sweep setting: split, fine-tune (the shared loop, tasks/finetune.py),
     keep the epoch of the best validation accuracy, test."""
     g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(x), generator=g)
-    n_val = max(1, round(cfg.val_fraction * len(x)))
-    val_idx, train_idx = order[:n_val], order[n_val:]
+    val_idx, train_idx = validation_split(len(x), cfg.val_fraction, g)
     rc_aug, conjoin = strand_recipe(loaded.model, cfg)
-    torch.manual_seed(derive_seed(seed, "classify-head"))
-    model = SequenceClassifier(copy.deepcopy(loaded.model), len(task.classes), conjoin=conjoin,
-                               complement=loaded.tokenizer.complement).to(device)
-    total = cfg.epochs * -(-len(train_idx) // batch_size)
+    model = new_classifier(loaded, task, conjoin=conjoin, seed=seed).to(device)
+    steps_per_epoch = -(-len(train_idx) // batch_size)  # the last batch may be short
+    total = cfg.epochs * steps_per_epoch
 
     def batches():
         perm = train_idx[torch.randperm(len(train_idx), generator=g)]
@@ -128,46 +155,101 @@ def fine_tune(loaded: LoadedModel,
 
     warmup = max(1, round(cfg.warmup_fraction * total))
     x_val, y_val = x[val_idx], y[val_idx]
-    result = fit(model, batches, lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]),
-                 epochs=cfg.epochs, total_steps=total,
-                 lr_at=lambda step: warmup_cosine(step, lr=lr, warmup=warmup, total=total,
-                                                  min_lr_ratio=cfg.min_lr_ratio),
-                 weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-                 evaluate=lambda m: accuracy(m, x_val, y_val, cfg.eval_batch_size, device))
+
+    def lr_at(step: int) -> float:
+        return warmup_cosine(step, lr=lr, warmup=warmup, total=total, min_lr_ratio=cfg.min_lr_ratio)
+
+    result = fit(
+        model,
+        batches,
+        lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]),
+        epochs=cfg.epochs,
+        total_steps=total,
+        lr_at=lr_at,
+        weight_decay=cfg.weight_decay,
+        grad_clip=cfg.grad_clip,
+        evaluate=lambda m: accuracy(m, x_val, y_val, cfg.eval_batch_size, device),
+    )
     test = accuracy(model, x_test, y_test, cfg.eval_batch_size, device)
-    return {"seed": seed, "val_accuracy": result.best_score, "best_epoch": result.best_epoch,
-            "test_accuracy": test, "rc_augment": rc_aug, "conjoin": conjoin}
+    return {
+        "seed": seed,
+        "val_accuracy": result.best_score,
+        "best_epoch": result.best_epoch,
+        "test_accuracy": test,
+        "rc_augment": rc_aug,
+        "conjoin": conjoin,
+    }
+
+
+def check_dna_encoder(loaded: LoadedModel) -> None:
+    """classify fine-tunes a DNA encoder: a DNA tokeniser and a backbone with `features`."""
+    if loaded.tokenizer.complement is None:
+        raise MdlmError(
+            f"classify needs a DNA model (tokenizer dna); {loaded.path} uses "
+            f"{loaded.tokenizer.name}"
+        )
+    if not hasattr(loaded.model, "features"):
+        raise MdlmError(
+            "classify fine-tunes a DNA encoder (backbone caduceus or mamba); "
+            f"{loaded.path} is a {loaded.config.model.backbone} model"
+        )
 
 
 def classify(loaded: LoadedModel, task: GenomicTask, cfg: ClassifyConfig, device: torch.device,
              on_run=None) -> dict:
-    """The whole sweep on one task: every (lr, batch size) x seed; the best setting by mean validation accuracy."""
-    if loaded.tokenizer.complement is None:
-        raise MdlmError(f"classify needs a DNA model (tokenizer dna); {loaded.path} uses {loaded.tokenizer.name}")
-    if not hasattr(loaded.model, "features"):
-        raise MdlmError(f"classify fine-tunes a DNA encoder (backbone caduceus or mamba); {loaded.path} is a "
-                        f"{loaded.config.model.backbone} model")
+    """The whole sweep on one task: every (lr, batch size) x seed; the best setting by mean
+    validation accuracy."""
+    check_dna_encoder(loaded)
     length = cfg.max_length or task.max_length
     tok = loaded.tokenizer
-    x, x_test = (encode_left_padded([s for s, _ in rows], tok, length) for rows in (task.train, task.test))
+    x, x_test = (
+        encode_left_padded([s for s, _ in rows], tok, length) for rows in (task.train, task.test)
+    )
     y, y_test = (torch.tensor([label for _, label in rows]) for rows in (task.train, task.test))
     t0, settings = time.perf_counter(), []
     for lr in cfg.lrs:
         for batch_size in cfg.batch_sizes:
             runs = []
             for seed in cfg.seeds:
-                runs.append(fine_tune(loaded, task, x, y, x_test, y_test, lr=lr, batch_size=batch_size, seed=seed,
-                                      cfg=cfg, device=device))
+                run = fine_tune(loaded, task, x, y, x_test, y_test,
+                                lr=lr, batch_size=batch_size, seed=seed, cfg=cfg, device=device)
+                runs.append(run)
                 if on_run is not None:
                     on_run(lr, batch_size, runs[-1])
-            settings.append({"lr": lr, "batch_size": batch_size, "runs": runs,
-                             "mean_val_accuracy": statistics.fmean(r["val_accuracy"] for r in runs),
-                             "mean_test_accuracy": statistics.fmean(r["test_accuracy"] for r in runs)})
+            settings.append({
+                "lr": lr,
+                "batch_size": batch_size,
+                "runs": runs,
+                "mean_val_accuracy": statistics.fmean(r["val_accuracy"] for r in runs),
+                "mean_test_accuracy": statistics.fmean(r["test_accuracy"] for r in runs),
+            })
+    report = sweep_report(loaded, task, cfg, settings, length)
+    report["seconds"] = time.perf_counter() - t0
+    return report
+
+
+def sweep_report(loaded: LoadedModel, task: GenomicTask, cfg: ClassifyConfig,
+                 settings: list[dict], length: int) -> dict:
+    """classify's JSON record: the best setting by mean validation accuracy, its test accuracy
+    as mean and max - min over the seeds (Table 7's "±"), and the whole sweep."""
     best = max(settings, key=lambda s: s["mean_val_accuracy"])
     tests = [r["test_accuracy"] for r in best["runs"]]
-    return {"task": task.name, "classes": task.classes, "checkpoint": str(loaded.path),
-            "backbone": loaded.config.model.backbone, "rcps": loaded.config.model.rcps, "max_length": length,
-            "train_sequences": len(task.train), "test_sequences": len(task.test),
-            "best": {"lr": best["lr"], "batch_size": best["batch_size"], "test_accuracy_mean": statistics.fmean(tests),
-                     "test_accuracy_max_minus_min": max(tests) - min(tests), "test_accuracies": tests},
-            "sweep": settings, "config": asdict(cfg), "seconds": time.perf_counter() - t0}
+    return {
+        "task": task.name,
+        "classes": task.classes,
+        "checkpoint": str(loaded.path),
+        "backbone": loaded.config.model.backbone,
+        "rcps": loaded.config.model.rcps,
+        "max_length": length,
+        "train_sequences": len(task.train),
+        "test_sequences": len(task.test),
+        "best": {
+            "lr": best["lr"],
+            "batch_size": best["batch_size"],
+            "test_accuracy_mean": statistics.fmean(tests),
+            "test_accuracy_max_minus_min": max(tests) - min(tests),
+            "test_accuracies": tests,
+        },
+        "sweep": settings,
+        "config": asdict(cfg),
+    }

@@ -1,4 +1,5 @@
-"""`mdlm glue`: fine-tune a classification / regression head on an encoder, per GLUE task (Table 4).
+"""`mdlm glue`: fine-tune a classification / regression head on an encoder, per GLUE task
+(Table 4).
 
 The encoder is the Hugging Face model inside an hf-mlm checkpoint (an mdlm run, step folder or
 export, EMA weights), or a Hugging Face masked LM itself (hub id or folder: the "before MDLM
@@ -55,7 +56,8 @@ class Encoder:
 
 
 def load_encoder(checkpoint: str) -> Encoder:
-    """An hf-mlm checkpoint's encoder, or a Hugging Face masked LM's (hub id, folder, packaged name)."""
+    """An hf-mlm checkpoint's encoder, or a Hugging Face masked LM's (hub id, folder, packaged
+    name)."""
     from ..checkpoints.load import load_checkpoint
     from ..checkpoints.pretrained import pretrained_source
     from ..models import HFMaskedLM
@@ -79,7 +81,8 @@ def load_encoder(checkpoint: str) -> Encoder:
 
 
 def build_classifier(encoder: Encoder, task: GlueTask, seed: int) -> nn.Module:
-    """AutoModelForSequenceClassification with the encoder's weights; pooler and classifier fresh."""
+    """AutoModelForSequenceClassification with the encoder's weights; pooler and classifier
+    fresh."""
     from transformers import AutoModelForSequenceClassification
 
     from ..models.hf_mlm import quiet_transformers
@@ -100,7 +103,8 @@ def build_classifier(encoder: Encoder, task: GlueTask, seed: int) -> nn.Module:
 
 
 def encode(tokenizer, task: GlueTask, rows: list[dict], max_length: int) -> list[dict]:
-    """Token ids (and segment ids where the model takes them) of every row, truncated to max_length."""
+    """Token ids (and segment ids where the model takes them) of every row, truncated to
+    max_length."""
     texts = [[row[f] for row in rows] for f in task.fields]
     enc = tokenizer(*texts, truncation=True, max_length=max_length)
     keys = [
@@ -143,15 +147,23 @@ def fine_tune(model: nn.Module, train: list[dict], task: GlueTask, recipe: GlueR
             rows = [train[i] for i in order[start:start + recipe.batch_size]]
             yield collate(rows, pad_id, device, task.num_labels == 1)
 
-    result = fit(model, batches, lambda m, batch: m(**batch).loss,
-                 epochs=epochs_for(total, steps_per_epoch), total_steps=total,
-                 lr_at=lambda step: recipe.lr * max(0.0, 1 - step / total),
-                 weight_decay=recipe.weight_decay, grad_clip=recipe.grad_clip, on_step=on_step)
+    result = fit(
+        model,
+        batches,
+        lambda m, batch: m(**batch).loss,
+        epochs=epochs_for(total, steps_per_epoch),
+        total_steps=total,
+        lr_at=lambda step: recipe.lr * max(0.0, 1 - step / total),
+        weight_decay=recipe.weight_decay,
+        grad_clip=recipe.grad_clip,
+        on_step=on_step,
+    )
     return result.last_epoch_loss
 
 
 @torch.no_grad()
-def predict(model: nn.Module, rows: list[dict], task: GlueTask, recipe: GlueRecipe, *, pad_id: int,
+def predict(model: nn.Module, rows: list[dict], task: GlueTask, recipe: GlueRecipe, *,
+            pad_id: int,
             device: torch.device) -> np.ndarray:
     """Class predictions (or regression outputs) for every row."""
     model.eval()
@@ -166,24 +178,23 @@ def predict(model: nn.Module, rows: list[dict], task: GlueTask, recipe: GlueReci
     return torch.cat(out).numpy()
 
 
-def run_task(encoder: Encoder, task: GlueTask, recipe: GlueRecipe, *, device: torch.device,
-             data_dir: str | None = None, max_train_rows: int = 0, max_eval_rows: int = 0,
-             on_step: Callable[[int, int, float], None] | None = None, load_dataset=None) -> dict:
-    """Fine-tune on the task's train split, evaluate on its validation split(s): one JSON record."""
+def run_task(encoder: Encoder, task: GlueTask, recipe: GlueRecipe, *,
+             device: torch.device,
+             data_dir: str | None = None,
+             max_train_rows: int = 0,
+             max_eval_rows: int = 0,
+             on_step: Callable[[int, int, float], None] | None = None,
+             load_dataset=None) -> dict:
+    """Fine-tune on the task's train split, evaluate on its validation split(s): one JSON
+    record."""
     t0 = time.perf_counter()
     tok = encoder.tokenizer
     train = subset(load_rows(task, "train", data_dir, load_dataset), max_train_rows, recipe.seed)
     model = build_classifier(encoder, task, recipe.seed)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    loss = fine_tune(
-        model,
-        encode(tok, task, train, recipe.max_length),
-        task,
-        recipe,
-        pad_id=pad_id,
-        device=device,
-        on_step=on_step,
-    )
+    train_examples = encode(tok, task, train, recipe.max_length)
+    loss = fine_tune(model, train_examples, task, recipe,
+                     pad_id=pad_id, device=device, on_step=on_step)
     record = {
         "task": task.name,
         "metric": task.metric,
@@ -193,14 +204,8 @@ def run_task(encoder: Encoder, task: GlueTask, recipe: GlueRecipe, *, device: to
     for split in task.eval_splits:
         rows = load_rows(task, split, data_dir, load_dataset)
         rows = rows[:max_eval_rows] if max_eval_rows > 0 else rows
-        predictions = predict(
-            model,
-            encode(tok, task, rows, recipe.max_length),
-            task,
-            recipe,
-            pad_id=pad_id,
-            device=device,
-        )
+        examples = encode(tok, task, rows, recipe.max_length)
+        predictions = predict(model, examples, task, recipe, pad_id=pad_id, device=device)
         labels = np.array([r["label"] for r in rows])
         name = split.replace("validation_", "") if len(task.eval_splits) > 1 else "validation"
         record[name] = {**metrics(task, predictions, labels), "rows": len(rows)}

@@ -70,7 +70,8 @@ def get_task(name: str) -> GlueTask:
 def load_rows(
     task: GlueTask, split: str, data_dir: str | None = None, load_dataset=None
 ) -> list[dict]:
-    """The rows of one split: local files under `data_dir` first, then the built-in or hub source."""
+    """The rows of one split: local files under `data_dir` first, then the built-in or hub
+    source."""
     if data_dir is not None:
         return _local_rows(task, split, Path(data_dir))
     if not task.hub:
@@ -83,8 +84,8 @@ def _local_rows(task: GlueTask, split: str, root: Path) -> list[dict]:
                  if (root / task.name / f"{split}{s}").is_file()), None)
     if path is None:
         raise MdlmError(
-            f"no {split} file for {task.name} under {root}: expected {root / task.name}/{split}.jsonl, "
-            ".csv or .tsv"
+            f"no {split} file for {task.name} under {root}: expected "
+            f"{root / task.name}/{split}.jsonl, .csv or .tsv"
         )
     if path.suffix == ".jsonl":
         raw = []

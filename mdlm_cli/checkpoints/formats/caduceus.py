@@ -30,7 +30,8 @@ def caduceus_model_config(raw: dict, source: str) -> dict:
     for key, expected in (("dt_rank", "auto"), ("conv_bias", True), ("bias", False)):
         if ssm.get(key, expected) != expected:
             raise MdlmError(
-                f"{source}: ssm_cfg.{key}={ssm[key]!r} is not supported (mdlm's mixer has {expected!r})"
+                f"{source}: ssm_cfg.{key}={ssm[key]!r} is not supported (mdlm's mixer has "
+                f"{expected!r})"
             )
     try:
         return {
@@ -59,7 +60,8 @@ def seqlen_from_name(label: str) -> int | None:
 
 def caduceus_from_hf(folder: Path, raw: dict, weights: dict[str, torch.Tensor], *, label: str,
                      device) -> LoadedModel:
-    """A LoadedModel (objective mlm, tokenizer dna, data hg38) from a Caduceus folder's config and weights."""
+    """A LoadedModel (objective mlm, tokenizer dna, data hg38) from a Caduceus folder's config
+    and weights."""
     source = str(folder)
     length = seqlen_from_name(label) or seqlen_from_name(folder.name)
     cfg = config_from_dict(

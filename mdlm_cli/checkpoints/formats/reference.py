@@ -14,6 +14,7 @@ what the checkpoint records; the rest comes from the weight shapes or the defaul
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING
 
@@ -38,8 +39,8 @@ REFERENCE_SCHEDULES = {"loglinear": "loglinear", "cosine": "cosine", "cosinesqr"
 # record these
 SIGMA_RANGES = {name: (s.sigma_min, s.sigma_max) for name, s in
                 ((name, get_schedule(name)) for name in SCHEDULES) if hasattr(s, "sigma_min")}
-# the reference's `parameterization` -> mdlm's objective and the switches it implies: its d3pm always
-# adds the reconstruction term (no carry-over) and zero-masks only with `subs_masking`
+# the reference's `parameterization` -> mdlm's objective and the switches it implies: its d3pm
+# always adds the reconstruction term (no carry-over) and zero-masks only with `subs_masking`
 PARAMETERIZATIONS = {"subs": {"objective": "mdlm"}, "sedd": {"objective": "sedd"},
                      "d3pm": {"objective": "d3pm", "carry_over": False, "zero_masking": False}}
 DATASET_NAMES = (
@@ -52,7 +53,8 @@ DATASET_NAMES = (
     "lambada",
     "ag_news",
 )
-# config.json field of the reference's MDLMConfig -> where mdlm keeps it
+# config.json field of the reference's MDLMConfig -> where mdlm keeps it (section, key, type);
+# key None: the section is the partial config's top-level entry (read_fields)
 HF_FIELDS = {
     "vocab_size": ("vocab_size", None, int),
     "model_length": ("data", "length", int),
@@ -66,7 +68,8 @@ HF_FIELDS = {
 
 
 def new_partial() -> dict:
-    # mask_id: where the format fixes the mask token (SEDD: the last id), checked against the tokeniser
+    # mask_id: where the format fixes the mask token (SEDD: the last id), checked against the
+    # tokeniser
     return {
         "model": {},
         "data": {},
@@ -81,36 +84,44 @@ def new_partial() -> dict:
 
 def partial_from_hf_config(raw: dict, source) -> dict:
     """The MDLMConfig fields of a config.json (`hidden_size` accepted for `hidden_dim`)."""
-    raw = {"hidden_dim": raw.get("hidden_size"), **{k: v for k, v in raw.items() if v is not None}}
+    recorded = {k: v for k, v in raw.items() if v is not None}
+    raw = {"hidden_dim": raw.get("hidden_size"), **recorded}
     partial = new_partial()
-    for name, (section, key, typ) in HF_FIELDS.items():
-        value = number(raw.get(name), typ, name, source)
-        if value is None:
-            continue
-        if section == "vocab_size":
-            partial["vocab_size"] = value
-        else:
-            partial[section][key] = value
+    read_fields(partial, raw, HF_FIELDS, source)
     return partial
 
 
-def partial_from_hydra(config: dict, source) -> dict:
-    """Hyper-parameters from the reference's Hydra config (`model.*`, `noise.type`, `data.*`, ...)."""
-    def get(dotted: str):
-        value = config
-        for part in dotted.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if isinstance(value, str) and value.startswith(
-            "${"
-        ):  # an absolute interpolation, resolved once
-            target = value[2:-1]
-            return (
-                get(target)
-                if value.endswith("}") and re.fullmatch(r"[\w.]+", target) and target != dotted
-                else None
-            )
-        return value
+def read_fields(partial: dict, values: dict, fields: dict, source, prefix: str = "") -> None:
+    """Put each of `values`' fields that `fields` maps (name -> (section, key, type)) where
+    `partial` keeps it, when recorded (not None); a key of None is the section itself, a
+    top-level entry. Errors name the field `prefix + name`."""
+    for name, (section, key, typ) in fields.items():
+        value = number(values.get(name), typ, prefix + name, source)
+        if value is None:
+            continue
+        if key is None:
+            partial[section] = value
+        else:
+            partial[section][key] = value
 
+
+def hydra_value(config: dict, dotted: str):
+    """The value at `dotted` (`model.length`) of a Hydra config, None where there is none; an
+    absolute interpolation (`${model.length}`) is resolved once."""
+    value = config
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, str) and value.startswith("${"):
+        target = value[2:-1]
+        resolvable = value.endswith("}") and re.fullmatch(r"[\w.]+", target) and target != dotted
+        return hydra_value(config, target) if resolvable else None
+    return value
+
+
+def partial_from_hydra(config: dict, source) -> dict:
+    """Hyper-parameters from the reference's Hydra config (`model.*`, `noise.type`, `data.*`,
+    ...)."""
+    get = functools.partial(hydra_value, config)
     backbone, parameterization = get("backbone"), get("parameterization") or "subs"
     if backbone not in (None, "dit", "hf_dit"):
         raise MdlmError(f"{source} holds a {backbone!r} backbone; mdlm loads MDLM's DiT")
@@ -136,7 +147,9 @@ def partial_from_hydra(config: dict, source) -> dict:
         get("time_conditioning"), bool, "time_conditioning", source
     )
     partial["data"]["length"] = number(get("model.length"), int, "model.length", source)
-    partial["diffusion"]["schedule"] = _schedule(get, source)
+    noise = {key: get(f"noise.{key}") for key in ("type", "sigma_min", "sigma_max")}
+    if noise["type"] is not None:
+        partial["diffusion"]["schedule"] = noise_schedule(noise, REFERENCE_SCHEDULES, source)
     partial["diffusion"]["T"] = number(get("T"), int, "T", source)
     tokenizer = get("data.tokenizer_name_or_path")
     partial["data"]["tokenizer"] = "char" if tokenizer == "text8" else tokenizer
@@ -148,24 +161,19 @@ def partial_from_hydra(config: dict, source) -> dict:
     return partial
 
 
-def _schedule(get, source) -> str | None:
-    noise = get("noise.type")
-    if noise is None:
-        return None
-    sigmas = (get("noise.sigma_min"), get("noise.sigma_max"))
-    return noise_schedule(noise, sigmas, REFERENCE_SCHEDULES, source)
-
-
-def noise_schedule(noise: str, sigmas: tuple, names: dict[str, str], source) -> str:
-    """mdlm's schedule for a format's noise `noise` with (sigma_min, sigma_max): `names` maps the
-    format's noise names to mdlm's; the schedules with fixed sigmas (SIGMA_RANGES) match only
-    with those (a sigma of a schedule without one, such as loglinear's, is not read)."""
-    name = names.get(noise)
+def noise_schedule(noise: dict, names: dict[str, str], source, default: str | None = None) -> str:
+    """mdlm's schedule for a format's noise section (`type`, else `default`; `sigma_min`,
+    `sigma_max`): `names` maps the format's noise types to mdlm's; the schedules with fixed
+    sigmas (SIGMA_RANGES) match only with those (a sigma of a schedule without one, such as
+    loglinear's, is not read)."""
+    kind = noise.get("type", default)
+    sigmas = (noise.get("sigma_min"), noise.get("sigma_max"))
+    name = names.get(kind)
     if name is None:
         supported = [f"{k} with {_sigma_text(SIGMA_RANGES[v])}" if v in SIGMA_RANGES else k
                      for k, v in names.items()]
         raise MdlmError(
-            f"{source} uses the noise schedule {noise!r}, which mdlm does not implement "
+            f"{source} uses the noise schedule {kind!r}, which mdlm does not implement "
             f"(supported: {', '.join(supported)})"
         )
     if name in SIGMA_RANGES:
@@ -173,8 +181,10 @@ def noise_schedule(noise: str, sigmas: tuple, names: dict[str, str], source) -> 
         got = tuple(number(v, float, k, source) for k, v in zip(keys, sigmas, strict=True))
         if got != SIGMA_RANGES[name]:
             recorded = "no sigma range" if None in got else _sigma_text(got)
-            raise MdlmError(f"{source} uses the noise schedule {noise!r} with {recorded}; mdlm "
-                            f"implements {noise} noise with {_sigma_text(SIGMA_RANGES[name])} only")
+            raise MdlmError(
+                f"{source} uses the noise schedule {kind!r} with {recorded}; mdlm implements "
+                f"{kind} noise with {_sigma_text(SIGMA_RANGES[name])} only"
+            )
     return name
 
 
@@ -229,10 +239,17 @@ def hf_config(loaded: LoadedModel, mdlm_section: dict) -> dict:
         "data": {"length": loaded.length},
         "model": vars(cfg.model),
     }
-    fields = {name: values[name] if section == "vocab_size" else values[section][key]
-              for name, (section, key, _) in HF_FIELDS.items()}
-    return {"model_type": "mdlm", "architectures": ["MDLM"], **fields, "torch_dtype": "float32",
-            "mdlm": mdlm_section}
+    fields = {
+        name: values[section] if key is None else values[section][key]
+        for name, (section, key, _) in HF_FIELDS.items()
+    }
+    return {
+        "model_type": "mdlm",
+        "architectures": ["MDLM"],
+        **fields,
+        "torch_dtype": "float32",
+        "mdlm": mdlm_section,
+    }
 
 
 def number(value, typ, name: str, source):
@@ -257,7 +274,8 @@ def number(value, typ, name: str, source):
 # ---------------------------------------------------------------------- weights
 
 def backbone_state(state: dict, source) -> dict[str, torch.Tensor]:
-    """The DiT's weights under mdlm's names: the reference prefix stripped (`torch.compile`'s too)."""
+    """The DiT's weights under mdlm's names: the reference prefix stripped (`torch.compile`'s
+    too)."""
     tensors = {
         k.replace("_orig_mod.", ""): v for k, v in state.items() if isinstance(v, torch.Tensor)
     }
@@ -287,7 +305,8 @@ def check_rotary(inv_freq: torch.Tensor | None, cfg: ModelConfig, source) -> Non
     if inv_freq.shape != expected.shape:
         raise MdlmError(
             f"{source}: rotary_emb.inv_freq has {inv_freq.numel()} frequencies, but n_heads="
-            f"{cfg.n_heads} gives head size {head} ({head // 2} frequencies); config and weights disagree"
+            f"{cfg.n_heads} gives head size {head} ({head // 2} frequencies); config and weights "
+            "disagree"
         )
     if not torch.allclose(inv_freq.float(), expected, rtol=1e-4, atol=0.0):
         raise MdlmError(f"{source}: rotary_emb.inv_freq is not the base-10000 table mdlm computes")

@@ -13,9 +13,9 @@ id, `tokens`, so the model vocabulary is `tokens + 1`.
 from __future__ import annotations
 
 from ...errors import MdlmError
-from .reference import new_partial, noise_schedule, number
+from .reference import new_partial, noise_schedule, number, read_fields
 
-# SEDD's model fields -> mdlm's config (section, key, type)
+# SEDD's model fields -> mdlm's config (section, key, type), as reference.HF_FIELDS
 MODEL_FIELDS = {
     "hidden_size": ("model", "hidden_size", int),
     "n_blocks": ("model", "n_blocks", int),
@@ -45,7 +45,8 @@ def partial_from_sedd_config(config: dict, source) -> dict:
     graph = config["graph"].get("type")
     if graph != "absorb":
         raise MdlmError(
-            f"{source} is a SEDD model with the {graph!r} graph; mdlm implements SEDD's absorbing graph"
+            f"{source} is a SEDD model with the {graph!r} graph; mdlm implements SEDD's "
+            "absorbing graph"
         )
     model = config.get("model") if isinstance(config.get("model"), dict) else {}
     if model.get("type", "ddit") != "ddit":
@@ -60,19 +61,11 @@ def partial_from_sedd_config(config: dict, source) -> dict:
     partial = new_partial()
     tokens = number(config["tokens"], int, "tokens", source)
     partial["vocab_size"], partial["mask_id"] = tokens + 1, tokens
-    for name, (section, key, typ) in MODEL_FIELDS.items():
-        value = number(model.get(name), typ, f"model.{name}", source)
-        if value is not None:
-            partial[section][key] = value
+    read_fields(partial, model, MODEL_FIELDS, source, prefix="model.")
     partial["model"]["time_conditioning"] = True
-    partial["diffusion"].update(
-        objective="sedd", schedule=_schedule(config.get("noise") or {}, source)
-    )
+    noise = config.get("noise") or {}
+    schedule = noise_schedule(noise, SCHEDULES, source, default="loglinear")
+    partial["diffusion"].update(objective="sedd", schedule=schedule)
     if tokens == 50257:  # GPT-2's vocabulary: SEDD's published models are OpenWebText models
         partial["data"].update(tokenizer="gpt2", dataset="openwebtext", packing="wrap")
     return partial
-
-
-def _schedule(noise: dict, source) -> str:
-    sigmas = (noise.get("sigma_min"), noise.get("sigma_max"))
-    return noise_schedule(noise.get("type", "loglinear"), sigmas, SCHEDULES, source)

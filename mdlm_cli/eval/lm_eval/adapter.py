@@ -20,8 +20,8 @@ values are kept (`scores`), so `mdlm lm-eval` reports K and the Monte-Carlo stan
 
 From the shell, `python -m mdlm_cli.eval.lm_eval.adapter ...` is the harness's own command line
 with `mdlm` registered (lm-eval 0.4 finds no model classes outside its package):
-    python -m mdlm_cli.eval.lm_eval.adapter run --model mdlm --model_args checkpoint=runs/demo,mc_samples=4 \\
-        --tasks lambada_openai --device cpu
+    python -m mdlm_cli.eval.lm_eval.adapter run --model mdlm \\
+        --model_args checkpoint=runs/demo,mc_samples=4 --tasks lambada_openai --device cpu
 """
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ class MdlmLM(LM):
         if dropped and "truncated" not in self._warned:
             self._warned.add("truncated")
             self.warn(
-                f"contexts longer than the model length ({self.max_length} tokens) are truncated from "
-                f"the left ({dropped} tokens dropped in this call)"
+                f"contexts longer than the model length ({self.max_length} tokens) are truncated "
+                f"from the left ({dropped} tokens dropped in this call)"
             )
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:

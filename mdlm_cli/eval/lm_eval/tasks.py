@@ -13,35 +13,34 @@ from ...data.sources import get_source
 from ...data.tokenizers import normalize_text8
 from ...errors import MdlmError
 
-LASTWORD_YAML = """task: {name}_lastword
+# An lm-eval task over a local JSONL file; `lines` (metrics and how a row becomes a request)
+# and `about` (metadata.source) are the task's own.
+TASK_YAML = """task: {task}
 dataset_path: json
 dataset_kwargs:
   data_files:
     test: {data}
-output_type: loglikelihood
+output_type: {output_type}
 test_split: test
-doc_to_text: "{{{{text.split(' ')[:-1]|join(' ')}}}}"
-doc_to_target: "{{{{' '+text.split(' ')[-1]}}}}"
-metric_list:
-  - {{metric: perplexity, aggregation: perplexity, higher_is_better: false}}
-  - {{metric: acc, aggregation: mean, higher_is_better: true}}
-metadata: {{version: 1.0, source: "{source}, split {split}, {words}-word passages, last word >= {min_letters} letters"}}
+{lines}metadata: {{version: 1.0, source: "{about}"}}
 """
-ROLLING_YAML = """task: {name}_rolling
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-output_type: loglikelihood_rolling
-test_split: test
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
+LASTWORD_LINES = """doc_to_text: "{{text.split(' ')[:-1]|join(' ')}}"
+doc_to_target: "{{' '+text.split(' ')[-1]}}"
 metric_list:
-  - {{metric: word_perplexity, aggregation: weighted_perplexity, higher_is_better: false}}
-  - {{metric: byte_perplexity, aggregation: weighted_perplexity, higher_is_better: false}}
-  - {{metric: bits_per_byte, aggregation: bits_per_byte, higher_is_better: false}}
-metadata: {{version: 1.0, source: "{source}, split {split}, one document per row"}}
+  - {metric: perplexity, aggregation: perplexity, higher_is_better: false}
+  - {metric: acc, aggregation: mean, higher_is_better: true}
 """
+LASTWORD_ABOUT = (
+    "{source}, split {split}, {words}-word passages, last word >= {min_letters} letters"
+)
+ROLLING_LINES = """doc_to_text: ""
+doc_to_target: "{{text}}"
+metric_list:
+  - {metric: word_perplexity, aggregation: weighted_perplexity, higher_is_better: false}
+  - {metric: byte_perplexity, aggregation: weighted_perplexity, higher_is_better: false}
+  - {metric: bits_per_byte, aggregation: bits_per_byte, higher_is_better: false}
+"""
+ROLLING_ABOUT = "{source}, split {split}, one document per row"
 
 
 def last_word_passages(words: list[str], size: int, min_letters: int = 4) -> Iterator[str]:
@@ -60,8 +59,13 @@ def last_word_passages(words: list[str], size: int, min_letters: int = 4) -> Ite
         start = end
 
 
-def write_tasks(folder: str | Path, *, dataset: str, split: str = "test", char_level: bool = False,
-                words: int = 40, passages: int = 0, min_letters: int = 4) -> dict[str, int]:
+def write_tasks(folder: str | Path, *,
+                dataset: str,
+                split: str = "test",
+                char_level: bool = False,
+                words: int = 40,
+                passages: int = 0,
+                min_letters: int = 4) -> dict[str, int]:
     """Write `{name}_lastword` and `{name}_rolling` (YAML + JSONL) into `folder`; text as a
     character-level model reads it (text8 normalisation) when `char_level`. Returns the rows
     of each task."""
@@ -78,20 +82,21 @@ def write_tasks(folder: str | Path, *, dataset: str, split: str = "test", char_l
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = "".join(c if c.isalnum() else "_" for c in source.name).strip("_") or "local"
-    for kind, rows, template in (
-        ("lastword", items, LASTWORD_YAML),
-        ("rolling", docs, ROLLING_YAML),
+    for kind, rows, output_type, lines, about in (
+        ("lastword", items, "loglikelihood", LASTWORD_LINES, LASTWORD_ABOUT),
+        ("rolling", docs, "loglikelihood_rolling", ROLLING_LINES, ROLLING_ABOUT),
     ):
         data = folder / f"{name}_{kind}.jsonl"
         data.write_text("".join(json.dumps({"text": row}) + "\n" for row in rows))
-        (folder / f"{name}_{kind}.yaml").write_text(
-            template.format(
-                name=name,
-                data=data.resolve(),
-                source=source.name,
-                split=split,
-                words=words,
-                min_letters=min_letters,
-            )
+        description = about.format(
+            source=source.name, split=split, words=words, min_letters=min_letters
         )
+        yaml = TASK_YAML.format(
+            task=f"{name}_{kind}",
+            data=data.resolve(),
+            output_type=output_type,
+            lines=lines,
+            about=description,
+        )
+        (folder / f"{name}_{kind}.yaml").write_text(yaml)
     return {f"{name}_lastword": len(items), f"{name}_rolling": len(docs)}
