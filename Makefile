@@ -32,7 +32,7 @@ demo: setup
 	$(BIN)/mdlm train --preset demo --out runs/demo --resume --no-print-config
 	$(BIN)/mdlm sample --checkpoint runs/demo --num-samples 3 --sampler first-hitting
 	@echo "What an AR model cannot do: fill in a masked middle, the text on both sides fixed"
-	$(BIN)/mdlm sample --checkpoint runs/demo --num-samples 1 --seed 1 --infill "Sherlock Holmes <mask:24> the door."
+	$(BIN)/mdlm sample --checkpoint runs/demo --num-samples 1 --seed 1 --length 50 --infill "Sherlock Holmes <mask:24> the door."
 	@if [ -f runs/demo-ar/config.yaml ]; then \
 	  echo "The AR twin (make demo-ar) on the same tokens, for comparison with the bound above:"; \
 	  $(BIN)/mdlm eval-ppl --checkpoint runs/demo-ar --split valid --rows 256; \
@@ -45,6 +45,7 @@ demo-ar: setup
 	$(BIN)/mdlm train --preset demo-ar --out runs/demo-ar --resume --no-print-config
 
 test: setup
+	$(BIN)/ruff check mdlm_cli tests
 	$(BIN)/python -m pytest -q
 
 test-fast: setup

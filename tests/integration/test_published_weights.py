@@ -15,7 +15,12 @@ from mdlm_cli.cli import app
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import DiT
 
-from ..reference_weights import lightning_checkpoint, reference_hydra_config, reference_param_shapes, save_hf_folder
+from ..reference_weights import (
+    lightning_checkpoint,
+    reference_hydra_config,
+    reference_param_shapes,
+    save_hf_folder,
+)
 
 runner = CliRunner()
 

@@ -13,7 +13,12 @@ from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.objectives import objectives_served_by
 
-from ..reference_weights import inv_freq, lightning_checkpoint, reference_hydra_config, reference_state_dict
+from ..reference_weights import (
+    inv_freq,
+    lightning_checkpoint,
+    reference_hydra_config,
+    reference_state_dict,
+)
 
 
 def _lightning(tmp_path, **changes):

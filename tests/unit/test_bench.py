@@ -9,7 +9,14 @@ from mdlm_cli.cli import app
 from mdlm_cli.config import ModelConfig
 from mdlm_cli.engine.schedules import LogLinear
 from mdlm_cli.models import DiffusionDenoiser, DiT
-from mdlm_cli.sample.bench import BenchReport, BenchRow, TimedDenoiser, WholeBatchCount, grid, run_config
+from mdlm_cli.sample.bench import (
+    BenchReport,
+    BenchRow,
+    TimedDenoiser,
+    WholeBatchCount,
+    grid,
+    run_config,
+)
 
 V, L = 20, 48
 

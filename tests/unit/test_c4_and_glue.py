@@ -10,7 +10,15 @@ from mdlm_cli.config import DataConfig
 from mdlm_cli.data.sources import get_source
 from mdlm_cli.data.store import prepare, prepared_folder
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.tasks.glue import GlueRecipe, build_classifier, encode, fine_tune, load_encoder, predict, run_task
+from mdlm_cli.tasks.glue import (
+    GlueRecipe,
+    build_classifier,
+    encode,
+    fine_tune,
+    load_encoder,
+    predict,
+    run_task,
+)
 from mdlm_cli.tasks.glue_data import get_task, load_rows, metrics, pearson
 
 from ..hf_models import save_tiny_mlm

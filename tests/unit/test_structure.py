@@ -124,3 +124,30 @@ def test_every_module_sits_in_a_layer_and_imports_only_its_own_or_lower_ones():
             if mine is not None and theirs is not None and theirs > mine:
                 upward.append(f"{name} -> {target}")
     assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(sorted(upward))
+
+
+def test_no_line_runs_past_100_characters():
+    """The house style's width (ruff's E501 at line-length 100 checks it too, in `make lint`)."""
+    long_lines = [f"{p.relative_to(ROOT)}:{i}" for p in ROOT.rglob("*.py")
+                  for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > 100]
+    assert not long_lines, long_lines
+
+
+def _lines_without_docstring(node: ast.FunctionDef) -> int:
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    is_doc = isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant)
+    return lines - (first.end_lineno - first.lineno + 1 if is_doc else 0)
+
+
+def test_commands_parse_call_one_function_and_print():
+    """A command's function (its options included, its help text not) fits in 40 lines: the
+    work lives in the layer below, where the Python API reaches it too."""
+    long_commands = []
+    for path in (ROOT / "commands").glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            decorated = isinstance(node, ast.FunctionDef) and any(
+                "command" in ast.unparse(d) for d in node.decorator_list)
+            if decorated and _lines_without_docstring(node) > 40:
+                long_commands.append(f"{path.name}:{node.name}: {_lines_without_docstring(node)}")
+    assert not long_commands, long_commands
