@@ -44,14 +44,7 @@ NEUTRAL = {
     "functions": (None, []),
     "response_format": (None,),
 }
-SAMPLER_OPTIONS = (
-    "tokens_per_step",
-    "final_denoise",
-    "k_schedule",
-    "threshold",
-    "eta",
-    "remdm_schedule",
-)
+SAMPLER_OPTIONS = tuple(option_names())  # from the samplers' options: a new one is a field too
 MDLM_FIELDS = (
     "max_new_tokens",  # `mdlm sample`'s name for max_tokens
     "sampler",
