@@ -167,3 +167,15 @@ def test_gen_ppl_prompt_errors_are_one_line(toy_run, judge, tmp_path):
     ):
         text = gen_ppl(*args, code=1)
         assert message in text and "Traceback" not in text, text
+
+
+def test_eval_ppl_of_a_model_before_fine_tuning_on_the_held_out_responses(toy_run, judge, tmp_path):
+    """`eval-ppl --data FOLDER`: a model not trained on prompt/response data (here a random AR
+    one) scored on the sft folder: the exact NLL of the same 3 x 8 target tokens."""
+    run, result = toy_run
+    folder = prepare(load_run_folder(run).config.data).folder
+    res = CliRunner().invoke(app, ["eval-ppl", "-c", str(judge), "--data", str(folder),
+                                   "--split", "valid", "--json", str(tmp_path / "e.json")])
+    assert res.exit_code == 0, res.output
+    valid = json.loads((tmp_path / "e.json").read_text())["results"][0]
+    assert valid["kind"] == "exact" and valid["tokens"] == result.final_valid.tokens == 3 * 8
