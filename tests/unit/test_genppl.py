@@ -143,8 +143,9 @@ def save_ar_judge(folder, length: int = 32):
     with torch.no_grad():  # the zero-initialised output layer and gates would predict uniformly
         for p in model.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    data_meta = {"length": length, "packing": "wrap"}
     save_checkpoint(folder, 1, model=model, ema_model=None, optimizer=None, cfg=cfg,
-                    state={"step": 1}, tokenizer=tok, data_meta={"length": length, "packing": "wrap"})
+                    state={"step": 1}, tokenizer=tok, data_meta=data_meta)
     return folder
 
 

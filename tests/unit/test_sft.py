@@ -347,3 +347,34 @@ def test_held_out_prompts_and_responses_read_back_from_the_rows(packing):
         prompt, response = encode_example(TOK, example)
         expected.append((prompt, response[:-1]))
     assert read == expected
+
+
+def test_prompt_records_of_gen_ppl_prompts():
+    """`gen-ppl --prompts FILE` records: a prompt (with its held-out response), or messages
+    through the chat template, with or without the assistant's answer."""
+    from mdlm_cli.eval.responses import prompt_of
+
+    assert prompt_of({"prompt": "why", "response": "because"}, TOK, "f:1") == ("why", "because")
+    assert prompt_of({"prompt": "why"}, TOK, "f:1") == ("why", None)
+    gpt2 = load_tokenizer("gpt2")
+    gpt2.hf.chat_template = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    asked = [{"role": "user", "content": "2+2?"}]
+    answered = {"messages": [*asked, {"role": "assistant", "content": "4"}]}
+    assert prompt_of({"messages": asked}, gpt2, "f:1") == ("<user>2+2?\n<assistant>", None)
+    assert prompt_of(answered, gpt2, "f:1") == ("<user>2+2?\n<assistant>", "4\n")
+    with pytest.raises(MdlmError, match="chat template; char has none"):
+        prompt_of({"messages": asked}, TOK, "f:1")
+    with pytest.raises(MdlmError, match="f:2: no 'prompt' string"):
+        prompt_of({"response": "4"}, TOK, "f:2")
+
+
+def test_responses_of_a_left_to_right_model_are_drawn_by_prompt_length():
+    from mdlm_cli.eval.responses import Prompt
+    from mdlm_cli.sample.prompted import batches_of
+
+    prompts = [Prompt([2] * n, "") for n in (3, 5, 3, 3, 5, 4)]
+    assert batches_of(prompts, 2, same_length=False) == [[0, 1], [2, 3], [4, 5]]
+    assert batches_of(prompts, 2, same_length=True) == [[0, 2], [3], [5], [1, 4]]

@@ -116,10 +116,12 @@ def test_gen_ppl_scores_responses_to_held_out_prompts(toy_run, judge, tmp_path):
     # the records score again as written, given their prompts; --unconditional: whole texts
     again = tmp_path / "again.json"
     gen_ppl("--samples", samples, "--judge", judge, "--json", again)
-    assert json.loads(again.read_text())["nats_per_token"] == pytest.approx(scored["nats_per_token"])
+    rescored = json.loads(again.read_text())
+    assert rescored["nats_per_token"] == pytest.approx(scored["nats_per_token"])
     gen_ppl("--samples", samples, "--judge", judge, "--unconditional", "--json", again)
     whole = json.loads(again.read_text())
-    assert not whole["conditional"] and whole["scored_tokens"] == sum(len(r["text"]) for r in records)
+    assert not whole["conditional"]
+    assert whole["scored_tokens"] == sum(len(r["text"]) for r in records)
     # MAUVE of responses against a split: that split's held-out responses (12 of train here)
     gen_ppl("--sample-first", "-c", run, "--prompts", "train", "-n", "12", "--judge", judge,
             "--mauve-reference", "train", "--mauve-seeds", "0", "--json", again)
@@ -134,7 +136,16 @@ def test_gen_ppl_of_responses_to_a_prompt_file_and_of_sample_records(toy_run, ju
     gen_ppl("--sample-first", "-c", run, "--prompts", prompts, "-n", "2", "--judge", judge,
             "--json", out)
     scored = json.loads(out.read_text())
-    assert scored["num_samples"] == 2 and [s["context_tokens"] for s in scored["per_sample"]] == [1, 1]
+    assert scored["num_samples"] == 2
+    assert [s["context_tokens"] for s in scored["per_sample"]] == [1, 1]
+    # a left-to-right model (the random AR judge) answers prompts of several lengths, in order
+    several = tmp_path / "several.jsonl"
+    several.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("ab", "c", "de", "fgh")))
+    gen_ppl("--sample-first", "-c", judge, "--prompts", several, "--judge", judge,
+            "--samples", tmp_path / "ar.jsonl")
+    records = [json.loads(line) for line in (tmp_path / "ar.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in records] == ["ab", "c", "de", "fgh"]
+    assert all(r["text"] == r["prompt"] + r["response"] for r in records)
     samples = tmp_path / "s.jsonl"  # mdlm sample --prompt writes the response after the prompt
     res = CliRunner().invoke(app, ["sample", "-c", str(run), "--prompt", "e", "-n", "3",
                                    "--out", str(samples)])
