@@ -57,6 +57,8 @@ class ToScore:
 def read_prompts(spec: str, loaded: LoadedModel, count: int) -> tuple[list[Prompt], str]:
     """The first `count` prompts of `spec` (a JSONL file, or a split of the model's own
     prompt/response data) and what they are, for the report."""
+    if count < 1:
+        raise MdlmError(f"-n must be at least 1 (the prompts to answer; got {count})")
     if Path(spec).is_file():
         return file_prompts(Path(spec), loaded, count), spec
     if spec not in SPLITS:
@@ -85,6 +87,9 @@ def split_prompts(loaded: LoadedModel, split: str, count: int) -> tuple[list[Pro
             prompts.append(Prompt(ids, tok.decode(ids[start:]), tok.decode(response)))
             if len(prompts) == count:
                 return prompts, f"{name} split"
+    if not prompts:
+        raise MdlmError(f"the {name} split of {prepared.folder.name} holds no examples; "
+                        "give another split or a JSONL file of prompts")
     return prompts, f"{name} split"
 
 
