@@ -18,11 +18,13 @@ from ..checkpoints.folder import LoadedModel
 from ..errors import MdlmError
 from .generate import (
     SampleRecord,
+    answer_start,
     generate,
     semi_ar_plan,
     semi_ar_records,
     template,
     window_for,
+    with_responses,
     write_jsonl,
 )
 
@@ -78,9 +80,12 @@ def sample_window(loaded: LoadedModel, rt, how: Drawing, *, num_samples: int, ba
     length = window_for(loaded, length, prompt, max_new_tokens)
     length = checked_length(loaded, length, batch_size, num_samples, rt.device, allow_longer)
     fixed = template(loaded, length, prompt=prompt, infill=infill)
-    return draw(loaded, rt, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
-                length=length, prompt=fixed, stop_at_eos=stop_at_eos, on_batch=on_batch,
-                extra={"prompt": prompt, "infill": infill})
+    drawn = draw(loaded, rt, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
+                 length=length, prompt=fixed, stop_at_eos=stop_at_eos, on_batch=on_batch,
+                 extra={"prompt": prompt, "infill": infill})
+    if prompt is not None:
+        with_responses(loaded, drawn.records, answer_start(fixed, loaded.mask_id))
+    return drawn
 
 
 def checked_length(loaded: LoadedModel, length: int | None, batch: int, num_samples: int,
@@ -142,6 +147,8 @@ def semi_ar_blocks(loaded: LoadedModel, rt, how: Drawing, *, num_samples: int, s
               "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
               "ncs": result.stats.ncs, "seconds": seconds / num_samples}
     records = semi_ar_records(loaded, tokens, start, stop)
+    if start is not None:
+        with_responses(loaded, records, len(start))
     return SemiArDrawn(records, result.stats, seconds, fields, window=window, stride=stride,
                        length=tokens.shape[1], streamed=streaming)
 

@@ -67,11 +67,20 @@ class SampleRecord:
     tokens: list[int]
     length: int | None = None  # cut at EOS: the answer's tokens (after the prompt, before EOS)
     ended: bool | None = None  # cut at EOS: whether the sample holds one (else it ran to the end)
+    response: str | None = None  # after a prompt: the text after it (what gen-ppl scores)
 
     def to_json(self, **extra) -> str:
         cut = {} if self.length is None else {"length": self.length, "ended": self.ended}
+        answer = {} if self.response is None else {"response": self.response}
         record = {"index": self.index, "text": self.text, "tokens": self.tokens}
-        return json.dumps({**record, **cut, **extra})
+        return json.dumps({**record, **cut, **answer, **extra})
+
+
+def with_responses(loaded: LoadedModel, records: list[SampleRecord], start: int) -> None:
+    """Each record's response: the text of its tokens after the `start` of the prompt's (the
+    row's start included), so that gen-ppl scores it given the prompt."""
+    for r in records:
+        r.response = loaded.tokenizer.decode(r.tokens[start:])
 
 
 def stops_at_eos(loaded: LoadedModel, asked: bool | None = None) -> bool:

@@ -7,7 +7,15 @@ import pytest
 import torch
 
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.eval.genppl import HFJudge, load_judge, read_samples, score_samples, unigram_entropy
+from mdlm_cli.eval.genppl import (
+    HFJudge,
+    MdlmARJudge,
+    load_judge,
+    read_samples,
+    response_plan,
+    score_samples,
+    unigram_entropy,
+)
 
 CONTEXT = 12
 
@@ -116,3 +124,80 @@ def test_judge_loading(tmp_path, judge_dir):
     with pytest.raises(MdlmError, match="judge file"):
         load_judge(str(tmp_path / "missing.gguf"), device=torch.device("cpu"))
     assert load_judge(str(judge_dir), device=torch.device("cpu"), context=8).context == 8
+
+
+# ----------------------------------------------------------------------------- responses
+
+def save_ar_judge(folder, length: int = 32):
+    """A random 2-layer mdlm AR checkpoint with the char tokenizer (offline, no transformers);
+    its weights are perturbed so that what it reads changes what it predicts."""
+    from mdlm_cli.build import resolve_config
+    from mdlm_cli.checkpoints.folder import save_checkpoint
+    from mdlm_cli.data.tokenizers import load_tokenizer
+    from mdlm_cli.models import build_model
+
+    cfg = resolve_config("test", ["diffusion.objective=ar", f"data.length={length}"])
+    tok = load_tokenizer("char")
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tok.vocab_size, causal=True)
+    with torch.no_grad():  # the zero-initialised output layer and gates would predict uniformly
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    data_meta = {"length": length, "packing": "wrap"}
+    save_checkpoint(folder, 1, model=model, ema_model=None, optimizer=None, cfg=cfg,
+                    state={"step": 1}, tokenizer=tok, data_meta=data_meta)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ar_judge(tmp_path_factory):
+    return load_judge(str(save_ar_judge(tmp_path_factory.mktemp("ar") / "judge")),
+                      device=torch.device("cpu"))
+
+
+def conditional_by_hand(judge, prompt: str, response: str, windows) -> float:
+    """-sum log p of the response's tokens, window by window: (start, first, end) of the
+    prompt + response ids, the judge reading start:end after its start token."""
+    ids = judge.encode([prompt])[0] + judge.encode([response])[0]
+    total = 0.0
+    for start, first, end in windows:
+        chunk = torch.tensor(ids[start:end])
+        inputs = torch.cat([torch.tensor([judge.start_id]), chunk[:-1]])[None]
+        logp = judge.logits(inputs, torch.ones_like(inputs, dtype=torch.bool))[0].double()
+        logp = logp.log_softmax(-1)[torch.arange(len(chunk)), chunk]
+        total -= logp[first - start:].sum().item()
+    return total
+
+
+PAIRS = [("he said nothing ", "and went away"), ("why ", "because"), ("a ", "")]
+
+
+def test_conditional_scores_count_only_the_response_given_its_prompt(ar_judge):
+    prompts, responses = [p for p, _ in PAIRS], [r for _, r in PAIRS]
+    result = score_samples(ar_judge, responses, prompts=prompts, batch_size=2)
+    assert result.conditional and result.to_dict()["conditional"]
+    for (prompt, response), s in zip(PAIRS, result.samples, strict=True):
+        n, p = len(response), len(prompt)  # characters: one token each
+        assert (s.scored, s.judge_tokens, s.context_tokens) == (n, n, p)
+        assert s.nll == pytest.approx(conditional_by_hand(ar_judge, prompt, response,
+                                                          [(0, p, p + n)]), rel=1e-5)
+    assert result.tokens == sum(len(r) for r in responses) and result.empty == 1
+    other = score_samples(ar_judge, responses[:1], prompts=["she was silent "])
+    assert other.samples[0].nll != pytest.approx(result.samples[0].nll, rel=1e-3)  # it reads it
+    plain = score_samples(ar_judge, responses)
+    empty = score_samples(ar_judge, responses, prompts=[""] * len(responses))
+    assert [s.nll for s in empty.samples] == pytest.approx([s.nll for s in plain.samples])
+
+
+def test_long_responses_are_scored_in_windows_after_their_prompt(ar_judge):
+    # 6 prompt and 13 response tokens, context 8: pieces of 4 tokens, each read after the
+    # 4 before it; every response token scored once, none of the prompt's
+    assert response_plan(6, 19, 8) == [(2, 6, 10), (6, 10, 14), (10, 14, 18), (11, 18, 19)]
+    assert response_plan(3, 7, 8) == [(0, 3, 7)]  # it fits: one window from the start
+    assert response_plan(0, 0, 8) == []
+    judge = MdlmARJudge(ar_judge.loaded, device=torch.device("cpu"), context=8)
+    prompt, response = "abcdef", "ghijklmnopqrs"
+    result = score_samples(judge, [response], prompts=[prompt], batch_size=3)
+    assert result.chunks == 4 and result.tokens == 13
+    by_hand = conditional_by_hand(judge, prompt, response, response_plan(6, 19, 8))
+    assert result.samples[0].nll == pytest.approx(by_hand, rel=1e-5)

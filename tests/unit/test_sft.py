@@ -304,3 +304,77 @@ def test_stopping_at_eos_is_the_default_only_after_padding_as_eos():
     assert not stops_at_eos(model(packing="wrap"))
     assert stops_at_eos(model(packing="wrap"), asked=True)
     assert not stops_at_eos(model(packing="sft", pad_as_eos=True), asked=False)
+
+
+@pytest.mark.parametrize("pad_as_eos", [True, False])
+def test_exact_nll_of_held_out_responses_is_over_the_targets_given_the_prompt(pad_as_eos):
+    """What eval-ppl reports for an AR model on sft rows: -log p(response, EOS[, fill] | BOS,
+    prompt) per target token, here token by token from each prefix (not the loss's code)."""
+    from mdlm_cli.objectives.ar import next_token_logits
+
+    _, objective, model = setup("ar")
+    split = sft_split(pad_as_eos)
+    [result] = objective.evaluate(objective.denoiser(model.eval()), split, seeds=[0],
+                                  batch_size=4, device=CPU)
+    total, count = 0.0, 0
+    for row, p, end in zip(split.tokens, split.prompt, split.lengths, strict=True):
+        for pos in range(p, end):  # the targets: from the prompt's end to the row's length
+            context = torch.tensor([TOK.bos_id, *row[:pos]])[None]
+            with torch.no_grad():
+                logits = next_token_logits(model(context), TOK.mask_id)[0, -1].double()
+            total -= logits.log_softmax(-1)[row[pos]].item()
+            count += 1
+    assert result.exact and result.tokens == count == split.count(slice(None))
+    assert result.nats == pytest.approx(total, rel=1e-5)
+
+
+@pytest.mark.parametrize("packing", ["sft", "sft-pack"])
+def test_held_out_prompts_and_responses_read_back_from_the_rows(packing):
+    """gen-ppl --prompts SPLIT reads each example's prompt (BOS included) and its response
+    (before its EOS) back from the stored boundary."""
+    from mdlm_cli.data.sft_pack import sft_pack_rows
+    from mdlm_cli.eval.responses import row_examples
+
+    if packing == "sft":
+        split = sft_split(True)
+    else:
+        tokens, lengths, segments, targets, _ = next(
+            sft_pack_rows([EXAMPLES[:3] * 2], 24, TOK, pad_as_eos=True))
+        split = TokenSplit(tokens, lengths, segments=segments, target_map=targets)
+    read = [pair for r in range(len(split)) for pair in row_examples(split, r, TOK.eos_id)]
+    expected = []
+    for example in EXAMPLES[:3] * 2:
+        prompt, response = encode_example(TOK, example)
+        expected.append((prompt, response[:-1]))
+    assert read == expected
+
+
+def test_prompt_records_of_gen_ppl_prompts():
+    """`gen-ppl --prompts FILE` records: a prompt (with its held-out response), or messages
+    through the chat template, with or without the assistant's answer."""
+    from mdlm_cli.eval.responses import prompt_of
+
+    assert prompt_of({"prompt": "why", "response": "because"}, TOK, "f:1") == ("why", "because")
+    assert prompt_of({"prompt": "why"}, TOK, "f:1") == ("why", None)
+    gpt2 = load_tokenizer("gpt2")
+    gpt2.hf.chat_template = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    asked = [{"role": "user", "content": "2+2?"}]
+    answered = {"messages": [*asked, {"role": "assistant", "content": "4"}]}
+    assert prompt_of({"messages": asked}, gpt2, "f:1") == ("<user>2+2?\n<assistant>", None)
+    assert prompt_of(answered, gpt2, "f:1") == ("<user>2+2?\n<assistant>", "4\n")
+    with pytest.raises(MdlmError, match="chat template; char has none"):
+        prompt_of({"messages": asked}, TOK, "f:1")
+    with pytest.raises(MdlmError, match="f:2: no 'prompt' string"):
+        prompt_of({"response": "4"}, TOK, "f:2")
+
+
+def test_responses_of_a_left_to_right_model_are_drawn_by_prompt_length():
+    from mdlm_cli.eval.responses import Prompt
+    from mdlm_cli.sample.prompted import batches_of
+
+    prompts = [Prompt([2] * n, "") for n in (3, 5, 3, 3, 5, 4)]
+    assert batches_of(prompts, 2, same_length=False) == [[0, 1], [2, 3], [4, 5]]
+    assert batches_of(prompts, 2, same_length=True) == [[0, 2], [3], [5], [1, 4]]
