@@ -122,9 +122,7 @@ def gen_ppl_cmd(
         draw = _Draw(checkpoint, sampling, num_samples, seed, device, threads)
         items = _texts_to_score(sample_first, draw, samples, prompts, conditional)
         rt = Runtime.create(device or "auto", threads=threads or 0)
-        result, scorer = _score(
-            judge, items, rt, context=context, batch_size=batch_size, eos=eos
-        )
+        result, scorer = _score(judge, items, rt, context=context, batch_size=batch_size, eos=eos)
         record = _report(result, scorer, items, mauve, rt.device)
         if json_out:
             given = {"samples": samples, "prompts": prompts}
