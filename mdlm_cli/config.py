@@ -103,6 +103,9 @@ class TrainConfig:
     global_batch_size: int = 512
     micro_batch_size: int = 16
     max_steps: int = 1_000_000
+    # minutes of training to fit the schedule to, 0 = off: max_steps becomes what the budget
+    # holds at the run's measured speed, at most the max_steps above (train/budget.py)
+    time_budget: float = 0.0
     ema: float = 0.9999  # 0 = off; warmup min(ema, (1 + n) / (10 + n))
     seed: int = 1
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:1 | mps

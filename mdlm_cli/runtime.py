@@ -53,9 +53,10 @@ def cpu_has_fast_bf16() -> bool:
 
 
 # the narrowest model `auto` runs in bf16 on a CPU: measured on 2 cores with AMX (BENCHMARKS.md,
-# table 13), a 4 x 256 DiT trains 1.65x faster in bf16 and a 2 x 64 one 2.2x slower (its matrix
-# products are too small for the bf16 units to pay for the conversions around them)
-CPU_BF16_MIN_WIDTH = 256
+# table 13), a 4 x 256 DiT trains 1.65x faster in bf16, a 4 x 192 one 1.26x, a 4 x 128 one no
+# faster and a 2 x 64 one 2.2x slower (its matrix products are too small for the bf16 units to
+# pay for the conversions around them)
+CPU_BF16_MIN_WIDTH = 192
 
 
 def autocast_dtype(device: torch.device, precision: str = "auto",

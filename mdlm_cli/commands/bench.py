@@ -28,6 +28,7 @@ from .common import (
     err_console,
     int_list,
     mauve_options,
+    net_precision,
     note,
     user_errors,
 )
@@ -49,6 +50,10 @@ LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default:
 RepeatsOpt = Annotated[int, typer.Option(help="Timed repeats after the warm-up.")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile", help="torch.compile the network trunk (CUDA: reduce-overhead / CUDA graphs).")]
+NetPrecisionOpt = Annotated[str, typer.Option(
+    "--net-precision", callback=net_precision,
+    help="The network's arithmetic: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix "
+         "units for models 192 wide or more, fp32 elsewhere (--precision is the draw's).")]
 PlotOpt = Annotated[
     str | None,
     typer.Option(
@@ -137,6 +142,7 @@ def bench_sampler_cmd(
     featurizer: FeaturizerOpt = None,
     mauve_seeds: MauveSeedsOpt = MAUVE_SEEDS,
     compile: CompileOpt = False,
+    net_precision: NetPrecisionOpt = "auto",
     json_out: JsonOpt = None,
     plot_out: PlotOpt = None,
     plot_x: PlotXOpt = "seconds",
@@ -149,6 +155,7 @@ def bench_sampler_cmd(
             sampling, batch_sizes, checkpoint=checkpoint, preset=preset,
             overrides=overrides or [], num_samples=num_samples, length=length, repeats=repeats,
             seed=seed, device=device, threads=threads, compile=compile, judge=judge,
+            net_precision=net_precision,
             allow_longer=allow_longer, reference_text=reference_text, save_samples=save_samples,
             featurizer=featurizer, mauve_seeds=mauve_seeds, command=_command_line())
         view = _TableView(with_quality=judge is not None)

@@ -29,6 +29,10 @@ MaxStepsOpt = Annotated[int | None, typer.Option(help="Optimizer steps.")]
 SeedOpt = Annotated[int | None, typer.Option(help="Random seed.")]
 TimeLimitOpt = Annotated[float, typer.Option(
     help="Stop after this many minutes (0 = no limit).", callback=float_in(0))]
+TimeBudgetOpt = Annotated[float | None, typer.Option(
+    help="train.time_budget: fit the schedule to this many minutes of training (max_steps "
+         "becomes what the run's measured speed allows, at most --max-steps; 0 = off).",
+    callback=float_in(0))]
 PrintConfigOpt = Annotated[bool, typer.Option(help="Print the resolved config.")]
 OverrideResumeOpt = Annotated[bool, typer.Option(
     help="With --resume: continue although the data, model, objective, optimisation or batch "
@@ -46,6 +50,7 @@ HELP = """Train a masked diffusion LM. With no options: the offline demo on this
     [dim]Examples:[/]
       mdlm train                                   # demo: ~10 min on 2 CPU cores, offline
       mdlm train --preset test --max-steps 20      # seconds
+      mdlm train --preset demo --time-budget 3     # the demo's schedule fitted to 3 minutes
       mdlm train --preset owt --set train.micro_batch_size=32
       mdlm train --preset demo --resume            # continue runs/demo
       torchrun --nproc-per-node 8 -m mdlm_cli train --preset owt --resume   # 8 GPUs
@@ -62,6 +67,7 @@ def train_cmd(
     device: DeviceOpt = None,
     seed: SeedOpt = None,
     time_limit: TimeLimitOpt = 0.0,
+    time_budget: TimeBudgetOpt = None,
     print_config: PrintConfigOpt = True,
     override_resume_config: OverrideResumeOpt = False,
     threads: ThreadsOpt = None,
@@ -75,7 +81,7 @@ def train_cmd(
         cfg = resolve_config(preset, overrides or [], {
             "train.out_dir": out, "train.max_steps": max_steps, "train.device": device,
             "train.seed": seed, "train.threads": threads,
-            "train.precision": precision})
+            "train.precision": precision, "train.time_budget": time_budget})
         if print_config and is_main_process():
             err_console.rule(f"config: {escape(cfg.name)}")
             err_console.print(config_yaml(cfg).rstrip(), highlight=False, markup=False)

@@ -3,6 +3,9 @@ of it worth compiling."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import torch
 from torch import nn
 
@@ -60,3 +63,15 @@ def compile_trunk(model: nn.Module, mode: str | None = None) -> bool:
         return False
     model.trunk = torch.compile(trunk, mode=mode)
     return True
+
+
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why torch.compile cannot run on `device`, or None: on a CPU its code generator (inductor)
+    builds C++ and needs a compiler (CXX, g++, c++ or clang++ on the PATH)."""
+    if device.type != "cpu":
+        return None
+    names = [os.environ.get("CXX", ""), "g++", "c++", "clang++"]
+    if any(shutil.which(name) for name in names if name):
+        return None
+    return ("train.compile: torch.compile needs a C++ compiler on a CPU and none is on the PATH "
+            "(install g++, or set CXX); training without compiling")

@@ -27,6 +27,8 @@ TINY_MODEL = [
     "train.save_every=1000",
     "train.eval_rows=32",
     "optim.warmup_steps=2",
+    "train.time_budget=0",  # the demo's: a tiny run takes its steps, not minutes
+    "train.compile=false",
 ]
 TINY_STEPS = 6
 TINY_ARGS = {

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MdlmError, MdlmWarning
-from ..models.speed import compile_trunk, model_flops
+from ..models.speed import compile_trunk, model_flops, model_width
 from ..perf import device_peak
 from .bench import BenchReport, BenchRow, environment, run_bench
 
@@ -52,6 +52,7 @@ class BenchRequest:
     device: str | None = None
     threads: int | None = None
     compile: bool = False
+    net_precision: str = "auto"  # the network's: auto | bf16 | fp32 (runtime.autocast_dtype)
     allow_longer: bool = False
     judge: str | None = None  # score each row's samples with this judge
     reference_text: str | None = None  # with a judge: real text from this split
@@ -225,7 +226,7 @@ def _checkpoint_model(checkpoint: str, request: BenchRequest,
     from ..checkpoints.load import load_on_device
 
     loaded, rt = load_on_device(checkpoint, device=request.device, raw_weights=False,
-                                threads=request.threads)
+                                threads=request.threads, precision=request.net_precision)
     for note in loaded.state.get("notes") or []:  # e.g. an encoder's fresh MLM head
         on_note(note)
     return BenchModel(loaded.objective, loaded.model, loaded.mask_id, loaded.length,
@@ -243,11 +244,13 @@ def _preset_model(preset: str | None, request: BenchRequest) -> BenchModel:
     from ..runtime import Runtime
 
     cfg = resolve_config(preset, request.overrides)
-    rt = Runtime.create(request.device or "auto", threads=request.threads or 0)
+    rt = Runtime.create(request.device or "auto", request.net_precision,
+                        threads=request.threads or 0)
     tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.cache_dir or None)
     objective = get_objective(cfg, tokenizer)
     torch.manual_seed(0)
     model = build_model(cfg.model, tokenizer.vocab_size, causal=objective.causal)
+    rt = rt.for_model(request.net_precision, model_width(model))  # as a checkpoint's would
     source = f"preset {cfg.name} (random weights, vocab {tokenizer.vocab_size})"
     return BenchModel(objective, model.to(rt.device).eval(), tokenizer.mask_id, cfg.data.length,
                       source, rt, tokenizer, cfg.data, cfg.model)

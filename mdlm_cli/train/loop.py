@@ -10,6 +10,7 @@ batch, so the run does not depend on the number of ranks.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -26,6 +27,7 @@ from ..distributed import StopSignals, clip_grad_norm, session, set_gradient_syn
 from ..errors import MdlmError
 from ..objectives.bound import BoundResult
 from ..runtime import derive_seed, generator
+from .budget import WARM_STEPS, BudgetFit, apply_fitted_steps, check_time_budget
 from .log import Window, log_window, progress_bar, record_eval
 from .optim import lr_at
 from .run_folder import ResumePoint, finished, locked, resume_point
@@ -58,10 +60,12 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
     The run folder is locked for the duration (one trainer per run); `--resume` of a run
     trained with other data, model, objective, optimisation or batch settings is refused
     unless `override_resume_config`, and of a finished run changes nothing."""
+    check_time_budget(cfg)
     with session(cfg.train.device) as dist, locked(cfg.out_dir, dist), StopSignals(dist) as stop:
         if console is None or not dist.is_main:
             console = Console(stderr=True, quiet=not dist.is_main)
         start = resume_point(cfg, dist, console, resume, override_resume_config)
+        apply_fitted_steps(cfg, start.state)
         if finished(cfg, start):
             return _already_done(cfg, start)
         run = set_up(cfg, dist, console, start, load_dataset=load_dataset)
@@ -197,6 +201,8 @@ def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
     window, progress = Window(), progress_bar(run)
     start_step, start_tokens = state.step, state.tokens_seen
     clock = _Clock(state.train_seconds)
+    fit = BudgetFit(tc.time_budget * 60, tc.max_steps, start_step,
+                    done=state.budget_steps is not None)
     preempted = 0.0  # > 0 once any rank has received SIGTERM
     try:
         with progress, open(metrics_path, "a") as log:
@@ -209,6 +215,7 @@ def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
                 if preempted:
                     break
                 state.train_seconds = clock.total()
+                _fit_budget(run, fit, clock, log, lambda n: progress.update(task, total=n))
                 _validate_or_save(run, log, out_of_time)
                 if out_of_time:
                     run.console.print(f"Time limit reached at step {state.step}")
@@ -245,6 +252,23 @@ def _advance(run: Run, stop: StopSignals, clock: _Clock, time_limit_s: float, *,
                    elapsed_s=clock.total())
     progress.update(task, completed=done)
     return out_of_time, preempted
+
+
+def _fit_budget(run: Run, fit: BudgetFit, clock: _Clock, log, set_total) -> None:
+    """Once, after the probe steps: max_steps becomes what train.time_budget holds (the ranks
+    agree on their mean), on the record in metrics.jsonl and the run's state."""
+    steps = fit.steps(run.state.step, clock.in_steps, clock.total())
+    if steps is None:
+        return
+    steps = math.floor(run.dist.all_sum(steps)[0] / run.dist.world_size)
+    run.cfg.train.max_steps = run.state.budget_steps = steps
+    set_total(steps)
+    tc, step = run.cfg.train, run.state.step
+    log.write(json.dumps({"step": step, "time_budget_min": tc.time_budget,
+                          "budget_steps": steps}) + "\n")
+    probe = f"{fit.start_step + WARM_STEPS}-{step}"
+    run.console.print(f"Time budget {tc.time_budget:g} min: {steps} steps at the speed of "
+                      f"steps {probe} (cap {fit.cap})", highlight=False)
 
 
 def _validate_or_save(run: Run, log, out_of_time: bool) -> None:

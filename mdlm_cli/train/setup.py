@@ -23,7 +23,7 @@ from ..distributed import Dist, wait_for_file
 from ..errors import MdlmError
 from ..io.files import write_text_atomic
 from ..models import build_model, check_data
-from ..models.speed import compile_trunk, model_flops, model_width
+from ..models.speed import compile_trunk, compile_unavailable, model_flops, model_width
 from ..objectives import Objective, get_objective
 from ..perf import device_peak
 from ..runtime import Runtime
@@ -109,7 +109,7 @@ def set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *,
 
         console.print(f"Initialised from {initialise_from(model, tc.init_from, tokenizer)}")
     ema = EMA(model, tc.ema) if tc.ema > 0 else None
-    net = _wrap(cfg, dist, rt, model, ema)
+    net = _wrap(cfg, dist, rt, model, ema, console)
     optimizer = _optimizer(cfg, model, rt)
     state = _restore(model, ema, optimizer, console, start.step_dir)
     state.threads = torch.get_num_threads()
@@ -124,10 +124,15 @@ def set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *,
 
 
 def _wrap(cfg: Config, dist: Dist, rt: Runtime, model: torch.nn.Module,
-          ema: EMA | None) -> torch.nn.Module:
-    """The module the loss calls: on the device, DDP / FSDP2, and compiled where asked."""
+          ema: EMA | None, console: Console) -> torch.nn.Module:
+    """The module the loss calls: on the device, DDP / FSDP2, and compiled where asked (and
+    where it can be: eager with a warning otherwise)."""
     tc = cfg.train
     net = dist.wrap(model, ema.model if ema else None, tc.parallel, rt.dtype)
+    unavailable = compile_unavailable(rt.device) if tc.compile else None
+    if unavailable:
+        console.print(f"[yellow]Warning[/]: {unavailable}")
+        return net
     if tc.compile and not compile_trunk(model):  # the DiT's trunk; other backbones whole
         net = torch.compile(net)
     return net

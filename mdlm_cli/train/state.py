@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-_OPTIONAL = ("threads", "valid_nats", "final_step")  # written once set
+_OPTIONAL = ("threads", "valid_nats", "final_step", "budget_steps")  # written once set
 _NOT_KEYS = ("extra", "order")  # fields that are not keys of the file
 
 
@@ -24,6 +24,7 @@ class TrainState:
     threads: int | None = None  # CPU threads of the run (a resumed run keeps them)
     valid_nats: float | None = None  # the last validation
     final_step: int | None = None  # set by the final validation: the run is finished there
+    budget_steps: int | None = None  # max_steps fitted to train.time_budget (train/budget.py)
     extra: dict = field(default_factory=dict, repr=False)  # keys this version does not know
     order: tuple[str, ...] = field(default=(), repr=False, compare=False)  # the file's key order
 

@@ -213,3 +213,16 @@ def test_rows_report_network_calls_per_second_and_their_mfu():
     assert row.calls_per_second == pytest.approx(row.calls / (row.seconds_per_sample * 4))
     flops_per_s = row.nfe * L * flops_per_token / row.seconds_per_sample
     assert row.mfu == pytest.approx(flops_per_s / 1e9)
+
+
+@pytest.mark.parametrize("net, width, dtype", [("fp32", 64, "fp32"), ("bf16", 64, "bf16 autocast"),
+                                               ("auto", 64, "fp32"), ("auto", 192, "bf16 autocast")])
+def test_the_network_precision_is_chosen_as_for_a_checkpoint(tmp_path, monkeypatch, net, width, dtype):
+    monkeypatch.setenv("MDLM_CPU_BF16", "1")  # a CPU with bf16 units: auto follows the width rule
+    out = tmp_path / "b.json"
+    result = CliRunner().invoke(app, ["bench-sampler", "--preset", "test", "--set", f"model.hidden_size={width}",
+                                      "--set", "model.n_heads=2", "--samplers", "first-hitting", "-n", "1",
+                                      "--batch-size", "1", "--repeats", "1", "--net-precision", net,
+                                      "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["meta"]["dtype"] == dtype
