@@ -34,12 +34,12 @@ demo: setup
 	@echo "What an AR model cannot do: fill in a masked middle, the text on both sides fixed"
 	$(BIN)/mdlm sample --checkpoint runs/demo --num-samples 1 --seed 1 --length 50 --infill "Sherlock Holmes <mask:24> the door."
 	@if [ -f runs/demo-ar/config.yaml ]; then \
-	  echo "The AR twin (make demo-ar) on the same tokens, for comparison with the bound above:"; \
+	  echo "The AR twin (make demo-ar), trained as long, for comparison with the bound above:"; \
 	  $(BIN)/mdlm eval-ppl --checkpoint runs/demo-ar --split valid --rows 256; \
-	else echo "make demo-ar trains the AR twin on the same tokens (about as long again) to compare"; fi
+	else echo "make demo-ar trains the AR twin for the same 8 minutes, to compare"; fi
 	@echo "mdlm is installed in $(VENV)/, not on your PATH: run 'source $(VENV)/bin/activate' (or call $(BIN)/mdlm) for the commands in the README"
 
-# the demo's autoregressive baseline, trained on the same tokens (exact NLL)
+# the demo's autoregressive baseline, trained for the same minutes (exact NLL)
 demo-ar: setup
 	$(BIN)/mdlm prepare-data --preset demo-ar
 	$(BIN)/mdlm train --preset demo-ar --out runs/demo-ar --resume --no-print-config

@@ -4,9 +4,11 @@ Model FLOP utilisation (MFU) = achieved model FLOP/s / the device's peak at the 
 Model FLOPs follow the usual count (Kaplan et al. 2020; PaLM, appendix B): per token, a forward
 pass costs 2 N + 4 n_layers L d and a training step three forwards, 6 N + 12 n_layers L d, where N
 is the parameters used once per token (every weight but embedding tables: a lookup costs no
-multiply) and the L-dependent term the attention scores and values. It counts what the model
-asks for, not what the kernels did, so a recomputation or the output layer evaluated only at
-masked positions does not change it.
+multiply) and the L-dependent term the attention scores and values. A training step counts
+what the model asks for, not what the kernels did, so a recomputation or the output layer
+evaluated only at masked positions does not change it. A sampling call counts the output layer
+at the positions the sampler asks for (`ModelFlops.sampling_call`): first-hitting asks for
+one, and a GPT-2-vocabulary output layer counted at every position read as MFU over 100%.
 
 The peak: on a CUDA GPU its datasheet figure (dense, no sparsity); on a CPU the speed of a
 2,048 x 2,048 matrix product at the run's precision and thread count, measured once and cached
@@ -154,12 +156,21 @@ class ModelFlops:
     matmul_params: int  # every parameter but embedding lookups
     attention_layers: int = 0
     attention_width: int = 0  # the width of queries and keys (all heads together)
+    output_params: int = 0  # the output layer's weights (vocabulary x width), in matmul_params
 
     def per_token(self, length: int, training: bool = True) -> float:
         """Model FLOPs per token at sequence length `length`: 6 N + 12 n L d for a training step
         (forward + backward), 2 N + 4 n L d for one forward."""
         forward = 2 * self.matmul_params + 4 * self.attention_layers * length * self.attention_width
         return 3 * forward if training else forward
+
+    def sampling_call(self, tokens: float, length: int, output_rows: float) -> float:
+        """Model FLOPs of network calls over `tokens` positions of rows `length` long that ask
+        for the output layer at `output_rows` of them (a sampler asks only where it draws: one
+        row per call for first-hitting). Counting the output layer everywhere would credit a
+        GPT-2-vocabulary model with work it never does (MFU over 100%)."""
+        trunk = self.per_token(length, training=False) - 2 * self.output_params
+        return trunk * tokens + 2 * self.output_params * output_rows
 
 
 def mfu(flops_per_s: float, peak: Peak | None) -> float | None:

@@ -48,7 +48,7 @@ HELP = """Train a masked diffusion LM. With no options: the offline demo on this
     One trainer per run folder (a lock); --resume of a finished run changes nothing.
 
     [dim]Examples:[/]
-      mdlm train                                   # demo: ~10 min on 2 CPU cores, offline
+      mdlm train                                   # demo: 8 minutes of training, offline
       mdlm train --preset test --max-steps 20      # seconds
       mdlm train --preset demo --time-budget 3     # the demo's schedule fitted to 3 minutes
       mdlm train --preset owt --set train.micro_batch_size=32
@@ -100,7 +100,9 @@ def _report(result) -> None:
     if result.already_done:
         console.print(
             f"Already trained: {result.run_dir} is at step {result.step} (train.max_steps "
-            "reached); nothing was run or written. Raise --max-steps to train on.",
+            "reached); nothing was run or written. "
+            + ("Its steps were fitted to its time budget: --time-budget 0 --max-steps N trains "
+               "on." if result.fitted else "Raise --max-steps to train on."),
             markup=False,
             highlight=False,
         )

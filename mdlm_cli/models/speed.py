@@ -28,7 +28,10 @@ def model_flops(model: nn.Module) -> ModelFlops:
     # a table tied to the output layer (Mamba's lm_head) is a matmul there: it counts once
     matmul = sum(p.numel() for p in model.parameters() if id(p) not in lookups or id(p) in tied)
     layers, width = attention_shape(model)
-    return ModelFlops(matmul, layers, width)
+    vocab = {weight.shape[0] for weight in [*tables, *([embed] if embed is not None else [])]}
+    output = sum(m.weight.numel() for m in model.modules()
+                 if isinstance(m, nn.Linear) and m.out_features in vocab)
+    return ModelFlops(matmul, layers, width, output)
 
 
 def attention_shape(model: nn.Module) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .. import engine
-from ..perf import Peak, mfu
+from ..perf import ModelFlops, Peak, mfu
 
 
 class TimedDenoiser:
@@ -33,6 +33,8 @@ class TimedDenoiser:
     def __init__(self, inner, device: torch.device):
         self.inner, self.device = inner, device
         self.seconds = 0.0
+        self.input_tokens = 0  # positions the calls ran the network over
+        self.output_rows = 0  # positions the calls asked the output layer for (perf.py)
 
     # supports_output_mask, time_agnostic, schedule, bos_id, new_cache, ...
     def __getattr__(self, name: str):
@@ -52,9 +54,17 @@ class TimedDenoiser:
             out = fn(*args, **kwargs)
             self._sync()
             self.seconds += time.perf_counter() - t0
+            if args and isinstance(args[0], torch.Tensor):  # the positions: z_t, or the ids
+                self._count(args[0], kwargs.get("output_mask"))
             return out
 
         return timed
+
+    def _count(self, tokens: torch.Tensor, output_mask: torch.Tensor | None) -> None:
+        """The positions a call runs (a cached AR call: only its new ones) and those it asks the
+        output layer for (all of them without an output mask)."""
+        self.input_tokens += tokens.numel()
+        self.output_rows += tokens.numel() if output_mask is None else int(output_mask.sum())
 
     def __call__(self, *args, **kwargs):
         return self._timed(self.inner)(*args, **kwargs)
@@ -98,6 +108,8 @@ class BenchRow:
     options: dict[str, Any] = field(default_factory=dict)
     quality: Any = None  # frontier.Quality of the first timed run's samples, with --judge
     calls_per_second: float = 0.0  # batched network calls per second of the timed runs
+    input_tokens: float = 0.0  # positions per sequence the network calls ran over
+    output_rows: float = 0.0  # positions per sequence the calls asked the output layer for
     mfu: float | None = None  # model FLOP utilisation of the network calls (None: no peak known)
 
     @property
@@ -173,6 +185,7 @@ def run_config(denoiser, *,
                  mask_id=mask_id, seed=seed, device=device, drawing=drawing)
     walls, shares, last, whole = [], [], None, None
     for r in range(repeats):
+        timed.input_tokens = timed.output_rows = 0  # the last repeat's counts are the row's
         wall, network, last, whole, tokens = _timed_run(
             timed, sampler, num_samples, seed + r, steps=steps, batch_size=batch_size,
             count_whole_batch=spec.needs_time_agnostic, device=device, drawing=drawing)
@@ -194,6 +207,7 @@ def run_config(denoiser, *,
         whole_batch_calls=None if whole is None else whole.calls,
         nfe_whole_batch=None if whole is None else whole.calls * batch_size / num_samples,
         network_share=share, overhead_share=1.0 - share, options=options,
+        input_tokens=timed.input_tokens / num_samples, output_rows=timed.output_rows / num_samples,
     )
 
 
@@ -268,10 +282,10 @@ def run_bench(denoiser, *,
               meta: dict,
               on_tokens: Callable[[BenchRow, torch.Tensor], None] | None = None,
               on_row: Callable[[BenchRow], None] | None = None,
-              speed: tuple[float, Peak | None] | None = None) -> BenchReport:
+              speed: tuple[ModelFlops, Peak | None] | None = None) -> BenchReport:
     """Every configuration of `grid`; `on_tokens(row, tokens)` sees each row's first timed
-    samples before `on_row(row)` (the judge fills `row.quality` there). With `speed` (model
-    FLOPs of one forward per token, the device's peak) the rows get their MFU."""
+    samples before `on_row(row)` (the judge fills `row.quality` there). With `speed` (the
+    model's FLOP counts, the device's peak) the rows get their MFU."""
     report = BenchReport(meta=meta)
     for sampler, s, b, precision, opts in grid(samplers, steps, batch_sizes, precisions, options):
         n = max(num_samples - num_samples % b, b)  # whole batches only
@@ -281,9 +295,9 @@ def run_bench(denoiser, *,
                          seed=seed, device=device, schedule=schedule, options=opts,
                          temperature=temperature, top_p=top_p, on_tokens=kept.append)
         row.calls_per_second = row.calls / max(row.seconds_per_sample * n, 1e-12)
-        if speed is not None:  # nfe forwards of `length` tokens per sequence
-            flops_per_second = row.nfe * length * speed[0] / max(row.seconds_per_sample, 1e-12)
-            row.mfu = mfu(flops_per_second, speed[1])
+        if speed is not None:  # the positions the calls ran, and those given an output
+            flops = speed[0].sampling_call(row.input_tokens, length, row.output_rows)
+            row.mfu = mfu(flops / max(row.seconds_per_sample, 1e-12), speed[1])
         if on_tokens is not None:
             on_tokens(row, kept[0])
         report.results.append(row)

@@ -110,8 +110,7 @@ def benchmark(request: BenchRequest, hooks: BenchHooks | None = None) -> BenchRe
                        repeats=request.repeats, seed=request.seed, device=bm.rt.device,
                        meta=meta, schedule=bm.objective.schedule, options=sampling.options,
                        on_tokens=scorer, on_row=hooks.on_row, **sampling.drawing(),
-                       speed=(model_flops(bm.model).per_token(length, training=False),
-                              device_peak(bm.rt.device, bm.rt.dtype)))
+                       speed=(model_flops(bm.model), device_peak(bm.rt.device, bm.rt.dtype)))
     report.reference = reference  # None without a reference text
     return report
 

@@ -50,6 +50,7 @@ class TrainResult:
     already_done: bool = False
     char_level: bool = False  # tokens are characters: nats/char and bits/char
     mfu: float | None = None  # model FLOP utilisation of the steps (None: no known peak)
+    fitted: bool = False  # max_steps was fitted to train.time_budget
 
 
 def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
@@ -80,7 +81,8 @@ def _already_done(cfg: Config, start: ResumePoint) -> TrainResult:
     char_level = load_tokenizer(str(start.step_dir / "tokenizer")).is_character_level
     return TrainResult(cfg.out_dir, start.step_dir, state.step, state.tokens_seen,
                        state.train_seconds, 0.0, None, None, [], already_done=True,
-                       char_level=char_level)
+                       char_level=char_level,
+                       fitted=cfg.train.time_budget > 0 and state.budget_steps is not None)
 
 
 def _step(run: Run, step: int) -> tuple[float, int, float]:

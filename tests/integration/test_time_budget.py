@@ -40,7 +40,7 @@ def test_a_budget_run_ends_where_it_fitted_and_resumes_at_nothing(train_args, tm
     assert state["step"] == steps and state["budget_steps"] == steps
     again = invoke(*train_args, *WARMUP, "--out", out, "--max-steps", "500",
                    "--time-budget", "0.02", "--resume")
-    assert "Already trained" in again
+    assert "Already trained" in again and "--time-budget 0 --max-steps N" in again
 
 
 def test_a_large_budget_is_capped_by_max_steps(train_args, tmp_path):

@@ -201,18 +201,30 @@ def test_default_rows_are_every_exact_sampler_of_the_objective(tmp_path):
 
 
 def test_rows_report_network_calls_per_second_and_their_mfu():
-    from mdlm_cli.perf import Peak
+    from mdlm_cli.perf import ModelFlops, Peak
     from mdlm_cli.sample.bench import run_bench
 
-    flops_per_token = 1e6
+    counts = ModelFlops(matmul_params=1000, output_params=100)  # 2,000 FLOPs a token, 200 output
     report = run_bench(tiny_denoiser(), samplers=["first-hitting"], steps=[L], batch_sizes=[2],
                        precisions=["fp64"], num_samples=4, length=L, mask_id=V, repeats=1, seed=0,
-                       device=torch.device("cpu"), meta={},
-                       speed=(flops_per_token, Peak(1e9, "test")))
+                       device=torch.device("cpu"), meta={}, speed=(counts, Peak(1e9, "test")))
     row = report.results[0]
     assert row.calls_per_second == pytest.approx(row.calls / (row.seconds_per_sample * 4))
-    flops_per_s = row.nfe * L * flops_per_token / row.seconds_per_sample
+    # every call runs all L positions and asks the output layer for the one it draws
+    assert (row.input_tokens, row.output_rows) == (row.nfe * L, row.nfe)
+    flops_per_s = (1800 * row.nfe * L + 200 * row.nfe) / row.seconds_per_sample
     assert row.mfu == pytest.approx(flops_per_s / 1e9)
+
+
+def test_the_output_layer_counts_once_per_row_asked_for():
+    from mdlm_cli.models.speed import model_flops
+
+    model = tiny_denoiser().model
+    counts = model_flops(model)
+    assert counts.output_params == model.output_layer.linear.weight.numel() == (V + 1) * 32
+    whole = counts.per_token(L, training=False) * L
+    assert counts.sampling_call(L, L, output_rows=L) == whole  # every row asked for: a forward
+    assert counts.sampling_call(L, L, output_rows=1) == whole - 2 * counts.output_params * (L - 1)
 
 
 @pytest.mark.parametrize("net, width, dtype", [("fp32", 64, "fp32"), ("bf16", 64, "bf16 autocast"),
