@@ -19,7 +19,8 @@ NEW_PRESETS = ["lm1b-sedd", "owt-sedd", "lm1b-d3pm", "lm1b-T1000", "owt-tc", "te
 SMALL = ["data.tokenizer=char", "data.length=32", "data.packing=chunk", "model.hidden_size=64", "model.n_blocks=2",
          "model.n_heads=2", "model.cond_dim=32", "model.dropout=0.0", "train.global_batch_size=8",
          "train.micro_batch_size=8", "train.max_steps=3", "train.log_every=1", "train.eval_every=100",
-         "train.save_every=100", "train.device=cpu", "train.precision=fp32", "optim.warmup_steps=1"]
+         "train.save_every=100", "train.device=cpu", "train.precision=fp32", "optim.warmup_steps=1",
+         "train.time_budget=0", "train.compile=false"]
 
 
 def run(*args, code=0):
