@@ -9,7 +9,7 @@ steps after the first WARM_STEPS (which hold the allocations and any compilation
 already spent counts against the budget, and the result is capped at the configured
 max_steps. It is kept in the run's state, so a resumed run keeps the same schedule. Before the
 decision the learning rate must not depend on the total: a cosine schedule needs a warm-up of
-at least PROBE_STEPS steps (config validation says so).
+at least PROBE_STEPS steps (`check_time_budget` refuses a shorter one).
 """
 
 from __future__ import annotations
