@@ -50,7 +50,7 @@ LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default:
 RepeatsOpt = Annotated[int, typer.Option(help="Timed repeats after the warm-up.")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile", help="torch.compile the network trunk (CUDA: reduce-overhead / CUDA graphs).")]
-NetPrecisionOpt = Annotated[str, typer.Option(
+NetworkPrecisionOpt = Annotated[str, typer.Option(
     "--net-precision", callback=net_precision,
     help="The network's arithmetic: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix "
          "units for models 192 wide or more, fp32 elsewhere (--precision is the draw's).")]
@@ -142,7 +142,7 @@ def bench_sampler_cmd(
     featurizer: FeaturizerOpt = None,
     mauve_seeds: MauveSeedsOpt = MAUVE_SEEDS,
     compile: CompileOpt = False,
-    net_precision: NetPrecisionOpt = "auto",
+    net_precision: NetworkPrecisionOpt = "auto",
     json_out: JsonOpt = None,
     plot_out: PlotOpt = None,
     plot_x: PlotXOpt = "seconds",

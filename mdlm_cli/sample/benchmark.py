@@ -243,8 +243,7 @@ def _preset_model(preset: str | None, request: BenchRequest) -> BenchModel:
     from ..runtime import Runtime
 
     cfg = resolve_config(preset, request.overrides)
-    rt = Runtime.create(request.device or "auto", request.net_precision,
-                        threads=request.threads or 0)
+    rt = Runtime.create(request.device or "auto", threads=request.threads or 0)
     tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.cache_dir or None)
     objective = get_objective(cfg, tokenizer)
     torch.manual_seed(0)
