@@ -172,7 +172,7 @@ def test_fp64_draw_keeps_rare_classes_of_a_large_vocabulary():
     """1,324 classes, the mask in the middle, 40 classes at e^-4 of their weight: the draw
     reproduces the distribution, the rare classes' share included, and never the mask."""
     g = torch.Generator().manual_seed(3)
-    v, mask_id, n = 1324, 700, 300_000
+    v, mask_id, n = 1324, 700, 100_000  # ~64 draws of the rare classes expected
     logits = torch.randn(v, generator=g, dtype=torch.float64) * 2
     rare = torch.randperm(v, generator=g)[:40]
     logits[rare] -= 4
@@ -209,8 +209,9 @@ def test_the_mask_keeps_no_interval_even_if_the_scan_rounds_it_one(monkeypatch):
 def test_ancestral_fp32_truncates_rare_tokens_that_fp64_keeps():
     """10,000 rare tokens at 1e-6 each (1% together). With 100 steps, a rare token's weight in a
     step, 1e-6 * dt / t, is below float32's ~6e-8 floor for every t > 0.17: the reference draw
-    loses most of that 1%, the float64 sampler keeps it (Zheng et al. 2024)."""
-    n_rare, L, B = 10_000, 256, 16
+    loses most of that 1%, the float64 sampler keeps it (Zheng et al. 2024). The fp32 run draws
+    over all (B, L, V) at every step, so it gets half the rows (its time is the test's)."""
+    n_rare, L = 10_000, 256
     probs = torch.cat([torch.tensor([0.99]), torch.full((n_rare,), 0.01 / n_rare)])
     row = torch.cat([probs.log(), torch.zeros(1)])  # + the mask column
 
@@ -224,12 +225,13 @@ def test_ancestral_fp32_truncates_rare_tokens_that_fp64_keeps():
             return out if output_mask is not None else out.reshape(*z.shape, -1)
 
     share = {}
-    for precision in ("fp64", "fp32"):
-        tokens = engine.sample(Constant(), sampler="ancestral-cache", num_samples=B, length=L, mask_id=n_rare + 1,
-                               steps=100, precision=precision, generator=torch.Generator().manual_seed(0))
+    for precision, rows in (("fp64", 16), ("fp32", 8)):
+        tokens = engine.sample(Constant(), sampler="ancestral-cache", num_samples=rows, length=L,
+                               mask_id=n_rare + 1, steps=100, precision=precision,
+                               generator=torch.Generator().manual_seed(0))
         share[precision] = (tokens > 0).double().mean().item()
-    assert 0.006 < share["fp64"] < 0.015  # ~41 of 4096 positions
-    assert share["fp32"] < 0.005  # ~7 of 4096 positions
+    assert 0.006 < share["fp64"] < 0.015, share  # ~41 of 4096 positions
+    assert share["fp32"] < 0.005, share  # ~3.5 of 2048 positions expected
 
 
 def test_temperature_and_top_p():
