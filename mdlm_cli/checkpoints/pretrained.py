@@ -40,7 +40,14 @@ import torch
 
 from ..build import config_from_dict, model_dict
 from ..config import Config, TrainConfig
-from ..data.tokenizers import Tokenizer, load_tokenizer
+from ..data.tokenizers import (
+    TOKENIZERS,
+    ReferenceRun,
+    Tokenizer,
+    known_tokenizer,
+    load_tokenizer,
+    reference_tokenizer,
+)
 from ..errors import MdlmError
 from ..io.hub import download
 from ..io.packaged import resolve_model
@@ -59,15 +66,10 @@ TOKENIZER_FILES = (
     "vocab.json",
     "vocab.txt",
 )
-# The reference tokenisers by model vocabulary (mask included), with the data they imply.
-KNOWN_VOCABS = {50258: "gpt2", 30522: "bert-base-uncased", 35: "char"}
-TOKENIZER_DEFAULTS = {  # name -> (dataset, packing, length) of the reference's runs
-    "gpt2": ("openwebtext", "wrap", 1024),
-    "bert-base-uncased": ("lm1b", "pad", 128),
-    "char": ("text8", "chunk", 256),
-}
 # rows per split a plain masked LM's evaluation data keeps (bert-ft's validation too)
 PLAIN_MLM_ROWS = 100_000
+# the data of a model whose tokeniser the reference never trained with: GPT-2's runs
+_GPT2_RUN: ReferenceRun = TOKENIZERS["gpt2"].reference
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 RUN_ROOT = TrainConfig.out_dir.split("/")[0]  # "runs": `runs/NAME` is always a local run folder
 
@@ -330,7 +332,9 @@ def mdlm_config(
 ) -> Config:
     """mdlm's typed config for an imported model: the exporter's own when present, else the
     reference's."""
-    dataset, packing, length = TOKENIZER_DEFAULTS.get(tokenizer.name, ("openwebtext", "wrap", 1024))
+    known = known_tokenizer(tokenizer.name)
+    run = known.reference if known is not None and known.reference else _GPT2_RUN
+    dataset, packing, length = run.dataset, run.packing, run.length
     saved = mdlm_meta.get("config") if isinstance(mdlm_meta.get("config"), dict) else {}
     saved_data = saved.get("data") or {}
     recorded = partial["data"]
@@ -373,14 +377,20 @@ def _tokenizer(folder: Path | None, name: str | None, vocab_size: int, source) -
     if folder is not None and any((folder / f).is_file() for f in TOKENIZER_FILES):
         with quiet_transformers():
             return load_tokenizer(str(folder))
-    name = name or KNOWN_VOCABS.get(vocab_size)
+    known = reference_tokenizer(vocab_size)
+    name = name or (known.name if known is not None else None)
     if name is None:
         raise MdlmError(
             f"{source} carries no tokenizer files and its vocabulary ({vocab_size}) is not "
-            "GPT-2's (50258), BERT's (30522) or text8's (35); put the tokenizer files next to its "
-            "config.json"
+            f"{_reference_vocabularies()}; put the tokenizer files next to its config.json"
         )
     return load_tokenizer(name)
+
+
+def _reference_vocabularies() -> str:
+    """"GPT-2's (50258), BERT's (30522) or text8's (35)": the vocabularies an import recognises."""
+    known = [f"{t.label} ({t.vocab_size})" for t in TOKENIZERS.values() if t.reference]
+    return ", ".join(known[:-1]) + " or " + known[-1]
 
 
 def _first_line(e: BaseException) -> str:

@@ -12,6 +12,7 @@ id, `tokens`, so the model vocabulary is `tokens + 1`.
 
 from __future__ import annotations
 
+from ...data.tokenizers import TOKENIZERS
 from ...errors import MdlmError
 from .reference import new_partial, noise_schedule, number, read_fields
 
@@ -66,6 +67,8 @@ def partial_from_sedd_config(config: dict, source) -> dict:
     noise = config.get("noise") or {}
     schedule = noise_schedule(noise, SCHEDULES, source, default="loglinear")
     partial["diffusion"].update(objective="sedd", schedule=schedule)
-    if tokens == 50257:  # GPT-2's vocabulary: SEDD's published models are OpenWebText models
-        partial["data"].update(tokenizer="gpt2", dataset="openwebtext", packing="wrap")
+    gpt2 = TOKENIZERS["gpt2"]
+    if tokens + 1 == gpt2.vocab_size:  # GPT-2's vocabulary: SEDD's published OpenWebText models
+        run = gpt2.reference
+        partial["data"].update(tokenizer=gpt2.name, dataset=run.dataset, packing=run.packing)
     return partial
