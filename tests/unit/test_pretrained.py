@@ -176,8 +176,8 @@ def test_reference_config_interpolations_and_schedules():
     config["data"]["block"] = 128
     config["noise"] = {"type": "cosinesqr"}
     partial = partial_from_hydra(config, "x.ckpt")
-    assert partial["data"]["length"] == 128 and partial["diffusion"]["schedule"] == "cosine-squared"
-    assert partial["data"]["tokenizer"] == "char"
+    assert partial.data["length"] == 128 and partial.diffusion["schedule"] == "cosine-squared"
+    assert partial.data["tokenizer"] == "char"
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
