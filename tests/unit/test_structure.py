@@ -154,8 +154,8 @@ def test_commands_parse_call_one_function_and_print():
 
 
 # modules that once typed their own copy of the tokenisers' vocabulary sizes (and disagreed)
-VOCAB_READERS = ("checkpoints/pretrained.py", "checkpoints/formats/sedd.py", "recipes/cost.py",
-                 "train/memory.py")
+VOCAB_READERS = ("checkpoints/pretrained.py", "checkpoints/formats/assemble.py",
+                 "checkpoints/formats/sedd.py", "recipes/cost.py", "train/memory.py")
 
 
 def test_no_vocabulary_size_is_retyped_outside_the_tokenizer_registry():
