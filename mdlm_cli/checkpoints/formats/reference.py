@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...config import ModelConfig
+from ...data.tokenizers import TOKENIZERS
 from ...engine.schedules import SCHEDULES, get_schedule
 from ...errors import MdlmError
 from ...models import unwrap
@@ -140,7 +141,8 @@ def partial_from_hydra(config: dict, source) -> Partial:
         partial.diffusion["schedule"] = noise_schedule(noise, REFERENCE_SCHEDULES, source)
     partial.diffusion["T"] = number(get("T"), int, "T", source)
     tokenizer = get("data.tokenizer_name_or_path")
-    partial.data["tokenizer"] = "char" if tokenizer == "text8" else tokenizer
+    char = TOKENIZERS["char"]  # the reference names it text8, one of its aliases
+    partial.data["tokenizer"] = char.name if tokenizer in char.aliases else tokenizer
     train, wrap = str(get("data.train") or ""), get("data.wrap")
     partial.data["dataset"] = next((name for name in DATASET_NAMES if name in train), None)
     partial.data["packing"] = None if wrap is None else ("wrap" if wrap else "pad")
