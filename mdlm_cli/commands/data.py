@@ -13,12 +13,13 @@ from rich.text import Text
 
 from ..build import resolve_config
 from ..config import list_presets, load_preset
+from ..data.tokenizers import TOKENIZERS
 from .common import PresetOpt, SetOpt, app, console, err_console, split_bars, user_errors
 
 DatasetOpt = Annotated[str | None, typer.Option(
     help="Data set name or local path (overrides the preset).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
-    help="gpt2 | bert-base-uncased | char | folder | hub id.")]
+    help=" | ".join([*TOKENIZERS, "folder", "hub id."]))]
 LengthOpt = Annotated[int | None, typer.Option(help="Tokens per row (L).")]
 PackingOpt = Annotated[str | None, typer.Option(
     help="wrap | pad | chunk | window | sft | sft-pack.")]

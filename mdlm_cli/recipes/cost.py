@@ -4,10 +4,10 @@ training tokens at an assumed utilisation of an A100, summed over the recipe's m
 from __future__ import annotations
 
 from ..build import resolve_config
+from ..data.tokenizers import known_tokenizer
 from .schema import Recipe
 
 A100_BF16_FLOPS, ASSUMED_MFU = 312e12, 0.4  # NVIDIA A100 data sheet, dense bf16; an assumption
-KNOWN_VOCABS = {"gpt2": 50258, "bert-base-uncased": 30522, "char": 35}
 
 
 def gpu_days(recipe: Recipe) -> str:
@@ -22,11 +22,11 @@ def gpu_days(recipe: Recipe) -> str:
         if model.preset is None:
             continue
         cfg = resolve_config(model.preset, model.overrides)
-        vocab = KNOWN_VOCABS.get(cfg.data.tokenizer)
-        if vocab is None or cfg.model.backbone != "dit":
+        known = known_tokenizer(cfg.data.tokenizer)
+        if known is None or cfg.model.backbone != "dit":
             return "?"
         with torch.device("meta"):
-            params = sum(p.numel() for p in build_model(cfg.model, vocab).parameters())
+            params = sum(p.numel() for p in build_model(cfg.model, known.vocab_size).parameters())
         steps = model.max_steps or cfg.train.max_steps
         flops += 6 * params * steps * cfg.train.global_batch_size * cfg.data.length
     return f"{flops / (A100_BF16_FLOPS * ASSUMED_MFU) / 86400:,.1f}" if flops else "-"

@@ -3,8 +3,7 @@ data and the model are set up."""
 
 from __future__ import annotations
 
-# vocabulary sizes of the named tokenisers (the estimate needs one before any data is prepared)
-VOCAB_GUESS = {"gpt2": 50_258, "bert-base-uncased": 30_522, "char": 256, "dna": 16}
+from ..data.tokenizers import TOKENIZERS, known_tokenizer
 
 
 def check_train_memory(cfg) -> None:
@@ -20,7 +19,10 @@ def check_train_memory(cfg) -> None:
 
     if "hidden_size" not in BACKBONES[cfg.model.backbone].config_keys:
         return  # a Hugging Face backbone: its shape is the hub model's, not the config's
-    vocab = VOCAB_GUESS.get(cfg.data.tokenizer, 50_258)
+    # the estimate needs a vocabulary before any data is prepared: a named tokeniser's, else
+    # GPT-2's (a hub tokeniser's size is not known offline)
+    known = known_tokenizer(cfg.data.tokenizer) or TOKENIZERS["gpt2"]
+    vocab = known.vocab_size
     with torch.device("meta"):
         model = build_model(cfg.model, vocab, causal=OBJECTIVES[cfg.diffusion.objective].causal)
         params = sum(p.numel() for p in model.parameters())

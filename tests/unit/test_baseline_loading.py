@@ -60,7 +60,7 @@ def test_reference_configs_the_baselines_cannot_use_are_refused(tmp_path):
     with pytest.raises(MdlmError, match="parameterization='gaussian'"):
         partial_from_hydra({**reference_hydra_config(), "parameterization": "gaussian"}, "x.ckpt")
     config = {**reference_hydra_config(), "noise": {"type": "geometric", "sigma_min": 1e-4, "sigma_max": 20}}
-    assert partial_from_hydra(config, "x.ckpt")["diffusion"]["schedule"] == "geometric"
+    assert partial_from_hydra(config, "x.ckpt").diffusion["schedule"] == "geometric"
 
 
 # ----------------------------------------------------------------------------- SEDD's hub format

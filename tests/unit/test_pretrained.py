@@ -9,7 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from mdlm_cli.checkpoints.formats.base import Found
 from mdlm_cli.checkpoints.formats.reference import partial_from_hydra
+from mdlm_cli.checkpoints.formats.registry import FORMATS
 from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.checkpoints.pretrained import Source, pretrained_source
 from mdlm_cli.config import ModelConfig
@@ -176,8 +178,8 @@ def test_reference_config_interpolations_and_schedules():
     config["data"]["block"] = 128
     config["noise"] = {"type": "cosinesqr"}
     partial = partial_from_hydra(config, "x.ckpt")
-    assert partial["data"]["length"] == 128 and partial["diffusion"]["schedule"] == "cosine-squared"
-    assert partial["data"]["tokenizer"] == "char"
+    assert partial.data["length"] == 128 and partial.diffusion["schedule"] == "cosine-squared"
+    assert partial.data["tokenizer"] == "char"
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
@@ -270,3 +272,16 @@ def test_safetensors_file_of_a_folder_and_sharded_index(tmp_path):
     (folder / "config.json").write_text(json.dumps(hf_config()))
     loaded = load_checkpoint(folder)
     assert torch.equal(loaded.model.vocab_embed.embedding, state["backbone.vocab_embed.embedding"])
+
+
+@pytest.mark.parametrize("name,config", [
+    ("caduceus", {"model_type": "caduceus", "d_model": 8}),
+    ("sedd", {"config": {"tokens": 50257, "graph": {"type": "absorb"}, "model": {}}}),
+    ("hf-mlm", {"model_type": "bert", "vocab_size": 30522}),
+    ("hub-mixin", {"config": {"model": {"hidden_size": 32}}}),
+    ("reference-hf", {"vocab_size": 35, "model_type": "mdlm"}),
+    ("lightning", None),
+])
+def test_each_format_is_the_first_of_formats_to_detect_its_checkpoints(name, config, tmp_path):
+    found = Found(tmp_path / ("last.ckpt" if config is None else "folder"), config, "x")
+    assert [n for n, fmt in FORMATS.items() if fmt.detect(found)][0] == name

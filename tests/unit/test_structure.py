@@ -151,3 +151,36 @@ def test_commands_parse_call_one_function_and_print():
             if decorated and _lines_without_docstring(node) > 40:
                 long_commands.append(f"{path.name}:{node.name}: {_lines_without_docstring(node)}")
     assert not long_commands, long_commands
+
+
+# modules that once typed their own copy of the tokenisers' vocabulary sizes (and disagreed)
+VOCAB_READERS = ("checkpoints/pretrained.py", "checkpoints/formats/assemble.py",
+                 "checkpoints/formats/sedd.py", "recipes/cost.py", "train/memory.py")
+
+
+def test_no_vocabulary_size_is_retyped_outside_the_tokenizer_registry():
+    """data/tokenizers.TOKENIZERS is the one place a known tokeniser's vocabulary size is written.
+    Anywhere in the package, a size of four digits or more (or it less one: the vocabulary
+    before an appended mask) is a copy, in code or in a message; in the modules that used to
+    keep copies, every registry size is."""
+    from mdlm_cli.data.tokenizers import TOKENIZERS
+
+    sizes = {t.vocab_size for t in TOKENIZERS.values()}
+    distinctive = {s - k for s in sizes if s >= 1000 for k in (0, 1)}
+    hits = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "data/tokenizers.py":
+            continue
+        wanted = distinctive | (sizes if rel in VOCAB_READERS else set())
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Module | ast.FunctionDef | ast.ClassDef) and n.body
+                      and isinstance(n.body[0], ast.Expr)}  # examples, not values the code uses
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Constant) or id(node) in docstrings:
+                continue
+            if type(node.value) is int and node.value in wanted or isinstance(node.value, str) \
+                    and any(re.search(rf"\b{s}\b", node.value) for s in wanted):
+                hits.append(f"{rel}:{node.lineno} {node.value!r}")
+    assert not hits, f"vocabulary sizes typed outside data/tokenizers.TOKENIZERS: {hits}"

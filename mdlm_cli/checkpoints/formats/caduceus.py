@@ -18,6 +18,8 @@ from ...errors import MdlmError
 from ...models import build_model
 from ...models.tied import canonical_state
 from ..folder import LoadedModel, load_state_into
+from .assemble import read_hf_weights
+from .base import Format, Found
 
 
 def caduceus_model_config(raw: dict, source: str) -> dict:
@@ -104,3 +106,15 @@ def caduceus_from_hf(folder: Path, raw: dict, weights: dict[str, torch.Tensor], 
     data_meta = {"length": cfg.data.length, "packing": "window", "tokenizer": tokenizer.describe(),
                  "source": {"name": "hg38"}}
     return LoadedModel(folder, model.to(device).eval(), cfg, tokenizer, data_meta, state)
+
+
+def detect(found: Found) -> bool:
+    return found.config is not None and found.config.get("model_type") == "caduceus"
+
+
+def load(found: Found, *, ema: bool, device) -> LoadedModel:
+    weights = read_hf_weights(found.path)[1]
+    return caduceus_from_hf(found.path, found.config, weights, label=found.label, device=device)
+
+
+FORMAT = Format(detect, load, "a released Caduceus (model_type caduceus)")

@@ -7,9 +7,9 @@ HF `MDLMConfig` fields of a config.json or in the Hydra config of a Lightning ch
 Export: the same names and fields. mdlm's DiT has the reference's module tree
 (models/dit.py), so the key mapping is a prefix.
 
-Hyper-parameters are read into a *partial config*: mdlm's own config layout
-({"model": {...}, "data": {...}, "diffusion": {...}}, plus "vocab_size") holding only
-what the checkpoint records; the rest comes from the weight shapes or the defaults.
+Hyper-parameters are read into a *partial config* (base.Partial): mdlm's own config layout
+(model, data, diffusion, plus vocab_size) holding only what the checkpoint records; the rest
+comes from the weight shapes or the defaults.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...config import ModelConfig
+from ...data.tokenizers import TOKENIZERS
 from ...engine.schedules import SCHEDULES, get_schedule
 from ...errors import MdlmError
 from ...models import unwrap
+from .base import Partial
 
 if TYPE_CHECKING:
     from ..folder import LoadedModel
@@ -67,42 +69,30 @@ HF_FIELDS = {
 }
 
 
-def new_partial() -> dict:
-    # mask_id: where the format fixes the mask token (SEDD: the last id), checked against the
-    # tokeniser
-    return {
-        "model": {},
-        "data": {},
-        "diffusion": {},
-        "vocab_size": None,
-        "mask_id": None,
-        "inferred": [],
-    }
-
-
 # ---------------------------------------------------------------------- hyper-parameters
 
-def partial_from_hf_config(raw: dict, source) -> dict:
+def partial_from_hf_config(raw: dict, source) -> Partial:
     """The MDLMConfig fields of a config.json (`hidden_size` accepted for `hidden_dim`)."""
     recorded = {k: v for k, v in raw.items() if v is not None}
     raw = {"hidden_dim": raw.get("hidden_size"), **recorded}
-    partial = new_partial()
+    partial = Partial()
     read_fields(partial, raw, HF_FIELDS, source)
     return partial
 
 
-def read_fields(partial: dict, values: dict, fields: dict, source, prefix: str = "") -> None:
+def read_fields(partial: Partial, values: dict, fields: dict, source, prefix: str = "") -> None:
     """Put each of `values`' fields that `fields` maps (name -> (section, key, type)) where
     `partial` keeps it, when recorded (not None); a key of None is the section itself, a
-    top-level entry. Errors name the field `prefix + name`."""
+    top-level field. Errors name the field `prefix + name`. (The reader of a format calls it on
+    the Partial it is building.)"""
     for name, (section, key, typ) in fields.items():
         value = number(values.get(name), typ, prefix + name, source)
         if value is None:
             continue
         if key is None:
-            partial[section] = value
+            setattr(partial, section, value)
         else:
-            partial[section][key] = value
+            getattr(partial, section)[key] = value
 
 
 def hydra_value(config: dict, dotted: str):
@@ -118,7 +108,7 @@ def hydra_value(config: dict, dotted: str):
     return value
 
 
-def partial_from_hydra(config: dict, source) -> dict:
+def partial_from_hydra(config: dict, source) -> Partial:
     """Hyper-parameters from the reference's Hydra config (`model.*`, `noise.type`, `data.*`,
     ...)."""
     get = functools.partial(hydra_value, config)
@@ -130,10 +120,9 @@ def partial_from_hydra(config: dict, source) -> dict:
             f"{source} was trained with parameterization={parameterization!r}; mdlm implements "
             f"{', '.join(PARAMETERIZATIONS)}"
         )
-    partial = new_partial()
-    partial["diffusion"].update(PARAMETERIZATIONS[parameterization])
+    partial = Partial(diffusion=dict(PARAMETERIZATIONS[parameterization]))
     if get("subs_masking") and parameterization == "d3pm":
-        partial["diffusion"]["zero_masking"] = True
+        partial.diffusion["zero_masking"] = True
     if parameterization == "sedd" and get("time_conditioning") is not None and \
             not number(get("time_conditioning"), bool, "time_conditioning", source):
         raise MdlmError(
@@ -142,22 +131,24 @@ def partial_from_hydra(config: dict, source) -> dict:
         )
     for key, typ in (("hidden_size", int), ("n_blocks", int), ("n_heads", int), ("cond_dim", int),
                      ("dropout", float)):
-        partial["model"][key] = number(get(f"model.{key}"), typ, f"model.{key}", source)
-    partial["model"]["time_conditioning"] = number(
+        partial.model[key] = number(get(f"model.{key}"), typ, f"model.{key}", source)
+    partial.model["time_conditioning"] = number(
         get("time_conditioning"), bool, "time_conditioning", source
     )
-    partial["data"]["length"] = number(get("model.length"), int, "model.length", source)
+    partial.data["length"] = number(get("model.length"), int, "model.length", source)
     noise = {key: get(f"noise.{key}") for key in ("type", "sigma_min", "sigma_max")}
     if noise["type"] is not None:
-        partial["diffusion"]["schedule"] = noise_schedule(noise, REFERENCE_SCHEDULES, source)
-    partial["diffusion"]["T"] = number(get("T"), int, "T", source)
+        partial.diffusion["schedule"] = noise_schedule(noise, REFERENCE_SCHEDULES, source)
+    partial.diffusion["T"] = number(get("T"), int, "T", source)
     tokenizer = get("data.tokenizer_name_or_path")
-    partial["data"]["tokenizer"] = "char" if tokenizer == "text8" else tokenizer
+    char = TOKENIZERS["char"]  # the reference names it text8, one of its aliases
+    partial.data["tokenizer"] = char.name if tokenizer in char.aliases else tokenizer
     train, wrap = str(get("data.train") or ""), get("data.wrap")
-    partial["data"]["dataset"] = next((name for name in DATASET_NAMES if name in train), None)
-    partial["data"]["packing"] = None if wrap is None else ("wrap" if wrap else "pad")
+    partial.data["dataset"] = next((name for name in DATASET_NAMES if name in train), None)
+    partial.data["packing"] = None if wrap is None else ("wrap" if wrap else "pad")
     for section in ("model", "data", "diffusion"):
-        partial[section] = {k: v for k, v in partial[section].items() if v is not None}
+        setattr(partial, section, {k: v for k, v in getattr(partial, section).items()
+                                   if v is not None})
     return partial
 
 
@@ -192,11 +183,12 @@ def _sigma_text(sigmas: tuple) -> str:
     return f"sigma {sigmas[0]}..{sigmas[1]}"
 
 
-def model_config(weights: dict[str, torch.Tensor], partial: dict, inv_freq: torch.Tensor | None,
-                 source) -> tuple[ModelConfig, int]:
-    """(ModelConfig, vocabulary): the checkpoint records what it records, the rest comes from
-    the weight shapes. Where both exist and disagree, the strict load reports the mismatch."""
-    recorded = partial["model"]
+def model_config(weights: dict[str, torch.Tensor], partial: Partial,
+                 inv_freq: torch.Tensor | None, source) -> tuple[ModelConfig, int, list[str]]:
+    """(ModelConfig, vocabulary, what was inferred): the checkpoint records what it records, the
+    rest comes from the weight shapes. Where both exist and disagree, the strict load reports the
+    mismatch."""
+    recorded, inferred = partial.model, []
     vocab, hidden = weights["vocab_embed.embedding"].shape
     cond = weights.get("sigma_map.mlp.0.weight")
     mlp = weights.get("blocks.0.mlp.0.weight")
@@ -209,7 +201,7 @@ def model_config(weights: dict[str, torch.Tensor], partial: dict, inv_freq: torc
     n_heads = recorded.get("n_heads")
     if n_heads is None and inv_freq is not None and inv_freq.numel():
         n_heads = hidden // (2 * inv_freq.numel())
-        partial["inferred"].append("n_heads (from rotary_emb.inv_freq)")
+        inferred.append("n_heads (from rotary_emb.inv_freq)")
     if not n_heads:
         raise MdlmError(
             f"{source} records no number of attention heads (no n_heads in its config, no "
@@ -228,7 +220,7 @@ def model_config(weights: dict[str, torch.Tensor], partial: dict, inv_freq: torc
         dropout=recorded.get("dropout", 0.1),
         time_conditioning=recorded.get("time_conditioning", False),
     )
-    return cfg, partial["vocab_size"] or vocab
+    return cfg, partial.vocab_size or vocab, inferred
 
 
 def hf_config(loaded: LoadedModel, mdlm_section: dict) -> dict:

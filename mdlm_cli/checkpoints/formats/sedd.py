@@ -12,8 +12,12 @@ id, `tokens`, so the model vocabulary is `tokens + 1`.
 
 from __future__ import annotations
 
+from ...data.tokenizers import TOKENIZERS
 from ...errors import MdlmError
-from .reference import new_partial, noise_schedule, number, read_fields
+from ..folder import LoadedModel
+from .assemble import load_dit_folder
+from .base import Format, Found, Partial
+from .reference import noise_schedule, number, read_fields
 
 # SEDD's model fields -> mdlm's config (section, key, type), as reference.HF_FIELDS
 MODEL_FIELDS = {
@@ -40,7 +44,7 @@ def sedd_config(raw: dict) -> dict | None:
     return None
 
 
-def partial_from_sedd_config(config: dict, source) -> dict:
+def partial_from_sedd_config(config: dict, source) -> Partial:
     """mdlm's partial config (reference_format's layout) for a SEDD absorbing-graph model."""
     graph = config["graph"].get("type")
     if graph != "absorb":
@@ -58,14 +62,27 @@ def partial_from_sedd_config(config: dict, source) -> dict:
             f"{source} was trained without scale_by_sigma, a different score parameterisation "
             "than SEDD's published models (and mdlm's sedd objective)"
         )
-    partial = new_partial()
     tokens = number(config["tokens"], int, "tokens", source)
-    partial["vocab_size"], partial["mask_id"] = tokens + 1, tokens
+    partial = Partial(vocab_size=tokens + 1, mask_id=tokens)
     read_fields(partial, model, MODEL_FIELDS, source, prefix="model.")
-    partial["model"]["time_conditioning"] = True
+    partial.model["time_conditioning"] = True
     noise = config.get("noise") or {}
     schedule = noise_schedule(noise, SCHEDULES, source, default="loglinear")
-    partial["diffusion"].update(objective="sedd", schedule=schedule)
-    if tokens == 50257:  # GPT-2's vocabulary: SEDD's published models are OpenWebText models
-        partial["data"].update(tokenizer="gpt2", dataset="openwebtext", packing="wrap")
+    partial.diffusion.update(objective="sedd", schedule=schedule)
+    gpt2 = TOKENIZERS["gpt2"]
+    if tokens + 1 == gpt2.vocab_size:  # GPT-2's vocabulary: SEDD's published OpenWebText models
+        run = gpt2.reference
+        partial.data.update(tokenizer=gpt2.name, dataset=run.dataset, packing=run.packing)
     return partial
+
+
+def detect(found: Found) -> bool:
+    return found.config is not None and sedd_config(found.config) is not None
+
+
+def load(found: Found, *, ema: bool, device) -> LoadedModel:
+    partial = partial_from_sedd_config(sedd_config(found.config), found.path / "config.json")
+    return load_dit_folder(found, partial, device=device)
+
+
+FORMAT = Format(detect, load, "SEDD's hub format (its Hydra config with tokens and graph)")

@@ -1,0 +1,17 @@
+"""FORMATS: the checkpoint formats that `load_pretrained` reads, in detection order (the first
+whose `detect` accepts a found checkpoint loads it). A new format is a module beside these with a
+`FORMAT` and one entry here."""
+
+from __future__ import annotations
+
+from . import caduceus, hf_mlm, hub_mixin, lightning, reference_hf, sedd
+from .base import Format
+
+FORMATS: dict[str, Format] = {
+    "caduceus": caduceus.FORMAT,
+    "sedd": sedd.FORMAT,
+    "hf-mlm": hf_mlm.FORMAT,  # before the DiT folders: any model_type but mdlm's
+    "hub-mixin": hub_mixin.FORMAT,
+    "reference-hf": reference_hf.FORMAT,  # any other folder with a config.json
+    "lightning": lightning.FORMAT,  # a file
+}
