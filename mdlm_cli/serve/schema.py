@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from ..engine.categorical import PRECISIONS
 from ..engine.options import problem
-from ..engine.sampling import PRECISIONS, SamplerSpec, get_sampler, option_names
+from ..engine.sampling import SamplerSpec, get_sampler, option_names
 from ..errors import MdlmError
 from ..sample.generate import template
 from .served import Served
