@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
 from .common import (
     DeviceOpt,
@@ -25,7 +26,7 @@ from .common import (
     user_errors,
     warn,
 )
-from .sampling_args import Sampling, sampling_arguments
+from .sampling_args import given, resolved, sampling_arguments
 
 SamplesOpt = Annotated[str | None, typer.Option(
     help="JSONL from mdlm sample --out (written here with --sample-first).")]
@@ -102,7 +103,7 @@ def gen_ppl_cmd(
     checkpoint: ModelToSampleOpt = None,
     prompts: PromptsOpt = None,
     conditional: ConditionalOpt = None,
-    sampling: Sampling,
+    sampling: SamplingSettings,
     num_samples: NumSamplesOpt = 32,
     seed: SeedOpt = 0,
     threads: ThreadsOpt = None,
@@ -135,7 +136,7 @@ class _Draw:
     """--sample-first: the model to sample and how."""
 
     checkpoint: str | None
-    sampling: Sampling
+    sampling: SamplingSettings
     num_samples: int
     seed: int
     device: str | None
@@ -171,7 +172,7 @@ def _texts_to_score(sample_first: bool,
 
     if not sample_first:
         _refuse_sampling_flags(["--checkpoint"] * (draw.checkpoint is not None)
-                               + draw.sampling.given())
+                               + given(draw.sampling))
         if samples is None:
             raise MdlmError("give --samples FILE.jsonl (from mdlm sample --out), or "
                             "--sample-first --checkpoint DIR")
@@ -334,7 +335,7 @@ def _sample_for_judging(draw: _Draw, out: str | None):
     from .sample import sampling_progress
 
     loaded, rt = load_for_command(draw.checkpoint, draw.device, False, draw.threads)
-    how, n = draw.sampling.drawing(loaded.objective), draw.num_samples
+    how, n = resolved(draw.sampling, loaded.objective), draw.num_samples
     with sampling_progress(how.sampler, n) as advance:
         drawn = draw_samples(loaded, rt, how, num_samples=n, seed=draw.seed,
                              batch_size=min(n, 16), on_batch=advance)
@@ -355,7 +356,7 @@ def _responses_for_judging(draw: _Draw, prompts: str, out: str | None):
 
     loaded, rt = load_for_command(draw.checkpoint, draw.device, False, draw.threads)
     asked, what = read_prompts(prompts, loaded, draw.num_samples)
-    how = draw.sampling.drawing(loaded.objective)
+    how = resolved(draw.sampling, loaded.objective)
     with sampling_progress(how.sampler, len(asked)) as advance:
         drawn = draw_responses(loaded, rt, how, asked, seed=draw.seed,
                                batch_size=min(len(asked), 16), on_batch=advance)

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from ..engine.settings import SamplingSettings
 from .common import (
     AllowLongerOpt,
     CheckpointOpt,
@@ -27,7 +28,7 @@ from .common import (
     load_for_command,
     user_errors,
 )
-from .sampling_args import Sampling, sampling_arguments
+from .sampling_args import resolved, sampling_arguments
 
 InfillOpt = Annotated[
     str | None, typer.Option(help="Text with <mask> (one token) or <mask:N> spans to fill in.")
@@ -77,7 +78,7 @@ SEMI_AR_HELP = """Generate text longer than the model's window, block by block (
 def sample_cmd(
     *,
     checkpoint: CheckpointOpt = "runs/demo",
-    sampling: Sampling,
+    sampling: SamplingSettings,
     num_samples: NumSamplesOpt = 4,
     batch_size: BatchSizeOpt = 4,
     seed: SeedOpt = 0,
@@ -100,7 +101,7 @@ def sample_cmd(
         check_positive(num_samples=num_samples, batch_size=batch_size, length=length)
         check_all_writable(out)  # before the sampling, not after it
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
-        how = sampling.drawing(loaded.objective)
+        how = resolved(sampling, loaded.objective)
         with sampling_progress(how.sampler, num_samples) as advance:
             drawn = sample_window(
                 loaded, rt, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
@@ -142,7 +143,7 @@ def semi_ar_cmd(
     checkpoint: CheckpointOpt = "runs/demo",
     length: TotalLengthOpt = None,
     stride: StrideOpt = None,
-    sampling: Sampling,
+    sampling: SamplingSettings,
     num_samples: NumSamplesOpt = 1,
     seed: SeedOpt = 0,
     prompt: FirstWindowOpt = None,
@@ -162,7 +163,7 @@ def semi_ar_cmd(
         check_all_writable(out)
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         drawn = semi_ar_blocks(
-            loaded, rt, sampling.drawing(loaded.objective), num_samples=num_samples, seed=seed,
+            loaded, rt, resolved(sampling, loaded.objective), num_samples=num_samples, seed=seed,
             length=length, stride=stride, prompt=prompt, max_new_tokens=max_new_tokens,
             stop_at_eos=stop_at_eos, source=checkpoint, on_text=_write if stream else None)
         if out:  # before anything is printed

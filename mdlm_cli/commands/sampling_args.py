@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import Field, dataclass, fields
 from typing import Annotated, Any
 
 import typer
 
+from ..engine.errors import EngineError
 from ..engine.options import KINDS, describe, problem, value_type
 from ..engine.sampling import SAMPLERS, get_sampler
+from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
 from ..sample.benchmark import SamplingSweep
-from ..sample.draw import Drawing
 from .common import (
     PrecisionOpt,
     SamplerOpt,
@@ -53,54 +54,24 @@ def option_flags() -> dict[str, OptionFlag]:
     return {name: OptionFlag(f, tuple(names)) for name, (f, names) in found.items()}
 
 
-@dataclass
-class Sampling:
-    """What the user asked of the sampler; `options` holds only the options given."""
+def flag(name: str) -> str:
+    """How a setting is spelt on the command line: top_p -> --top-p (`validate`'s spelling)."""
+    return f"--{dashed(name)}"
 
-    sampler: str | None
-    steps: int | None
-    precision: str = "fp64"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    options: dict[str, Any] = field(default_factory=dict)  # option name -> value: flags, --opt
 
-    def resolve(self, objective) -> tuple[Any, int | None]:
-        """The sampler spec and steps to run for the objective (`resolve_sampler`: a warning
-        for each option given that the sampler does not read)."""
-        return resolve_sampler(objective, self.sampler, self.steps, self.options)
+def resolved(settings: SamplingSettings, objective) -> SamplingSettings:
+    """The settings with the sampler and steps the objective chose (`resolve_sampler`: a
+    warning for each option given that the sampler does not read)."""
+    spec, steps = resolve_sampler(objective, settings.sampler, settings.steps, settings.options)
+    return settings.with_(sampler=spec.name, steps=steps)
 
-    def read_by(self, spec) -> dict[str, Any]:
-        """The options given that the sampler `spec` reads (engine.sample's keywords)."""
-        return {k: v for k, v in self.options.items() if k in spec.option_names}
 
-    def engine_kwargs(self, spec) -> dict[str, Any]:
-        """engine.sample's keywords of the drawing: precision, temperature, top_p, options."""
-        return {
-            "precision": self.precision,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            **self.read_by(spec),
-        }
-
-    def record(self, spec, steps: int | None) -> dict[str, Any]:
-        """How samples were drawn, for their JSONL records."""
-        return {"sampler": spec.name, "steps": steps, **self.engine_kwargs(spec)}
-
-    def drawing(self, objective) -> Drawing:
-        """The sampler and steps resolved for the objective (`resolve`), as sample.draw takes
-        them."""
-        spec, steps = self.resolve(objective)
-        return Drawing(spec.name, steps, self.engine_kwargs(spec), self.record(spec, steps))
-
-    def given(self) -> list[str]:
-        """The sampling flags given on the command line (away from their defaults)."""
-        out = [f"--{name}" for name in ("sampler", "steps") if getattr(self, name) is not None]
-        out += [f"--{dashed(k)}" for k in self.options]
-        return out + [
-            f"--{dashed(k)}"
-            for k, default in (("precision", "fp64"), ("temperature", 1.0), ("top_p", 1.0))
-            if getattr(self, k) != default
-        ]
+def given(settings: SamplingSettings) -> list[str]:
+    """The sampling flags given on the command line (away from their defaults)."""
+    default = SamplingSettings()
+    names = ["sampler", "steps", *settings.options, "precision", "temperature", "top_p"]
+    return [flag(k) for k in names
+            if k in settings.options or getattr(settings, k, None) != getattr(default, k, None)]
 
 
 def _check(name: str, f: Field, value: Any) -> Any:
@@ -150,29 +121,12 @@ def _merge(flag_values: dict[str, Any], opt_values: dict[str, Any]) -> dict[str,
     return flag_values | opt_values
 
 
-def _check_common(precisions: list[str], temperature: float, top_p: float) -> None:
-    from ..engine import PRECISIONS
-
-    for p in precisions:
-        if p not in PRECISIONS:
-            raise MdlmError(f"--precision must be one of: {', '.join(PRECISIONS)} (got {p!r})")
-    if temperature <= 0:
-        raise MdlmError(f"--temperature must be > 0 (got {temperature})")
-    if not 0 < top_p <= 1:
-        raise MdlmError(f"--top-p must be in (0, 1] (got {top_p})")
-
-
-def parse_sampling(values: dict[str, Any]) -> Sampling:
-    """The single-valued flags (sample, semi-ar, gen-ppl) as a checked `Sampling`."""
+def parse_sampling(values: dict[str, Any]) -> SamplingSettings:
+    """The single-valued flags (sample, semi-ar, gen-ppl) as checked `SamplingSettings`."""
     flags = option_flags()
-    if values["sampler"] is not None:
-        get_sampler(values["sampler"])
-    if values["steps"] is not None and values["steps"] < 1:
-        raise MdlmError(f"--steps must be at least 1 (got {values['steps']})")
-    _check_common([values["precision"]], values["temperature"], values["top_p"])
-    given = {n: _check(n, flags[n].field, values[n]) for n in flags if values[n] is not None}
+    given = {n: values[n] for n in flags if values[n] is not None}
     opts = {n: _coerce(n, flags[n].field, t) for n, t in _opt_pairs(values["opt"], flags).items()}
-    return Sampling(
+    settings = SamplingSettings(
         values["sampler"],
         values["steps"],
         values["precision"],
@@ -180,6 +134,14 @@ def parse_sampling(values: dict[str, Any]) -> Sampling:
         values["top_p"],
         _merge(given, opts),
     )
+    return _validated(settings)
+
+
+def _validated(settings: SamplingSettings) -> SamplingSettings:
+    try:
+        return settings.validate(flag)
+    except EngineError as e:
+        raise MdlmError(str(e)) from None
 
 
 def _value_list(name: str, f: Field, text: str) -> list:
@@ -200,7 +162,8 @@ def parse_sweep(values: dict[str, Any]) -> SamplingSweep:
     for name in names or []:
         get_sampler(name)
     precisions = [x.strip() for x in values["precision"].split(",") if x.strip()]
-    _check_common(precisions, values["temperature"], values["top_p"])
+    for p in precisions:
+        _validated(SamplingSettings(None, None, p, values["temperature"], values["top_p"]))
     steps = int_list(values["steps"] or "100,1000", "--steps")
     given = {}
     for n, flag in flags.items():

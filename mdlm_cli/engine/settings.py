@@ -89,8 +89,11 @@ class SamplingSettings:
 
         return build_options(spec.options, self.instance, self.options, option_names(), spec.name)
 
-    def record(self, spec) -> dict[str, Any]:
-        """How samples were drawn with `spec`, for their JSONL records."""
+    def record(self) -> dict[str, Any]:
+        """How samples were drawn (the sampler named), for their JSONL records."""
+        from .registry import get_sampler
+
+        spec = get_sampler(self.sampler)
         return {"sampler": spec.name, "steps": self.steps, "precision": self.precision,
                 "temperature": self.temperature, "top_p": self.top_p, **self.read_by(spec)}
 
