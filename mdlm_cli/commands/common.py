@@ -131,10 +131,10 @@ SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
 PromptOpt = Annotated[str | None, typer.Option(help="Text the samples start with.")]
 PrecisionOpt = Annotated[str, typer.Option(
     help="Categorical sampling: fp64 (exact) or fp32 (the reference's truncated draw).")]
+# checked with the other sampling settings (SamplingSettings.validate), not here
 TemperatureOpt = Annotated[float, typer.Option(
-    help="Softmax temperature.", callback=float_in(0, low_in=False))]
-TopPOpt = Annotated[float, typer.Option(
-    help="Nucleus sampling mass.", callback=float_in(0, 1, low_in=False))]
+    help="Softmax temperature: a finite number above 0.")]
+TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")]
 OutOpt = Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
 JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")]

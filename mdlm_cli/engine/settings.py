@@ -60,10 +60,11 @@ class SamplingSettings:
             raise SettingsError("precision", f"{spell('precision')} must be one of: "
                                 f"{', '.join(PRECISIONS)} (got {self.precision!r})")
         if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise SettingsError("temperature", f"{spell('temperature')} must be > 0 and finite "
-                                f"(got {self.temperature})")
-        if not 0 < self.top_p <= 1:
-            raise SettingsError("top_p", f"{spell('top_p')} must be in (0, 1] (got {self.top_p})")
+            raise SettingsError("temperature", f"{spell('temperature')} must be a finite number "
+                                f"above 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:  # NaN fails too
+            raise SettingsError("top_p", f"{spell('top_p')} must be a finite number in (0, 1] "
+                                f"(got {self.top_p})")
         declared = {f.name: f for spec in SAMPLERS.values() if spec.options
                     for f in fields(spec.options)}
         for name, value in self.options.items():

@@ -176,7 +176,7 @@ def test_flags_and_opt_give_the_same_options():
         ({"tokens_per_step": 0}, "--tokens-per-step must be at least 1"),
         ({"steps": 0}, "--steps must be at least 1"),
         ({"precision": "fp16"}, "--precision must be one of: fp64, fp32"),
-        ({"top_p": 0.0}, "--top-p must be in (0, 1]"),
+        ({"top_p": 0.0}, "--top-p must be a finite number in (0, 1]"),
     ],
 )
 def test_flag_mistakes_name_the_flag(given, message):
