@@ -10,14 +10,14 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from ..engine.settings import SamplingSettings
 from .common import (
     CheckpointOpt,
     DeviceOpt,
     JsonOpt,
     RawWeightsOpt,
-    SamplerOpt,
     SeedOpt,
-    StepsOpt,
+    ThreadsOpt,
     app,
     console,
     float_in,
@@ -26,6 +26,7 @@ from .common import (
     user_errors,
     warn,
 )
+from .sampling_args import sampling_arguments
 
 # metrics computed from log-likelihoods: for a bound on -log p they are upper bounds
 LIKELIHOOD_METRICS = ("perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
@@ -60,7 +61,9 @@ PassagesOpt = Annotated[int, typer.Option(
 
 
 @app.command("lm-eval")
+@sampling_arguments()
 def lm_eval_cmd(
+    *,
     tasks: TasksOpt,
     checkpoint: CheckpointOpt = "runs/demo",
     mc_samples: McSamplesOpt = None,
@@ -71,18 +74,19 @@ def lm_eval_cmd(
     json_out: JsonOpt = None,
     device: DeviceOpt = None,
     seed: SeedOpt = 0,
-    sampler: SamplerOpt = None,
-    steps: StepsOpt = None,
+    sampling: SamplingSettings,
     stride: StrideOpt = None,
     bootstrap_iters: BootstrapOpt = 100000,
     raw_weights: RawWeightsOpt = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Run lm-evaluation-harness tasks: multiple choice, LAMBADA, and the perplexity tasks.
 
     loglikelihood is exact for AR checkpoints and the conditional NELBO for diffusion ones
     (continuation masked, context clean; K passes); loglikelihood_rolling is the whole
     document's bound over rolling windows of the model length, so word/byte perplexities
-    are upper bounds (≤); generate_until samples after the context with --sampler.
+    are upper bounds (≤); generate_until samples after the context with the sampling flags
+    (--sampler, --steps, the sampler's options; a task's own temperature and top-p win).
     Contexts longer than the model length are truncated from the left.
 
     [dim]Examples:[/]
@@ -97,10 +101,10 @@ def lm_eval_cmd(
         options = LmEvalOptions(
             [t.strip() for t in tasks.split(",") if t.strip()], mc_samples=mc_samples,
             batch_size=batch_size, limit=limit, num_fewshot=num_fewshot,
-            include_path=include_path, seed=seed, sampler=sampler, steps=steps, stride=stride,
+            include_path=include_path, seed=seed, sampling=sampling, stride=stride,
             bootstrap_iters=bootstrap_iters)
         check_options(options)
-        loaded, _ = load_for_command(checkpoint, device, raw_weights)
+        loaded, _ = load_for_command(checkpoint, device, raw_weights, threads)
         run = run_lm_eval(loaded, checkpoint, options, device=device, warn=warn, on_start=say)
         _print(run.results["results"], run.summary, run.lm)
         if json_out:
