@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import MdlmError
-from ..sample.benchmark import BenchHooks, BenchRequest, SamplingSweep, benchmark
+from ..sample.benchmark import BenchHooks, BenchRequest, benchmark
 from .common import (
     MAUVE_SEEDS,
     AllowLongerOpt,
@@ -32,7 +32,7 @@ from .common import (
     note,
     user_errors,
 )
-from .sampling_args import sampling_arguments
+from .sampling_args import SweepCommand, sampling_from
 
 CheckpointOpt = Annotated[str | None, typer.Option(
     "--checkpoint", "-c", help="A trained model (default: runs/demo if present, else --preset).")]
@@ -122,14 +122,13 @@ HELP = """Time the samplers: seconds per sample, tokens/s, NFE, categorical draw
     """
 
 
-@app.command("bench-sampler", help=HELP)
-@sampling_arguments(sweep=True)
+@app.command("bench-sampler", help=HELP, cls=SweepCommand)
 def bench_sampler_cmd(
     *,
     checkpoint: CheckpointOpt = None,
     preset: PresetOpt = None,
     overrides: SetOpt = None,
-    sampling: SamplingSweep,
+    ctx: typer.Context,
     num_samples: NumOpt = 8,
     batch_size: BatchesOpt = "1,8",
     length: LengthOpt = None,
@@ -149,6 +148,7 @@ def bench_sampler_cmd(
     threads: ThreadsOpt = None,
     allow_longer: AllowLongerOpt = False,
 ) -> None:
+    sampling = sampling_from(ctx)
     with user_errors():
         batch_sizes = _check_outputs(batch_size, json_out, plot_out, plot_x)
         request = BenchRequest(

@@ -26,7 +26,7 @@ from .common import (
     user_errors,
     warn,
 )
-from .sampling_args import given, resolved, sampling_arguments
+from .sampling_args import SamplingCommand, given, resolved, sampling_from
 
 SamplesOpt = Annotated[str | None, typer.Option(
     help="JSONL from mdlm sample --out (written here with --sample-first).")]
@@ -88,8 +88,7 @@ GEN_PPL_HELP = """Gen PPL of samples under a judge LM, with entropy, diversity a
     """
 
 
-@app.command("gen-ppl", help=GEN_PPL_HELP)
-@sampling_arguments()
+@app.command("gen-ppl", help=GEN_PPL_HELP, cls=SamplingCommand)
 def gen_ppl_cmd(
     *,
     samples: SamplesOpt = None,
@@ -103,7 +102,7 @@ def gen_ppl_cmd(
     checkpoint: ModelToSampleOpt = None,
     prompts: PromptsOpt = None,
     conditional: ConditionalOpt = None,
-    sampling: SamplingSettings,
+    ctx: typer.Context,
     num_samples: NumSamplesOpt = 32,
     seed: SeedOpt = 0,
     threads: ThreadsOpt = None,
@@ -111,6 +110,7 @@ def gen_ppl_cmd(
     featurizer: FeaturizerOpt = None,
     mauve_seeds: MauveSeedsOpt = "0,1,2,3,4",
 ) -> None:
+    sampling = sampling_from(ctx)
     from ..io.files import check_writable
     from ..runtime import Runtime
 

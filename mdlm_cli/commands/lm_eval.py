@@ -10,7 +10,6 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ..engine.settings import SamplingSettings
 from .common import (
     CheckpointOpt,
     DeviceOpt,
@@ -26,7 +25,7 @@ from .common import (
     user_errors,
     warn,
 )
-from .sampling_args import sampling_arguments
+from .sampling_args import SamplingCommand, sampling_from
 
 # metrics computed from log-likelihoods: for a bound on -log p they are upper bounds
 LIKELIHOOD_METRICS = ("perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
@@ -60,8 +59,7 @@ PassagesOpt = Annotated[int, typer.Option(
     help="Last-word passages to keep (0 = all of the split).")]
 
 
-@app.command("lm-eval")
-@sampling_arguments()
+@app.command("lm-eval", cls=SamplingCommand)
 def lm_eval_cmd(
     *,
     tasks: TasksOpt,
@@ -74,7 +72,7 @@ def lm_eval_cmd(
     json_out: JsonOpt = None,
     device: DeviceOpt = None,
     seed: SeedOpt = 0,
-    sampling: SamplingSettings,
+    ctx: typer.Context,
     stride: StrideOpt = None,
     bootstrap_iters: BootstrapOpt = 100000,
     raw_weights: RawWeightsOpt = False,
@@ -96,6 +94,7 @@ def lm_eval_cmd(
     """
     from ..eval.lm_eval.run import LmEvalOptions, check_options, require_lm_eval, run_lm_eval
 
+    sampling = sampling_from(ctx)
     with user_errors():
         require_lm_eval()
         options = LmEvalOptions(

@@ -10,7 +10,6 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from ..engine.settings import SamplingSettings
 from .common import (
     AllowLongerOpt,
     CheckpointOpt,
@@ -28,7 +27,7 @@ from .common import (
     load_for_command,
     user_errors,
 )
-from .sampling_args import resolved, sampling_arguments
+from .sampling_args import SamplingCommand, resolved, sampling_from
 
 InfillOpt = Annotated[
     str | None, typer.Option(help="Text with <mask> (one token) or <mask:N> spans to fill in.")
@@ -73,12 +72,11 @@ SEMI_AR_HELP = """Generate text longer than the model's window, block by block (
     """
 
 
-@app.command("sample", help=SAMPLE_HELP)
-@sampling_arguments()
+@app.command("sample", help=SAMPLE_HELP, cls=SamplingCommand)
 def sample_cmd(
     *,
     checkpoint: CheckpointOpt = "runs/demo",
-    sampling: SamplingSettings,
+    ctx: typer.Context,
     num_samples: NumSamplesOpt = 4,
     batch_size: BatchSizeOpt = 4,
     seed: SeedOpt = 0,
@@ -94,6 +92,7 @@ def sample_cmd(
     max_new_tokens: MaxNewTokensOpt = None,
     stop_at_eos: StopAtEosOpt = None,
 ) -> None:
+    sampling = sampling_from(ctx)
     from ..io.files import check_all_writable
     from ..sample.draw import sample_window
 
@@ -136,14 +135,13 @@ def _write_and_show(drawn, out: str | None, quiet: bool, summary: str) -> None:
         console.print(f"Wrote {len(drawn.records)} samples to {out}", markup=False)
 
 
-@app.command("semi-ar", help=SEMI_AR_HELP)
-@sampling_arguments()
+@app.command("semi-ar", help=SEMI_AR_HELP, cls=SamplingCommand)
 def semi_ar_cmd(
     *,
     checkpoint: CheckpointOpt = "runs/demo",
     length: TotalLengthOpt = None,
     stride: StrideOpt = None,
-    sampling: SamplingSettings,
+    ctx: typer.Context,
     num_samples: NumSamplesOpt = 1,
     seed: SeedOpt = 0,
     prompt: FirstWindowOpt = None,
@@ -155,6 +153,7 @@ def semi_ar_cmd(
     max_new_tokens: MaxNewTokensOpt = None,
     stop_at_eos: StopAtEosOpt = None,
 ) -> None:
+    sampling = sampling_from(ctx)
     from ..io.files import check_all_writable
     from ..sample.draw import semi_ar_blocks, write_samples
 

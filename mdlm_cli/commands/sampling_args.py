@@ -2,20 +2,24 @@
 
 --sampler, --steps, --precision, --temperature, --top-p, one flag per sampler option (made
 from the fields of the specs' options dataclasses: name, help, valid values) and
-`--opt name=value` for any of them. `@sampling_arguments()` puts these parameters in the
-command's signature where it declares `sampling` (Typer reads `__signature__`) and hands it
-one parsed, checked `Sampling`; `@sampling_arguments(sweep=True)` (bench-sampler) takes
-comma-separated lists, a row per value, and hands a `SamplingSweep`.
+`--opt name=value` for any of them. A command made with `@app.command(cls=SamplingCommand)`
+gets these options beside its own parameters (its signature stays what it reads) and reads
+them, parsed and checked, as `sampling_from(ctx)`: one `SamplingSettings`; with
+`cls=SweepCommand` (bench-sampler) they take comma-separated lists, a row per value, and
+arrive as a `SamplingSweep`.
 """
 
 from __future__ import annotations
 
-import functools
+import copy
 import inspect
 from dataclasses import Field, dataclass, fields
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
+import typer.main
+from typer.core import TyperCommand, TyperOption
+from typer.models import ParamMeta
 
 from ..engine.errors import EngineError
 from ..engine.options import KINDS, describe, problem, value_type
@@ -267,38 +271,48 @@ def _parameters(sweep: bool) -> list[inspect.Parameter]:
     return head + options + [p("opt", SweepOptOpt if sweep else OptOpt)]
 
 
-def sampling_arguments(*, sweep: bool = False):
-    """Decorator: the shared sampling parameters in place of the command's `sampling`
-    parameter, which receives them parsed (a `Sampling`, or with `sweep` a `SamplingSweep`).
-    A mistake in them is a one-line error before the command runs."""
+def _click_option(q: inspect.Parameter) -> TyperOption:
+    """The Typer option of one generated parameter, built as Typer builds a signature's
+    (`Annotated[type, typer.Option(...)] = default`), so --help shows it the same way."""
+    base, info = get_args(q.annotation)[0], copy.copy(get_args(q.annotation)[1])
+    if info.default is not ...:  # in Annotated, Option's first argument is a flag name
+        info.param_decls = (info.default, *(info.param_decls or ()))
+    info.default = q.default
+    return typer.main._get_param(ParamMeta(name=q.name, default=info, annotation=base))
 
-    def decorate(command):
-        sig = inspect.signature(command, eval_str=True)
-        params = list(sig.parameters.values())
-        names = [q.name for q in params]
-        generated = _parameters(sweep)
-        clash = {q.name for q in generated} & set(names)
-        if "sampling" not in names or clash:
-            raise TypeError(
-                f"{command.__name__} needs a `sampling` parameter and none of {sorted(clash)}"
-            )
-        at = names.index("sampling")
 
-        @functools.wraps(command)
-        def wrapper(**kwargs):
-            values = {q.name: kwargs.pop(q.name, q.default) for q in generated}
-            with user_errors():
-                kwargs["sampling"] = parse_sweep(values) if sweep else parse_sampling(values)
-            return command(**kwargs)
+class SamplingCommand(TyperCommand):
+    """A command with the sampling flags: the options generated from SAMPLERS are appended
+    to what Typer made of the function's own parameters; before the function runs they are
+    taken out of the parsed values, checked, and left as one `SamplingSettings` (a
+    `SamplingSweep` for `SweepCommand`) that the function reads with `sampling_from(ctx)`."""
 
-        new = (
-            [q.replace(kind=KEYWORD) for q in params[:at]]
-            + generated
-            + [q.replace(kind=KEYWORD) for q in params[at + 1 :]]
-        )
-        wrapper.__signature__ = sig.replace(parameters=new)
-        wrapper.__annotations__ = {q.name: q.annotation for q in new}
-        del wrapper.__wrapped__  # what Typer reads is the signature above
-        return wrapper
+    sweep = False
 
-    return decorate
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = [_click_option(q) for q in _parameters(self.sweep)]
+        self.params += self.group
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        values = {}
+        for param in self.group:
+            value = ctx.params.pop(param.name)
+            values[param.name] = list(value) if isinstance(value, tuple) else value
+        with user_errors():
+            ctx.meta[SAMPLING_KEY] = parse_sweep(values) if self.sweep else parse_sampling(values)
+        return super().invoke(ctx)
+
+
+class SweepCommand(SamplingCommand):
+    """bench-sampler's: comma-separated lists, a row per value."""
+
+    sweep = True
+
+
+SAMPLING_KEY = "mdlm.sampling"
+
+
+def sampling_from(ctx: typer.Context):
+    """The parsed sampling flags of a `SamplingCommand` (or `SweepCommand`)."""
+    return ctx.meta[SAMPLING_KEY]
