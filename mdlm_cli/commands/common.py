@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..engine.errors import EngineError
-from ..engine.sampling import SAMPLERS
 from ..errors import MdlmError, MdlmWarning
 from ..io.files import os_error_message
 from ..numbers import check_float
@@ -107,34 +106,11 @@ CheckpointOpt = Annotated[
         ".ckpt.",
     ),
 ]
-SamplerOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its "
-        "ancestral chain for D3PM, left to right for AR; with --steps a step-based one). "
-        + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items())
-        + "."
-    ),
-]
-StepsOpt = Annotated[
-    int | None,
-    typer.Option(
-        help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). "
-        "Given without --sampler, it picks the model's step-based sampler (MDLM: ancestral-cache "
-        "where the model ignores time, else ancestral; SEDD: analytic)."
-    ),
-]
 
 
 NumSamplesOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Sequences to draw.")]
 SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
 PromptOpt = Annotated[str | None, typer.Option(help="Text the samples start with.")]
-PrecisionOpt = Annotated[str, typer.Option(
-    help="Categorical sampling: fp64 (exact) or fp32 (the reference's truncated draw).")]
-# checked with the other sampling settings (SamplingSettings.validate), not here
-TemperatureOpt = Annotated[float, typer.Option(
-    help="Softmax temperature: a finite number above 0.")]
-TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")]
 OutOpt = Annotated[str | None, typer.Option(help="Write JSONL records here (for mdlm gen-ppl).")]
 DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")]
 JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")]
@@ -197,35 +173,6 @@ def say(line: str) -> None:
 
 def warn(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
-
-
-def dashed(name: str) -> str:
-    """An option's name as its flag is spelt: tokens_per_step -> tokens-per-step."""
-    return name.replace("_", "-")
-
-
-def flag_text(name: str, value) -> str:
-    """A sampler option as its flag reads on the command line: `--eta 0.1`, `--no-final-denoise`."""
-    if isinstance(value, bool):
-        return f"--{'' if value else 'no-'}{dashed(name)}"
-    return f"--{dashed(name)} {value}"
-
-
-def resolve_sampler(objective, sampler: str | None, steps: int | None, options: dict | None = None):
-    """The sampler spec and steps a command runs, from the user's flags and the objective's
-    samplers (`Objective.choose_sampler`); a warning for each flag the sampler does not read.
-
-    `options`: the sampler options the user gave (name -> value).
-    """
-    choice = objective.choose_sampler(sampler, steps, options)
-    if choice.note:
-        err_console.print(f"[dim]--{choice.note}[/]", highlight=False)
-    for name, value in choice.ignored.items():
-        if name == "steps":
-            warn(f"{choice.spec.name} takes no steps; --steps {value} is ignored")
-        else:
-            warn(f"{flag_text(name, value)} does not apply to {choice.spec.name}; ignored")
-    return choice.spec, choice.steps
 
 
 def check_positive(**values: int | None) -> None:

@@ -27,17 +27,62 @@ from ..engine.sampling import SAMPLERS, get_sampler
 from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
 from ..sample.benchmark import SamplingSweep
-from .common import (
-    PrecisionOpt,
-    SamplerOpt,
-    StepsOpt,
-    TemperatureOpt,
-    TopPOpt,
-    dashed,
-    int_list,
-    resolve_sampler,
-    user_errors,
-)
+from .common import err_console, int_list, user_errors, warn
+
+SamplerOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its "
+        "ancestral chain for D3PM, left to right for AR; with --steps a step-based one). "
+        + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items())
+        + "."
+    ),
+]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). "
+        "Given without --sampler, it picks the model's step-based sampler (MDLM: ancestral-cache "
+        "where the model ignores time, else ancestral; SEDD: analytic)."
+    ),
+]
+DrawPrecisionOpt = Annotated[str, typer.Option(  # the draw's; the network's is NetPrecisionOpt
+    "--precision",
+    help="Categorical sampling: fp64 (exact) or fp32 (the reference's truncated draw).")]
+# checked with the other sampling settings (SamplingSettings.validate), not here
+TemperatureOpt = Annotated[float, typer.Option(
+    help="Softmax temperature: a finite number above 0.")]
+TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")]
+
+
+def dashed(name: str) -> str:
+    """An option's name as its flag is spelt: tokens_per_step -> tokens-per-step."""
+    return name.replace("_", "-")
+
+
+def flag_text(name: str, value) -> str:
+    """A sampler option as its flag reads on the command line: `--eta 0.1`, `--no-final-denoise`."""
+    if isinstance(value, bool):
+        return f"--{'' if value else 'no-'}{dashed(name)}"
+    return f"--{dashed(name)} {value}"
+
+
+def resolve_sampler(objective, sampler: str | None, steps: int | None, options: dict | None = None):
+    """The sampler spec and steps a command runs, from the user's flags and the objective's
+    samplers (`Objective.choose_sampler`); a warning for each flag the sampler does not read.
+
+    `options`: the sampler options the user gave (name -> value).
+    """
+    choice = objective.choose_sampler(sampler, steps, options)
+    if choice.note:
+        err_console.print(f"[dim]--{choice.note}[/]", highlight=False)
+    for name, value in choice.ignored.items():
+        if name == "steps":
+            warn(f"{choice.spec.name} takes no steps; --steps {value} is ignored")
+        else:
+            warn(f"{flag_text(name, value)} does not apply to {choice.spec.name}; ignored")
+    return choice.spec, choice.steps
+
 
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
@@ -264,7 +309,11 @@ def _parameters(sweep: bool) -> list[inspect.Parameter]:
             p("precision", PrecisionsOpt, "fp64"),
         ]
         if sweep
-        else [p("sampler", SamplerOpt), p("steps", StepsOpt), p("precision", PrecisionOpt, "fp64")]
+        else [
+            p("sampler", SamplerOpt),
+            p("steps", StepsOpt),
+            p("precision", DrawPrecisionOpt, "fp64"),
+        ]
     )
     head += [p("temperature", TemperatureOpt, 1.0), p("top_p", TopPOpt, 1.0)]
     options = [_option_parameter(name, flag, sweep) for name, flag in option_flags().items()]

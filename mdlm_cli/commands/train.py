@@ -37,7 +37,7 @@ PrintConfigOpt = Annotated[bool, typer.Option(help="Print the resolved config.")
 OverrideResumeOpt = Annotated[bool, typer.Option(
     help="With --resume: continue although the data, model, objective, optimisation or batch "
          "settings differ from the checkpoint's (the change is recorded in metrics.jsonl).")]
-PrecisionOpt = Annotated[str | None, typer.Option(
+TrainPrecisionOpt = Annotated[str | None, typer.Option(
     callback=net_precision,
     help="train.precision: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix units "
          "(AMX / AVX512-BF16), fp32 elsewhere.")]
@@ -71,7 +71,7 @@ def train_cmd(
     print_config: PrintConfigOpt = True,
     override_resume_config: OverrideResumeOpt = False,
     threads: ThreadsOpt = None,
-    precision: PrecisionOpt = None,
+    precision: TrainPrecisionOpt = None,
 ) -> None:
     from ..distributed import is_main_process
     from ..train.loop import train
