@@ -15,7 +15,10 @@ from rich.text import Text
 
 from ..errors import MdlmError
 from ..sample.benchmark import BenchHooks, BenchRequest, benchmark
-from .common import (
+from .app import app
+from .console import console, err_console, note, user_errors
+from .flag_checks import int_list
+from .options import (
     MAUVE_SEEDS,
     AllowLongerOpt,
     DeviceOpt,
@@ -23,14 +26,8 @@ from .common import (
     SeedOpt,
     SetOpt,
     ThreadsOpt,
-    app,
-    console,
-    err_console,
-    int_list,
     mauve_options,
     net_precision,
-    note,
-    user_errors,
 )
 from .sampling_args import SweepCommand, sampling_from
 

@@ -10,20 +10,12 @@ from typing import Annotated
 import typer
 
 from ..errors import MdlmError
-from .common import (
-    CheckpointOpt,
-    DeviceOpt,
-    RawWeightsOpt,
-    ThreadsOpt,
-    app,
-    check_float,
-    check_positive,
-    console,
-    err_console,
-    int_list,
-    load_for_command,
-    user_errors,
-)
+from ..numbers import check_float
+from .app import app
+from .console import console, err_console, user_errors
+from .flag_checks import check_positive, int_list
+from .loading import load_for_command
+from .options import CheckpointOpt, DeviceOpt, RawWeightsOpt, ThreadsOpt
 
 DataOpt = Annotated[str, typer.Option(
     help="A Genomic Benchmarks task folder: <task>/{train,test}/<class>/*.txt.")]

@@ -13,7 +13,9 @@ from rich.text import Text
 
 from ..build import resolve_config
 from ..config import list_presets, load_preset
-from .common import PresetOpt, SetOpt, app, console, err_console, split_bars, user_errors
+from .app import app
+from .console import console, err_console, split_bars, user_errors
+from .options import PresetOpt, SetOpt
 
 DatasetOpt = Annotated[str | None, typer.Option(
     help="Data set name or local path (overrides the preset).")]

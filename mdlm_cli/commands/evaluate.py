@@ -14,21 +14,10 @@ from rich.text import Text
 
 from ..errors import MdlmError
 from ..objectives.bound import relation
-from .common import (
-    CheckpointOpt,
-    DeviceOpt,
-    JsonOpt,
-    NetPrecisionOpt,
-    RawWeightsOpt,
-    ThreadsOpt,
-    app,
-    console,
-    err_console,
-    load_for_command,
-    note,
-    split_bars,
-    user_errors,
-)
+from .app import app
+from .console import console, err_console, note, split_bars, user_errors
+from .loading import load_for_command
+from .options import CheckpointOpt, DeviceOpt, JsonOpt, NetPrecisionOpt, RawWeightsOpt, ThreadsOpt
 
 DatasetOpt = Annotated[str | None, typer.Option(
     help="Data set name or local text path (default: the checkpoint's own data).")]

@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
-from .common import CheckpointOpt, ThreadsOpt, app, console, user_errors
+from .app import app
+from .console import console, user_errors
+from .options import CheckpointOpt, ThreadsOpt
 
 OutOpt = Annotated[str, typer.Option(
     help="Folder to write (config.json, model.safetensors, tokenizer, README).")]

@@ -14,18 +14,10 @@ from rich.text import Text
 
 from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
-from .common import (
-    DeviceOpt,
-    NumSamplesOpt,
-    SeedOpt,
-    ThreadsOpt,
-    app,
-    console,
-    err_console,
-    load_for_command,
-    user_errors,
-    warn,
-)
+from .app import app
+from .console import console, err_console, user_errors, warn
+from .loading import load_for_command
+from .options import DeviceOpt, NumSamplesOpt, SeedOpt, ThreadsOpt
 from .sampling_args import SamplingCommand, given, resolved, sampling_from
 
 SamplesOpt = Annotated[str | None, typer.Option(

@@ -8,18 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .common import (
-    CheckpointOpt,
-    DeviceOpt,
-    JsonOpt,
-    ThreadsOpt,
-    app,
-    console,
-    err_console,
-    float_in,
-    say,
-    user_errors,
-)
+from .app import app
+from .console import console, err_console, say, user_errors
+from .options import CheckpointOpt, DeviceOpt, JsonOpt, ThreadsOpt, float_in
 
 ALL_TASKS = "cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte"
 TasksOpt = Annotated[str, typer.Option(

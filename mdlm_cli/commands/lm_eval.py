@@ -10,21 +10,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from .common import (
-    CheckpointOpt,
-    DeviceOpt,
-    JsonOpt,
-    RawWeightsOpt,
-    SeedOpt,
-    ThreadsOpt,
-    app,
-    console,
-    float_in,
-    load_for_command,
-    say,
-    user_errors,
-    warn,
-)
+from .app import app
+from .console import console, say, user_errors, warn
+from .loading import load_for_command
+from .options import CheckpointOpt, DeviceOpt, JsonOpt, RawWeightsOpt, SeedOpt, ThreadsOpt, float_in
 from .sampling_args import SamplingCommand, sampling_from
 
 # metrics computed from log-likelihoods: for a bound on -log p they are upper bounds

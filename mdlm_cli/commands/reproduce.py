@@ -12,7 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import MdlmError
-from .common import app, command_flags, console, err_console, user_errors
+from .app import app, command_flags
+from .console import console, err_console, user_errors
 
 TableArg = Annotated[str | None, typer.Argument(
     help="Table name (see --list), or a recipe .yaml file.")]

@@ -10,7 +10,11 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from .common import (
+from .app import app
+from .console import console, err_console, user_errors
+from .flag_checks import check_positive
+from .loading import load_for_command
+from .options import (
     AllowLongerOpt,
     CheckpointOpt,
     DeviceOpt,
@@ -20,12 +24,6 @@ from .common import (
     RawWeightsOpt,
     SeedOpt,
     ThreadsOpt,
-    app,
-    check_positive,
-    console,
-    err_console,
-    load_for_command,
-    user_errors,
 )
 from .sampling_args import SamplingCommand, resolved, sampling_from
 

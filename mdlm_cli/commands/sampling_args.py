@@ -27,7 +27,8 @@ from ..engine.sampling import SAMPLERS, get_sampler
 from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
 from ..sample.benchmark import SamplingSweep
-from .common import err_console, int_list, user_errors, warn
+from .console import err_console, user_errors, warn
+from .flag_checks import int_list
 
 SamplerOpt = Annotated[
     str | None,

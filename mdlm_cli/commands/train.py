@@ -9,18 +9,9 @@ import typer
 from rich.markup import escape
 
 from ..build import config_yaml, resolve_config
-from .common import (
-    DeviceOpt,
-    PresetOpt,
-    SetOpt,
-    ThreadsOpt,
-    app,
-    console,
-    err_console,
-    float_in,
-    net_precision,
-    user_errors,
-)
+from .app import app
+from .console import console, err_console, user_errors
+from .options import DeviceOpt, PresetOpt, SetOpt, ThreadsOpt, float_in, net_precision
 
 OutOpt = Annotated[str | None, typer.Option(help="Run folder (default runs/<preset>).")]
 ResumeOpt = Annotated[bool, typer.Option(
