@@ -31,9 +31,9 @@ from .options import (
 )
 from .sampling_args import SweepCommand, sampling_from
 
-CheckpointOpt = Annotated[str | None, typer.Option(
+BenchCheckpointOpt = Annotated[str | None, typer.Option(
     "--checkpoint", "-c", help="A trained model (default: runs/demo if present, else --preset).")]
-PresetOpt = Annotated[
+BenchPresetOpt = Annotated[
     str | None,
     typer.Option(
         "--preset",
@@ -43,7 +43,8 @@ PresetOpt = Annotated[
 ]
 NumOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Samples per configuration.")]
 BatchesOpt = Annotated[str, typer.Option(help="Comma-separated batch sizes.")]
-LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
+BenchLengthOpt = Annotated[int | None, typer.Option(
+    help="Tokens per sample (default: the model's L).")]
 RepeatsOpt = Annotated[int, typer.Option(help="Timed repeats after the warm-up.")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile", help="torch.compile the network trunk (CUDA: reduce-overhead / CUDA graphs).")]
@@ -60,7 +61,7 @@ PlotOpt = Annotated[
     ),
 ]
 PlotXOpt = Annotated[str, typer.Option(help="Frontier plot x axis: seconds (per sample) or nfe.")]
-JudgeOpt = Annotated[
+BenchJudgeOpt = Annotated[
     str | None,
     typer.Option(
         help="Score each row's samples (those of its first timed run) with this judge, as mdlm "
@@ -122,17 +123,17 @@ HELP = """Time the samplers: seconds per sample, tokens/s, NFE, categorical draw
 @app.command("bench-sampler", help=HELP, cls=SweepCommand)
 def bench_sampler_cmd(
     *,
-    checkpoint: CheckpointOpt = None,
-    preset: PresetOpt = None,
+    checkpoint: BenchCheckpointOpt = None,
+    preset: BenchPresetOpt = None,
     overrides: SetOpt = None,
     ctx: typer.Context,
     num_samples: NumOpt = 8,
     batch_size: BatchesOpt = "1,8",
-    length: LengthOpt = None,
+    length: BenchLengthOpt = None,
     repeats: RepeatsOpt = 3,
     seed: SeedOpt = 0,
     device: DeviceOpt = None,
-    judge: JudgeOpt = None,
+    judge: BenchJudgeOpt = None,
     reference_text: ReferenceOpt = None,
     save_samples: SaveSamplesOpt = None,
     featurizer: FeaturizerOpt = None,

@@ -22,7 +22,7 @@ from .sampling_args import SamplingCommand, given, resolved, sampling_from
 
 SamplesOpt = Annotated[str | None, typer.Option(
     help="JSONL from mdlm sample --out (written here with --sample-first).")]
-JudgeOpt = Annotated[str, typer.Option(
+GenPplJudgeOpt = Annotated[str, typer.Option(
     help="HF causal LM hub id or folder, a .gguf file, `smollm2`, or an mdlm AR checkpoint.")]
 ContextOpt = Annotated[
     int | None, typer.Option(help="Tokens per chunk (default: the judge's context).")
@@ -84,7 +84,7 @@ GEN_PPL_HELP = """Gen PPL of samples under a judge LM, with entropy, diversity a
 def gen_ppl_cmd(
     *,
     samples: SamplesOpt = None,
-    judge: JudgeOpt = "gpt2-large",
+    judge: GenPplJudgeOpt = "gpt2-large",
     batch_size: Annotated[int, typer.Option(help="Chunks per judge forward pass.")] = 8,
     context: ContextOpt = None,
     eos: EosOpt = "keep",

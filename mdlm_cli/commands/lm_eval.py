@@ -19,29 +19,29 @@ from .sampling_args import SamplingCommand, sampling_from
 # metrics computed from log-likelihoods: for a bound on -log p they are upper bounds
 LIKELIHOOD_METRICS = ("perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
 
-TasksOpt = Annotated[str, typer.Option(
+LmEvalTasksOpt = Annotated[str, typer.Option(
     help="Comma-separated lm-eval tasks, e.g. lambada_openai,wikitext.")]
-McSamplesOpt = Annotated[int | None, typer.Option(
+LmEvalMcSamplesOpt = Annotated[int | None, typer.Option(
     "--mc-samples", "-k",
     help="Monte-Carlo passes per request for a bound (default 4), times stratified per request; "
          "K >= 2 gives a standard error. Exact likelihoods take one pass.")]
-BatchSizeOpt = Annotated[int, typer.Option(help="Rows per forward pass when scoring.")]
+LmEvalBatchSizeOpt = Annotated[int, typer.Option(help="Rows per forward pass when scoring.")]
 LimitOpt = Annotated[float | None, typer.Option(
     help="Documents per task: a count, or a fraction below 1 (lm-eval's --limit).",
     callback=float_in(0, low_in=False))]
 FewshotOpt = Annotated[int | None, typer.Option(help="Few-shot examples in each context.")]
 IncludePathOpt = Annotated[str | None, typer.Option(
     help="A folder of task YAML files (local tasks) to add to lm-eval's own.")]
-StrideOpt = Annotated[int | None, typer.Option(
+LmEvalStrideOpt = Annotated[int | None, typer.Option(
     help="generate_until past the model length: new tokens per semi-AR block (default: half the "
          "window).")]
 BootstrapOpt = Annotated[int, typer.Option(
     help="lm-eval's bootstrap resamples for metric stderrs.")]
 OutFolderOpt = Annotated[str, typer.Option(
     help="Folder to write the task YAML and JSONL files into.")]
-DatasetOpt = Annotated[str | None, typer.Option(
+LmEvalDatasetOpt = Annotated[str | None, typer.Option(
     help="Data set name or local text path (default: the checkpoint's own data).")]
-SplitOpt = Annotated[str, typer.Option(help="test | valid | train.")]
+LmEvalSplitOpt = Annotated[str, typer.Option(help="test | valid | train.")]
 WordsOpt = Annotated[int, typer.Option(
     help="Words per last-word passage (about; it ends on a real word).")]
 PassagesOpt = Annotated[int, typer.Option(
@@ -51,10 +51,10 @@ PassagesOpt = Annotated[int, typer.Option(
 @app.command("lm-eval", cls=SamplingCommand)
 def lm_eval_cmd(
     *,
-    tasks: TasksOpt,
+    tasks: LmEvalTasksOpt,
     checkpoint: CheckpointOpt = "runs/demo",
-    mc_samples: McSamplesOpt = None,
-    batch_size: BatchSizeOpt = 16,
+    mc_samples: LmEvalMcSamplesOpt = None,
+    batch_size: LmEvalBatchSizeOpt = 16,
     limit: LimitOpt = None,
     num_fewshot: FewshotOpt = None,
     include_path: IncludePathOpt = None,
@@ -62,7 +62,7 @@ def lm_eval_cmd(
     device: DeviceOpt = None,
     seed: SeedOpt = 0,
     ctx: typer.Context,
-    stride: StrideOpt = None,
+    stride: LmEvalStrideOpt = None,
     bootstrap_iters: BootstrapOpt = 100000,
     raw_weights: RawWeightsOpt = False,
     threads: ThreadsOpt = None,
@@ -146,8 +146,8 @@ def _print(results: dict, summary: dict, lm) -> None:
 def lm_eval_tasks_cmd(
     out: OutFolderOpt,
     checkpoint: CheckpointOpt = "runs/demo",
-    dataset: DatasetOpt = None,
-    split: SplitOpt = "test",
+    dataset: LmEvalDatasetOpt = None,
+    split: LmEvalSplitOpt = "test",
     words: WordsOpt = 40,
     passages: PassagesOpt = 0,
 ) -> None:

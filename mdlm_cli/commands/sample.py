@@ -30,18 +30,19 @@ from .sampling_args import SamplingCommand, resolved, sampling_from
 InfillOpt = Annotated[
     str | None, typer.Option(help="Text with <mask> (one token) or <mask:N> spans to fill in.")
 ]
-LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
+SampleLengthOpt = Annotated[int | None, typer.Option(
+    help="Tokens per sample (default: the model's L).")]
 QuietOpt = Annotated[bool, typer.Option(help="Do not print the samples.")]
 MaxNewTokensOpt = Annotated[int | None, typer.Option(
     help="Tokens after the prompt at most (instead of --length).")]
 StopAtEosOpt = Annotated[bool | None, typer.Option(
     help="Cut each sample at its first EOS and report its length (default: on for a model "
          "fine-tuned with data.pad_as_eos).")]
-BatchSizeOpt = Annotated[int, typer.Option(help="Sequences per batch.")]
+SampleBatchSizeOpt = Annotated[int, typer.Option(help="Sequences per batch.")]
 TotalLengthOpt = Annotated[
     int | None, typer.Option(help="Total tokens per sample (default: 2 windows).")
 ]
-StrideOpt = Annotated[
+SampleStrideOpt = Annotated[
     int | None, typer.Option(help="New tokens per block L' (default: half the window).")
 ]
 FirstWindowOpt = Annotated[str | None, typer.Option(help="Text the first window starts with.")]
@@ -76,11 +77,11 @@ def sample_cmd(
     checkpoint: CheckpointOpt = "runs/demo",
     ctx: typer.Context,
     num_samples: NumSamplesOpt = 4,
-    batch_size: BatchSizeOpt = 4,
+    batch_size: SampleBatchSizeOpt = 4,
     seed: SeedOpt = 0,
     prompt: PromptOpt = None,
     infill: InfillOpt = None,
-    length: LengthOpt = None,
+    length: SampleLengthOpt = None,
     out: OutOpt = None,
     device: DeviceOpt = None,
     raw_weights: RawWeightsOpt = False,
@@ -138,7 +139,7 @@ def semi_ar_cmd(
     *,
     checkpoint: CheckpointOpt = "runs/demo",
     length: TotalLengthOpt = None,
-    stride: StrideOpt = None,
+    stride: SampleStrideOpt = None,
     ctx: typer.Context,
     num_samples: NumSamplesOpt = 1,
     seed: SeedOpt = 0,

@@ -13,11 +13,11 @@ from .app import app
 from .console import console, err_console, user_errors
 from .options import DeviceOpt, PresetOpt, SetOpt, ThreadsOpt, float_in, net_precision
 
-OutOpt = Annotated[str | None, typer.Option(help="Run folder (default runs/<preset>).")]
+TrainOutOpt = Annotated[str | None, typer.Option(help="Run folder (default runs/<preset>).")]
 ResumeOpt = Annotated[bool, typer.Option(
     help="Continue the run in --out from its latest checkpoint (start it if there is none).")]
 MaxStepsOpt = Annotated[int | None, typer.Option(help="Optimizer steps.")]
-SeedOpt = Annotated[int | None, typer.Option(help="Random seed.")]
+TrainSeedOpt = Annotated[int | None, typer.Option(help="Random seed.")]
 TimeLimitOpt = Annotated[float, typer.Option(
     help="Stop after this many minutes (0 = no limit).", callback=float_in(0))]
 TimeBudgetOpt = Annotated[float | None, typer.Option(
@@ -52,11 +52,11 @@ HELP = """Train a masked diffusion LM. With no options: the offline demo on this
 def train_cmd(
     preset: PresetOpt = "demo",
     overrides: SetOpt = None,
-    out: OutOpt = None,
+    out: TrainOutOpt = None,
     resume: ResumeOpt = False,
     max_steps: MaxStepsOpt = None,
     device: DeviceOpt = None,
-    seed: SeedOpt = None,
+    seed: TrainSeedOpt = None,
     time_limit: TimeLimitOpt = 0.0,
     time_budget: TimeBudgetOpt = None,
     print_config: PrintConfigOpt = True,
