@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from .commands.common import app
+from .commands.app import app
 
 # Importing a command module registers its commands; this order is the order of `mdlm --help`.
 COMMAND_MODULES = ("data", "train", "sample", "evaluate", "genppl", "lm_eval", "bench", "export",

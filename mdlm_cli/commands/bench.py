@@ -14,8 +14,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import MdlmError
-from ..sample.benchmark import BenchHooks, BenchRequest, SamplingSweep, benchmark
-from .common import (
+from ..sample.benchmark import BenchHooks, BenchRequest, benchmark
+from .app import app
+from .console import console, err_console, note, user_errors
+from .flag_checks import int_list
+from .options import (
     MAUVE_SEEDS,
     AllowLongerOpt,
     DeviceOpt,
@@ -23,20 +26,14 @@ from .common import (
     SeedOpt,
     SetOpt,
     ThreadsOpt,
-    app,
-    console,
-    err_console,
-    int_list,
     mauve_options,
     net_precision,
-    note,
-    user_errors,
 )
-from .sampling_args import sampling_arguments
+from .sampling_args import SweepCommand, sampling_from
 
-CheckpointOpt = Annotated[str | None, typer.Option(
+BenchCheckpointOpt = Annotated[str | None, typer.Option(
     "--checkpoint", "-c", help="A trained model (default: runs/demo if present, else --preset).")]
-PresetOpt = Annotated[
+BenchPresetOpt = Annotated[
     str | None,
     typer.Option(
         "--preset",
@@ -46,7 +43,8 @@ PresetOpt = Annotated[
 ]
 NumOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Samples per configuration.")]
 BatchesOpt = Annotated[str, typer.Option(help="Comma-separated batch sizes.")]
-LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
+BenchLengthOpt = Annotated[int | None, typer.Option(
+    help="Tokens per sample (default: the model's L).")]
 RepeatsOpt = Annotated[int, typer.Option(help="Timed repeats after the warm-up.")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile", help="torch.compile the network trunk (CUDA: reduce-overhead / CUDA graphs).")]
@@ -63,7 +61,7 @@ PlotOpt = Annotated[
     ),
 ]
 PlotXOpt = Annotated[str, typer.Option(help="Frontier plot x axis: seconds (per sample) or nfe.")]
-JudgeOpt = Annotated[
+BenchJudgeOpt = Annotated[
     str | None,
     typer.Option(
         help="Score each row's samples (those of its first timed run) with this judge, as mdlm "
@@ -122,21 +120,20 @@ HELP = """Time the samplers: seconds per sample, tokens/s, NFE, categorical draw
     """
 
 
-@app.command("bench-sampler", help=HELP)
-@sampling_arguments(sweep=True)
+@app.command("bench-sampler", help=HELP, cls=SweepCommand)
 def bench_sampler_cmd(
     *,
-    checkpoint: CheckpointOpt = None,
-    preset: PresetOpt = None,
+    checkpoint: BenchCheckpointOpt = None,
+    preset: BenchPresetOpt = None,
     overrides: SetOpt = None,
-    sampling: SamplingSweep,
+    ctx: typer.Context,
     num_samples: NumOpt = 8,
     batch_size: BatchesOpt = "1,8",
-    length: LengthOpt = None,
+    length: BenchLengthOpt = None,
     repeats: RepeatsOpt = 3,
     seed: SeedOpt = 0,
     device: DeviceOpt = None,
-    judge: JudgeOpt = None,
+    judge: BenchJudgeOpt = None,
     reference_text: ReferenceOpt = None,
     save_samples: SaveSamplesOpt = None,
     featurizer: FeaturizerOpt = None,
@@ -149,6 +146,7 @@ def bench_sampler_cmd(
     threads: ThreadsOpt = None,
     allow_longer: AllowLongerOpt = False,
 ) -> None:
+    sampling = sampling_from(ctx)
     with user_errors():
         batch_sizes = _check_outputs(batch_size, json_out, plot_out, plot_x)
         request = BenchRequest(

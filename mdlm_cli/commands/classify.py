@@ -10,30 +10,22 @@ from typing import Annotated
 import typer
 
 from ..errors import MdlmError
-from .common import (
-    CheckpointOpt,
-    DeviceOpt,
-    RawWeightsOpt,
-    ThreadsOpt,
-    app,
-    check_float,
-    check_positive,
-    console,
-    err_console,
-    int_list,
-    load_for_command,
-    user_errors,
-)
+from ..numbers import check_float
+from .app import app
+from .console import console, err_console, user_errors
+from .flag_checks import check_positive, int_list
+from .loading import load_for_command
+from .options import CheckpointOpt, DeviceOpt, RawWeightsOpt, ThreadsOpt
 
-DataOpt = Annotated[str, typer.Option(
+ClassifyDataOpt = Annotated[str, typer.Option(
     help="A Genomic Benchmarks task folder: <task>/{train,test}/<class>/*.txt.")]
 LrsOpt = Annotated[str, typer.Option(help="Learning rates of the sweep.")]
 BatchSizesOpt = Annotated[str, typer.Option(help="Batch sizes of the sweep.")]
 SeedsOpt = Annotated[str, typer.Option(
     help="Seeds (each its own 90/10 train/validation split).")]
-EpochsOpt = Annotated[int, typer.Option(
+ClassifyEpochsOpt = Annotated[int, typer.Option(
     help="Epochs per run (the best validation epoch is tested).")]
-MaxLengthOpt = Annotated[int, typer.Option(
+ClassifyMaxLengthOpt = Annotated[int, typer.Option(
     help="Bases per sequence (left-padded, truncated); 0 = the task's (Caduceus's table, else "
          "the longest).")]
 RcAugmentOpt = Annotated[bool | None, typer.Option(
@@ -48,13 +40,13 @@ RunsJsonOpt = Annotated[str | None, typer.Option(
 
 @app.command("classify")
 def classify_cmd(
-    data: DataOpt,
+    data: ClassifyDataOpt,
     checkpoint: CheckpointOpt = "runs/dna-caduceus-ps-1k",
     lrs: LrsOpt = "1e-3,2e-3",
     batch_sizes: BatchSizesOpt = "128,256",
     seeds: SeedsOpt = "1,2,3,4,5",
-    epochs: EpochsOpt = 10,
-    max_length: MaxLengthOpt = 0,
+    epochs: ClassifyEpochsOpt = 10,
+    max_length: ClassifyMaxLengthOpt = 0,
     rc_augment: RcAugmentOpt = None,
     conjoin: ConjoinOpt = None,
     json_out: RunsJsonOpt = None,

@@ -14,13 +14,15 @@ from rich.text import Text
 from ..build import resolve_config
 from ..config import list_presets, load_preset
 from ..data.tokenizers import TOKENIZERS
-from .common import PresetOpt, SetOpt, app, console, err_console, split_bars, user_errors
+from .app import app
+from .console import console, err_console, split_bars, user_errors
+from .options import PresetOpt, SetOpt
 
-DatasetOpt = Annotated[str | None, typer.Option(
+DataDatasetOpt = Annotated[str | None, typer.Option(
     help="Data set name or local path (overrides the preset).")]
 TokenizerOpt = Annotated[str | None, typer.Option(
     help=" | ".join([*TOKENIZERS, "folder", "hub id."]))]
-LengthOpt = Annotated[int | None, typer.Option(help="Tokens per row (L).")]
+DataLengthOpt = Annotated[int | None, typer.Option(help="Tokens per row (L).")]
 PackingOpt = Annotated[str | None, typer.Option(
     help="wrap | pad | chunk | window | sft | sft-pack.")]
 CacheDirOpt = Annotated[str | None, typer.Option(
@@ -55,9 +57,9 @@ def presets_cmd(
 @app.command("prepare-data")
 def prepare_data_cmd(
     preset: PresetOpt = "demo",
-    dataset: DatasetOpt = None,
+    dataset: DataDatasetOpt = None,
     tokenizer: TokenizerOpt = None,
-    length: LengthOpt = None,
+    length: DataLengthOpt = None,
     packing: PackingOpt = None,
     cache_dir: CacheDirOpt = None,
     overrides: SetOpt = None,

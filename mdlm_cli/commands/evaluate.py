@@ -14,31 +14,20 @@ from rich.text import Text
 
 from ..errors import MdlmError
 from ..objectives.bound import relation
-from .common import (
-    CheckpointOpt,
-    DeviceOpt,
-    JsonOpt,
-    NetPrecisionOpt,
-    RawWeightsOpt,
-    ThreadsOpt,
-    app,
-    console,
-    err_console,
-    load_for_command,
-    note,
-    split_bars,
-    user_errors,
-)
+from .app import app
+from .console import console, err_console, note, split_bars, user_errors
+from .loading import load_for_command
+from .options import CheckpointOpt, DeviceOpt, JsonOpt, NetPrecisionOpt, RawWeightsOpt, ThreadsOpt
 
-DatasetOpt = Annotated[str | None, typer.Option(
+EvalDatasetOpt = Annotated[str | None, typer.Option(
     help="Data set name or local text path (default: the checkpoint's own data).")]
-DataOpt = Annotated[str | None, typer.Option(
+EvalDataOpt = Annotated[str | None, typer.Option(
     help="A prepared data folder (mdlm prepare-data) or local path.")]
 DatasetsOpt = Annotated[str | None, typer.Option(
     help="Comma-separated data sets for one zero-shot table, e.g. wikitext2,ptb,lambada.")]
-SplitOpt = Annotated[str, typer.Option(
+EvalSplitOpt = Annotated[str, typer.Option(
     help="test | valid | train (test falls back to valid where absent).")]
-McSamplesOpt = Annotated[int | None, typer.Option(
+EvalMcSamplesOpt = Annotated[int | None, typer.Option(
     "--mc-samples", "-k",
     help="Independent Monte-Carlo passes of a bound (default 4); K >= 2 gives a standard error. "
          "Exact likelihoods take one pass.")]
@@ -48,10 +37,10 @@ ScheduleOpt = Annotated[str | None, typer.Option(
     help="Evaluate the bound under this noise schedule instead of the trained one (a model "
          "without time conditioning only: its continuous-time bound is the same integral under "
          "every schedule; Table 9).")]
-BatchSizeOpt = Annotated[int | None, typer.Option(
+EvalBatchSizeOpt = Annotated[int | None, typer.Option(
     help="Rows per batch (default: the training micro-batch).")]
-RowsOpt = Annotated[int, typer.Option(help="Evaluate only the first N rows (0 = every row).")]
-SeedOpt = Annotated[int, typer.Option(help="Seed of the Monte-Carlo draws.")]
+EvalRowsOpt = Annotated[int, typer.Option(help="Evaluate only the first N rows (0 = every row).")]
+EvalSeedOpt = Annotated[int, typer.Option(help="Seed of the Monte-Carlo draws.")]
 HELP = """Test perplexity: the NELBO bound of a diffusion model, the exact value of an AR model.
 
     The bound is averaged over every token of the split (K passes, one t per sequence,
@@ -71,16 +60,16 @@ HELP = """Test perplexity: the NELBO bound of a diffusion model, the exact value
 @app.command("eval-ppl", help=HELP)
 def eval_ppl_cmd(
     checkpoint: CheckpointOpt = "runs/demo",
-    dataset: DatasetOpt = None,
-    data: DataOpt = None,
+    dataset: EvalDatasetOpt = None,
+    data: EvalDataOpt = None,
     datasets: DatasetsOpt = None,
-    split: SplitOpt = "test",
-    mc_samples: McSamplesOpt = None,
+    split: EvalSplitOpt = "test",
+    mc_samples: EvalMcSamplesOpt = None,
     T: TOpt = None,
     schedule: ScheduleOpt = None,
-    batch_size: BatchSizeOpt = None,
-    rows: RowsOpt = 0,
-    seed: SeedOpt = 0,
+    batch_size: EvalBatchSizeOpt = None,
+    rows: EvalRowsOpt = 0,
+    seed: EvalSeedOpt = 0,
     json_out: JsonOpt = None,
     device: DeviceOpt = None,
     raw_weights: RawWeightsOpt = False,

@@ -7,15 +7,18 @@ from typing import Annotated
 
 import typer
 
-from .common import CheckpointOpt, ThreadsOpt, app, console, user_errors
+from .app import app
+from .console import console, user_errors
+from .options import CheckpointOpt, ThreadsOpt
 
-OutOpt = Annotated[str, typer.Option(
+ExportOutOpt = Annotated[str, typer.Option(
     help="Folder to write (config.json, model.safetensors, tokenizer, README).")]
 PushOpt = Annotated[str | None, typer.Option(
     "--push-to-hub",
     help="Also upload the folder to this Hugging Face model repo (owner/name).")]
 PrivateOpt = Annotated[bool, typer.Option(help="Create the hub repo as private.")]
-RawWeightsOpt = Annotated[bool, typer.Option(help="Export the raw weights instead of the EMA.")]
+ExportRawWeightsOpt = Annotated[bool, typer.Option(
+    help="Export the raw weights instead of the EMA.")]
 ResultsOpt = Annotated[list[str] | None, typer.Option(
     help="JSON/JSONL evaluation records to list in the model card (repeatable).")]
 OverwriteOpt = Annotated[bool, typer.Option(help="Replace --out if it exists.")]
@@ -25,11 +28,11 @@ VerifyOpt = Annotated[bool, typer.Option(
 
 @app.command("export")
 def export_cmd(
-    out: OutOpt,
+    out: ExportOutOpt,
     checkpoint: CheckpointOpt = "runs/demo",
     push_to_hub: PushOpt = None,
     private: PrivateOpt = False,
-    raw_weights: RawWeightsOpt = False,
+    raw_weights: ExportRawWeightsOpt = False,
     results: ResultsOpt = None,
     overwrite: OverwriteOpt = False,
     verify: VerifyOpt = True,

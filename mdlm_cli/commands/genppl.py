@@ -12,24 +12,17 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
-from .common import (
-    DeviceOpt,
-    NumSamplesOpt,
-    SeedOpt,
-    ThreadsOpt,
-    app,
-    console,
-    err_console,
-    load_for_command,
-    user_errors,
-    warn,
-)
-from .sampling_args import Sampling, sampling_arguments
+from .app import app
+from .console import console, err_console, user_errors, warn
+from .loading import load_for_command
+from .options import DeviceOpt, NumSamplesOpt, SeedOpt, ThreadsOpt
+from .sampling_args import SamplingCommand, given, resolved, sampling_from
 
 SamplesOpt = Annotated[str | None, typer.Option(
     help="JSONL from mdlm sample --out (written here with --sample-first).")]
-JudgeOpt = Annotated[str, typer.Option(
+GenPplJudgeOpt = Annotated[str, typer.Option(
     help="HF causal LM hub id or folder, a .gguf file, `smollm2`, or an mdlm AR checkpoint.")]
 ContextOpt = Annotated[
     int | None, typer.Option(help="Tokens per chunk (default: the judge's context).")
@@ -87,12 +80,11 @@ GEN_PPL_HELP = """Gen PPL of samples under a judge LM, with entropy, diversity a
     """
 
 
-@app.command("gen-ppl", help=GEN_PPL_HELP)
-@sampling_arguments()
+@app.command("gen-ppl", help=GEN_PPL_HELP, cls=SamplingCommand)
 def gen_ppl_cmd(
     *,
     samples: SamplesOpt = None,
-    judge: JudgeOpt = "gpt2-large",
+    judge: GenPplJudgeOpt = "gpt2-large",
     batch_size: Annotated[int, typer.Option(help="Chunks per judge forward pass.")] = 8,
     context: ContextOpt = None,
     eos: EosOpt = "keep",
@@ -102,7 +94,7 @@ def gen_ppl_cmd(
     checkpoint: ModelToSampleOpt = None,
     prompts: PromptsOpt = None,
     conditional: ConditionalOpt = None,
-    sampling: Sampling,
+    ctx: typer.Context,
     num_samples: NumSamplesOpt = 32,
     seed: SeedOpt = 0,
     threads: ThreadsOpt = None,
@@ -110,6 +102,7 @@ def gen_ppl_cmd(
     featurizer: FeaturizerOpt = None,
     mauve_seeds: MauveSeedsOpt = "0,1,2,3,4",
 ) -> None:
+    sampling = sampling_from(ctx)
     from ..io.files import check_writable
     from ..runtime import Runtime
 
@@ -135,7 +128,7 @@ class _Draw:
     """--sample-first: the model to sample and how."""
 
     checkpoint: str | None
-    sampling: Sampling
+    sampling: SamplingSettings
     num_samples: int
     seed: int
     device: str | None
@@ -171,7 +164,7 @@ def _texts_to_score(sample_first: bool,
 
     if not sample_first:
         _refuse_sampling_flags(["--checkpoint"] * (draw.checkpoint is not None)
-                               + draw.sampling.given())
+                               + given(draw.sampling))
         if samples is None:
             raise MdlmError("give --samples FILE.jsonl (from mdlm sample --out), or "
                             "--sample-first --checkpoint DIR")
@@ -334,7 +327,7 @@ def _sample_for_judging(draw: _Draw, out: str | None):
     from .sample import sampling_progress
 
     loaded, rt = load_for_command(draw.checkpoint, draw.device, False, draw.threads)
-    how, n = draw.sampling.drawing(loaded.objective), draw.num_samples
+    how, n = resolved(draw.sampling, loaded.objective), draw.num_samples
     with sampling_progress(how.sampler, n) as advance:
         drawn = draw_samples(loaded, rt, how, num_samples=n, seed=draw.seed,
                              batch_size=min(n, 16), on_batch=advance)
@@ -355,7 +348,7 @@ def _responses_for_judging(draw: _Draw, prompts: str, out: str | None):
 
     loaded, rt = load_for_command(draw.checkpoint, draw.device, False, draw.threads)
     asked, what = read_prompts(prompts, loaded, draw.num_samples)
-    how = draw.sampling.drawing(loaded.objective)
+    how = resolved(draw.sampling, loaded.objective)
     with sampling_progress(how.sampler, len(asked)) as advance:
         drawn = draw_responses(loaded, rt, how, asked, seed=draw.seed,
                                batch_size=min(len(asked), 16), on_batch=advance)

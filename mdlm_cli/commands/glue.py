@@ -8,53 +8,44 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .common import (
-    CheckpointOpt,
-    DeviceOpt,
-    JsonOpt,
-    ThreadsOpt,
-    app,
-    console,
-    err_console,
-    float_in,
-    say,
-    user_errors,
-)
+from .app import app
+from .console import console, err_console, say, user_errors
+from .options import CheckpointOpt, DeviceOpt, JsonOpt, ThreadsOpt, float_in
 
 ALL_TASKS = "cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte"
-TasksOpt = Annotated[str, typer.Option(
+GlueTasksOpt = Annotated[str, typer.Option(
     help=f"Comma-separated tasks: {ALL_TASKS} (GLUE) or bigtxt-swap (offline).")]
-DataOpt = Annotated[str | None, typer.Option(
+GlueDataOpt = Annotated[str | None, typer.Option(
     help="Local task files: DIR/TASK/{train,validation}.jsonl|csv|tsv (MNLI: validation_matched "
          "and validation_mismatched), GLUE's columns and `label`.")]
-EpochsOpt = Annotated[float, typer.Option(
+GlueEpochsOpt = Annotated[float, typer.Option(
     help="Training epochs (HF text-classification example: 3).",
     callback=float_in(0, low_in=False))]
 LrOpt = Annotated[float, typer.Option(
     help="Peak learning rate, decayed linearly to 0 (HF example: 2e-5).",
     callback=float_in(0, low_in=False))]
-BatchSizeOpt = Annotated[int, typer.Option(help="Training batch (app. D.6: 16).")]
-MaxLengthOpt = Annotated[int, typer.Option(help="Tokens per example, longer ones truncated.")]
+GlueBatchSizeOpt = Annotated[int, typer.Option(help="Training batch (app. D.6: 16).")]
+GlueMaxLengthOpt = Annotated[int, typer.Option(help="Tokens per example, longer ones truncated.")]
 MaxTrainRowsOpt = Annotated[int, typer.Option(
     help="Train on a random subset of N rows (0 = all).")]
 MaxEvalRowsOpt = Annotated[int, typer.Option(
     help="Evaluate on the first N rows of each split (0 = all).")]
-SeedOpt = Annotated[int, typer.Option(
+GlueSeedOpt = Annotated[int, typer.Option(
     help="Seed of the head's initialisation and the data order.")]
 
 
 @app.command("glue")
 def glue_cmd(
     checkpoint: CheckpointOpt = "runs/demo-bert",
-    tasks: TasksOpt = ALL_TASKS,
-    data: DataOpt = None,
-    epochs: EpochsOpt = 3.0,
+    tasks: GlueTasksOpt = ALL_TASKS,
+    data: GlueDataOpt = None,
+    epochs: GlueEpochsOpt = 3.0,
     lr: LrOpt = 2e-5,
-    batch_size: BatchSizeOpt = 16,
-    max_length: MaxLengthOpt = 128,
+    batch_size: GlueBatchSizeOpt = 16,
+    max_length: GlueMaxLengthOpt = 128,
     max_train_rows: MaxTrainRowsOpt = 0,
     max_eval_rows: MaxEvalRowsOpt = 0,
-    seed: SeedOpt = 42,
+    seed: GlueSeedOpt = 42,
     threads: ThreadsOpt = None,
     json_out: JsonOpt = None,
     device: DeviceOpt = None,

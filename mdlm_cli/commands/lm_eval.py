@@ -10,79 +10,70 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from .common import (
-    CheckpointOpt,
-    DeviceOpt,
-    JsonOpt,
-    RawWeightsOpt,
-    SamplerOpt,
-    SeedOpt,
-    StepsOpt,
-    app,
-    console,
-    float_in,
-    load_for_command,
-    say,
-    user_errors,
-    warn,
-)
+from .app import app
+from .console import console, say, user_errors, warn
+from .loading import load_for_command
+from .options import CheckpointOpt, DeviceOpt, JsonOpt, RawWeightsOpt, SeedOpt, ThreadsOpt, float_in
+from .sampling_args import SamplingCommand, sampling_from
 
 # metrics computed from log-likelihoods: for a bound on -log p they are upper bounds
 LIKELIHOOD_METRICS = ("perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
 
-TasksOpt = Annotated[str, typer.Option(
+LmEvalTasksOpt = Annotated[str, typer.Option(
     help="Comma-separated lm-eval tasks, e.g. lambada_openai,wikitext.")]
-McSamplesOpt = Annotated[int | None, typer.Option(
+LmEvalMcSamplesOpt = Annotated[int | None, typer.Option(
     "--mc-samples", "-k",
     help="Monte-Carlo passes per request for a bound (default 4), times stratified per request; "
          "K >= 2 gives a standard error. Exact likelihoods take one pass.")]
-BatchSizeOpt = Annotated[int, typer.Option(help="Rows per forward pass when scoring.")]
+LmEvalBatchSizeOpt = Annotated[int, typer.Option(help="Rows per forward pass when scoring.")]
 LimitOpt = Annotated[float | None, typer.Option(
     help="Documents per task: a count, or a fraction below 1 (lm-eval's --limit).",
     callback=float_in(0, low_in=False))]
 FewshotOpt = Annotated[int | None, typer.Option(help="Few-shot examples in each context.")]
 IncludePathOpt = Annotated[str | None, typer.Option(
     help="A folder of task YAML files (local tasks) to add to lm-eval's own.")]
-StrideOpt = Annotated[int | None, typer.Option(
+LmEvalStrideOpt = Annotated[int | None, typer.Option(
     help="generate_until past the model length: new tokens per semi-AR block (default: half the "
          "window).")]
 BootstrapOpt = Annotated[int, typer.Option(
     help="lm-eval's bootstrap resamples for metric stderrs.")]
 OutFolderOpt = Annotated[str, typer.Option(
     help="Folder to write the task YAML and JSONL files into.")]
-DatasetOpt = Annotated[str | None, typer.Option(
+LmEvalDatasetOpt = Annotated[str | None, typer.Option(
     help="Data set name or local text path (default: the checkpoint's own data).")]
-SplitOpt = Annotated[str, typer.Option(help="test | valid | train.")]
+LmEvalSplitOpt = Annotated[str, typer.Option(help="test | valid | train.")]
 WordsOpt = Annotated[int, typer.Option(
     help="Words per last-word passage (about; it ends on a real word).")]
 PassagesOpt = Annotated[int, typer.Option(
     help="Last-word passages to keep (0 = all of the split).")]
 
 
-@app.command("lm-eval")
+@app.command("lm-eval", cls=SamplingCommand)
 def lm_eval_cmd(
-    tasks: TasksOpt,
+    *,
+    tasks: LmEvalTasksOpt,
     checkpoint: CheckpointOpt = "runs/demo",
-    mc_samples: McSamplesOpt = None,
-    batch_size: BatchSizeOpt = 16,
+    mc_samples: LmEvalMcSamplesOpt = None,
+    batch_size: LmEvalBatchSizeOpt = 16,
     limit: LimitOpt = None,
     num_fewshot: FewshotOpt = None,
     include_path: IncludePathOpt = None,
     json_out: JsonOpt = None,
     device: DeviceOpt = None,
     seed: SeedOpt = 0,
-    sampler: SamplerOpt = None,
-    steps: StepsOpt = None,
-    stride: StrideOpt = None,
+    ctx: typer.Context,
+    stride: LmEvalStrideOpt = None,
     bootstrap_iters: BootstrapOpt = 100000,
     raw_weights: RawWeightsOpt = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Run lm-evaluation-harness tasks: multiple choice, LAMBADA, and the perplexity tasks.
 
     loglikelihood is exact for AR checkpoints and the conditional NELBO for diffusion ones
     (continuation masked, context clean; K passes); loglikelihood_rolling is the whole
     document's bound over rolling windows of the model length, so word/byte perplexities
-    are upper bounds (≤); generate_until samples after the context with --sampler.
+    are upper bounds (≤); generate_until samples after the context with the sampling flags
+    (--sampler, --steps, the sampler's options; a task's own temperature and top-p win).
     Contexts longer than the model length are truncated from the left.
 
     [dim]Examples:[/]
@@ -92,15 +83,16 @@ def lm_eval_cmd(
     """
     from ..eval.lm_eval.run import LmEvalOptions, check_options, require_lm_eval, run_lm_eval
 
+    sampling = sampling_from(ctx)
     with user_errors():
         require_lm_eval()
         options = LmEvalOptions(
             [t.strip() for t in tasks.split(",") if t.strip()], mc_samples=mc_samples,
             batch_size=batch_size, limit=limit, num_fewshot=num_fewshot,
-            include_path=include_path, seed=seed, sampler=sampler, steps=steps, stride=stride,
+            include_path=include_path, seed=seed, sampling=sampling, stride=stride,
             bootstrap_iters=bootstrap_iters)
         check_options(options)
-        loaded, _ = load_for_command(checkpoint, device, raw_weights)
+        loaded, _ = load_for_command(checkpoint, device, raw_weights, threads)
         run = run_lm_eval(loaded, checkpoint, options, device=device, warn=warn, on_start=say)
         _print(run.results["results"], run.summary, run.lm)
         if json_out:
@@ -154,8 +146,8 @@ def _print(results: dict, summary: dict, lm) -> None:
 def lm_eval_tasks_cmd(
     out: OutFolderOpt,
     checkpoint: CheckpointOpt = "runs/demo",
-    dataset: DatasetOpt = None,
-    split: SplitOpt = "test",
+    dataset: LmEvalDatasetOpt = None,
+    split: LmEvalSplitOpt = "test",
     words: WordsOpt = 40,
     passages: PassagesOpt = 0,
 ) -> None:

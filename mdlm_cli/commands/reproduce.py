@@ -12,7 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import MdlmError
-from .common import app, command_flags, console, err_console, user_errors
+from .app import app, command_flags
+from .console import console, err_console, user_errors
 
 TableArg = Annotated[str | None, typer.Argument(
     help="Table name (see --list), or a recipe .yaml file.")]
@@ -20,11 +21,11 @@ ListOpt = Annotated[bool, typer.Option("--list", help="List the tables and what 
 DryRunOpt = Annotated[bool, typer.Option(help="Print the commands in order; run nothing.")]
 ReportOpt = Annotated[bool, typer.Option(
     help="Write OUT/report.md (and a PNG for curves) from the outputs so far.")]
-OutOpt = Annotated[str | None, typer.Option(
+ReproduceOutOpt = Annotated[str | None, typer.Option(
     help="Folder of this table's outputs (default reproduce/TABLE).")]
 RunsOpt = Annotated[str, typer.Option(
     help="Folder of the training runs, shared by tables that train the same model.")]
-RowsOpt = Annotated[str | None, typer.Option(
+ReproduceRowsOpt = Annotated[str | None, typer.Option(
     help="Comma-separated rows to run or report (default: all).")]
 ScaleOpt = Annotated[str, typer.Option(
     help="paper (the paper's steps), a factor in (0, 1] on the training steps, or tiny (test-size "
@@ -45,9 +46,9 @@ def reproduce_cmd(
     list_tables: ListOpt = False,
     dry_run: DryRunOpt = False,
     report: ReportOpt = False,
-    out: OutOpt = None,
+    out: ReproduceOutOpt = None,
     runs: RunsOpt = "reproduce/runs",
-    rows: RowsOpt = None,
+    rows: ReproduceRowsOpt = None,
     scale: ScaleOpt = "paper",
     launcher: LauncherOpt = "mdlm",
     emit: EmitOpt = None,

@@ -10,7 +10,11 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from .common import (
+from .app import app
+from .console import console, err_console, user_errors
+from .flag_checks import check_positive
+from .loading import load_for_command
+from .options import (
     AllowLongerOpt,
     CheckpointOpt,
     DeviceOpt,
@@ -20,30 +24,25 @@ from .common import (
     RawWeightsOpt,
     SeedOpt,
     ThreadsOpt,
-    app,
-    check_positive,
-    console,
-    err_console,
-    load_for_command,
-    user_errors,
 )
-from .sampling_args import Sampling, sampling_arguments
+from .sampling_args import SamplingCommand, resolved, sampling_from
 
 InfillOpt = Annotated[
     str | None, typer.Option(help="Text with <mask> (one token) or <mask:N> spans to fill in.")
 ]
-LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
+SampleLengthOpt = Annotated[int | None, typer.Option(
+    help="Tokens per sample (default: the model's L).")]
 QuietOpt = Annotated[bool, typer.Option(help="Do not print the samples.")]
 MaxNewTokensOpt = Annotated[int | None, typer.Option(
     help="Tokens after the prompt at most (instead of --length).")]
 StopAtEosOpt = Annotated[bool | None, typer.Option(
     help="Cut each sample at its first EOS and report its length (default: on for a model "
          "fine-tuned with data.pad_as_eos).")]
-BatchSizeOpt = Annotated[int, typer.Option(help="Sequences per batch.")]
+SampleBatchSizeOpt = Annotated[int, typer.Option(help="Sequences per batch.")]
 TotalLengthOpt = Annotated[
     int | None, typer.Option(help="Total tokens per sample (default: 2 windows).")
 ]
-StrideOpt = Annotated[
+SampleStrideOpt = Annotated[
     int | None, typer.Option(help="New tokens per block L' (default: half the window).")
 ]
 FirstWindowOpt = Annotated[str | None, typer.Option(help="Text the first window starts with.")]
@@ -72,18 +71,17 @@ SEMI_AR_HELP = """Generate text longer than the model's window, block by block (
     """
 
 
-@app.command("sample", help=SAMPLE_HELP)
-@sampling_arguments()
+@app.command("sample", help=SAMPLE_HELP, cls=SamplingCommand)
 def sample_cmd(
     *,
     checkpoint: CheckpointOpt = "runs/demo",
-    sampling: Sampling,
+    ctx: typer.Context,
     num_samples: NumSamplesOpt = 4,
-    batch_size: BatchSizeOpt = 4,
+    batch_size: SampleBatchSizeOpt = 4,
     seed: SeedOpt = 0,
     prompt: PromptOpt = None,
     infill: InfillOpt = None,
-    length: LengthOpt = None,
+    length: SampleLengthOpt = None,
     out: OutOpt = None,
     device: DeviceOpt = None,
     raw_weights: RawWeightsOpt = False,
@@ -93,6 +91,7 @@ def sample_cmd(
     max_new_tokens: MaxNewTokensOpt = None,
     stop_at_eos: StopAtEosOpt = None,
 ) -> None:
+    sampling = sampling_from(ctx)
     from ..io.files import check_all_writable
     from ..sample.draw import sample_window
 
@@ -100,7 +99,7 @@ def sample_cmd(
         check_positive(num_samples=num_samples, batch_size=batch_size, length=length)
         check_all_writable(out)  # before the sampling, not after it
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
-        how = sampling.drawing(loaded.objective)
+        how = resolved(sampling, loaded.objective)
         with sampling_progress(how.sampler, num_samples) as advance:
             drawn = sample_window(
                 loaded, rt, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
@@ -135,14 +134,13 @@ def _write_and_show(drawn, out: str | None, quiet: bool, summary: str) -> None:
         console.print(f"Wrote {len(drawn.records)} samples to {out}", markup=False)
 
 
-@app.command("semi-ar", help=SEMI_AR_HELP)
-@sampling_arguments()
+@app.command("semi-ar", help=SEMI_AR_HELP, cls=SamplingCommand)
 def semi_ar_cmd(
     *,
     checkpoint: CheckpointOpt = "runs/demo",
     length: TotalLengthOpt = None,
-    stride: StrideOpt = None,
-    sampling: Sampling,
+    stride: SampleStrideOpt = None,
+    ctx: typer.Context,
     num_samples: NumSamplesOpt = 1,
     seed: SeedOpt = 0,
     prompt: FirstWindowOpt = None,
@@ -154,6 +152,7 @@ def semi_ar_cmd(
     max_new_tokens: MaxNewTokensOpt = None,
     stop_at_eos: StopAtEosOpt = None,
 ) -> None:
+    sampling = sampling_from(ctx)
     from ..io.files import check_all_writable
     from ..sample.draw import semi_ar_blocks, write_samples
 
@@ -162,7 +161,7 @@ def semi_ar_cmd(
         check_all_writable(out)
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         drawn = semi_ar_blocks(
-            loaded, rt, sampling.drawing(loaded.objective), num_samples=num_samples, seed=seed,
+            loaded, rt, resolved(sampling, loaded.objective), num_samples=num_samples, seed=seed,
             length=length, stride=stride, prompt=prompt, max_new_tokens=max_new_tokens,
             stop_at_eos=stop_at_eos, source=checkpoint, on_text=_write if stream else None)
         if out:  # before anything is printed

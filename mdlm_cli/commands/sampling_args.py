@@ -2,37 +2,88 @@
 
 --sampler, --steps, --precision, --temperature, --top-p, one flag per sampler option (made
 from the fields of the specs' options dataclasses: name, help, valid values) and
-`--opt name=value` for any of them. `@sampling_arguments()` puts these parameters in the
-command's signature where it declares `sampling` (Typer reads `__signature__`) and hands it
-one parsed, checked `Sampling`; `@sampling_arguments(sweep=True)` (bench-sampler) takes
-comma-separated lists, a row per value, and hands a `SamplingSweep`.
+`--opt name=value` for any of them. A command made with `@app.command(cls=SamplingCommand)`
+gets these options beside its own parameters (its signature stays what it reads) and reads
+them, parsed and checked, as `sampling_from(ctx)`: one `SamplingSettings`; with
+`cls=SweepCommand` (bench-sampler) they take comma-separated lists, a row per value, and
+arrive as a `SamplingSweep`.
 """
 
 from __future__ import annotations
 
-import functools
+import copy
 import inspect
-from dataclasses import Field, dataclass, field, fields
-from typing import Annotated, Any
+from dataclasses import Field, dataclass, fields
+from typing import Annotated, Any, get_args
 
 import typer
+import typer.main
+from typer.core import TyperCommand, TyperOption
+from typer.models import ParamMeta
 
+from ..engine.errors import EngineError
 from ..engine.options import KINDS, describe, problem, value_type
 from ..engine.sampling import SAMPLERS, get_sampler
+from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
 from ..sample.benchmark import SamplingSweep
-from ..sample.draw import Drawing
-from .common import (
-    PrecisionOpt,
-    SamplerOpt,
-    StepsOpt,
-    TemperatureOpt,
-    TopPOpt,
-    dashed,
-    int_list,
-    resolve_sampler,
-    user_errors,
-)
+from .console import err_console, user_errors, warn
+from .flag_checks import int_list
+
+SamplerOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its "
+        "ancestral chain for D3PM, left to right for AR; with --steps a step-based one). "
+        + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items())
+        + "."
+    ),
+]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). "
+        "Given without --sampler, it picks the model's step-based sampler (MDLM: ancestral-cache "
+        "where the model ignores time, else ancestral; SEDD: analytic)."
+    ),
+]
+DrawPrecisionOpt = Annotated[str, typer.Option(  # the draw's; the network's is NetPrecisionOpt
+    "--precision",
+    help="Categorical sampling: fp64 (exact) or fp32 (the reference's truncated draw).")]
+# checked with the other sampling settings (SamplingSettings.validate), not here
+TemperatureOpt = Annotated[float, typer.Option(
+    help="Softmax temperature: a finite number above 0.")]
+TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")]
+
+
+def dashed(name: str) -> str:
+    """An option's name as its flag is spelt: tokens_per_step -> tokens-per-step."""
+    return name.replace("_", "-")
+
+
+def flag_text(name: str, value) -> str:
+    """A sampler option as its flag reads on the command line: `--eta 0.1`, `--no-final-denoise`."""
+    if isinstance(value, bool):
+        return f"--{'' if value else 'no-'}{dashed(name)}"
+    return f"--{dashed(name)} {value}"
+
+
+def resolve_sampler(objective, sampler: str | None, steps: int | None, options: dict | None = None):
+    """The sampler spec and steps a command runs, from the user's flags and the objective's
+    samplers (`Objective.choose_sampler`); a warning for each flag the sampler does not read.
+
+    `options`: the sampler options the user gave (name -> value).
+    """
+    choice = objective.choose_sampler(sampler, steps, options)
+    if choice.note:
+        err_console.print(f"[dim]--{choice.note}[/]", highlight=False)
+    for name, value in choice.ignored.items():
+        if name == "steps":
+            warn(f"{choice.spec.name} takes no steps; --steps {value} is ignored")
+        else:
+            warn(f"{flag_text(name, value)} does not apply to {choice.spec.name}; ignored")
+    return choice.spec, choice.steps
+
 
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
@@ -53,54 +104,24 @@ def option_flags() -> dict[str, OptionFlag]:
     return {name: OptionFlag(f, tuple(names)) for name, (f, names) in found.items()}
 
 
-@dataclass
-class Sampling:
-    """What the user asked of the sampler; `options` holds only the options given."""
+def flag(name: str) -> str:
+    """How a setting is spelt on the command line: top_p -> --top-p (`validate`'s spelling)."""
+    return f"--{dashed(name)}"
 
-    sampler: str | None
-    steps: int | None
-    precision: str = "fp64"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    options: dict[str, Any] = field(default_factory=dict)  # option name -> value: flags, --opt
 
-    def resolve(self, objective) -> tuple[Any, int | None]:
-        """The sampler spec and steps to run for the objective (`resolve_sampler`: a warning
-        for each option given that the sampler does not read)."""
-        return resolve_sampler(objective, self.sampler, self.steps, self.options)
+def resolved(settings: SamplingSettings, objective) -> SamplingSettings:
+    """The settings with the sampler and steps the objective chose (`resolve_sampler`: a
+    warning for each option given that the sampler does not read)."""
+    spec, steps = resolve_sampler(objective, settings.sampler, settings.steps, settings.options)
+    return settings.with_(sampler=spec.name, steps=steps)
 
-    def read_by(self, spec) -> dict[str, Any]:
-        """The options given that the sampler `spec` reads (engine.sample's keywords)."""
-        return {k: v for k, v in self.options.items() if k in spec.option_names}
 
-    def engine_kwargs(self, spec) -> dict[str, Any]:
-        """engine.sample's keywords of the drawing: precision, temperature, top_p, options."""
-        return {
-            "precision": self.precision,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            **self.read_by(spec),
-        }
-
-    def record(self, spec, steps: int | None) -> dict[str, Any]:
-        """How samples were drawn, for their JSONL records."""
-        return {"sampler": spec.name, "steps": steps, **self.engine_kwargs(spec)}
-
-    def drawing(self, objective) -> Drawing:
-        """The sampler and steps resolved for the objective (`resolve`), as sample.draw takes
-        them."""
-        spec, steps = self.resolve(objective)
-        return Drawing(spec.name, steps, self.engine_kwargs(spec), self.record(spec, steps))
-
-    def given(self) -> list[str]:
-        """The sampling flags given on the command line (away from their defaults)."""
-        out = [f"--{name}" for name in ("sampler", "steps") if getattr(self, name) is not None]
-        out += [f"--{dashed(k)}" for k in self.options]
-        return out + [
-            f"--{dashed(k)}"
-            for k, default in (("precision", "fp64"), ("temperature", 1.0), ("top_p", 1.0))
-            if getattr(self, k) != default
-        ]
+def given(settings: SamplingSettings) -> list[str]:
+    """The sampling flags given on the command line (away from their defaults)."""
+    default = SamplingSettings()
+    names = ["sampler", "steps", *settings.options, "precision", "temperature", "top_p"]
+    return [flag(k) for k in names
+            if k in settings.options or getattr(settings, k, None) != getattr(default, k, None)]
 
 
 def _check(name: str, f: Field, value: Any) -> Any:
@@ -150,29 +171,12 @@ def _merge(flag_values: dict[str, Any], opt_values: dict[str, Any]) -> dict[str,
     return flag_values | opt_values
 
 
-def _check_common(precisions: list[str], temperature: float, top_p: float) -> None:
-    from ..engine import PRECISIONS
-
-    for p in precisions:
-        if p not in PRECISIONS:
-            raise MdlmError(f"--precision must be one of: {', '.join(PRECISIONS)} (got {p!r})")
-    if temperature <= 0:
-        raise MdlmError(f"--temperature must be > 0 (got {temperature})")
-    if not 0 < top_p <= 1:
-        raise MdlmError(f"--top-p must be in (0, 1] (got {top_p})")
-
-
-def parse_sampling(values: dict[str, Any]) -> Sampling:
-    """The single-valued flags (sample, semi-ar, gen-ppl) as a checked `Sampling`."""
+def parse_sampling(values: dict[str, Any]) -> SamplingSettings:
+    """The single-valued flags (sample, semi-ar, gen-ppl) as checked `SamplingSettings`."""
     flags = option_flags()
-    if values["sampler"] is not None:
-        get_sampler(values["sampler"])
-    if values["steps"] is not None and values["steps"] < 1:
-        raise MdlmError(f"--steps must be at least 1 (got {values['steps']})")
-    _check_common([values["precision"]], values["temperature"], values["top_p"])
-    given = {n: _check(n, flags[n].field, values[n]) for n in flags if values[n] is not None}
+    given = {n: values[n] for n in flags if values[n] is not None}
     opts = {n: _coerce(n, flags[n].field, t) for n, t in _opt_pairs(values["opt"], flags).items()}
-    return Sampling(
+    settings = SamplingSettings(
         values["sampler"],
         values["steps"],
         values["precision"],
@@ -180,6 +184,14 @@ def parse_sampling(values: dict[str, Any]) -> Sampling:
         values["top_p"],
         _merge(given, opts),
     )
+    return _validated(settings)
+
+
+def _validated(settings: SamplingSettings) -> SamplingSettings:
+    try:
+        return settings.validate(flag)
+    except EngineError as e:
+        raise MdlmError(str(e)) from None
 
 
 def _value_list(name: str, f: Field, text: str) -> list:
@@ -200,7 +212,8 @@ def parse_sweep(values: dict[str, Any]) -> SamplingSweep:
     for name in names or []:
         get_sampler(name)
     precisions = [x.strip() for x in values["precision"].split(",") if x.strip()]
-    _check_common(precisions, values["temperature"], values["top_p"])
+    for p in precisions:
+        _validated(SamplingSettings(None, None, p, values["temperature"], values["top_p"]))
     steps = int_list(values["steps"] or "100,1000", "--steps")
     given = {}
     for n, flag in flags.items():
@@ -297,45 +310,59 @@ def _parameters(sweep: bool) -> list[inspect.Parameter]:
             p("precision", PrecisionsOpt, "fp64"),
         ]
         if sweep
-        else [p("sampler", SamplerOpt), p("steps", StepsOpt), p("precision", PrecisionOpt, "fp64")]
+        else [
+            p("sampler", SamplerOpt),
+            p("steps", StepsOpt),
+            p("precision", DrawPrecisionOpt, "fp64"),
+        ]
     )
     head += [p("temperature", TemperatureOpt, 1.0), p("top_p", TopPOpt, 1.0)]
     options = [_option_parameter(name, flag, sweep) for name, flag in option_flags().items()]
     return head + options + [p("opt", SweepOptOpt if sweep else OptOpt)]
 
 
-def sampling_arguments(*, sweep: bool = False):
-    """Decorator: the shared sampling parameters in place of the command's `sampling`
-    parameter, which receives them parsed (a `Sampling`, or with `sweep` a `SamplingSweep`).
-    A mistake in them is a one-line error before the command runs."""
+def _click_option(q: inspect.Parameter) -> TyperOption:
+    """The Typer option of one generated parameter, built as Typer builds a signature's
+    (`Annotated[type, typer.Option(...)] = default`), so --help shows it the same way."""
+    base, info = get_args(q.annotation)[0], copy.copy(get_args(q.annotation)[1])
+    if info.default is not ...:  # in Annotated, Option's first argument is a flag name
+        info.param_decls = (info.default, *(info.param_decls or ()))
+    info.default = q.default
+    return typer.main._get_param(ParamMeta(name=q.name, default=info, annotation=base))
 
-    def decorate(command):
-        sig = inspect.signature(command, eval_str=True)
-        params = list(sig.parameters.values())
-        names = [q.name for q in params]
-        generated = _parameters(sweep)
-        clash = {q.name for q in generated} & set(names)
-        if "sampling" not in names or clash:
-            raise TypeError(
-                f"{command.__name__} needs a `sampling` parameter and none of {sorted(clash)}"
-            )
-        at = names.index("sampling")
 
-        @functools.wraps(command)
-        def wrapper(**kwargs):
-            values = {q.name: kwargs.pop(q.name, q.default) for q in generated}
-            with user_errors():
-                kwargs["sampling"] = parse_sweep(values) if sweep else parse_sampling(values)
-            return command(**kwargs)
+class SamplingCommand(TyperCommand):
+    """A command with the sampling flags: the options generated from SAMPLERS are appended
+    to what Typer made of the function's own parameters; before the function runs they are
+    taken out of the parsed values, checked, and left as one `SamplingSettings` (a
+    `SamplingSweep` for `SweepCommand`) that the function reads with `sampling_from(ctx)`."""
 
-        new = (
-            [q.replace(kind=KEYWORD) for q in params[:at]]
-            + generated
-            + [q.replace(kind=KEYWORD) for q in params[at + 1 :]]
-        )
-        wrapper.__signature__ = sig.replace(parameters=new)
-        wrapper.__annotations__ = {q.name: q.annotation for q in new}
-        del wrapper.__wrapped__  # what Typer reads is the signature above
-        return wrapper
+    sweep = False
 
-    return decorate
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = [_click_option(q) for q in _parameters(self.sweep)]
+        self.params += self.group
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        values = {}
+        for param in self.group:
+            value = ctx.params.pop(param.name)
+            values[param.name] = list(value) if isinstance(value, tuple) else value
+        with user_errors():
+            ctx.meta[SAMPLING_KEY] = parse_sweep(values) if self.sweep else parse_sampling(values)
+        return super().invoke(ctx)
+
+
+class SweepCommand(SamplingCommand):
+    """bench-sampler's: comma-separated lists, a row per value."""
+
+    sweep = True
+
+
+SAMPLING_KEY = "mdlm.sampling"
+
+
+def sampling_from(ctx: typer.Context):
+    """The parsed sampling flags of a `SamplingCommand` (or `SweepCommand`)."""
+    return ctx.meta[SAMPLING_KEY]

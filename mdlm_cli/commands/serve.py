@@ -7,19 +7,10 @@ from typing import Annotated
 
 import typer
 
-from .common import (
-    CheckpointOpt,
-    DeviceOpt,
-    RawWeightsOpt,
-    ThreadsOpt,
-    app,
-    check_positive,
-    float_in,
-    note,
-    say,
-    user_errors,
-    warn,
-)
+from .app import app
+from .console import note, say, user_errors, warn
+from .flag_checks import check_positive
+from .options import CheckpointOpt, DeviceOpt, RawWeightsOpt, ThreadsOpt, float_in
 
 HostOpt = Annotated[str, typer.Option(help="Address to bind (a non-loopback one wants --api-key).")]
 PortOpt = Annotated[int, typer.Option(help="TCP port.", min=0, max=65535)]

@@ -9,24 +9,15 @@ import typer
 from rich.markup import escape
 
 from ..build import config_yaml, resolve_config
-from .common import (
-    DeviceOpt,
-    PresetOpt,
-    SetOpt,
-    ThreadsOpt,
-    app,
-    console,
-    err_console,
-    float_in,
-    net_precision,
-    user_errors,
-)
+from .app import app
+from .console import console, err_console, user_errors
+from .options import DeviceOpt, PresetOpt, SetOpt, ThreadsOpt, float_in, net_precision
 
-OutOpt = Annotated[str | None, typer.Option(help="Run folder (default runs/<preset>).")]
+TrainOutOpt = Annotated[str | None, typer.Option(help="Run folder (default runs/<preset>).")]
 ResumeOpt = Annotated[bool, typer.Option(
     help="Continue the run in --out from its latest checkpoint (start it if there is none).")]
 MaxStepsOpt = Annotated[int | None, typer.Option(help="Optimizer steps.")]
-SeedOpt = Annotated[int | None, typer.Option(help="Random seed.")]
+TrainSeedOpt = Annotated[int | None, typer.Option(help="Random seed.")]
 TimeLimitOpt = Annotated[float, typer.Option(
     help="Stop after this many minutes (0 = no limit).", callback=float_in(0))]
 TimeBudgetOpt = Annotated[float | None, typer.Option(
@@ -37,7 +28,7 @@ PrintConfigOpt = Annotated[bool, typer.Option(help="Print the resolved config.")
 OverrideResumeOpt = Annotated[bool, typer.Option(
     help="With --resume: continue although the data, model, objective, optimisation or batch "
          "settings differ from the checkpoint's (the change is recorded in metrics.jsonl).")]
-PrecisionOpt = Annotated[str | None, typer.Option(
+TrainPrecisionOpt = Annotated[str | None, typer.Option(
     callback=net_precision,
     help="train.precision: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix units "
          "(AMX / AVX512-BF16), fp32 elsewhere.")]
@@ -61,17 +52,17 @@ HELP = """Train a masked diffusion LM. With no options: the offline demo on this
 def train_cmd(
     preset: PresetOpt = "demo",
     overrides: SetOpt = None,
-    out: OutOpt = None,
+    out: TrainOutOpt = None,
     resume: ResumeOpt = False,
     max_steps: MaxStepsOpt = None,
     device: DeviceOpt = None,
-    seed: SeedOpt = None,
+    seed: TrainSeedOpt = None,
     time_limit: TimeLimitOpt = 0.0,
     time_budget: TimeBudgetOpt = None,
     print_config: PrintConfigOpt = True,
     override_resume_config: OverrideResumeOpt = False,
     threads: ThreadsOpt = None,
-    precision: PrecisionOpt = None,
+    precision: TrainPrecisionOpt = None,
 ) -> None:
     from ..distributed import is_main_process
     from ..train.loop import train

@@ -154,11 +154,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_config(denoiser, *,
-               sampler: str,
-               steps: int | None,
+def run_config(denoiser,
+               how: engine.SamplingSettings,
+               *,
                batch_size: int,
-               precision: str,
                num_samples: int,
                length: int,
                mask_id: int,
@@ -167,27 +166,23 @@ def run_config(denoiser, *,
                device: torch.device,
                schedule=None,
                warmup: bool = True,
-               options: dict | None = None,
-               temperature: float = 1.0,
-               top_p: float = 1.0,
                on_tokens: Callable[[torch.Tensor], None] | None = None) -> BenchRow:
-    """One row: `repeats` timed runs of `num_samples` samples in batches (after a warm-up).
-    `options`: sampler options (engine.sample's keywords); `on_tokens` gets the tokens of
-    the first timed run (seed `seed`: what `mdlm sample --seed` draws with the same flags)."""
-    spec = engine.get_sampler(sampler)
-    options = dict(options or {})
+    """One row: `repeats` timed runs of `num_samples` samples drawn `how`, in batches (after a
+    warm-up); `on_tokens` gets the tokens of the first timed run (seed `seed`: what
+    `mdlm sample --seed` draws with the same flags)."""
+    spec = engine.get_sampler(how.sampler)
+    steps, options = how.steps, dict(how.options)
     timed = TimedDenoiser(denoiser, device)
     schedule = schedule if schedule is not None else getattr(denoiser, "schedule", "loglinear")
-    drawing = {"length": length, "mask_id": mask_id, "schedule": schedule, "device": device,
-               "precision": precision, "temperature": temperature, "top_p": top_p, **options}
+    drawing = {"length": length, "mask_id": mask_id, "schedule": schedule, "device": device}
     if warmup:
-        _warm_up(denoiser, sampler, steps=steps, batch_size=batch_size, length=length,
+        _warm_up(denoiser, how, batch_size=batch_size, length=length,
                  mask_id=mask_id, seed=seed, device=device, drawing=drawing)
     walls, shares, last, whole = [], [], None, None
     for r in range(repeats):
         timed.input_tokens = timed.output_rows = 0  # the last repeat's counts are the row's
         wall, network, last, whole, tokens = _timed_run(
-            timed, sampler, num_samples, seed + r, steps=steps, batch_size=batch_size,
+            timed, how, num_samples, seed + r, batch_size=batch_size,
             count_whole_batch=spec.needs_time_agnostic, device=device, drawing=drawing)
         walls.append(wall)
         shares.append(network / wall if wall > 0 else 0.0)
@@ -197,8 +192,8 @@ def run_config(denoiser, *,
     median = statistics.median(per_sample)
     share = statistics.median(shares)
     return BenchRow(
-        sampler=sampler, steps=steps if spec.uses_steps else None, batch_size=batch_size,
-        precision=precision, num_samples=num_samples, repeats=repeats,
+        sampler=how.sampler, steps=steps if spec.uses_steps else None, batch_size=batch_size,
+        precision=how.precision, num_samples=num_samples, repeats=repeats,
         seconds_per_sample=median,
         seconds_per_sample_min=min(per_sample),
         seconds_per_sample_max=max(per_sample),
@@ -211,8 +206,7 @@ def run_config(denoiser, *,
     )
 
 
-def _warm_up(denoiser, sampler: str, *,
-             steps: int | None,
+def _warm_up(denoiser, how: engine.SamplingSettings, *,
              batch_size: int,
              length: int,
              mask_id: int,
@@ -225,12 +219,12 @@ def _warm_up(denoiser, sampler: str, *,
     # a left-to-right model has a prefix to continue
     few[:, :length - 4] = int(mask_id == 0)
     gen = torch.Generator(device=device).manual_seed(seed)
-    engine.sample(denoiser, sampler=sampler, num_samples=batch_size, steps=min(steps or 1, 4),
-                  prompt=few, generator=gen, **drawing)
+    few_steps = how.with_(steps=min(how.steps or 1, 4))
+    engine.sample(denoiser, few_steps, num_samples=batch_size, prompt=few,
+                  generator=gen, **drawing)
 
 
-def _timed_run(timed: TimedDenoiser, sampler: str, n: int, seed: int, *,
-               steps: int | None,
+def _timed_run(timed: TimedDenoiser, how: engine.SamplingSettings, n: int, seed: int, *,
                batch_size: int,
                count_whole_batch: bool,
                device: torch.device,
@@ -242,7 +236,7 @@ def _timed_run(timed: TimedDenoiser, sampler: str, n: int, seed: int, *,
     _sync(device)
     t0 = time.perf_counter()
     gen = torch.Generator(device=device).manual_seed(seed)
-    tokens, stats = engine.sample(timed, sampler=sampler, num_samples=n, steps=steps,
+    tokens, stats = engine.sample(timed, how, num_samples=n,
                                   batch_size=batch_size, return_stats=True, on_changes=whole,
                                   generator=gen, **drawing)
     _sync(device)
@@ -257,43 +251,54 @@ def option_grid(sampler: str, options: dict[str, list] | None) -> list[dict]:
     return [dict(zip(read, values, strict=True)) for values in combinations]
 
 
-def grid(samplers: list[str], steps: list[int], batch_sizes: list[int], precisions: list[str],
-         options: dict[str, list] | None = None) -> list[tuple[str, int | None, int, str, dict]]:
-    """Configurations to run; a sampler that takes no steps has one row per batch size and
-    combination of the option values it reads."""
+def sweep(samplers: list[str], steps: list[int], precisions: list[str],
+          options: dict[str, list] | None = None, *, temperature: float = 1.0,
+          top_p: float = 1.0) -> list[engine.SamplingSettings]:
+    """The settings to benchmark: for each precision and sampler, every combination of the
+    option values it reads, and every step count if it takes steps (one row else)."""
     out = []
     for precision in precisions:
         for sampler in samplers:
-            for b in batch_sizes:
-                for opts in option_grid(sampler, options):
-                    for s in (steps if engine.get_sampler(sampler).uses_steps else [None]):
-                        out.append((sampler, s, b, precision, opts))
+            for opts in option_grid(sampler, options):
+                for s in (steps if engine.get_sampler(sampler).uses_steps else [None]):
+                    out.append(engine.SamplingSettings(sampler, s, precision, temperature, top_p,
+                                                       opts))
     return out
 
 
-def run_bench(denoiser, *,
-              # the grid
-              samplers: list[str], steps: list[int], batch_sizes: list[int], precisions: list[str],
-              options: dict[str, list] | None = None,
+def grid(settings: list[engine.SamplingSettings],
+         batch_sizes: list[int]) -> list[tuple[engine.SamplingSettings, int]]:
+    """The rows to run: each (precision, sampler) group of `settings` at every batch size."""
+    out = []
+    groups = itertools.groupby(settings, key=lambda how: (how.precision, how.sampler))
+    for _, group in groups:
+        group = list(group)
+        out += [(how, b) for b in batch_sizes for how in group]
+    return out
+
+
+def run_bench(denoiser,
+              settings: list[engine.SamplingSettings],
+              *,
+              batch_sizes: list[int],
               # every row's draws (run_config's)
               num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
-              device: torch.device, schedule=None, temperature: float = 1.0, top_p: float = 1.0,
+              device: torch.device, schedule=None,
               # the report
               meta: dict,
               on_tokens: Callable[[BenchRow, torch.Tensor], None] | None = None,
               on_row: Callable[[BenchRow], None] | None = None,
               speed: tuple[ModelFlops, Peak | None] | None = None) -> BenchReport:
-    """Every configuration of `grid`; `on_tokens(row, tokens)` sees each row's first timed
-    samples before `on_row(row)` (the judge fills `row.quality` there). With `speed` (the
-    model's FLOP counts, the device's peak) the rows get their MFU."""
+    """Every row of `grid(settings, batch_sizes)`; `on_tokens(row, tokens)` sees each row's
+    first timed samples before `on_row(row)` (the judge fills `row.quality` there). With
+    `speed` (the model's FLOP counts, the device's peak) the rows get their MFU."""
     report = BenchReport(meta=meta)
-    for sampler, s, b, precision, opts in grid(samplers, steps, batch_sizes, precisions, options):
+    for how, b in grid(settings, batch_sizes):
         n = max(num_samples - num_samples % b, b)  # whole batches only
         kept = []
-        row = run_config(denoiser, sampler=sampler, steps=s, batch_size=b, precision=precision,
-                         num_samples=n, length=length, mask_id=mask_id, repeats=repeats,
-                         seed=seed, device=device, schedule=schedule, options=opts,
-                         temperature=temperature, top_p=top_p, on_tokens=kept.append)
+        row = run_config(denoiser, how, batch_size=b, num_samples=n, length=length,
+                         mask_id=mask_id, repeats=repeats, seed=seed, device=device,
+                         schedule=schedule, on_tokens=kept.append)
         row.calls_per_second = row.calls / max(row.seconds_per_sample * n, 1e-12)
         if speed is not None:  # the positions the calls ran, and those given an output
             flops = speed[0].sampling_call(row.input_tokens, length, row.output_rows)

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import MdlmError, MdlmWarning
 from ..models.speed import compile_trunk, model_flops, model_width
 from ..perf import device_peak
-from .bench import BenchReport, BenchRow, environment, run_bench
+from .bench import BenchReport, BenchRow, environment, run_bench, sweep
 
 
 @dataclass
@@ -30,6 +30,11 @@ class SamplingSweep:
     temperature: float
     top_p: float
     options: dict[str, list]  # option name -> its values, from the flags and --opt
+
+    def settings(self, samplers: list[str]) -> list:
+        """The SamplingSettings of every row (bench.sweep), for these samplers."""
+        return sweep(samplers, self.steps, self.precisions, self.options,
+                     temperature=self.temperature, top_p=self.top_p)
 
     def drawing(self) -> dict[str, float]:
         """The temperature and nucleus mass every row draws with."""
@@ -104,12 +109,11 @@ def benchmark(request: BenchRequest, hooks: BenchHooks | None = None) -> BenchRe
     hooks.on_start(meta)
     scorer, reference = quality(bm, request, length, hooks.status)
     denoiser = bm.objective.denoiser(bm.model, bm.rt.dtype)
-    report = run_bench(denoiser, samplers=samplers, steps=sampling.steps,
-                       batch_sizes=request.batch_sizes, precisions=sampling.precisions,
+    report = run_bench(denoiser, sampling.settings(samplers), batch_sizes=request.batch_sizes,
                        num_samples=request.num_samples, length=length, mask_id=bm.mask_id,
                        repeats=request.repeats, seed=request.seed, device=bm.rt.device,
-                       meta=meta, schedule=bm.objective.schedule, options=sampling.options,
-                       on_tokens=scorer, on_row=hooks.on_row, **sampling.drawing(),
+                       meta=meta, schedule=bm.objective.schedule,
+                       on_tokens=scorer, on_row=hooks.on_row,
                        speed=(model_flops(bm.model), device_peak(bm.rt.device, bm.rt.dtype)))
     report.reference = reference  # None without a reference text
     return report

@@ -1,5 +1,6 @@
 """Samples from a loaded model with their JSONL records, as `mdlm sample`, `mdlm semi-ar` and
-`mdlm gen-ppl --sample-first` draw them: `draw` (one window, batched), `sample_window` (the
+`mdlm gen-ppl --sample-first` draw them, each with a `SamplingSettings` whose sampler is
+named (the objective's choice made): `draw` (one window, batched), `sample_window` (the
 length, prompt and infill template of `mdlm sample` first), `semi_ar_blocks` (past the window,
 block by block) and `write_samples`.
 """
@@ -8,13 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .. import engine
 from ..checkpoints.folder import LoadedModel
+from ..engine.settings import SamplingSettings as Settings
 from ..errors import MdlmError
 from .generate import (
     SampleRecord,
@@ -27,17 +29,6 @@ from .generate import (
     with_responses,
     write_jsonl,
 )
-
-
-@dataclass
-class Drawing:
-    """How to draw: the sampler, its steps, engine.sample's keywords of the drawing
-    (precision, temperature, top_p, the sampler's options) and the record of those."""
-
-    sampler: str
-    steps: int | None
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    record: dict[str, Any] = field(default_factory=dict)  # e.g. Sampling.record(spec, steps)
 
 
 @dataclass
@@ -55,21 +46,21 @@ class Drawn:
         return [r.to_json(**self.fields) for r in self.records]
 
 
-def draw(loaded: LoadedModel, rt, how: Drawing, *, num_samples: int, batch_size: int,
+def draw(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, batch_size: int,
          seed: int, length: int | None = None, prompt: torch.Tensor | None = None,
          stop_at_eos: bool | None = False, on_batch: Callable[[int], None] | None = None,
          extra: dict[str, Any] | None = None) -> Drawn:
     """`num_samples` samples in batches (`generate`); `extra` joins each JSONL record."""
     records, stats, seconds = generate(
-        loaded, sampler=how.sampler, num_samples=num_samples, batch_size=batch_size,
-        steps=how.steps, seed=seed, device=rt.device, dtype=rt.dtype, length=length,
-        prompt=prompt, stop_at_eos=stop_at_eos, on_batch=on_batch, **how.engine_kwargs)
-    fields = {**how.record, "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
+        loaded, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
+        device=rt.device, dtype=rt.dtype, length=length, prompt=prompt, stop_at_eos=stop_at_eos,
+        on_batch=on_batch)
+    fields = {**how.record(), "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
               "checkpoint": str(loaded.path), "seconds": seconds / num_samples, **(extra or {})}
     return Drawn(records, stats, seconds, fields)
 
 
-def sample_window(loaded: LoadedModel, rt, how: Drawing, *, num_samples: int, batch_size: int,
+def sample_window(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, batch_size: int,
                   seed: int, prompt: str | None = None, infill: str | None = None,
                   length: int | None = None, max_new_tokens: int | None = None,
                   stop_at_eos: bool | None = None, allow_longer: bool = False,
@@ -112,7 +103,7 @@ class SemiArDrawn(Drawn):
     streamed: bool = False  # the text went to `on_text` as it came
 
 
-def semi_ar_blocks(loaded: LoadedModel, rt, how: Drawing, *, num_samples: int, seed: int,
+def semi_ar_blocks(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, seed: int,
                    length: int | None = None, stride: int | None = None,
                    prompt: str | None = None, max_new_tokens: int | None = None,
                    stop_at_eos: bool | None = None, source: str | None = None,
@@ -135,15 +126,15 @@ def semi_ar_blocks(loaded: LoadedModel, rt, how: Drawing, *, num_samples: int, s
 
     t0 = time.perf_counter()
     result = engine.semi_ar(
-        loaded.denoiser(rt.dtype), sampler=how.sampler, num_samples=num_samples, window=window,
+        loaded.denoiser(rt.dtype), how, num_samples=num_samples, window=window,
         stride=stride, target_length=length, mask_id=loaded.mask_id, prompt=start,
-        steps=how.steps, on_block=on_block,
+        on_block=on_block,
         schedule=loaded.objective.schedule,
         generator=torch.Generator(device=rt.device).manual_seed(seed), device=rt.device,
-        stop_token=tok.eos_id if stop else None, **how.engine_kwargs)
+        stop_token=tok.eos_id if stop else None)
     seconds = time.perf_counter() - t0
     tokens = result.tokens[:, :limit]
-    fields = {**how.record, "window": window, "stride": stride, "seed": seed,
+    fields = {**how.record(), "window": window, "stride": stride, "seed": seed,
               "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
               "ncs": result.stats.ncs, "seconds": seconds / num_samples}
     records = semi_ar_records(loaded, tokens, start, stop)

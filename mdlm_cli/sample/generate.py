@@ -132,26 +132,20 @@ def window_for(loaded: LoadedModel, length: int | None, prompt: str | None,
 
 
 def generate(loaded: LoadedModel,
+             how: engine.SamplingSettings,
              *,
-             sampler: str,
              num_samples: int,
              batch_size: int,
-             steps: int | None,
              seed: int,
              device: torch.device,
              dtype: torch.dtype | None,
              length: int | None = None,
              prompt: torch.Tensor | None = None,
-             precision: str = "fp64",
-             temperature: float = 1.0,
-             top_p: float = 1.0,
              stop_at_eos: bool | None = False,
              on_batch: Callable[[int], None] | None = None,
-             **options,
              ) -> tuple[list[SampleRecord], engine.SampleStats, float]:
-    """Sample in batches with one of the objective's samplers; returns the decoded records,
-    the work counters and the seconds. `options`: sampler options by name (engine.sample's
-    keywords: final_denoise, tokens_per_step, k_schedule, threshold, eta, remdm_schedule).
+    """Sample in batches with `how` (its sampler one of the objective's); returns the decoded
+    records, the work counters and the seconds.
     `stop_at_eos`: each sample cut at its first EOS after the template's last fixed token, its
     answer's length in the record (None: as `stops_at_eos` decides for the model)."""
     length = length or loaded.length
@@ -162,22 +156,17 @@ def generate(loaded: LoadedModel,
     t0 = time.perf_counter()
     tokens, stats = engine.sample(
         loaded.denoiser(dtype),
-        sampler=sampler,
+        how,
         num_samples=num_samples,
         length=length,
         mask_id=loaded.mask_id,
-        steps=steps,
         schedule=loaded.objective.schedule,
         generator=gen,
         prompt=prompt,
         batch_size=batch_size,
-        precision=precision,
-        temperature=temperature,
-        top_p=top_p,
         device=device,
         return_stats=True,
         on_batch=on_batch,
-        **options,
     )
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from ..checkpoints.folder import LoadedModel
+from ..engine.settings import SamplingSettings as Settings
 from ..eval.responses import Prompt, ToScore
-from .draw import Drawing, checked_length
+from .draw import checked_length
 from .generate import cut_at_eos, generate, write_jsonl
 
 
@@ -73,7 +74,7 @@ def batches_of(prompts: list[Prompt], batch_size: int, same_length: bool) -> lis
     return batches
 
 
-def draw_responses(loaded: LoadedModel, rt, how: Drawing, prompts: list[Prompt], *, seed: int,
+def draw_responses(loaded: LoadedModel, rt, how: Settings, prompts: list[Prompt], *, seed: int,
                    batch_size: int = 16,
                    on_batch: Callable[[int], None] | None = None) -> DrawnResponses:
     """A response to each prompt, in rows of the model's length (checked to fit in memory)."""
@@ -86,15 +87,15 @@ def draw_responses(loaded: LoadedModel, rt, how: Drawing, prompts: list[Prompt],
         for row, i in enumerate(batch):
             template[row, :len(prompts[i].ids)] = torch.tensor(prompts[i].ids)
         records, stats, spent = generate(
-            loaded, sampler=how.sampler, num_samples=len(batch), batch_size=len(batch),
-            steps=how.steps, seed=seed + batch[0], device=rt.device, dtype=rt.dtype, length=L,
-            prompt=template, stop_at_eos=False, on_batch=on_batch, **how.engine_kwargs)
+            loaded, how, num_samples=len(batch), batch_size=len(batch), seed=seed + batch[0],
+            device=rt.device, dtype=rt.dtype, length=L, prompt=template, stop_at_eos=False,
+            on_batch=on_batch)
         seconds, evaluations = seconds + spent, evaluations + stats.sequence_evals
         for i, record in zip(batch, records, strict=True):
             kept, length, ended = cut_at_eos(record.tokens, len(prompts[i].ids), eos_id)
             text = loaded.tokenizer.decode(kept[len(kept) - length:])
             found[i] = Response(prompts[i], kept, length, ended, text)
-    fields = {**how.record, "nfe": evaluations / len(prompts), "seed": seed,
+    fields = {**how.record(), "nfe": evaluations / len(prompts), "seed": seed,
               "checkpoint": str(loaded.path), "seconds": seconds / len(prompts)}
     return DrawnResponses([found[i] for i in range(len(prompts))], seconds,
                           evaluations / len(prompts), fields)

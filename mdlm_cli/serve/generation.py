@@ -111,15 +111,10 @@ def _texts(plan: Plan, served: Served) -> list[ChoiceText]:
 
 def _sample_kwargs(plan: Plan, served: Served, generator: torch.Generator) -> dict:
     return dict(
-        sampler=plan.sampler.name,
-        steps=plan.steps,
+        settings=plan.settings,
         schedule=served.loaded.objective.schedule,
         generator=generator,
-        precision=plan.precision,
-        temperature=plan.temperature,
-        top_p=plan.top_p,
         device=served.device,
-        **plan.options,
     )
 
 

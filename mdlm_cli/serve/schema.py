@@ -7,12 +7,12 @@ Every mistake is an `ApiError` (OpenAI's error shape, 4xx); nothing in a request
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
-from ..engine.options import problem
-from ..engine.sampling import PRECISIONS, SamplerSpec, get_sampler, option_names
+from ..engine.sampling import SamplerSpec, get_sampler, option_names
+from ..engine.settings import SamplingSettings, SettingsError
 from ..errors import MdlmError
 from ..sample.generate import template
 from .served import Served
@@ -131,16 +131,11 @@ class Plan:
     """What one request runs: a sampler on every (prompt, choice) row with its own generator."""
 
     endpoint: str  # completion | infill
-    sampler: SamplerSpec
-    steps: int | None
+    settings: SamplingSettings  # checked, with the sampler that runs (a fallback's name)
     seed: int
     n: int
     rows: list[Row]
     max_tokens: int
-    options: dict = field(default_factory=dict)  # engine sampler options
-    precision: str = "fp64"
-    temperature: float = 1.0
-    top_p: float = 1.0
     stride: int | None = None  # semi-AR
     stop: list[str] = field(default_factory=list)
     echo: bool = False
@@ -151,6 +146,23 @@ class Plan:
     @property
     def num_rows(self) -> int:
         return self.n * len(self.rows)
+
+    # what the response's record reads (app.py)
+    @property
+    def sampler(self) -> SamplerSpec:
+        return get_sampler(self.settings.sampler)
+
+    @property
+    def steps(self) -> int | None:
+        return self.settings.steps
+
+    @property
+    def precision(self) -> str:
+        return self.settings.precision
+
+    @property
+    def options(self) -> dict:
+        return dict(self.settings.options)
 
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -188,15 +200,6 @@ def get_int(body: dict, name: str, lo: int, hi: int, default: int | None) -> int
     return value
 
 
-def _float(
-    body: dict, name: str, lo: float, hi: float, default: float, *, open_lo: bool = False
-) -> float:
-    value = float(get_value(body, name, (int, float), default, "a number"))
-    if not (lo < value if open_lo else lo <= value) or value > hi:
-        raise invalid(f"{name} must be in {'(' if open_lo else '['}{lo}, {hi}] (got {value})", name)
-    return value
-
-
 def _choice(body: dict, name: str, choices, default: str | None) -> str | None:
     value = get_value(body, name, (str,), default, "a string")
     if value is not None and value not in choices:
@@ -219,12 +222,11 @@ def check_model(body: dict, served: Served) -> None:
         )
 
 
-def sampler_settings(
-    body: dict, served: Served, limits: Limits
-) -> tuple[SamplerSpec, int | None, dict]:
-    """The sampler the request runs, its steps and its options: `Objective.choose_sampler`, the
-    rules of `mdlm sample`'s flags (steps alone pick the model's step-based sampler), except that
-    a setting the sampler does not read is an error here, not a warning."""
+def sampler_settings(body: dict, served: Served, limits: Limits) -> SamplingSettings:
+    """The request's sampling settings, checked (`SamplingSettings.validate`, the CLI's rules):
+    the sampler from `Objective.choose_sampler` and the rules of `mdlm sample`'s flags (steps
+    alone pick the model's step-based sampler), except that a setting the sampler does not read
+    is an error here, not a warning."""
     objective = served.loaded.objective
     if not objective.samplers:
         raise invalid(f"{objective.name} models have no sampler", "sampler")
@@ -237,22 +239,23 @@ def sampler_settings(
     spec = choice.spec
     if spec.needs_time_agnostic and not served.time_agnostic:
         spec = get_sampler(spec.fallback)  # what the engine would run; the response names it
-    _check_options(spec, options)
-    return spec, choice.steps, options
-
-
-def _check_options(spec: SamplerSpec, options: dict) -> None:
-    """Each option against its declared type and range (engine/options.py), as a 400 naming it."""
-    for f in fields(spec.options) if spec.options else ():
-        if f.name in options:
-            wrong = problem(f, options[f.name])
-            if wrong is not None:
-                raise invalid(f"{f.name} {wrong}", f.name)
+    settings = SamplingSettings(
+        spec.name,
+        choice.steps,
+        get_value(body, "precision", (str,), "fp64", "a string"),
+        float(get_value(body, "temperature", (int, float), 1.0, "a number")),
+        float(get_value(body, "top_p", (int, float), 1.0, "a number")),
+        options,
+    )
+    try:
+        return settings.validate()
+    except SettingsError as e:
+        raise invalid(str(e), e.name) from None
 
 
 def common_fields(body: dict, served: Served, limits: Limits, endpoint: str) -> dict:
     """The fields both endpoints share, checked."""
-    spec, steps, options = sampler_settings(body, served, limits)
+    settings = sampler_settings(body, served, limits)
     stream = get_bool(body, "stream")
     stream_options = get_value(body, "stream_options", (dict,), {}, "an object")
     if stream_options and not stream:
@@ -262,14 +265,9 @@ def common_fields(body: dict, served: Served, limits: Limits, endpoint: str) -> 
     seed = get_int(body, "seed", 0, 2**63 - 1, None)
     return dict(
         endpoint=endpoint,
-        sampler=spec,
-        steps=steps,
-        options=options,
+        settings=settings,
         seed=secrets.randbits(63) if seed is None else seed,
         n=get_int(body, "n", 1, limits.max_n, 1),
-        precision=_choice(body, "precision", PRECISIONS, "fp64"),
-        temperature=_float(body, "temperature", 0.0, 2.0, 1.0, open_lo=True),
-        top_p=_float(body, "top_p", 0.0, 1.0, 1.0, open_lo=True),
         stream=stream,
         states=get_bool(body, "stream_states"),
         include_usage=get_bool(stream_options, "include_usage"),

@@ -16,7 +16,8 @@ from mdlm_cli.config import list_presets
 from .conftest import invoke, one_line_error
 from .test_nothing_lost import ROOT, make_run
 
-MODEL_COMMANDS = ("train", "sample", "semi-ar", "eval-ppl", "gen-ppl", "bench-sampler", "export", "serve")
+MODEL_COMMANDS = ("train", "sample", "semi-ar", "eval-ppl", "gen-ppl", "bench-sampler", "export", "serve",
+                  "lm-eval")
 
 
 @pytest.fixture(scope="module")

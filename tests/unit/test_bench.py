@@ -14,8 +14,8 @@ from mdlm_cli.sample.bench import (
     BenchRow,
     TimedDenoiser,
     WholeBatchCount,
-    grid,
     run_config,
+    sweep,
 )
 
 V, L = 20, 48
@@ -61,7 +61,7 @@ def tiny_denoiser():
 def test_counters_and_timing_of_each_sampler():
     den = tiny_denoiser()
     for sampler, steps in (("ancestral", 30), ("ancestral-cache", 30), ("first-hitting", None)):
-        row = run_config(den, sampler=sampler, steps=steps, batch_size=2, precision="fp64", num_samples=4,
+        row = run_config(den, engine.SamplingSettings(sampler, steps), batch_size=2, num_samples=4,
                          length=L, mask_id=V, repeats=2, seed=0, device=torch.device("cpu"))
         assert isinstance(row, BenchRow)
         assert row.ncs <= L and row.ncs > 0  # draws only where a position unmasks
@@ -103,11 +103,11 @@ def test_cli_rejects_bad_lists():
 
 
 def test_option_lists_add_rows_to_the_samplers_that_read_them():
-    configs = grid(["first-hitting", "threshold", "remdm", "ancestral"], [10, 20], [2], ["fp64"],
-                   {"tokens_per_step": [1, 4], "threshold": [0.5], "eta": [0.0, 0.1]})
+    configs = sweep(["first-hitting", "threshold", "remdm", "ancestral"], [10, 20], ["fp64"],
+                    {"tokens_per_step": [1, 4], "threshold": [0.5], "eta": [0.0, 0.1]})
     by = {}
-    for sampler, steps, _, _, opts in configs:
-        by.setdefault(sampler, []).append((steps, opts))
+    for how in configs:
+        by.setdefault(how.sampler, []).append((how.steps, dict(how.options)))
     assert by["first-hitting"] == [(None, {"tokens_per_step": 1}), (None, {"tokens_per_step": 4})]
     assert by["threshold"] == [(None, {"threshold": 0.5})]
     assert len(by["remdm"]) == 4 and by["ancestral"] == [(10, {}), (20, {})]
@@ -115,9 +115,9 @@ def test_option_lists_add_rows_to_the_samplers_that_read_them():
 
 def test_rows_carry_their_options_and_samples():
     kept = []
-    row = run_config(tiny_denoiser(), sampler="threshold", steps=None, batch_size=2, precision="fp64", num_samples=4,
-                     length=L, mask_id=V, repeats=2, seed=3, device=torch.device("cpu"), options={"threshold": 0.0},
-                     on_tokens=kept.append)
+    how = engine.SamplingSettings("threshold", options={"threshold": 0.0})
+    row = run_config(tiny_denoiser(), how, batch_size=2, num_samples=4,
+                     length=L, mask_id=V, repeats=2, seed=3, device=torch.device("cpu"), on_tokens=kept.append)
     assert row.nfe == 1 and row.options == {"threshold": 0.0} and row.setting == "threshold=0.0"
     assert len(kept) == 1 and kept[0].shape == (4, L)  # the first timed run's samples, seed 3
     again = engine.sample(tiny_denoiser(), sampler="threshold", num_samples=4, length=L, mask_id=V, batch_size=2,
@@ -205,8 +205,8 @@ def test_rows_report_network_calls_per_second_and_their_mfu():
     from mdlm_cli.sample.bench import run_bench
 
     counts = ModelFlops(matmul_params=1000, output_params=100)  # 2,000 FLOPs a token, 200 output
-    report = run_bench(tiny_denoiser(), samplers=["first-hitting"], steps=[L], batch_sizes=[2],
-                       precisions=["fp64"], num_samples=4, length=L, mask_id=V, repeats=1, seed=0,
+    report = run_bench(tiny_denoiser(), sweep(["first-hitting"], [L], ["fp64"]), batch_sizes=[2],
+                       num_samples=4, length=L, mask_id=V, repeats=1, seed=0,
                        device=torch.device("cpu"), meta={}, speed=(counts, Peak(1e9, "test")))
     row = report.results[0]
     assert row.calls_per_second == pytest.approx(row.calls / (row.seconds_per_sample * 4))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mdlm_cli import recipes
 from mdlm_cli.build import resolve_config
-from mdlm_cli.commands.common import command_flags
+from mdlm_cli.commands.app import command_flags
 
 FASTEST_CPU_TOKENS_PER_S = 21_000  # above the measured 20,703
 TRAINING_BUDGET_MIN = 9  # of `make demo`'s 15 minutes

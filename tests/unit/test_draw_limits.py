@@ -124,7 +124,7 @@ def test_the_messages_say_what_is_wrong():
 
 @pytest.mark.parametrize("temperature", [float("nan"), float("inf"), 0.0, -1.0])
 def test_a_temperature_that_is_not_a_positive_number_is_refused(temperature):
-    with pytest.raises(EngineError, match="temperature must be > 0"):
+    with pytest.raises(EngineError, match="temperature must be a finite number above 0"):
         engine.sample(
             RandomDenoiser(random.Random(0), 0.0),
             sampler="first-hitting",

@@ -256,7 +256,8 @@ def test_generation_plan_truncates_from_the_left_within_one_window():
     ("ar", "autoregressive-kv-cache", 6)])
 def test_generate_after_the_context(name, sampler, max_gen):
     loaded = loaded_model(name)
-    settings = GenerationSettings(sampler, steps=8 if sampler == "ancestral" else None, stride=8)
+    how = engine.SamplingSettings(sampler, steps=8 if sampler == "ancestral" else None)
+    settings = GenerationSettings(how, stride=8)
     tokens = generate_after(loaded, ids("it was the"), max_gen=max_gen, settings=settings)
     assert len(tokens) == max_gen and TOK.mask_id not in tokens
     again = generate_after(loaded, ids("it was the"), max_gen=max_gen, settings=settings)

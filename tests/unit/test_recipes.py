@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from mdlm_cli import recipes
 from mdlm_cli.build import resolve_config
 from mdlm_cli.cli import app
-from mdlm_cli.commands.common import command_flags
+from mdlm_cli.commands.app import command_flags
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.recipes import plan
 from mdlm_cli.recipes.plan import TINY_STEPS

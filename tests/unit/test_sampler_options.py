@@ -2,7 +2,6 @@
 generated from them."""
 
 import dataclasses
-import inspect
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from mdlm_cli.commands.sampling_args import (
     option_flags,
     parse_sampling,
     parse_sweep,
-    sampling_arguments,
+    sampling_from,
 )
 from mdlm_cli.engine.ancestral import AncestralOptions
 from mdlm_cli.engine.first_hitting import FirstHittingOptions
@@ -176,7 +175,7 @@ def test_flags_and_opt_give_the_same_options():
         ({"tokens_per_step": 0}, "--tokens-per-step must be at least 1"),
         ({"steps": 0}, "--steps must be at least 1"),
         ({"precision": "fp16"}, "--precision must be one of: fp64, fp32"),
-        ({"top_p": 0.0}, "--top-p must be in (0, 1]"),
+        ({"top_p": 0.0}, "--top-p must be a finite number in (0, 1]"),
     ],
 )
 def test_flag_mistakes_name_the_flag(given, message):
@@ -203,7 +202,7 @@ def test_sweep_lists():
         parse_sweep(values(samplers=None, steps=None, threshold=","))
 
 
-@pytest.mark.parametrize("command", ["sample", "semi-ar", "gen-ppl", "bench-sampler"])
+@pytest.mark.parametrize("command", ["sample", "semi-ar", "gen-ppl", "bench-sampler", "lm-eval"])
 def test_every_sampling_command_has_a_flag_per_option(command):
     result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "300"})
     assert result.exit_code == 0
@@ -242,11 +241,18 @@ def test_a_new_sampler_gets_its_flag_from_its_options(monkeypatch):
     )
     monkeypatch.setitem(engine.SAMPLERS, spec.name, spec)
 
-    def command(*, sampling):
-        return sampling
+    import typer
 
-    wrapped = sampling_arguments()(command)
-    assert "patience" in inspect.signature(wrapped).parameters
+    from mdlm_cli.commands.sampling_args import SamplingCommand
+
+    mini = typer.Typer()
+
+    @mini.command(cls=SamplingCommand)
+    def command(ctx: typer.Context) -> None:
+        print(dict(sampling_from(ctx).options))
+
+    result = CliRunner().invoke(mini, ["--patience", "3", "--opt", "eta=0.1"])
+    assert result.exit_code == 0 and "{'patience': 3, 'eta': 0.1}" in result.output, result.output
     assert parse_sampling(values(patience=3)).read_by(spec) == {"patience": 3}
     tokens = engine.sample(
         object(), sampler="greedy-test", num_samples=1, length=3, mask_id=9, patience=1

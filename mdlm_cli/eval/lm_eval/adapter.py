@@ -34,6 +34,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from ...engine.settings import SamplingSettings
 from ...errors import MdlmError
 from .scoring import (
     GREEDY_TOP_P,
@@ -67,6 +68,7 @@ class MdlmLM(LM):
         max_batch_size: int | None = None,
         loaded=None,
         warn=None,
+        sampling: SamplingSettings | None = None,
     ) -> None:
         super().__init__()
         from ...checkpoints.load import load_on_device
@@ -94,13 +96,16 @@ class MdlmLM(LM):
             dtype=rt.dtype,
             seed=int(seed),
         )
-        choice = loaded.objective.choose_sampler(sampler, None if steps is None else int(steps))
+        if sampling is None:  # --model_args: text values
+            steps = None if steps is None else int(steps)
+            sampling = SamplingSettings(sampler, steps, precision).validate()
+        choice = loaded.objective.choose_sampler(sampling.sampler, sampling.steps,
+                                                 sampling.options)
         for name, value in choice.ignored.items():
             self.warn(f"{name}={value} does not apply to {choice.spec.name}; ignored")
-        spec, steps = choice.spec, choice.steps
-        self.generation = GenerationSettings(
-            spec.name, steps, None if stride is None else int(stride), precision, int(seed)
-        )
+        how = sampling.with_(sampler=choice.spec.name, steps=choice.steps)
+        self.generation = GenerationSettings(how, None if stride is None else int(stride),
+                                             int(seed))
         self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(
             list
         )  # task -> (request type, score)
@@ -170,14 +175,16 @@ class MdlmLM(LM):
 
     def _generation_options(self, kwargs: dict) -> tuple[list[str], int, float, float]:
         """The harness's generation kwargs: `until`, `max_gen_toks`, and `do_sample` with
-        `temperature` / `top_p`; greedy (do_sample false or temperature 0) keeps only the
-        most likely token at each draw. Others are reported once, not used."""
+        `temperature` / `top_p` (where the task does not set them: the settings', 1.0 by
+        default); greedy (do_sample false or temperature 0) keeps only the most likely token
+        at each draw. Others are reported once, not used."""
+        how = self.generation.how
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
         max_gen = int(kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
         do_sample = bool(kwargs.pop("do_sample", False))
-        temperature = float(kwargs.pop("temperature", 1.0 if do_sample else 0.0))
-        top_p = float(kwargs.pop("top_p", 1.0))
+        temperature = float(kwargs.pop("temperature", how.temperature if do_sample else 0.0))
+        top_p = float(kwargs.pop("top_p", how.top_p))
         unused = sorted(set(kwargs) - self._warned)
         if unused:
             self._warned.update(unused)

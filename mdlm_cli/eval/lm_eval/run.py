@@ -6,8 +6,9 @@ Importing this module does not need lm-eval; `require_lm_eval` says how to insta
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ...engine.settings import SamplingSettings
 from ...errors import MdlmError
 
 INSTALL_HINT = ('lm-eval is not installed; install it with: pip install "mdlm[eval]" '
@@ -26,8 +27,7 @@ class LmEvalOptions:
     num_fewshot: int | None = None
     include_path: str | None = None  # a folder of local task YAML files
     seed: int = 0
-    sampler: str | None = None  # generate_until's sampler (None: the model's own)
-    steps: int | None = None
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)  # generate_until's
     stride: int | None = None  # generate_until past the model length: new tokens per block
     bootstrap_iters: int = 100000
 
@@ -115,8 +115,8 @@ def run_lm_eval(
         warn(message)
     mc_samples = DEFAULT_MC_SAMPLES if options.mc_samples is None else options.mc_samples
     lm = MdlmLM(checkpoint, mc_samples=mc_samples, batch_size=options.batch_size, device=device,
-                seed=options.seed, sampler=options.sampler, steps=options.steps,
-                stride=options.stride, loaded=loaded, warn=warn)
+                seed=options.seed, sampling=options.sampling, stride=options.stride,
+                loaded=loaded, warn=warn)
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
     manager = task_manager(options.tasks, options.include_path)
     limit = options.limit

@@ -247,11 +247,13 @@ class ConditionalScorer:
 
 @dataclass
 class GenerationSettings:
-    sampler: str  # a sampler that serves the objective (`engine.SAMPLERS`)
-    steps: int | None = None
+    how: engine.SamplingSettings  # its sampler one that serves the objective, named
     stride: int | None = None  # semi-AR stride L' (default: half the model length)
-    precision: str = "fp64"
     seed: int = 0
+
+    @property
+    def sampler(self) -> str:
+        return self.how.sampler
 
 
 def generation_plan(start: int, context: int, max_gen: int, length: int, *, causal: bool,
@@ -277,14 +279,15 @@ def generate_after(
     *,
     max_gen: int,
     settings: GenerationSettings,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
+    temperature: float | None = None,
+    top_p: float | None = None,
     index: int = 0,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
 ) -> list[int]:
     """Tokens sampled after `context` (the harness's `generate_until`): one window when they
-    fit the model length, else semi-autoregressive rounds of `stride` new tokens (§4.2)."""
+    fit the model length, else semi-autoregressive rounds of `stride` new tokens (§4.2).
+    `temperature` / `top_p`: the request's, where it sets them (else the settings')."""
     start, length, mask_id = loaded.row_start(), loaded.length, loaded.mask_id
     stride = settings.stride or length // 2
     if not 0 < stride < length - len(start):
@@ -293,14 +296,13 @@ def generate_after(
         len(start), len(context), max_gen, length, causal=loaded.objective.causal, stride=stride
     )
     prompt = torch.tensor(start + context[len(context) - keep:], dtype=torch.long)
+    how = settings.how.with_(
+        temperature=settings.how.temperature if temperature is None else temperature,
+        top_p=settings.how.top_p if top_p is None else top_p,
+    )
     options = {
-        "sampler": settings.sampler,
-        "steps": settings.steps,
         "mask_id": mask_id,
         "schedule": loaded.objective.schedule,
-        "precision": settings.precision,
-        "temperature": temperature,
-        "top_p": top_p,
         "device": device,
         "generator": generator(
             torch.device(device), derive_seed(settings.seed, "lm-eval-generate", index)
@@ -309,10 +311,12 @@ def generate_after(
     denoiser = loaded.denoiser(dtype)
     if len(prompt) + gen <= length:
         row = torch.cat([prompt, torch.full((gen,), mask_id, dtype=torch.long)])
-        tokens = engine.sample(denoiser, num_samples=1, length=len(row), prompt=row, **options)[0]
+        tokens = engine.sample(denoiser, how, num_samples=1, length=len(row), prompt=row,
+                               **options)[0]
     else:
         tokens = engine.semi_ar(
             denoiser,
+            how,
             num_samples=1,
             window=length,
             stride=stride,

@@ -1,0 +1,108 @@
+"""`SamplingSettings`: how to draw, the one type every surface passes to `sample`.
+
+The sampler, its steps, the categorical draw's precision, temperature, nucleus mass and the
+sampler options given (by name, and/or as an instance of the sampler's options dataclass).
+The CLI flags, the Python API, `bench-sampler`'s rows, the server's request fields and
+`lm-eval` all build one and call `validate()`, the one check of these values: its messages
+name each value as the caller spells it (`--top-p` on the command line, `top_p` in a request).
+
+One rule for temperature everywhere: a finite number above 0 (no greedy mode: the samplers
+draw), with no upper cap (the server once capped it at 2.0, OpenAI's range; nothing else did).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .categorical import PRECISIONS
+from .errors import EngineError
+from .options import build_options, problem
+
+
+class SettingsError(EngineError):
+    """A sampling setting out of range; `name` is the setting's field (or option) name."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
+
+
+def _as_is(name: str) -> str:
+    return name
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How to draw. `sampler=None` leaves the choice to the model's objective
+    (`Objective.choose_sampler`); the engine's `sample` needs a name."""
+
+    sampler: str | None = None
+    steps: int | None = None  # for the samplers that take steps
+    precision: str = "fp64"  # the categorical draw's: fp64 (exact) or fp32 (the reference's)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    options: Mapping[str, Any] = field(default_factory=dict)  # option name -> value, as given
+    instance: Any = None  # an instance of the sampler's options dataclass: the base `options` edit
+
+    def validate(self, spell: Callable[[str], str] = _as_is) -> SamplingSettings:
+        """These settings, checked; else a SettingsError whose message names the value as
+        `spell(name)` writes it. The options are checked against every sampler declaring them."""
+        from .registry import SAMPLERS, get_sampler
+
+        if self.sampler is not None:
+            get_sampler(self.sampler)
+        if self.steps is not None and (isinstance(self.steps, bool) or self.steps < 1):
+            raise SettingsError("steps", f"{spell('steps')} must be at least 1 (got {self.steps})")
+        if self.precision not in PRECISIONS:
+            raise SettingsError("precision", f"{spell('precision')} must be one of: "
+                                f"{', '.join(PRECISIONS)} (got {self.precision!r})")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise SettingsError("temperature", f"{spell('temperature')} must be a finite number "
+                                f"above 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:  # NaN fails too
+            raise SettingsError("top_p", f"{spell('top_p')} must be a finite number in (0, 1] "
+                                f"(got {self.top_p})")
+        declared = {f.name: f for spec in SAMPLERS.values() if spec.options
+                    for f in fields(spec.options)}
+        for name, value in self.options.items():
+            if name not in declared:
+                raise SettingsError(name, f"unknown sampler option {name!r}; the options are: "
+                                    f"{', '.join(sorted(declared))}")
+            wrong = problem(declared[name], value)
+            if wrong is not None:
+                raise SettingsError(name, f"{spell(name)} {wrong}")
+        return self
+
+    def with_(self, **changes: Any) -> SamplingSettings:
+        """A copy with `changes` (e.g. the sampler and steps an objective chose)."""
+        return replace(self, **changes)
+
+    def read_by(self, spec) -> dict[str, Any]:
+        """The options given that the sampler `spec` (a SamplerSpec) reads."""
+        return {k: v for k, v in self.options.items() if k in spec.option_names}
+
+    def options_for(self, spec) -> Any:
+        """The checked instance of `spec`'s options dataclass these settings run it with."""
+        from .registry import option_names
+
+        return build_options(spec.options, self.instance, self.options, option_names(), spec.name)
+
+    def record(self) -> dict[str, Any]:
+        """How samples were drawn (the sampler named), for their JSONL records."""
+        from .registry import get_sampler
+
+        spec = get_sampler(self.sampler)
+        return {"sampler": spec.name, "steps": self.steps, "precision": self.precision,
+                "temperature": self.temperature, "top_p": self.top_p, **self.read_by(spec)}
+
+
+def settings_of(values: Mapping[str, Any]) -> SamplingSettings:
+    """Settings from engine.sample's keywords: sampler, steps, precision, temperature, top_p,
+    `options=` (an options instance) and the option keywords (any other name)."""
+    own = {"sampler", "steps", "precision", "temperature", "top_p"}
+    kept = {k: v for k, v in values.items() if k in own}
+    named = {k: v for k, v in values.items() if k not in own | {"options"}}
+    return SamplingSettings(**kept, options=named, instance=values.get("options"))
