@@ -103,7 +103,7 @@ def test_shared_models_train_once_and_shared_steps_run_once(tmp_path):
     recipe = load_recipe("table10")
     jobs = plan(recipe, out=tmp_path / "o", runs=tmp_path / "r")
     bench = [j for j in jobs if j.argv[0] == "bench-sampler"]
-    assert len(bench) == 2 and len(bench[0].rows) == 5  # one MDLM benchmark serves five rows
+    assert len(bench) == 2 and len(bench[0].rows) == 9  # one MDLM benchmark serves nine rows
     assert len(plan(load_recipe("table3"), out=tmp_path / "o", runs=tmp_path / "r")) == 3 + 21
 
 
