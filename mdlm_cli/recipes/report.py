@@ -62,14 +62,13 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
         return record.get("value"), None, str(record.get("metric", ""))
     if (
         m == "accuracy"
-    ):  # mdlm classify: the best setting's test accuracy, mean and max - min over the seeds
+    ):  # mdlm classify: the best setting's test accuracy, mean and max - min over seeds / folds
         best = record.get("best", {})
-        spread = best.get("test_accuracy_max_minus_min")
-        return (
-            best.get("test_accuracy_mean"),
-            None,
-            "" if spread is None else f"± {spread:.3f} (max - min)",
-        )
+        spread, std = best.get("test_accuracy_max_minus_min"), best.get("test_accuracy_std")
+        over = f" over {best['over']}" if "over" in best else ""
+        extra = "" if spread is None else f"± {spread:.3f} (max - min{over})"
+        extra += "" if std is None else f", std {std:.3f}"
+        return best.get("test_accuracy_mean"), None, extra
     if m == "variance":
         # eval-ppl: the mean over sequences of their variance across the K passes
         value = record.get("sequence_var")
@@ -84,7 +83,22 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
     if m == "nats":
         return record.get("nats_per_token"), se, ""
     ppl = record.get("perplexity")
-    return ppl, None if se is None or ppl is None else ppl * se, ""  # d exp(x) = exp(x) dx
+    ppl_se = None if se is None or ppl is None else ppl * se  # d exp(x) = exp(x) dx
+    if recipe.statistic == "std":
+        return ppl, None, _pass_spread(record, ppl_se)
+    return ppl, ppl_se, ""
+
+
+def _pass_spread(record: dict, ppl_se: float | None) -> str:
+    """The std over the K passes of each pass's perplexity (a paper's "std over K evaluation
+    seeds": one seed is one pass), the standard error of the mean beside it."""
+    passes = [math.exp(min(p, 700.0)) for p in record.get("passes") or []]
+    if len(passes) < 2:
+        return "std: one pass"
+    mean = sum(passes) / len(passes)
+    std = math.sqrt(sum((p - mean) ** 2 for p in passes) / (len(passes) - 1))
+    se = "" if ppl_se is None else f", SE {ppl_se:.2g}"
+    return f"std {std:.2g} over {len(passes)} passes{se}"
 
 
 def _in_metric(metric: str, record: dict) -> float | None:

@@ -296,3 +296,22 @@ def test_glue_and_lm_eval_records_fill_the_report(tmp_path):
     rows = {r.name: r for r in report_rows(lambada, out=out, runs=runs, scale="paper")}
     assert rows["mdlm"].ours == 0.52 and rows["mdlm"].ours_se == 0.007
     assert rows["mdlm"].difference == pytest.approx(0.52 - 0.5310)
+
+
+def test_table8_reports_the_std_over_its_evaluation_passes_as_the_paper_does(tmp_path):
+    import math
+
+    recipe = load_recipe("table8")
+    assert recipe.statistic == "std" and load_recipe("table2").statistic == "se"
+    out, runs = tmp_path / "o", tmp_path / "r"
+    out.mkdir()
+    passes = [3.29, 3.30, 3.31, 3.30, 3.30]
+    ppls = [math.exp(p) for p in passes]
+    mean = sum(ppls) / 5
+    std = math.sqrt(sum((p - mean) ** 2 for p in ppls) / 4)
+    record = {"kind": "bound", "passes": passes, "perplexity": math.exp(sum(passes) / 5),
+              "standard_error": 0.0032}
+    (out / "mdlm.0.eval-ppl.json").write_text(json.dumps(record))
+    row = {r.name: r for r in report_rows(recipe, out=out, runs=runs, scale="paper")}["mdlm"]
+    assert row.status == "done" and row.ours_se is None
+    assert row.extra.startswith(f"std {std:.2g} over 5 passes, SE ")
