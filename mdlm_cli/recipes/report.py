@@ -31,7 +31,10 @@ class ReportRow:
 
 def _records(path: Path) -> list[dict]:
     """The records of a step's JSON output: eval-ppl and bench-sampler hold a `results` list,
-    lm-eval a `results` mapping task -> metrics, glue a `tasks` list."""
+    lm-eval a `results` mapping task -> metrics, glue a `tasks` list; a samples file (.jsonl,
+    sample and semi-ar) one record per line."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     data = json.loads(path.read_text())
     results = data.get("results")
     if isinstance(results, list):
@@ -54,12 +57,15 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
         sd = mauve.get("mauve_sd")
         sd = "" if sd is None else f"± {sd:.3f} (k-means seeds), "
         return mauve.get("mauve"), None, f"{sd}gen PPL {q.get('gen_ppl', float('nan')):.2f}"
-    if m == "seconds":
-        return record.get("seconds_per_sample"), None, f"NFE {record.get('nfe', float('nan')):.0f}"
+    if m == "seconds":  # bench-sampler's seconds_per_sample, or a sample's seconds (per sample)
+        seconds = record.get("seconds_per_sample", record.get("seconds"))
+        return seconds, None, f"NFE {record.get('nfe', float('nan')):.0f}"
     if m == "accuracy" and "best" not in record:  # lm-eval's acc (and stderr), or a glue task's
         if "acc,none" in record:
             return record["acc,none"], record.get("acc_stderr,none"), "lm-eval acc"
-        return record.get("value"), None, str(record.get("metric", ""))
+        mismatched = (record.get("mismatched") or {}).get(record.get("metric"))  # MNLI's mm
+        mm = "" if mismatched is None else f"; mismatched {mismatched:.4f} (m/mm)"
+        return record.get("value"), None, str(record.get("metric", "")) + mm
     if (
         m == "accuracy"
     ):  # mdlm classify: the best setting's test accuracy, mean and max - min over seeds / folds
@@ -152,6 +158,9 @@ def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[Re
             )
             continue
         value, se, extra = _value(recipe, row, record)
+        if row.paper.get("disagrees"):  # the sources give two values for this measurement
+            disagree = f"sources disagree: {row.paper['disagrees']}"
+            extra = f"{extra}; {disagree}" if extra else disagree
         rows.append(
             ReportRow(row.name, row.label, paper, source, value, se, extra, "done", steps, hardware)
         )

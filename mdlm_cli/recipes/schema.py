@@ -21,6 +21,8 @@
         # optional: which record of the output (eval-ppl, bench-sampler)
         pick: {dataset: lambada}
         paper: {value: 27.04, source: "Tab. 8, MDLM"}
+        # optional: paper.disagrees: "..." says which source gives another value for the
+        # same measurement; the report prints it beside the row
       - {name: ssd, label: "SSD-LM", paper_only: true, paper: {value: 35.43, source: "Tab. 5"}}
 
 Step arguments are the command's own flags without the dashes; `{run}` is the row's model's run
@@ -206,7 +208,8 @@ def _row(value, models: dict[str, Model], where: str) -> Row:
     )
     if "name" not in value:
         raise MdlmError(f"{where} needs a name")
-    paper = _mapping(value.get("paper") or {}, f"{where}.paper", ("value", "source", "se", "note"))
+    paper = _mapping(value.get("paper") or {}, f"{where}.paper",
+                     ("value", "source", "se", "note", "disagrees"))
     if "value" in paper and not str(paper.get("source") or "").strip():
         raise MdlmError(f"{where}: paper value {paper['value']} needs a source (the seed file and "
                         "its sentence, the reference file and key, a named transcription, or "
