@@ -1,10 +1,12 @@
-"""Left-to-right sampling of a causal language model with a key/value cache.
+"""Left-to-right sampling of a causal language model, with a key/value cache or without.
 
 The model is a `CausalLM` (engine/protocols.py): `lm.bos_id` (the start token put before
 every row), `lm.new_cache(batch, max_len, device)` and `lm(tokens (B, n), cache) -> logits
 (B, n, V)` for n new tokens after the cached ones. One network call per new token, each processing
 only that token (the reference AR sampler recomputes the whole prefix at every step and
-pre-allocates a B x L x V noise buffer).
+pre-allocates a B x L x V noise buffer). `autoregressive_recompute` is that reference
+algorithm's cost without its buffer: every new token re-reads the whole prefix, so the timing
+claims made against the reference's AR can be reproduced beside the cached sampler's.
 """
 
 from __future__ import annotations
@@ -50,4 +52,21 @@ def autoregressive(z: Tensor, ctx: SamplerContext) -> Tensor:
         ctx.stats.sequence_evals += B
         z[:, pos] = ctx.draw(logits)
         step_in = z[:, pos:pos + 1]
+    return z
+
+
+@torch.no_grad()
+def autoregressive_recompute(z: Tensor, ctx: SamplerContext) -> Tensor:
+    """The same law and draws as `autoregressive`, without a cache: the call for position
+    `pos` reads BOS and all `pos` tokens before it afresh (the reference's `_ar_sampler`)."""
+    lm: CausalLM = ctx.denoiser
+    B, L = z.shape
+    n = prefix_length(z, ctx.mask_id)
+    bos = torch.full((B, 1), lm.bos_id, dtype=torch.long, device=z.device)
+    for pos in range(n, L):
+        # a fresh cache per call: nothing of the previous call is kept
+        logits = lm(torch.cat([bos, z[:, :pos]], 1), lm.new_cache(B, pos + 1, z.device))[:, -1]
+        ctx.stats.calls += 1
+        ctx.stats.sequence_evals += B
+        z[:, pos] = ctx.draw(logits)
     return z

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from torch import Tensor
 
 from .ancestral import AncestralOptions, ancestral, ancestral_cache
-from .autoregressive import autoregressive
+from .autoregressive import autoregressive, autoregressive_recompute
 from .confidence import ConfidenceOptions, ThresholdOptions, confidence, threshold
 from .context import SamplerContext
 from .d3pm import d3pm_ancestral
@@ -71,6 +71,9 @@ SAMPLERS: dict[str, SamplerSpec] = {spec.name: spec for spec in (
                      "included), one call per step; exact at steps = T"),
     SamplerSpec("autoregressive-kv-cache", autoregressive, exact=True,
                 help="left to right with a key/value cache, one call per new token; exact"),
+    SamplerSpec("autoregressive-recompute", autoregressive_recompute, exact=True,
+                help="left to right without a cache, as the reference's AR sampler: each new "
+                     "token's call re-reads the whole prefix; exact, the kv-cache sampler's draws"),
     SamplerSpec("confidence", confidence, exact=False, uses_steps=True, default_steps=128,
                 options=ConfidenceOptions,
                 help="MaskGIT / LLaDA low-confidence remasking: each step draws a token at every "

@@ -107,7 +107,7 @@ class Autoregressive(Objective):
     exact = True
     uses_time = False
     default_sampler = "autoregressive-kv-cache"
-    sampler_names = ("autoregressive-kv-cache",)
+    sampler_names = ("autoregressive-kv-cache", "autoregressive-recompute")
     description = "left-to-right baseline: causal blocks, no time input, exact likelihood"
 
     @classmethod

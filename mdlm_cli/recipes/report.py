@@ -31,7 +31,10 @@ class ReportRow:
 
 def _records(path: Path) -> list[dict]:
     """The records of a step's JSON output: eval-ppl and bench-sampler hold a `results` list,
-    lm-eval a `results` mapping task -> metrics, glue a `tasks` list."""
+    lm-eval a `results` mapping task -> metrics, glue a `tasks` list; a samples file (.jsonl,
+    sample and semi-ar) one record per line."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     data = json.loads(path.read_text())
     results = data.get("results")
     if isinstance(results, list):
@@ -54,22 +57,24 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
         sd = mauve.get("mauve_sd")
         sd = "" if sd is None else f"± {sd:.3f} (k-means seeds), "
         return mauve.get("mauve"), None, f"{sd}gen PPL {q.get('gen_ppl', float('nan')):.2f}"
-    if m == "seconds":
-        return record.get("seconds_per_sample"), None, f"NFE {record.get('nfe', float('nan')):.0f}"
+    if m == "seconds":  # bench-sampler's seconds_per_sample, or a sample's seconds (per sample)
+        seconds = record.get("seconds_per_sample", record.get("seconds"))
+        return seconds, None, f"NFE {record.get('nfe', float('nan')):.0f}"
     if m == "accuracy" and "best" not in record:  # lm-eval's acc (and stderr), or a glue task's
         if "acc,none" in record:
             return record["acc,none"], record.get("acc_stderr,none"), "lm-eval acc"
-        return record.get("value"), None, str(record.get("metric", ""))
+        mismatched = (record.get("mismatched") or {}).get(record.get("metric"))  # MNLI's mm
+        mm = "" if mismatched is None else f"; mismatched {mismatched:.4f} (m/mm)"
+        return record.get("value"), None, str(record.get("metric", "")) + mm
     if (
         m == "accuracy"
-    ):  # mdlm classify: the best setting's test accuracy, mean and max - min over the seeds
+    ):  # mdlm classify: the best setting's test accuracy, mean and max - min over seeds / folds
         best = record.get("best", {})
-        spread = best.get("test_accuracy_max_minus_min")
-        return (
-            best.get("test_accuracy_mean"),
-            None,
-            "" if spread is None else f"± {spread:.3f} (max - min)",
-        )
+        spread, std = best.get("test_accuracy_max_minus_min"), best.get("test_accuracy_std")
+        over = f" over {best['over']}" if "over" in best else ""
+        extra = "" if spread is None else f"± {spread:.3f} (max - min{over})"
+        extra += "" if std is None else f", std {std:.3f}"
+        return best.get("test_accuracy_mean"), None, extra
     if m == "variance":
         # eval-ppl: the mean over sequences of their variance across the K passes
         value = record.get("sequence_var")
@@ -84,7 +89,22 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
     if m == "nats":
         return record.get("nats_per_token"), se, ""
     ppl = record.get("perplexity")
-    return ppl, None if se is None or ppl is None else ppl * se, ""  # d exp(x) = exp(x) dx
+    ppl_se = None if se is None or ppl is None else ppl * se  # d exp(x) = exp(x) dx
+    if recipe.statistic == "std":
+        return ppl, None, _pass_spread(record, ppl_se)
+    return ppl, ppl_se, ""
+
+
+def _pass_spread(record: dict, ppl_se: float | None) -> str:
+    """The std over the K passes of each pass's perplexity (a paper's "std over K evaluation
+    seeds": one seed is one pass), the standard error of the mean beside it."""
+    passes = [math.exp(min(p, 700.0)) for p in record.get("passes") or []]
+    if len(passes) < 2:
+        return "std: one pass"
+    mean = sum(passes) / len(passes)
+    std = math.sqrt(sum((p - mean) ** 2 for p in passes) / (len(passes) - 1))
+    se = "" if ppl_se is None else f", SE {ppl_se:.2g}"
+    return f"std {std:.2g} over {len(passes)} passes{se}"
 
 
 def _in_metric(metric: str, record: dict) -> float | None:
@@ -138,6 +158,9 @@ def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[Re
             )
             continue
         value, se, extra = _value(recipe, row, record)
+        if row.paper.get("disagrees"):  # the sources give two values for this measurement
+            disagree = f"sources disagree: {row.paper['disagrees']}"
+            extra = f"{extra}; {disagree}" if extra else disagree
         rows.append(
             ReportRow(row.name, row.label, paper, source, value, se, extra, "done", steps, hardware)
         )

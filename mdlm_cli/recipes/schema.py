@@ -5,6 +5,8 @@
     metric: ppl            # what a row reports: ppl | bpc | nats | gen_ppl | mauve | seconds |
                            # variance | accuracy
     plot: loss             # optional: loss (training curves) | series (rows' values against `x`)
+    statistic: std         # optional: se (default: ± the standard error) | std (the spread over
+                           # the K Monte-Carlo passes, as a paper reporting "std over K seeds")
     needs: "network for LM1B; judges: none"
     models:                # training runs (or published checkpoints) the rows evaluate
       mdlm: {preset: lm1b, set: [diffusion.T=1000], max_steps: 1000000}
@@ -19,6 +21,8 @@
         # optional: which record of the output (eval-ppl, bench-sampler)
         pick: {dataset: lambada}
         paper: {value: 27.04, source: "Tab. 8, MDLM"}
+        # optional: paper.disagrees: "..." says which source gives another value for the
+        # same measurement; the report prints it beside the row
       - {name: ssd, label: "SSD-LM", paper_only: true, paper: {value: 35.43, source: "Tab. 5"}}
 
 Step arguments are the command's own flags without the dashes; `{run}` is the row's model's run
@@ -40,6 +44,7 @@ from ..errors import MdlmError
 
 METRICS = ("ppl", "bpc", "nats", "gen_ppl", "mauve", "seconds", "variance", "accuracy")
 PLOTS = ("loss", "series")
+STATISTICS = ("se", "std")  # what a row's spread is: standard error of the mean, or the std
 # commands a step may run; the runner adds --checkpoint and the output file where they take one
 STEP_COMMANDS = ("eval-ppl", "gen-ppl", "sample", "semi-ar", "bench-sampler", "classify", "glue",
                  "lm-eval")
@@ -84,6 +89,7 @@ class Recipe:
     rows: list[Row]
     plot: str | None = None
     notes: str = ""
+    statistic: str = "se"
 
 
 def tables_dir() -> Path:
@@ -142,11 +148,14 @@ def _mapping(value, where: str, keys: tuple[str, ...] | None = None) -> dict:
 
 
 def _recipe(name: str, data: dict, where: str) -> Recipe:
-    _mapping(data, where, ("title", "source", "metric", "plot", "needs", "models", "rows", "notes"))
-    metric = data.get("metric", "ppl")
-    if metric not in METRICS or data.get("plot") not in (None, *PLOTS):
+    _mapping(data, where, ("title", "source", "metric", "plot", "needs", "models", "rows", "notes",
+                           "statistic"))
+    metric, statistic = data.get("metric", "ppl"), data.get("statistic", "se")
+    if (metric not in METRICS or data.get("plot") not in (None, *PLOTS)
+            or statistic not in STATISTICS):
         raise MdlmError(
-            f"{where}: metric must be one of {', '.join(METRICS)}, plot one of {', '.join(PLOTS)}"
+            f"{where}: metric must be one of {', '.join(METRICS)}, plot one of {', '.join(PLOTS)}, "
+            f"statistic one of {', '.join(STATISTICS)}"
         )
     models = {key: _model(key, value, f"{where}: models.{key}")
               for key, value in _mapping(data.get("models") or {}, f"{where}: models").items()}
@@ -167,6 +176,7 @@ def _recipe(name: str, data: dict, where: str) -> Recipe:
         rows,
         data.get("plot"),
         str(data.get("notes", "")),
+        statistic,
     )
 
 
@@ -198,7 +208,8 @@ def _row(value, models: dict[str, Model], where: str) -> Row:
     )
     if "name" not in value:
         raise MdlmError(f"{where} needs a name")
-    paper = _mapping(value.get("paper") or {}, f"{where}.paper", ("value", "source", "se", "note"))
+    paper = _mapping(value.get("paper") or {}, f"{where}.paper",
+                     ("value", "source", "se", "note", "disagrees"))
     if "value" in paper and not str(paper.get("source") or "").strip():
         raise MdlmError(f"{where}: paper value {paper['value']} needs a source (the seed file and "
                         "its sentence, the reference file and key, a named transcription, or "

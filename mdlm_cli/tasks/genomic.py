@@ -12,6 +12,11 @@ the best mean validation accuracy over the seeds; its test accuracy is reported 
 over the seeds and the max - min spread (Table 7's "±"). The loop is the one GLUE shares
 (tasks/finetune.py), the schedule the trainer's (train/optim.py).
 
+`folds` K > 0 is K-fold cross-validation instead (seeds/004's "Top-1 accuracy across 5-fold
+cross-validation"): the training set is cut once (by the first seed) into K folds stratified
+by class; run k validates on fold k and trains on the other K - 1, and the test accuracy is
+reported as mean, standard deviation and max - min over the K runs.
+
 Strands, as Caduceus treats each model: PS averages the head's logits of its two strands;
 Ph trains without RC augmentation and averages the logits of x and rc(x) at evaluation
 (post-hoc conjoining); Mamba trains with RC augmentation. `rc_augment` / `conjoin` override.
@@ -41,6 +46,7 @@ class ClassifyConfig:
     lrs: list[float] = field(default_factory=lambda: [1e-3, 2e-3])
     batch_sizes: list[int] = field(default_factory=lambda: [128, 256])
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    folds: int = 0  # K > 0: stratified K-fold cross-validation (the first seed cuts the folds)
     epochs: int = 10
     val_fraction: float = 0.1
     weight_decay: float = 0.1
@@ -109,6 +115,32 @@ def validation_split(n: int, fraction: float, g: torch.Generator) -> tuple[Tenso
     return order[:n_val], order[n_val:]
 
 
+def stratified_folds(y: Tensor, k: int, g: torch.Generator) -> list[Tensor]:
+    """k disjoint index sets covering range(len(y)), each holding every class's share (within
+    one sequence): each class's indices in a random order from `g`, dealt round robin."""
+    if not 2 <= k <= len(y):
+        raise MdlmError(f"--folds must be between 2 and the {len(y)} training sequences, got {k}")
+    folds: list[list[Tensor]] = [[] for _ in range(k)]
+    start = 0  # where each class's deal starts, so the folds' sizes stay within one
+    for c in torch.unique(y):
+        idx = (y == c).nonzero()[:, 0]
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        for i in range(k):
+            folds[(start + i) % k].append(idx[i::k])
+        start = (start + len(idx)) % k
+    return [torch.cat(parts) for parts in folds]
+
+
+def splits(y: Tensor, cfg: ClassifyConfig) -> list[tuple[int, tuple[Tensor, Tensor] | None]]:
+    """(seed, (validation, training) indices) per run: a fold each with `folds`, else a seed
+    each (None: `fine_tune` draws the seed's random split)."""
+    if not cfg.folds:
+        return [(seed, None) for seed in cfg.seeds]
+    folds = stratified_folds(y, cfg.folds, torch.Generator().manual_seed(cfg.seeds[0]))
+    return [(cfg.seeds[0] + i, (fold, torch.cat(folds[:i] + folds[i + 1:])))
+            for i, fold in enumerate(folds)]
+
+
 def new_classifier(loaded: LoadedModel, task: GenomicTask, *,
                    conjoin: bool,
                    seed: int) -> SequenceClassifier:
@@ -133,11 +165,13 @@ def fine_tune(loaded: LoadedModel,
               batch_size: int,
               seed: int,
               cfg: ClassifyConfig,
-              device: torch.device) -> dict:
-    """One seed of one sweep setting: split, fine-tune (the shared loop, tasks/finetune.py),
-    keep the epoch of the best validation accuracy, test."""
+              device: torch.device,
+              split: tuple[Tensor, Tensor] | None = None) -> dict:
+    """One seed of one sweep setting: split (the seed's random one unless `split` gives the
+    (validation, training) indices), fine-tune (the shared loop, tasks/finetune.py), keep the
+    epoch of the best validation accuracy, test."""
     g = torch.Generator().manual_seed(seed)
-    val_idx, train_idx = validation_split(len(x), cfg.val_fraction, g)
+    val_idx, train_idx = split or validation_split(len(x), cfg.val_fraction, g)
     rc_aug, conjoin = strand_recipe(loaded.model, cfg)
     model = new_classifier(loaded, task, conjoin=conjoin, seed=seed).to(device)
     steps_per_epoch = -(-len(train_idx) // batch_size)  # the last batch may be short
@@ -210,9 +244,12 @@ def classify(loaded: LoadedModel, task: GenomicTask, cfg: ClassifyConfig, device
     for lr in cfg.lrs:
         for batch_size in cfg.batch_sizes:
             runs = []
-            for seed in cfg.seeds:
-                run = fine_tune(loaded, task, x, y, x_test, y_test,
-                                lr=lr, batch_size=batch_size, seed=seed, cfg=cfg, device=device)
+            for seed, split in splits(y, cfg):
+                run = fine_tune(loaded, task, x, y, x_test, y_test, lr=lr,
+                                batch_size=batch_size, seed=seed, cfg=cfg, device=device,
+                                split=split)
+                if split is not None:
+                    run["fold"] = len(runs)
                 runs.append(run)
                 if on_run is not None:
                     on_run(lr, batch_size, runs[-1])
@@ -231,7 +268,8 @@ def classify(loaded: LoadedModel, task: GenomicTask, cfg: ClassifyConfig, device
 def sweep_report(loaded: LoadedModel, task: GenomicTask, cfg: ClassifyConfig,
                  settings: list[dict], length: int) -> dict:
     """classify's JSON record: the best setting by mean validation accuracy, its test accuracy
-    as mean and max - min over the seeds (Table 7's "±"), and the whole sweep."""
+    as mean, standard deviation and max - min over the seeds or folds (Table 7's "±" is the
+    max - min), and the whole sweep."""
     best = max(settings, key=lambda s: s["mean_val_accuracy"])
     tests = [r["test_accuracy"] for r in best["runs"]]
     return {
@@ -248,6 +286,8 @@ def sweep_report(loaded: LoadedModel, task: GenomicTask, cfg: ClassifyConfig,
             "batch_size": best["batch_size"],
             "test_accuracy_mean": statistics.fmean(tests),
             "test_accuracy_max_minus_min": max(tests) - min(tests),
+            "test_accuracy_std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
+            "over": f"{cfg.folds} folds" if cfg.folds else f"{len(tests)} seeds",
             "test_accuracies": tests,
         },
         "sweep": settings,

@@ -117,7 +117,9 @@ def test_commands_ask_the_objective_which_samplers_apply(models, tmp_path):
     run("bench-sampler", "-c", str(ar_run), "--batch-size", "1,2", "-n", "2", "--repeats", "1",
         "--json", str(tmp_path / "b.json"))
     rows = json.loads((tmp_path / "b.json").read_text())["results"]
-    assert [r["sampler"] for r in rows] == ["autoregressive-kv-cache"] * 2 and rows[0]["nfe"] == 32
+    # both exact AR samplers by default: the cached one and the reference's (the prefix each call)
+    assert [r["sampler"] for r in rows] == ["autoregressive-kv-cache"] * 2 + ["autoregressive-recompute"] * 2
+    assert rows[0]["nfe"] == 32 and rows[2]["nfe"] == 32
     assert "does not serve ar models" in run("bench-sampler", "-c", str(ar_run), "--samplers", "first-hitting",
                                              code=1)
     assert "--mc-samples 3 does not apply" in run("eval-ppl", "-c", str(ar_run), "--rows", "8", "-k", "3")

@@ -133,3 +133,27 @@ def test_ar_objective_builds_a_causal_model_without_time():
         ar_cfg, base = resolve_config(name).to_dict(), resolve_config(name.removesuffix("-ar")).to_dict()
         for section in ("data", "model", "optim", "train"):  # the same recipe as the diffusion preset
             assert ar_cfg[section] == base[section], (name, section)
+
+
+class _Reads(CausalLMAdapter):
+    """Records how many tokens each call reads."""
+
+    def __call__(self, tokens, cache):
+        self.reads.append(tokens.shape[1])
+        return super().__call__(tokens, cache)
+
+
+def test_recompute_sampler_draws_what_the_cache_draws_reading_the_whole_prefix_each_call():
+    """The reference's AR (no cache) and the KV-cache AR are one law and one draw stream: the
+    same tokens from the same seed; the recompute sampler's calls read BOS + 0, 1, ..., L - 1."""
+    lm = _Reads(tiny(scale=0.5), bos_id=BOS, mask_id=MASK)
+    out = {}
+    for sampler in (SAMPLER, "autoregressive-recompute"):
+        lm.reads = []
+        tokens, stats = engine.sample(lm, sampler=sampler, num_samples=3, length=8, mask_id=MASK,
+                                      generator=torch.Generator().manual_seed(1), return_stats=True)
+        out[sampler] = tokens, stats.calls, lm.reads
+    assert torch.equal(out[SAMPLER][0], out["autoregressive-recompute"][0])
+    assert out[SAMPLER][2] == [1] + [1] * 7 and out[SAMPLER][1] == 8
+    assert out["autoregressive-recompute"][2] == list(range(1, 9))
+    assert out["autoregressive-recompute"][1] == 8

@@ -142,6 +142,15 @@ def test_classify_fine_tunes_a_tiny_checkpoint_on_a_two_class_folder(tmp_path):
     assert best["test_accuracy_mean"] >= 0.9  # composition separates the classes: the head must learn it
     assert best["test_accuracy_max_minus_min"] == max(best["test_accuracies"]) - min(best["test_accuracies"])
     assert all(r["conjoin"] is False and r["rc_augment"] is False for r in report["sweep"][0]["runs"])  # PS
+    folds = CliRunner().invoke(app, ["classify", "-c", str(tmp_path / "run"), "--data", str(tmp_path / "toy_task"),
+                                     "--lrs", "2e-2", "--batch-sizes", "8", "--folds", "5", "--epochs", "2",
+                                     "--device", "cpu", "--json", str(out)])
+    assert folds.exit_code == 0, folds.output
+    best = json.loads(out.read_text())["best"]
+    assert best["over"] == "5 folds" and len(best["test_accuracies"]) == 5 and "over 5 folds" in folds.output
+    assert best["test_accuracy_std"] == pytest.approx(float(np.std(best["test_accuracies"], ddof=1)))
+    runs = json.loads(out.read_text())["sweep"][0]["runs"]
+    assert [r["fold"] for r in runs] == [0, 1, 2, 3, 4]
     bad = CliRunner().invoke(app, ["classify", "-c", str(tmp_path / "run"), "--data", str(tmp_path)])
     assert bad.exit_code == 1 and "not a Genomic Benchmarks task folder" in bad.output
 
@@ -156,3 +165,22 @@ def test_dna_objective_backbone_pairs_are_checked():
     with pytest.raises(MdlmError, match="model.dropout does not apply to the caduceus backbone"):
         resolve_config("dna-tiny", ["model.dropout=0.1"])
     assert dataclasses.asdict(resolve_config("dna-mamba-ar-1k").model)["backbone"] == "mamba"
+
+
+def test_stratified_folds_partition_the_training_set_with_each_class_share():
+    from mdlm_cli.tasks.genomic import ClassifyConfig, splits, stratified_folds
+
+    y = torch.tensor([0] * 13 + [1] * 7 + [2] * 3)
+    folds = stratified_folds(y, 5, torch.Generator().manual_seed(7))  # what the first seed cuts
+    assert sorted(torch.cat(folds).tolist()) == list(range(len(y)))  # disjoint and covering
+    assert max(map(len, folds)) - min(map(len, folds)) <= 1
+    for c in range(3):
+        counts = [int((y[f] == c).sum()) for f in folds]
+        assert max(counts) - min(counts) <= 1, (c, counts)
+    runs = splits(y, ClassifyConfig(seeds=[7], folds=5))
+    assert [seed for seed, _ in runs] == [7, 8, 9, 10, 11]
+    for (_, (val, train)), fold in zip(runs, folds, strict=True):  # validate on one, train on the rest
+        assert torch.equal(val, fold) and sorted(torch.cat([val, train]).tolist()) == list(range(len(y)))
+    assert splits(y, ClassifyConfig(seeds=[1, 2])) == [(1, None), (2, None)]
+    with pytest.raises(MdlmError, match="--folds must be between 2"):
+        stratified_folds(y, 1, torch.Generator())
