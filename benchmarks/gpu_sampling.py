@@ -18,7 +18,7 @@ PRECISIONS = ("fp64", "fp32")
 def bench_rows(part: PartFile, denoiser, sz: Sizes) -> None:
     """One row per (precision, sampler, batch): one batch of samples, timed once after the
     bench's warm-up; network calls per second from the row's batched calls."""
-    from mdlm_cli.sample.bench import run_bench
+    from mdlm_cli.sample.bench import run_bench, sweep
 
     def on_row(row) -> None:
         d = asdict(row)
@@ -27,10 +27,8 @@ def bench_rows(part: PartFile, denoiser, sz: Sizes) -> None:
 
     run_bench(
         denoiser,
-        samplers=list(SAMPLERS),
-        steps=[sz.sample_steps],
+        sweep(list(SAMPLERS), [sz.sample_steps], list(PRECISIONS)),
         batch_sizes=list(sz.sample_batches),
-        precisions=list(PRECISIONS),
         num_samples=1,
         length=sz.length,
         mask_id=sz.mask_id,

@@ -13,6 +13,7 @@ from mdlm_cli.build import resolve_config
 from mdlm_cli.checkpoints.folder import load_run_folder
 from mdlm_cli.cli import app
 from mdlm_cli.data.store import prepare
+from mdlm_cli.engine import SamplingSettings
 from mdlm_cli.sample.generate import generate, stops_at_eos, template
 from mdlm_cli.train.loop import train
 
@@ -46,8 +47,8 @@ def test_pad_as_eos_model_learns_where_the_answer_ends(toy_run):
     assert stops_at_eos(loaded)  # trained with padding as EOS: samples end at their EOS by default
     right = 0
     for i, p in enumerate(PROMPTS):
-        records, _, _ = generate(loaded, sampler="first-hitting", num_samples=4, batch_size=4,
-                                 steps=None, seed=i, device=torch.device("cpu"), dtype=None,
+        records, _, _ = generate(loaded, SamplingSettings("first-hitting"), num_samples=4,
+                                 batch_size=4, seed=i, device=torch.device("cpu"), dtype=None,
                                  prompt=template(loaded, 10, prompt=p), stop_at_eos=None)
         for r in records:
             assert loaded.tokenizer.eos_id not in r.tokens  # nothing from the EOS on is returned
