@@ -20,7 +20,7 @@ import typer
 from ..engine.options import KINDS, describe, problem, value_type
 from ..engine.sampling import SAMPLERS, get_sampler
 from ..errors import MdlmError
-from ..sample.benchmark import SamplingSweep
+from ..sample.bench_request import SamplingSweep
 from ..sample.draw import Drawing
 from .common import (
     PrecisionOpt,
