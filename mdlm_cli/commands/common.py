@@ -17,6 +17,7 @@ from ..engine.sampling import SAMPLERS
 from ..errors import MdlmError, MdlmWarning
 from ..io.files import os_error_message
 from ..numbers import check_float
+from ..objectives import OBJECTIVES
 
 app = typer.Typer(
     name="mdlm",
@@ -110,8 +111,10 @@ CheckpointOpt = Annotated[
 SamplerOpt = Annotated[
     str | None,
     typer.Option(
-        help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its "
-        "ancestral chain for D3PM, left to right for AR; with --steps a step-based one). "
+        help="Sampler (default: the model's own: "
+        + ", ".join(f"{o.default_sampler} for {name.upper()}"  # from the objectives' registry
+                    for name, o in OBJECTIVES.items() if o.default_sampler)
+        + "; with --steps a step-based one). "
         + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items())
         + "."
     ),
@@ -120,8 +123,8 @@ StepsOpt = Annotated[
     int | None,
     typer.Option(
         help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). "
-        "Given without --sampler, it picks the model's step-based sampler (MDLM: ancestral-cache "
-        "where the model ignores time, else ancestral; SEDD: analytic)."
+        "Given without --sampler, it picks the model's exact step-based sampler (the cached one "
+        "where the model ignores time)."
     ),
 ]
 

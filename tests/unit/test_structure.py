@@ -188,3 +188,36 @@ def test_every_module_is_named_in_the_architecture_doc():
         if not (found or f"`{rel}`" in whole):  # or by its path (`io/files.py`)
             missing.append(str(rel))
     assert not missing, f"modules docs/architecture.md does not place: {missing}"
+
+
+def _sampler_names_in(node: ast.AST, names: set[str]) -> set[str]:
+    found = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            found |= set(re.findall(r"[a-z][a-z0-9-]*", n.value)) & names
+    return found
+
+
+def test_no_registry_of_samplers_is_retyped_outside_it():
+    """A string list or an option's help naming 3+ SAMPLERS keys retypes the registry (and goes
+    stale when a sampler is added): derive it from `SAMPLERS` / the objectives instead. An
+    objective's own `sampler_names` (which samplers serve it) is its registry entry."""
+    from mdlm_cli.engine.sampling import SAMPLERS
+
+    names, retyped = set(SAMPLERS), []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.relative_to(ROOT).parts[0] == "engine":
+            continue
+        tree = ast.parse(path.read_text())
+        own = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+               and any(getattr(t, "id", None) == "sampler_names" for t in n.targets)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.List | ast.Tuple | ast.Set) and id(node) not in own:
+                hit = _sampler_names_in(node, names)
+            elif isinstance(node, ast.keyword) and node.arg == "help":
+                hit = _sampler_names_in(node.value, names)
+            else:
+                continue
+            if len(hit) >= 3:
+                retyped.append(f"{path.relative_to(ROOT)}:{node.value.lineno if isinstance(node, ast.keyword) else node.lineno} {sorted(hit)}")
+    assert not retyped, f"sampler names retyped outside the registry: {retyped}"
