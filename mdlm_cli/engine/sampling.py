@@ -197,11 +197,9 @@ def sample(denoiser: Denoiser,
     (the steps at which any sequence changed: what benchmarks need for a whole-batch cache).
 
     Sampler options: `options=` an instance of the sampler's dataclass (`SAMPLERS[name].options`,
-    e.g. AncestralOptions(final_denoise=False)) and/or keywords replacing its fields:
-    `final_denoise` (ancestral, ancestral-cache, d3pm-ancestral, remdm), `tokens_per_step`
-    (first-hitting), `k_schedule` (confidence), `threshold` (threshold), `eta` and
-    `remdm_schedule` (remdm). Another sampler's option is not read; an unknown name, or a
-    value out of its range or choices, is an EngineError naming it.
+    e.g. AncestralOptions(final_denoise=False)) and/or keywords replacing its fields (each
+    sampler's fields: its options dataclass in `SAMPLERS`). Another sampler's option is not
+    read; an unknown name, or a value out of its range or choices, is an EngineError naming it.
     """
     spec = get_sampler(sampler)
     _check_arguments(spec, steps, precision, temperature, top_p, num_samples, length)
