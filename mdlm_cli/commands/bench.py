@@ -1,5 +1,5 @@
 """`mdlm bench-sampler`: the flags, the table and the files; the benchmark itself is
-`sample.benchmark.benchmark`."""
+`sample.bench_request.benchmark`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import MdlmError
-from ..sample.benchmark import BenchHooks, BenchRequest, benchmark
+from ..sample.bench_request import BenchHooks, BenchRequest, benchmark
 from .app import app
 from .console import console, err_console, note, user_errors
 from .flag_checks import int_list

@@ -26,15 +26,18 @@ from ..engine.options import KINDS, describe, problem, value_type
 from ..engine.sampling import SAMPLERS, get_sampler
 from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
-from ..sample.benchmark import SamplingSweep
+from ..objectives import OBJECTIVES
+from ..sample.bench_request import SamplingSweep
 from .console import err_console, user_errors, warn
 from .flag_checks import int_list
 
 SamplerOpt = Annotated[
     str | None,
     typer.Option(
-        help="Sampler (default: the model's own: first-hitting for MDLM, analytic for SEDD, its "
-        "ancestral chain for D3PM, left to right for AR; with --steps a step-based one). "
+        help="Sampler (default: the model's own: "
+        + ", ".join(f"{o.default_sampler} for {name.upper()}"  # from the objectives' registry
+                    for name, o in OBJECTIVES.items() if o.default_sampler)
+        + "; with --steps a step-based one). "
         + "; ".join(f"{name}: {spec.help}" for name, spec in SAMPLERS.items())
         + "."
     ),
@@ -43,8 +46,8 @@ StepsOpt = Annotated[
     int | None,
     typer.Option(
         help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). "
-        "Given without --sampler, it picks the model's step-based sampler (MDLM: ancestral-cache "
-        "where the model ignores time, else ancestral; SEDD: analytic)."
+        "Given without --sampler, it picks the model's exact step-based sampler (the cached one "
+        "where the model ignores time)."
     ),
 ]
 DrawPrecisionOpt = Annotated[str, typer.Option(  # the draw's; the network's is NetPrecisionOpt

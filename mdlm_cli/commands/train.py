@@ -66,7 +66,7 @@ def train_cmd(
 ) -> None:
     from ..distributed import is_main_process
     from ..train.loop import train
-    from ..train.memory import check_train_memory
+    from ..train.memory_check import check_train_memory
 
     with user_errors():
         cfg = resolve_config(preset, overrides or [], {

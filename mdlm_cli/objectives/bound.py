@@ -1,6 +1,6 @@
 """The bound arithmetic of a split: an objective's per-sequence terms summed over a prepared
-split (rank-sharded under torchrun), the diffusion times of a set, MDLM's NELBO over a split and
-its K Monte-Carlo passes. The objectives build their `evaluate` on it; `mdlm eval-ppl`
+split (rank-sharded under torchrun) and the diffusion times of a set. The objectives build
+their `evaluate` on it; `mdlm eval-ppl`
 (eval/ppl.py) reports it.
 
 Diffusion objectives give the NELBO bound (continuous time, or the T-step discrete bound of
@@ -20,10 +20,8 @@ import torch.distributed as tdist
 from torch import Tensor
 
 from ..data.store import TokenSplit
-from ..engine.diffusion import nelbo_terms, sample_times, times_from_uniform
-from ..engine.protocols import Denoiser
+from ..engine.diffusion import sample_times, times_from_uniform
 from ..engine.schedules import Schedule
-from ..errors import MdlmError
 from ..runtime import derive_seed, generator
 
 # terms(x0 (B, L), t (B,) | None, generator, attention_mask) -> nats per sequence (B,); for a
@@ -119,60 +117,6 @@ def diffusion_times(schedule: Schedule, T: int = 0, antithetic: bool = True):
     """`draw_times` for a diffusion bound: u antithetic over the set, mapped to t."""
     return lambda n, gen: times_from_uniform(sample_times(n, generator=gen, antithetic=antithetic,
                                                           device=gen.device), schedule, T)
-
-
-def nelbo_bound(denoiser: Denoiser, split: TokenSplit, *, schedule: Schedule, mask_id: int,
-                batch_size: int, device: torch.device, seed: int = 0, rows: int = 0, T: int = 0,
-                antithetic: bool = True, on_batch: Callable[[int], None] | None = None,
-                rank: int = 0, world_size: int = 1) -> BoundResult:
-    """MDLM's NELBO over a split (one t per sequence, stratified over the whole set),
-    rank-sharded as `sharded_sum`; usable from your own scripts in a process group."""
-    def terms(x0, t, gen, attention_mask, targets=None):
-        return nelbo_terms(denoiser, x0, t, mask_id=mask_id, schedule=schedule, generator=gen,
-                           attention_mask=attention_mask, T=T, targets=targets)
-
-    return sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed, rows=rows,
-                       draw_times=diffusion_times(schedule, T, antithetic), T=T, on_batch=on_batch,
-                       rank=rank, world_size=world_size)
-
-
-def bound_passes(
-    denoiser: Denoiser,
-    split: TokenSplit,
-    *,
-    schedule: Schedule,
-    mask_id: int,
-    mc_samples: int,
-    batch_size: int,
-    device: torch.device,
-    seed: int = 0,
-    rows: int = 0,
-    T: int = 0,
-    on_batch: Callable[[int], None] | None = None,
-    rank: int = 0,
-    world_size: int = 1,
-) -> list[BoundResult]:
-    """`mc_samples` independent NELBO passes over the split (antithetic t within each pass),
-    seeded as `mdlm eval-ppl` seeds them."""
-    if mc_samples < 1:
-        raise MdlmError(f"--mc-samples must be at least 1 (got {mc_samples})")
-    return [
-        nelbo_bound(
-            denoiser,
-            split,
-            schedule=schedule,
-            mask_id=mask_id,
-            batch_size=batch_size,
-            device=device,
-            seed=derive_seed(seed, "eval-ppl", k),
-            rows=rows,
-            T=T,
-            on_batch=on_batch,
-            rank=rank,
-            world_size=world_size,
-        )
-        for k in range(mc_samples)
-    ]
 
 
 def relation(exact: bool, kind: str = "") -> str:

@@ -26,6 +26,7 @@ from starlette.routing import Route
 from ..engine.errors import EngineError
 from ..errors import MdlmError
 from .completion import parse_completion
+from .events import Done, Event, StateSnapshot, TextDelta
 from .generation import Outcome, run_plan, state_pieces
 from .metrics import Metrics
 from .schema import ApiError, Limits, Plan, parse_infill
@@ -117,14 +118,14 @@ def _submit(state: State, plan: Plan) -> tuple[Job, asyncio.Queue]:
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
     served = state.served
 
-    def emit(event: tuple) -> None:
+    def emit(event: Event) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens any more
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-    on_call = (lambda z: emit(("state", state_pieces(served, z)))) if plan.states else None
-    job = Job(plan.num_rows, lambda d: run_plan(plan, served, d, emit),
-              lambda result, error: emit(("done", result, error)), state.settings.timeout_s,
-              on_call)
+    on_call = (lambda z: emit(StateSnapshot(state_pieces(served, z)))) if plan.states else None
+    job = Job(rows=plan.num_rows, run=lambda d: run_plan(plan, served, d, emit),
+              done=lambda result, error: emit(Done(result, error)),
+              timeout_s=state.settings.timeout_s, on_call=on_call)
     try:
         state.worker.submit(job)
     except QueueFull:
@@ -164,11 +165,11 @@ async def _answer(request: Request, state: State, plan: Plan, job: Job,
                 job.cancel("disconnect")
                 raise api_error(Cancelled("disconnect"), 0) from None
             continue
-        if event[0] == "done":
+        if isinstance(event, Done):
             break
-    _, outcome, error = event
-    if error is not None:
-        raise api_error(error, state.settings.timeout_s)
+    outcome = event.outcome
+    if event.error is not None:
+        raise api_error(event.error, state.settings.timeout_s)
     state.metrics.samples.inc(plan.num_rows)
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": _object(plan), "created": int(time.time()),
             "model": state.served.name, "choices": outcome.choices, "usage": _usage(outcome),
@@ -189,16 +190,16 @@ async def _stream(state: State, plan: Plan, job: Job, events: asyncio.Queue, end
     try:
         while not finished:
             event = await events.get()
-            if event[0] == "text":
-                choice = {"index": event[1], "text": event[2], "logprobs": None,
+            if isinstance(event, TextDelta):
+                choice = {"index": event.index, "text": event.text, "logprobs": None,
                           "finish_reason": None}
                 yield _sse({**head, "choices": [choice]})
-            elif event[0] == "state":
+            elif isinstance(event, StateSnapshot):
                 choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": None}
-                yield _sse({**head, "choices": [choice], "mdlm": {"state": event[1]}})
+                yield _sse({**head, "choices": [choice], "mdlm": {"state": event.pieces}})
             else:
                 finished = True
-                for text in _final_chunks(state, plan, job, head, event[1], event[2]):
+                for text in _final_chunks(state, plan, job, head, event.outcome, event.error):
                     yield text
     finally:
         if not finished:

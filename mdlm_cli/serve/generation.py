@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import engine
+from .events import Emit, StateSnapshot, TextDelta
 from .schema import Plan
 from .served import Served
-
-Emit = Callable[[tuple], None]  # ("text", choice index, new text) | ("state", pieces)
 
 
 class _AllFinished(Exception):
@@ -139,7 +138,7 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
             **kwargs,
         )
         if plan.states:  # the last state: every position decided
-            emit(("state", state_pieces(served, tokens)))
+            emit(StateSnapshot(state_pieces(served, tokens)))
         if plan.endpoint == "infill":
             return _infill_outcome(
                 plan, served, tokens.cpu(), stats, time.perf_counter() - t0, emit
@@ -163,7 +162,7 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
 
 def _send(emit: Emit, index: int, delta: str) -> None:
     if delta:
-        emit(("text", index, delta))
+        emit(TextDelta(index, delta))
 
 
 def _semi_ar(

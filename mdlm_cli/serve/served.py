@@ -9,6 +9,7 @@ from functools import cached_property
 import torch
 
 from ..checkpoints.folder import LoadedModel
+from ..engine.protocols import is_time_agnostic
 
 
 @dataclass
@@ -26,7 +27,7 @@ class Served:
 
     @property
     def time_agnostic(self) -> bool:
-        return bool(getattr(self.denoiser, "time_agnostic", False))
+        return is_time_agnostic(self.denoiser)
 
     @property
     def causal(self) -> bool:

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..engine.protocols import is_time_agnostic
+
 
 class QueueFull(Exception):
     """The waiting queue holds `queue_size` requests."""
@@ -85,7 +87,7 @@ class JobDenoiser:
         self._worker, self._job = worker, job
         self.calls = self.sequence_evals = 0  # this request's network calls and the rows they held
         base = worker.denoiser
-        self.time_agnostic = bool(getattr(base, "time_agnostic", False))
+        self.time_agnostic = is_time_agnostic(base)
         if hasattr(base, "log_score"):  # a score model (SEDD): the engine asks for its log-scores
             self.log_score = self._log_score
 

@@ -7,7 +7,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -17,7 +17,8 @@ from ..perf import Peak, mfu, mfu_text
 from .state import TrainState
 
 if TYPE_CHECKING:
-    from .setup import Run
+    from ..config import Config
+    from ..distributed import Dist
 
 
 def nats_text(nats: float, char_level: bool) -> str:
@@ -61,7 +62,18 @@ class Window:
         self.loss, self.tokens, self.steps = self.loss + loss, self.tokens + tokens, self.steps + 1
 
 
-def log_window(run: Run, window: Window, log, progress: Progress, task, *, lr: float,
+class Logged(Protocol):
+    """What the log reads of a run (`setup.Run` is one): declared here so that this module does
+    not import `setup`, which imports it."""
+
+    cfg: Config
+    state: TrainState
+    speed: Speed
+    console: Console
+    dist: Dist
+
+
+def log_window(run: Logged, window: Window, log, progress: Progress, task, *, lr: float,
                grad_norm: float | None, elapsed_s: float) -> None:
     """One JSONL record (means over the window), the progress line, and a text line every 10
     logs."""
@@ -82,7 +94,7 @@ def log_window(run: Run, window: Window, log, progress: Progress, task, *, lr: f
     window.reset()
 
 
-def progress_bar(run: Run) -> Progress:
+def progress_bar(run: Logged) -> Progress:
     shown = run.console.is_terminal and run.dist.is_main
     return Progress(
         TextColumn("[bold]train"),

@@ -32,6 +32,7 @@ from .log import Window, log_window, progress_bar, record_eval
 from .optim import lr_at
 from .run_folder import ResumePoint, finished, locked, resume_point
 from .setup import Run, set_up
+from .state import TrainState
 
 
 @dataclass
@@ -79,10 +80,17 @@ def _already_done(cfg: Config, start: ResumePoint) -> TrainResult:
 
     state = start.state
     char_level = load_tokenizer(str(start.step_dir / "tokenizer")).is_character_level
-    return TrainResult(cfg.out_dir, start.step_dir, state.step, state.tokens_seen,
-                       state.train_seconds, 0.0, None, None, [], already_done=True,
-                       char_level=char_level,
-                       fitted=cfg.train.time_budget > 0 and state.budget_steps is not None)
+    return _result(state, cfg.out_dir, start.step_dir, train_seconds=state.train_seconds,
+                   tokens_per_second=0.0, final_valid=None, unigram_nats=None, losses=[],
+                   already_done=True, char_level=char_level,
+                   fitted=cfg.train.time_budget > 0 and state.budget_steps is not None)
+
+
+def _result(state: TrainState, run_dir: Path, checkpoint: Path, **fields) -> TrainResult:
+    """The one place a `TrainResult` is built: the step and tokens from the state, the rest by
+    name."""
+    return TrainResult(run_dir=run_dir, checkpoint=checkpoint, step=state.step,
+                       tokens_seen=state.tokens_seen, **fields)
 
 
 def _step(run: Run, step: int) -> tuple[float, int, float]:
@@ -297,9 +305,10 @@ def _finish(run: Run, stop: StopSignals, metrics_path: Path, train_seconds: floa
         signal_name = stop.received or "SIGTERM"
         run.console.print(f"{signal_name} at step {state.step}: checkpoint saved to {path}",
                           markup=False, highlight=False)
-        return TrainResult(run.run_dir, path, state.step, state.tokens_seen, train_seconds, speed,
-                           None, unigram, run.losses, stopped_by=signal_name,
-                           char_level=char_level, mfu=run.speed.mfu(speed))
+        return _result(state, run.run_dir, path, train_seconds=train_seconds,
+                       tokens_per_second=speed, final_valid=None, unigram_nats=unigram,
+                       losses=run.losses, stopped_by=signal_name, char_level=char_level,
+                       mfu=run.speed.mfu(speed))
     final = _evaluate(run, 0) if len(run.valid_split) else None
     best = False
     if final is not None:
@@ -308,6 +317,6 @@ def _finish(run: Run, stop: StopSignals, metrics_path: Path, train_seconds: floa
                                char_level=char_level)
     state.final_step = state.step  # a --resume at max_steps finds nothing left to do
     checkpoint = _checkpoint(run, best=best)
-    return TrainResult(run.run_dir, checkpoint, state.step, state.tokens_seen, train_seconds,
-                       speed, final, unigram, run.losses, char_level=char_level,
-                       mfu=run.speed.mfu(speed))
+    return _result(state, run.run_dir, checkpoint, train_seconds=train_seconds,
+                   tokens_per_second=speed, final_valid=final, unigram_nats=unigram,
+                   losses=run.losses, char_level=char_level, mfu=run.speed.mfu(speed))

@@ -7,9 +7,8 @@ Pinned, on random weights from a fixed torch seed (the `test` preset's 2x64 DiT)
   loss/<objective>  every objective of OBJECTIVES: loss_terms of one fixed batch (a
                     padded row included) at times and masks from fixed generators, and
                     mdlm again with T > 0, carry_over=false and time conditioning;
-  bound/...         engine.nelbo of a fixed batch, the split bound (nelbo_bound,
-                    bound_passes) of a tiny split, every objective's `evaluate` on it,
-                    and the AR model's exact sequence NLL.
+  bound/...         engine.nelbo of a fixed batch, every objective's `evaluate` on a
+                    tiny split, and the AR model's exact sequence NLL.
 Token ids are compared exactly, floats to a relative 1e-6 (CPU float32, one thread:
 deterministic run to run; another CPU's kernels may differ in the last bits).
 
@@ -37,7 +36,6 @@ from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import build_model
 from mdlm_cli.objectives import OBJECTIVES, get_objective, objectives_served_by
 from mdlm_cli.objectives.ar import sequence_nll
-from mdlm_cli.objectives.bound import bound_passes, nelbo_bound
 
 # ---- end of the mdlm_cli imports; the tests' own helpers -------------------------------------
 from ..objective_configs import overrides as objective_overrides
@@ -91,8 +89,8 @@ def expected_keys() -> set[str]:
     """The entries the tests below check."""
     keys = {f"tokens/{s}" for s in engine.SAMPLERS} | {f"loss/{n}" for n in OBJECTIVES}
     keys |= {f"loss/mdlm[{v}]" for v in MDLM_VARIANTS} | {f"bound/evaluate/{n}" for n in OBJECTIVES}
-    return keys | {"bound/engine.nelbo[T=0]", "bound/engine.nelbo[T=10]", "bound/nelbo_bound",
-                   "bound/bound_passes[T=10]", "bound/ar.sequence_nll"}
+    return keys | {"bound/engine.nelbo[T=0]", "bound/engine.nelbo[T=10]",
+                   "bound/ar.sequence_nll"}
 
 
 def setup(name: str, *extra: str):
@@ -170,23 +168,6 @@ def test_engine_nelbo(golden, T):
                             generator=torch.Generator().manual_seed(5),
                             attention_mask=attention_mask, T=T)
     golden.check(f"bound/engine.nelbo[T={T}]", floats=floats(nats))
-
-
-def test_split_nelbo_bound(golden):
-    _, objective, model = setup("mdlm")
-    split = tiny_split()
-    result = nelbo_bound(objective.denoiser(model), split, schedule=objective.schedule,
-                         mask_id=TOK.mask_id, batch_size=2, device=CPU, seed=7)
-    assert result.tokens == split.num_tokens == 4 * 32 + 20
-    golden.check("bound/nelbo_bound", floats=[result.nats])
-
-
-def test_split_bound_passes(golden):
-    _, objective, model = setup("mdlm")
-    passes = bound_passes(objective.denoiser(model), tiny_split(), schedule=objective.schedule,
-                          mask_id=TOK.mask_id, mc_samples=2, batch_size=2, device=CPU, seed=7, T=10)
-    assert len(passes) == 2
-    golden.check("bound/bound_passes[T=10]", floats=[r.nats for r in passes])
 
 
 @pytest.mark.parametrize("name", list(OBJECTIVES))

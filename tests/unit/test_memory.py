@@ -11,7 +11,7 @@ from mdlm_cli.build import resolve_config
 from mdlm_cli.cli import app
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.memory import available, footprint
-from mdlm_cli.train.memory import check_train_memory
+from mdlm_cli.train.memory_check import check_train_memory
 
 
 def test_the_machine_reports_its_memory():

@@ -9,9 +9,9 @@ import torch
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.engine.schedules import LogLinear
 from mdlm_cli.eval.ppl import PplResult
-from mdlm_cli.objectives.bound import bound_passes
 
 from ..analytic import AnalyticDenoiser
+from ..nelbo_passes import nelbo_passes
 
 CPU = torch.device("cpu")
 
@@ -39,7 +39,7 @@ def test_bound_of_the_exact_denoiser_is_unbiased_within_its_standard_error(den):
     truncation), so the K-pass mean must sit within a few standard errors of the exact NLL."""
     x = rows_from(den, 200)
     truth = (-den.log_prob(x).sum() / x.numel()).item()  # nats per token of these rows
-    passes = bound_passes(den, split_of(x), schedule=LogLinear(eps=1e-5), mask_id=den.mask_id,
+    passes = nelbo_passes(den, split_of(x), schedule=LogLinear(eps=1e-5), mask_id=den.mask_id,
                           mc_samples=128, batch_size=200, device=CPU, seed=1)
     r = result(passes)
     assert all(p.tokens == x.numel() and p.sequences == 200 for p in passes)  # every token, every pass
@@ -56,7 +56,7 @@ def test_standard_error_falls_with_the_number_of_passes(den):
     split, sched = split_of(x), LogLinear()
 
     def runs(k: int, reps: int, base: int) -> list[PplResult]:
-        return [result(bound_passes(den, split, schedule=sched, mask_id=den.mask_id, mc_samples=k,
+        return [result(nelbo_passes(den, split, schedule=sched, mask_id=den.mask_id, mc_samples=k,
                                     batch_size=200, device=CPU, seed=base + r)) for r in range(reps)]
 
     def mad(values: list[float]) -> float:
@@ -74,9 +74,9 @@ def test_standard_error_falls_with_the_number_of_passes(den):
 def test_discrete_bound_is_not_below_the_continuous_one(den):
     x = rows_from(den, 3000, seed=4)
     split, sched = split_of(x), LogLinear(eps=1e-5)
-    cont = result(bound_passes(den, split, schedule=sched, mask_id=den.mask_id, mc_samples=4, batch_size=3000,
+    cont = result(nelbo_passes(den, split, schedule=sched, mask_id=den.mask_id, mc_samples=4, batch_size=3000,
                                device=CPU, seed=5))
-    disc = result(bound_passes(den, split, schedule=sched, mask_id=den.mask_id, mc_samples=4, batch_size=3000,
+    disc = result(nelbo_passes(den, split, schedule=sched, mask_id=den.mask_id, mc_samples=4, batch_size=3000,
                                device=CPU, seed=6, T=2))
     gap_se = math.hypot(cont.standard_error, disc.standard_error)
     assert disc.nats_per_token - cont.nats_per_token > 3 * gap_se

@@ -15,6 +15,7 @@ from mdlm_cli.engine.sampling import SAMPLERS
 from mdlm_cli.models import build_model
 from mdlm_cli.objectives import get_objective, objectives_served_by
 from mdlm_cli.serve.completion import parse_completion
+from mdlm_cli.serve.events import TextDelta
 from mdlm_cli.serve.generation import ChoiceText, run_plan
 from mdlm_cli.serve.schema import ApiError, Limits, parse_infill
 from mdlm_cli.serve.served import Served
@@ -165,16 +166,16 @@ def test_a_semi_ar_request_streams_its_blocks_and_stops_at_max_tokens():
     box = []
     worker.submit(
         Job(
-            1,
-            lambda d: run_plan(plan, served, d, events.append),
-            lambda r, e: (box.append(e or r), done.set()),
+            rows=1,
+            run=lambda d: run_plan(plan, served, d, events.append),
+            done=lambda r, e: (box.append(e or r), done.set()),
             timeout_s=60,
         )
     )
     assert done.wait(60)
     worker.stop()
     outcome = box[0]
-    deltas = [e[2] for e in events if e[0] == "text"]
+    deltas = [e.text for e in events if isinstance(e, TextDelta)]
     assert len(deltas) > 1 and "".join(deltas) == outcome.choices[0]["text"]
     assert len(outcome.choices[0]["text"]) == 30 and outcome.choices[0]["finish_reason"] == "length"
 
