@@ -10,6 +10,7 @@ leaves the target or its `.old` copy intact; `remove_stale_temporaries` deletes 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -167,3 +168,18 @@ def check_all_writable(*paths: str | Path | None) -> None:
     for path in paths:
         if path:
             check_writable(path)
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON file holding an object (a checkpoint's config.json), or a one-line MdlmError."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = str(e).strip()
+        why = text.splitlines()[0] if text else type(e).__name__
+        raise MdlmError(
+            f"{path} is not readable JSON ({why}); the checkpoint is corrupted"
+        ) from None
+    if not isinstance(raw, dict):
+        raise MdlmError(f"{path} must hold a JSON object")
+    return raw

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import MdlmError
+from ..io.files import read_json_object
 from .section import keys_of, read_section
 from .tied import count_parameters
 
@@ -101,15 +102,7 @@ def model_folder(name: str) -> Path:
 
 
 def read_config(folder: Path) -> dict:
-    try:
-        raw = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise MdlmError(
-            f"{folder / 'config.json'} is not readable JSON ({type(e).__name__}: {e})"
-        ) from None
-    if not isinstance(raw, dict):
-        raise MdlmError(f"{folder / 'config.json'} must hold a JSON object")
-    return raw
+    return read_json_object(folder / "config.json")
 
 
 @contextmanager

@@ -4,13 +4,12 @@ layout) and `Format` (detect + load), the entry of `formats.FORMATS`."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import MdlmError
+from ...io.files import read_json_object
 
 if TYPE_CHECKING:
     from ..folder import LoadedModel
@@ -29,19 +28,7 @@ class Found:
     def at(cls, path: Path, label: str) -> Found:
         if path.is_file():
             return cls(path, None, label)
-        return cls(path, read_config_json(path / "config.json"), label)
-
-
-def read_config_json(config_file: Path) -> dict:
-    try:
-        raw = json.loads(config_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MdlmError(
-            f"{config_file} is not readable JSON ({first_line(e)}); the checkpoint is corrupted"
-        ) from None
-    if not isinstance(raw, dict):
-        raise MdlmError(f"{config_file} must hold a JSON object")
-    return raw
+        return cls(path, read_json_object(path / "config.json"), label)
 
 
 @dataclass
