@@ -39,7 +39,7 @@ class Cancelled(Exception):
         self.reason = reason
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)  # by keyword: four of its fields are callables or floats
 class Job:
     """A request's work: `run(denoiser)` in its own thread, then `done(result, error)`."""
 

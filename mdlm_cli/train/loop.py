@@ -35,7 +35,7 @@ from .setup import Run, set_up
 from .state import TrainState
 
 
-@dataclass
+@dataclass(kw_only=True)  # built by keyword, in one place (_result)
 class TrainResult:
     run_dir: Path
     checkpoint: Path

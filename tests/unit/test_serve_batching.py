@@ -58,9 +58,9 @@ def run(worker: Worker, served: Served, bodies: list[dict], parse=parse_completi
     for i, plan in enumerate(plans):
         worker.submit(
             Job(
-                plan.num_rows,
-                lambda d, plan=plan: run_plan(plan, served, d, lambda ev: None),
-                finish(i),
+                rows=plan.num_rows,
+                run=lambda d, plan=plan: run_plan(plan, served, d, lambda ev: None),
+                done=finish(i),
                 timeout_s=60,
             )
         )
@@ -274,17 +274,19 @@ def test_a_full_queue_refuses_and_a_late_request_times_out():
     worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=1, queue_size=1)
     release, outcomes = threading.Event(), []
     try:
-        blocking = Job(1, lambda d: release.wait(30), lambda r, e: outcomes.append(e), 60)
+        blocking = Job(rows=1, run=lambda d: release.wait(30), done=lambda r, e: outcomes.append(e),
+                       timeout_s=60)
         worker.submit(blocking)
         for _ in range(200):  # bounded: until the first job runs
             if worker.depth() == (0, 1):
                 break
             threading.Event().wait(0.01)
         z = torch.full((1, 32), served.loaded.mask_id)
-        late = Job(1, lambda d: d(z, torch.ones(1)), lambda r, e: outcomes.append(e), 0.0)
+        late = Job(rows=1, run=lambda d: d(z, torch.ones(1)),
+                   done=lambda r, e: outcomes.append(e), timeout_s=0.0)
         worker.submit(late)  # waits in the queue, past its time limit when its turn comes
         with pytest.raises(QueueFull):
-            worker.submit(Job(1, lambda d: None, lambda r, e: None, 60))
+            worker.submit(Job(rows=1, run=lambda d: None, done=lambda r, e: None, timeout_s=60))
         release.set()
         for _ in range(500):
             if len(outcomes) == 2:
