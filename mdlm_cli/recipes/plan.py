@@ -26,6 +26,7 @@ TINY_MODEL = [
     "train.eval_every=1000",
     "train.save_every=1000",
     "train.eval_rows=32",
+    "data.max_eval_rows=256",  # the final validation of a smoke run: a moment, not 9,257 rows
     "optim.warmup_steps=2",
     "train.time_budget=0",  # the demo's: a tiny run takes its steps, not minutes
     "train.compile=false",

@@ -42,3 +42,15 @@ def train_args(small_corpus):
     """`mdlm train` of the test preset on the small corpus, checkpoints every 2 steps."""
     return ["train", "--preset", "test", "--no-print-config", "--set", f"data.dataset={small_corpus}",
             "--set", "train.save_every=2", "--set", "train.eval_every=100", "--set", "train.log_every=1"]
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory):
+    """(AR run, MDLM run): 6 steps each of the test preset, shared by every test that only reads
+    a trained checkpoint (eval, lm-eval, serve); a test that writes into a run copies it."""
+    root = tmp_path_factory.mktemp("trained")
+    base = ["train", "--preset", "test", "--no-print-config", "--max-steps", "6",
+            "--set", "train.eval_rows=16"]
+    invoke(*base, "--out", root / "ar", "--set", "diffusion.objective=ar")
+    invoke(*base, "--out", root / "mdlm")
+    return root / "ar", root / "mdlm"

@@ -18,12 +18,8 @@ def run(*args, code=0):
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runs")
-    base = ["train", "--preset", "test", "--no-print-config", "--max-steps", "6", "--set", "train.eval_rows=16"]
-    run(*base, "--out", str(root / "ar"), "--set", "diffusion.objective=ar")
-    run(*base, "--out", str(root / "mdlm"))
-    return root / "ar", root / "mdlm"
+def models(trained_runs):
+    return trained_runs
 
 
 @pytest.mark.slow

@@ -56,15 +56,12 @@ def run(*args, code=0):
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """Test-size MDLM and AR checkpoints (`mdlm train --preset test --max-steps 4`) and a
-    folder of local tasks over a JSONL file."""
+def setup(trained_runs):
+    """The shared test-size MDLM and AR checkpoints (conftest.trained_runs: root / "mdlm",
+    root / "ar") and a folder of local tasks over a JSONL file (root / "tasks")."""
     pytest.importorskip("lm_eval")
-    root = tmp_path_factory.mktemp("lm-eval")
-    base = ["train", "--preset", "test", "--no-print-config", "--max-steps", "4", "--set", "train.eval_rows=8"]
-    run(*base, "--out", str(root / "mdlm"))
-    run(*base, "--out", str(root / "ar"), "--set", "diffusion.objective=ar")
-    tasks = root / "tasks"
+    root = trained_runs[0].parent
+    tasks = root / "tasks"  # beside the runs, none of which it touches
     tasks.mkdir()
     (tasks / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
     for name, body in TASKS.items():

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import invoke
-
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
@@ -72,10 +70,8 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, limit_s: float = 1
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    out = tmp_path_factory.mktemp("serve") / "run"
-    invoke("train", "--preset", "test", "--out", out, "--max-steps", 5, "--no-print-config")
-    return out
+def checkpoint(trained_runs):
+    return trained_runs[1]  # the shared MDLM run (conftest)
 
 
 @pytest.fixture(scope="module")

@@ -210,7 +210,7 @@ def test_ancestral_fp32_truncates_rare_tokens_that_fp64_keeps():
     """10,000 rare tokens at 1e-6 each (1% together). With 100 steps, a rare token's weight in a
     step, 1e-6 * dt / t, is below float32's ~6e-8 floor for every t > 0.17: the reference draw
     loses most of that 1%, the float64 sampler keeps it (Zheng et al. 2024). The fp32 run draws
-    over all (B, L, V) at every step, so it gets half the rows (its time is the test's)."""
+    over all (B, L, V) at every step, so it gets a quarter of the rows (its time is the test's)."""
     n_rare, L = 10_000, 256
     probs = torch.cat([torch.tensor([0.99]), torch.full((n_rare,), 0.01 / n_rare)])
     row = torch.cat([probs.log(), torch.zeros(1)])  # + the mask column
@@ -225,13 +225,13 @@ def test_ancestral_fp32_truncates_rare_tokens_that_fp64_keeps():
             return out if output_mask is not None else out.reshape(*z.shape, -1)
 
     share = {}
-    for precision, rows in (("fp64", 16), ("fp32", 8)):
+    for precision, rows in (("fp64", 16), ("fp32", 4)):
         tokens = engine.sample(Constant(), sampler="ancestral-cache", num_samples=rows, length=L,
                                mask_id=n_rare + 1, steps=100, precision=precision,
                                generator=torch.Generator().manual_seed(0))
         share[precision] = (tokens > 0).double().mean().item()
     assert 0.006 < share["fp64"] < 0.015, share  # ~41 of 4096 positions
-    assert share["fp32"] < 0.005, share  # ~3.5 of 2048 positions expected
+    assert share["fp32"] < 0.005, share  # ~1.7 of 1024 positions expected, 5 allowed
 
 
 def test_temperature_and_top_p():
