@@ -55,7 +55,8 @@ DrawPrecisionOpt = Annotated[str, typer.Option(  # the draw's; the network's is 
     help="Categorical sampling: fp64 (exact) or fp32 (the reference's truncated draw).")]
 # checked with the other sampling settings (SamplingSettings.validate), not here
 TemperatureOpt = Annotated[float, typer.Option(
-    help="Softmax temperature: a finite number above 0.")]
+    help="Softmax temperature: a finite number, at least 0 (0: greedy, the argmax at every "
+    "draw).")]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")]
 
 

@@ -6,8 +6,10 @@ The CLI flags, the Python API, `bench-sampler`'s rows, the server's request fiel
 `lm-eval` all build one and call `validate()`, the one check of these values: its messages
 name each value as the caller spells it (`--top-p` on the command line, `top_p` in a request).
 
-One rule for temperature everywhere: a finite number above 0 (no greedy mode: the samplers
-draw), with no upper cap (the server once capped it at 2.0, OpenAI's range; nothing else did).
+One rule for temperature everywhere: a finite number, at least 0, with no upper cap (the
+server once capped it at 2.0, OpenAI's range; nothing else did). Temperature 0 is greedy:
+every categorical draw takes the most likely real token, without noise (top-p does not
+change an argmax); a confidence is then the argmax's untempered softmax probability.
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ class SamplingSettings:
         if self.precision not in PRECISIONS:
             raise SettingsError("precision", f"{spell('precision')} must be one of: "
                                 f"{', '.join(PRECISIONS)} (got {self.precision!r})")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise SettingsError("temperature", f"{spell('temperature')} must be a finite number "
-                                f"above 0 (got {self.temperature})")
+                                f"at least 0 (0: greedy) (got {self.temperature})")
         if not 0 < self.top_p <= 1:  # NaN fails too
             raise SettingsError("top_p", f"{spell('top_p')} must be a finite number in (0, 1] "
                                 f"(got {self.top_p})")

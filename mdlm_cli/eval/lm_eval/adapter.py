@@ -37,7 +37,6 @@ from lm_eval.api.registry import register_model
 from ...engine.settings import SamplingSettings
 from ...errors import MdlmError
 from .scoring import (
-    GREEDY_TOP_P,
     ConditionalScorer,
     GenerationSettings,
     Scored,
@@ -192,7 +191,7 @@ class MdlmLM(LM):
                 f"generation kwargs {', '.join(unused)} do not apply to the mdlm model; ignored"
             )
         if not do_sample or temperature <= 0:
-            return until, max_gen, 1.0, GREEDY_TOP_P
+            return until, max_gen, 0.0, 1.0  # greedy: the argmax at every draw
         return until, max_gen, temperature, top_p
 
     @property
