@@ -161,14 +161,32 @@ def sample_tokens_with_probs(logits: Tensor, mask_id: int, *, generator: torch.G
     """`sample_tokens` (the same draws), and the probability of each drawn token (N,) float64
     under the distribution it was drawn from: the confidence of the confidence-ordered samplers.
     Temperature 0: the argmax and its probability under the untempered softmax."""
+    tokens, weights = sample_tokens_with_weights(
+        logits, mask_id, generator=generator, precision=precision, temperature=temperature,
+        top_p=top_p)
+    return tokens, drawn_probs(weights, tokens)
+
+
+def drawn_probs(weights: Tensor, tokens: Tensor) -> Tensor:
+    """The probability (N,) float64 of each token under its row of unnormalised `weights`."""
+    return weights.gather(-1, tokens[:, None])[:, 0].double() / weights.double().sum(-1)
+
+
+def sample_tokens_with_weights(logits: Tensor, mask_id: int, *,
+                               generator: torch.Generator | None, precision: str = "fp64",
+                               temperature: float = 1.0, top_p: float = 1.0,
+                               untempered: bool = False) -> tuple[Tensor, Tensor]:
+    """`sample_tokens` (the same draws), and the unnormalised weights (N, V) they were drawn
+    from; with `untempered` (or at temperature 0) the untempered softmax's instead, the mask's
+    weight 0: what LLaDA reads its confidence from (it draws at temperature T by Gumbel-max,
+    the softmax(logits / T) law, but ranks by softmax(logits))."""
     if temperature == 0:
-        tokens = greedy_tokens(logits, mask_id)
+        return greedy_tokens(logits, mask_id), token_weights(logits, mask_id)
+    weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p)
+    tokens = _draw(weights, mask_id, generator=generator, precision=precision)
+    if untempered and (temperature != 1.0 or top_p != 1.0):
         weights = token_weights(logits, mask_id)
-    else:
-        weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p)
-        tokens = _draw(weights, mask_id, generator=generator, precision=precision)
-    probs = weights.gather(-1, tokens[:, None])[:, 0].double() / weights.double().sum(-1)
-    return tokens, probs
+    return tokens, weights
 
 
 def _draw(
