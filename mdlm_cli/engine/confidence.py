@@ -48,7 +48,7 @@ def _margin(weights: Tensor) -> Tensor:
 
 def _neg_entropy(weights: Tensor) -> Tensor:
     p = weights / weights.sum(-1, keepdim=True)
-    return (p * (p + 1e-10).log()).sum(-1, dtype=torch.float64)  # Dream's + 1e-10
+    return (p * (p + 1e-10).log()).sum(-1).double()  # as Dream: + 1e-10, summed in float32
 
 
 @dataclass(frozen=True)

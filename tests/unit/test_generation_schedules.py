@@ -10,6 +10,7 @@ loop reads them), must give their tokens and their network calls at temperature 
 law at temperature > 0.
 """
 
+import json
 import math
 
 import numpy as np
@@ -327,3 +328,105 @@ def test_at_temperature_above_0_the_law_is_the_published_loops(case):
     theirs, ours = outcome_counts(expected, P), outcome_counts(tokens, P)
     assert len(theirs) > 5  # a law worth comparing
     assert same_law(theirs, ours) > 1e-3, (theirs, ours)
+
+
+# ------------------------------------------------------------------ from the command line
+
+def save_dit(folder, state: dict | None = None):
+    """A random 2-layer DiT without time conditioning (mdlm, char tokenizer, L = 32), its
+    weights perturbed so that what it reads changes what it predicts."""
+    from mdlm_cli.build import resolve_config
+    from mdlm_cli.checkpoints.folder import save_checkpoint
+    from mdlm_cli.data.tokenizers import load_tokenizer
+    from mdlm_cli.models import build_model
+
+    cfg = resolve_config("test", ["diffusion.objective=mdlm"])
+    tok = load_tokenizer("char")
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tok.vocab_size, causal=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    save_checkpoint(folder, 1, model=model, ema_model=None, optimizer=None, cfg=cfg,
+                    state={"step": 1, **(state or {})}, tokenizer=tok,
+                    data_meta={"length": 32, "packing": "chunk"})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def dit(tmp_path_factory):
+    return save_dit(tmp_path_factory.mktemp("dit") / "run")
+
+
+def model_of(folder):
+    """The checkpoint's model as LLaDA's loop calls it: logits (B, L, V), the mask excluded."""
+    from mdlm_cli.checkpoints.load import load_checkpoint
+
+    loaded = load_checkpoint(folder)
+    den = loaded.denoiser(None)
+    assert den.time_agnostic
+
+    def model(x):
+        with torch.no_grad():
+            logits = den(x, torch.zeros(len(x))).clone()
+        logits[..., loaded.mask_id] = float("-inf")
+        return logits
+
+    return model, loaded.mask_id
+
+
+def cli_sample(folder, tmp_path, ids: list[int], *flags: str) -> dict:
+    from typer.testing import CliRunner
+
+    from mdlm_cli.cli import app
+
+    out = tmp_path / "s.jsonl"
+    args = ["sample", "-c", str(folder), "--prompt-ids", ",".join(map(str, ids)), "-n", "1",
+            "--sampler", "confidence", "--temperature", "0", "--quiet", "--out", str(out), *flags]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text().splitlines()[0])
+
+
+@pytest.mark.parametrize("block_length", [4, 16])
+def test_mdlm_sample_prompt_ids_gives_llada_tokens(dit, tmp_path, block_length):
+    model, mask_id = model_of(dit)
+    ids = [5, 17, 3, 9]
+    expected, calls = llada_generate(model, torch.tensor([ids]), 8, 16, block_length,
+                                     mask_id=mask_id)
+    record = cli_sample(dit, tmp_path, ids, "--max-new-tokens", "16", "--steps", "8",
+                        "--k-schedule", "llada", "--block-length", str(block_length))
+    assert record["tokens"] == expected[0].tolist() and record["nfe"] == calls
+    assert record["prompt_ids"] == ids and record["tokens"][:4] == ids  # no BOS added
+
+
+def test_mdlm_sample_prompt_ids_gives_dream_tokens(dit, tmp_path):
+    """Through the CLI with topk_margin: this random DiT gives its masked positions nearly the
+    same logits, and near-equal entropies (ties to float32's last bits, which its output-mask
+    path and its full path round apart) may order either way; the Mixer tests cover entropy."""
+    model, mask_id = model_of(dit)
+    ids = [7, 2, 11]
+    unshifted = lambda x: torch.cat([model(x)[:, 1:], model(x)[:, -1:]], 1)  # noqa: E731
+    expected, calls = dream_sample(unshifted, torch.tensor([ids]), 3 + 12, 6, "topk_margin",
+                                   mask_token_id=mask_id)
+    record = cli_sample(dit, tmp_path, ids, "--max-new-tokens", "12", "--steps", "6",
+                        "--k-schedule", "dream", "--order", "topk_margin")
+    assert record["tokens"] == expected[0].tolist() and record["nfe"] == calls
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--prompt-ids", "5,x"], "--prompt-ids expects comma-separated token ids"),
+    (["--prompt-ids", "5,-1"], "--prompt-ids expects token ids of at least 0"),
+    (["--prompt-ids", "5,99999"], "--prompt-ids holds 99999, not a token"),
+    (["--prompt-ids", "5", "--prompt", "a"], "give --prompt or --prompt-ids, not both"),
+    (["--prompt-ids", "5", "--steps", "10", "--sampler", "confidence", "--k-schedule", "llada",
+      "--block-length", "8", "--max-new-tokens", "24"], "steps (10) must be a multiple"),
+])
+def test_prompt_ids_mistakes_are_one_line(dit, flags, message):
+    from typer.testing import CliRunner
+
+    from mdlm_cli.cli import app
+
+    result = CliRunner().invoke(app, ["sample", "-c", str(dit), "-n", "1", *flags])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
