@@ -104,7 +104,7 @@ def sample_cmd(
         ids = id_list(prompt_ids, "--prompt-ids")
         check_all_writable(out)  # before the sampling, not after it
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
-        how = resolved(sampling, loaded.objective)
+        how = resolved(sampling, loaded)
         with sampling_progress(how.sampler, num_samples) as advance:
             drawn = sample_window(
                 loaded, rt, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
@@ -167,7 +167,7 @@ def semi_ar_cmd(
         check_all_writable(out)
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         drawn = semi_ar_blocks(
-            loaded, rt, resolved(sampling, loaded.objective), num_samples=num_samples, seed=seed,
+            loaded, rt, resolved(sampling, loaded), num_samples=num_samples, seed=seed,
             length=length, stride=stride, prompt=prompt, max_new_tokens=max_new_tokens,
             stop_at_eos=stop_at_eos, source=checkpoint, on_text=_write if stream else None)
         if out:  # before anything is printed

@@ -113,11 +113,14 @@ def flag(name: str) -> str:
     return f"--{dashed(name)}"
 
 
-def resolved(settings: SamplingSettings, objective) -> SamplingSettings:
-    """The settings with the sampler and steps the objective chose (`resolve_sampler`: a
-    warning for each option given that the sampler does not read)."""
-    spec, steps = resolve_sampler(objective, settings.sampler, settings.steps, settings.options)
-    return settings.with_(sampler=spec.name, steps=steps)
+def resolved(settings: SamplingSettings, loaded) -> SamplingSettings:
+    """The settings with the sampler and steps the loaded model's objective chose
+    (`resolve_sampler`: a warning for each option given that the sampler does not read), and
+    the model's own option defaults for those not given (`LoadedModel.sampling_defaults`)."""
+    spec, steps = resolve_sampler(loaded.objective, settings.sampler, settings.steps,
+                                  settings.options)
+    how = settings.with_(sampler=spec.name, steps=steps)
+    return _validated(how.with_defaults(loaded.sampling_defaults))
 
 
 def given(settings: SamplingSettings) -> list[str]:

@@ -82,6 +82,19 @@ class SamplingSettings:
         """A copy with `changes` (e.g. the sampler and steps an objective chose)."""
         return replace(self, **changes)
 
+    def with_defaults(self, defaults: Mapping[str, Any] | None) -> SamplingSettings:
+        """A copy with a model's own option defaults (e.g. {"k_schedule": "llada"} for LLaDA)
+        for the options its sampler (named) reads and that were not given: a given option, or
+        one of the options instance, wins; others' options are not added (nothing to warn)."""
+        from .registry import get_sampler
+
+        if not defaults:
+            return self
+        spec, base = get_sampler(self.sampler), self.instance
+        added = {k: v for k, v in defaults.items() if k in spec.option_names
+                 and k not in self.options and (base is None or k not in _edited(base))}
+        return replace(self, options={**added, **self.options}) if added else self
+
     def read_by(self, spec) -> dict[str, Any]:
         """The options given that the sampler `spec` (a SamplerSpec) reads."""
         return {k: v for k, v in self.options.items() if k in spec.option_names}
@@ -99,6 +112,11 @@ class SamplingSettings:
         spec = get_sampler(self.sampler)
         return {"sampler": spec.name, "steps": self.steps, "precision": self.precision,
                 "temperature": self.temperature, "top_p": self.top_p, **self.read_by(spec)}
+
+
+def _edited(instance: Any) -> set[str]:
+    """The fields of an options instance away from their defaults (given by the caller)."""
+    return {f.name for f in fields(instance) if getattr(instance, f.name) != f.default}
 
 
 def settings_of(values: Mapping[str, Any]) -> SamplingSettings:

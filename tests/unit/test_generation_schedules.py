@@ -430,3 +430,50 @@ def test_prompt_ids_mistakes_are_one_line(dit, flags, message):
     result = CliRunner().invoke(app, ["sample", "-c", str(dit), "-n", "1", *flags])
     assert result.exit_code == 1 and message in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+# ------------------------------------------------------------------ a model family's own defaults
+
+@pytest.fixture(scope="module")
+def llada_like(tmp_path_factory):
+    """A DiT checkpoint whose state names LLaDA's schedule, as the LLaDA loader's does."""
+    return save_dit(tmp_path_factory.mktemp("llada") / "run",
+                    {"sampling_defaults": {"k_schedule": "llada"}})
+
+
+def test_a_models_sampling_defaults_apply_unless_given(llada_like, tmp_path):
+    model, mask_id = model_of(llada_like)
+    ids = [5, 17, 3, 9]
+    expected, _ = llada_generate(model, torch.tensor([ids]), 6, 16, 16, mask_id=mask_id)
+    record = cli_sample(llada_like, tmp_path, ids, "--max-new-tokens", "16", "--steps", "6")
+    assert record["k_schedule"] == "llada" and record["tokens"] == expected[0].tolist()
+    record = cli_sample(llada_like, tmp_path, ids, "--max-new-tokens", "16", "--steps", "5",
+                        "--k-schedule", "linear")
+    assert record["k_schedule"] == "linear"
+
+
+def test_the_defaults_are_not_forced_on_samplers_that_do_not_read_them(llada_like):
+    from typer.testing import CliRunner
+
+    from mdlm_cli.cli import app
+
+    result = CliRunner().invoke(app, ["sample", "-c", str(llada_like), "-n", "1", "--sampler",
+                                      "first-hitting", "--quiet"])
+    assert result.exit_code == 0 and "does not apply" not in result.output, result.output
+    how = SamplingSettings("threshold").with_defaults({"k_schedule": "dream"})
+    assert how.options == {}
+    given = SamplingSettings("confidence", options={"k_schedule": "cosine"})
+    assert given.with_defaults({"k_schedule": "dream"}).options == {"k_schedule": "cosine"}
+
+
+def test_the_server_applies_the_defaults_to_a_request():
+    from mdlm_cli.serve.schema import Limits, sampler_settings
+
+    from .test_serve_batching import served_model
+
+    served = served_model("mdlm")
+    served.loaded.state["sampling_defaults"] = {"k_schedule": "dream"}
+    body = {"prompt": "x", "sampler": "confidence", "steps": 4}
+    assert sampler_settings(body, served, Limits()).options["k_schedule"] == "dream"
+    body["k_schedule"] = "linear"
+    assert sampler_settings(body, served, Limits()).options["k_schedule"] == "linear"

@@ -103,6 +103,7 @@ class MdlmLM(LM):
         for name, value in choice.ignored.items():
             self.warn(f"{name}={value} does not apply to {choice.spec.name}; ignored")
         how = sampling.with_(sampler=choice.spec.name, steps=choice.steps)
+        how = how.with_defaults(loaded.sampling_defaults).validate()  # e.g. LLaDA's k-schedule
         self.generation = GenerationSettings(how, None if stride is None else int(stride),
                                              int(seed))
         self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(
