@@ -63,6 +63,12 @@ SAMPLE_HELP = """Draw samples from a trained model and print them.
                                                       # network call
       mdlm sample --sampler remdm --steps 1000 --eta 0.02
       mdlm sample --checkpoint runs/demo-ar -n 8     # an AR checkpoint: left to right, KV cache
+      mdlm sample -c LLADA --prompt-ids 5,17,3 --max-new-tokens 64 --steps 64
+        --sampler confidence --block-length 16 --temperature 0   # LLaDA's generate()
+      mdlm sample -c DREAM --prompt-ids 5,17,3 --max-new-tokens 24 --steps 12
+        --sampler confidence --order entropy --temperature 0     # Dream's alg="entropy"
+      (each folder's own --k-schedule is its default: llada, dream; docs/sampling.md
+      maps their generate arguments to these flags)
     """
 SEMI_AR_HELP = """Generate text longer than the model's window, block by block (MDLM §4.2).
 
