@@ -477,3 +477,20 @@ def test_the_server_applies_the_defaults_to_a_request():
     assert sampler_settings(body, served, Limits()).options["k_schedule"] == "dream"
     body["k_schedule"] = "linear"
     assert sampler_settings(body, served, Limits()).options["k_schedule"] == "linear"
+
+
+def test_bench_sampler_rows_take_the_defaults(llada_like, tmp_path):
+    from typer.testing import CliRunner
+
+    from mdlm_cli.cli import app
+
+    out = tmp_path / "b.json"
+    args = ["bench-sampler", "-c", str(llada_like), "--samplers", "confidence", "--steps", "4",
+            "-n", "2", "--batch-size", "2", "--repeats", "1", "--length", "16", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["results"]
+    assert [r["options"] for r in rows] == [{"k_schedule": "llada"}]
+    result = CliRunner().invoke(app, [*args, "--k-schedule", "cosine,dream"])
+    rows = json.loads(out.read_text())["results"]
+    assert [r["options"]["k_schedule"] for r in rows] == ["cosine", "dream"]
