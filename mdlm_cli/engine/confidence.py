@@ -116,7 +116,8 @@ def _top_k(conf: Tensor, k: Tensor, ctx: SamplerContext) -> Tensor:
     (Dream's multinomial), by the Gumbel top-k trick: the same law, one uniform per position."""
     tau = ctx.options.order_temperature
     if tau > 0:
-        gumbel = -(-ctx.rand(conf.shape, conf.device).log()).log()
+        u = ctx.rand(conf.shape, conf.device).clamp_(min=1e-300)  # u = 0 would rank last
+        gumbel = -(-u.log()).log()
         conf = conf / tau + gumbel  # -inf (not a candidate) stays -inf
     order = conf.argsort(dim=1, descending=True, stable=True)  # candidates first
     rank = torch.empty_like(order).scatter_(

@@ -53,12 +53,13 @@ def _llada(n_masked: list[int], steps: int) -> Tensor:
 
 def _dream(n_masked: list[int], steps: int) -> Tensor:
     t = torch.linspace(1, DREAM_EPS, steps + 1)  # float32, as Dream's (its ratios are float32)
+    left = torch.tensor(n_masked, dtype=torch.long)
     out = torch.zeros(len(n_masked), steps, dtype=torch.long)
-    for b, n in enumerate(n_masked):
-        for i in range(steps):
-            m = torch.tensor(float(n))  # Dream: mask_index.sum() / batch, a float32 tensor
-            k = int(m * (1 - t[i + 1] / t[i])) if i < steps - 1 else n
-            out[b, i], n = k, n - k
+    for i in range(steps - 1):
+        # Dream: int(mask_index.sum() / batch * (1 - s / t)), float32, truncated
+        out[:, i] = (left.float() * (1 - t[i + 1] / t[i])).long()
+        left = left - out[:, i]
+    out[:, -1] = left  # the last step reveals all that are left
     return out
 
 
