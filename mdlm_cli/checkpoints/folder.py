@@ -321,6 +321,14 @@ class LoadedModel:
     def length(self) -> int:
         return self.data_meta["length"]
 
+    @property
+    def sampling_defaults(self) -> dict:
+        """The model family's own sampler option defaults (its loader's
+        `state["sampling_defaults"]`, e.g. {"k_schedule": "llada"}); {} for none. Every
+        surface that samples applies them (`SamplingSettings.with_defaults`) to the options
+        the user did not give."""
+        return dict(self.state.get("sampling_defaults") or {})
+
 
 def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device | str = "cpu",
                     which: str = "latest") -> LoadedModel:

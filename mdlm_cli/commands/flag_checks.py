@@ -12,6 +12,20 @@ def check_positive(**values: int | None) -> None:
             raise MdlmError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
 
 
+def id_list(text: str | None, name: str) -> list[int] | None:
+    """Comma-separated token ids (integers, at least 0) as given, e.g. 5,17,3; None for None."""
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MdlmError(f"{name} expects comma-separated token ids, e.g. 5,17,3 (got {text!r})"
+                        ) from None
+    if not values or min(values) < 0:
+        raise MdlmError(f"{name} expects token ids of at least 0 (got {text!r})")
+    return values
+
+
 def int_list(text: str, name: str) -> list[int]:
     try:
         values = [int(float(x)) for x in text.split(",") if x.strip()]

@@ -327,7 +327,7 @@ def _sample_for_judging(draw: _Draw, out: str | None):
     from .sample import sampling_progress
 
     loaded, rt = load_for_command(draw.checkpoint, draw.device, False, draw.threads)
-    how, n = resolved(draw.sampling, loaded.objective), draw.num_samples
+    how, n = resolved(draw.sampling, loaded), draw.num_samples
     with sampling_progress(how.sampler, n) as advance:
         drawn = draw_samples(loaded, rt, how, num_samples=n, seed=draw.seed,
                              batch_size=min(n, 16), on_batch=advance)
@@ -348,7 +348,7 @@ def _responses_for_judging(draw: _Draw, prompts: str, out: str | None):
 
     loaded, rt = load_for_command(draw.checkpoint, draw.device, False, draw.threads)
     asked, what = read_prompts(prompts, loaded, draw.num_samples)
-    how = resolved(draw.sampling, loaded.objective)
+    how = resolved(draw.sampling, loaded)
     with sampling_progress(how.sampler, len(asked)) as advance:
         drawn = draw_responses(loaded, rt, how, asked, seed=draw.seed,
                                batch_size=min(len(asked), 16), on_batch=advance)

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .app import app
 from .console import console, err_console, user_errors
-from .flag_checks import check_positive
+from .flag_checks import check_positive, id_list
 from .loading import load_for_command
 from .options import (
     AllowLongerOpt,
@@ -32,6 +32,9 @@ InfillOpt = Annotated[
 ]
 SampleLengthOpt = Annotated[int | None, typer.Option(
     help="Tokens per sample (default: the model's L).")]
+PromptIdsOpt = Annotated[str | None, typer.Option(
+    help="Token ids the samples start with, comma-separated (e.g. 5,17,3), nothing added "
+         "before or after them (no BOS); instead of --prompt or --infill.")]
 QuietOpt = Annotated[bool, typer.Option(help="Do not print the samples.")]
 MaxNewTokensOpt = Annotated[int | None, typer.Option(
     help="Tokens after the prompt at most (instead of --length).")]
@@ -60,6 +63,12 @@ SAMPLE_HELP = """Draw samples from a trained model and print them.
                                                       # network call
       mdlm sample --sampler remdm --steps 1000 --eta 0.02
       mdlm sample --checkpoint runs/demo-ar -n 8     # an AR checkpoint: left to right, KV cache
+      mdlm sample -c LLADA --prompt-ids 5,17,3 --max-new-tokens 64 --steps 64
+        --sampler confidence --block-length 16 --temperature 0   # LLaDA's generate()
+      mdlm sample -c DREAM --prompt-ids 5,17,3 --max-new-tokens 24 --steps 12
+        --sampler confidence --order entropy --temperature 0     # Dream's alg="entropy"
+      (each folder's own --k-schedule is its default: llada, dream; docs/sampling.md
+      maps their generate arguments to these flags)
     """
 SEMI_AR_HELP = """Generate text longer than the model's window, block by block (MDLM §4.2).
 
@@ -80,6 +89,7 @@ def sample_cmd(
     batch_size: SampleBatchSizeOpt = 4,
     seed: SeedOpt = 0,
     prompt: PromptOpt = None,
+    prompt_ids: PromptIdsOpt = None,
     infill: InfillOpt = None,
     length: SampleLengthOpt = None,
     out: OutOpt = None,
@@ -97,14 +107,16 @@ def sample_cmd(
 
     with user_errors():
         check_positive(num_samples=num_samples, batch_size=batch_size, length=length)
+        ids = id_list(prompt_ids, "--prompt-ids")
         check_all_writable(out)  # before the sampling, not after it
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
-        how = resolved(sampling, loaded.objective)
+        how = resolved(sampling, loaded)
         with sampling_progress(how.sampler, num_samples) as advance:
             drawn = sample_window(
                 loaded, rt, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
                 prompt=prompt, infill=infill, length=length, max_new_tokens=max_new_tokens,
-                stop_at_eos=stop_at_eos, allow_longer=allow_longer, on_batch=advance)
+                stop_at_eos=stop_at_eos, allow_longer=allow_longer, on_batch=advance,
+                prompt_ids=ids)
         summary = (f"{how.sampler}: {drawn.per_sample:.2f} s/sample, NFE {drawn.stats.nfe:.1f}, "
                    f"NCS {drawn.stats.ncs:.1f} per sample ({sampling.precision})")
         _write_and_show(drawn, out, quiet, summary)
@@ -161,7 +173,7 @@ def semi_ar_cmd(
         check_all_writable(out)
         loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
         drawn = semi_ar_blocks(
-            loaded, rt, resolved(sampling, loaded.objective), num_samples=num_samples, seed=seed,
+            loaded, rt, resolved(sampling, loaded), num_samples=num_samples, seed=seed,
             length=length, stride=stride, prompt=prompt, max_new_tokens=max_new_tokens,
             stop_at_eos=stop_at_eos, source=checkpoint, on_text=_write if stream else None)
         if out:  # before anything is printed

@@ -55,7 +55,8 @@ DrawPrecisionOpt = Annotated[str, typer.Option(  # the draw's; the network's is 
     help="Categorical sampling: fp64 (exact) or fp32 (the reference's truncated draw).")]
 # checked with the other sampling settings (SamplingSettings.validate), not here
 TemperatureOpt = Annotated[float, typer.Option(
-    help="Softmax temperature: a finite number above 0.")]
+    help="Softmax temperature: a finite number, at least 0 (0: greedy, the argmax at every "
+    "draw).")]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")]
 
 
@@ -112,11 +113,14 @@ def flag(name: str) -> str:
     return f"--{dashed(name)}"
 
 
-def resolved(settings: SamplingSettings, objective) -> SamplingSettings:
-    """The settings with the sampler and steps the objective chose (`resolve_sampler`: a
-    warning for each option given that the sampler does not read)."""
-    spec, steps = resolve_sampler(objective, settings.sampler, settings.steps, settings.options)
-    return settings.with_(sampler=spec.name, steps=steps)
+def resolved(settings: SamplingSettings, loaded) -> SamplingSettings:
+    """The settings with the sampler and steps the loaded model's objective chose
+    (`resolve_sampler`: a warning for each option given that the sampler does not read), and
+    the model's own option defaults for those not given (`LoadedModel.sampling_defaults`)."""
+    spec, steps = resolve_sampler(loaded.objective, settings.sampler, settings.steps,
+                                  settings.options)
+    how = settings.with_(sampler=spec.name, steps=steps)
+    return _validated(how.with_defaults(loaded.sampling_defaults))
 
 
 def given(settings: SamplingSettings) -> list[str]:

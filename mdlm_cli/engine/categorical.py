@@ -18,6 +18,12 @@ float32 would fail (a class below ~6e-8 of the total adds nothing to it), so it 
 float64.
 `fp32` reproduces exactly the reference draw (probabilities / (-log(u + 1e-10)) in
 float32) for comparison.
+
+Temperature 0 is greedy: the most likely real token (argmax of the logits, the mask
+excluded), no uniform drawn; its probability is that of the untempered softmax, what
+LLaDA's and Dream's generation code read as its confidence. Where a draw mixes the
+token's weights with another class ("stay masked"), the weights are the one-hot limit of
+softmax(logits / T) as T -> 0.
 """
 
 from __future__ import annotations
@@ -52,8 +58,12 @@ def token_weights(
     """Weights (N, V) proportional to p_theta under SUBS, the mask's weight 0: float32, or
     float64 for float64 logits (normalised in the logits' own precision, so nothing of a
     float64 logit is lost to a cast first). Not normalised after the mask is dropped: both
-    draws are scale-free, and skipping the pass matters at V = 50k."""
+    draws are scale-free, and skipping the pass matters at V = 50k. Temperature 0: one-hot
+    at the greedy token."""
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    if temperature == 0:
+        one_hot = torch.zeros(logits.shape, dtype=dtype, device=logits.device)
+        return one_hot.scatter_(-1, greedy_tokens(logits, mask_id)[:, None], 1.0)
     if temperature == 1.0 and top_p == 1.0:  # one fused softmax, then the mask's share dropped
         weights = torch.softmax(logits, dim=-1, dtype=dtype)
         weights[:, mask_id] = 0.0
@@ -61,6 +71,15 @@ def token_weights(
     logits = logits.to(dtype, copy=True)
     logits[:, mask_id] = float("-inf")
     return filter_logits(logits, temperature=temperature, top_p=top_p).softmax(-1)
+
+
+def greedy_tokens(logits: Tensor, mask_id: int) -> Tensor:
+    """The most likely real token of each row (N,): the temperature-0 draw (first index of a
+    tie, as torch.argmax)."""
+    logits = logits.clone()
+    logits[:, mask_id] = float("-inf")
+    check_logits(logits)
+    return logits.argmax(-1)
 
 
 def check_rows(peak: Tensor, *, logits: bool = False) -> None:
@@ -128,8 +147,10 @@ def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | 
     """Tokens from p_theta (SUBS: the mask is never drawn) at N positions: logits (N, V) -> (N,).
 
     fp64: inverse CDF with a float64 running sum (exact, one uniform per row). fp32: the
-    reference's float32 race, truncation included.
+    reference's float32 race, truncation included. Temperature 0: argmax, no uniform.
     """
+    if temperature == 0:
+        return greedy_tokens(logits, mask_id)
     return _draw(token_weights(logits, mask_id, temperature=temperature, top_p=top_p), mask_id,
                  generator=generator, precision=precision)
 
@@ -138,11 +159,34 @@ def sample_tokens_with_probs(logits: Tensor, mask_id: int, *, generator: torch.G
                              precision: str = "fp64", temperature: float = 1.0,
                              top_p: float = 1.0) -> tuple[Tensor, Tensor]:
     """`sample_tokens` (the same draws), and the probability of each drawn token (N,) float64
-    under the distribution it was drawn from: the confidence of the confidence-ordered samplers."""
+    under the distribution it was drawn from: the confidence of the confidence-ordered samplers.
+    Temperature 0: the argmax and its probability under the untempered softmax."""
+    tokens, weights = sample_tokens_with_weights(
+        logits, mask_id, generator=generator, precision=precision, temperature=temperature,
+        top_p=top_p)
+    return tokens, drawn_probs(weights, tokens)
+
+
+def drawn_probs(weights: Tensor, tokens: Tensor) -> Tensor:
+    """The probability (N,) float64 of each token under its row of unnormalised `weights`."""
+    return weights.gather(-1, tokens[:, None])[:, 0].double() / weights.double().sum(-1)
+
+
+def sample_tokens_with_weights(logits: Tensor, mask_id: int, *,
+                               generator: torch.Generator | None, precision: str = "fp64",
+                               temperature: float = 1.0, top_p: float = 1.0,
+                               untempered: bool = False) -> tuple[Tensor, Tensor]:
+    """`sample_tokens` (the same draws), and the unnormalised weights (N, V) they were drawn
+    from; with `untempered` (or at temperature 0) the untempered softmax's instead, the mask's
+    weight 0: what LLaDA reads its confidence from (it draws at temperature T by Gumbel-max,
+    the softmax(logits / T) law, but ranks by softmax(logits))."""
+    if temperature == 0:
+        return greedy_tokens(logits, mask_id), token_weights(logits, mask_id)
     weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p)
     tokens = _draw(weights, mask_id, generator=generator, precision=precision)
-    probs = weights.gather(-1, tokens[:, None])[:, 0].double() / weights.double().sum(-1)
-    return tokens, probs
+    if untempered and (temperature != 1.0 or top_p != 1.0):
+        weights = token_weights(logits, mask_id)
+    return tokens, weights
 
 
 def _draw(

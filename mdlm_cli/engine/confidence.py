@@ -2,38 +2,71 @@
 (`confidence`) and Fast-dLLM's threshold rule (`threshold`).
 
 At every network call a token is drawn (float64, exact per position) at every masked
-position, and its confidence is its probability under the distribution it was drawn
-from; the most confident drawn tokens are kept and the others stay masked (LLaDA's
-code calls this remasking). Both are inexact: tokens revealed by the same call are drawn
-independently from their marginals, and keeping likely draws favours likely tokens, an
-effect like a lower temperature. What they buy is fewer network calls than tokens.
+position, and its confidence is read from the distribution it was drawn from; the most
+confident drawn tokens are kept and the others stay masked (LLaDA's code calls this
+remasking). Both are inexact: tokens revealed by the same call are drawn independently from
+their marginals, and keeping likely draws favours likely tokens, an effect like a lower
+temperature. What they buy is fewer network calls than tokens.
+
+`confidence` reproduces two published generation loops, token for token at temperature 0:
+- LLaDA's `generate(steps, gen_length, block_length, temperature)` (low_confidence
+  remasking, no CFG) is `k_schedule="llada"`, `block_length`, order maskgit_plus. Its
+  confidence is softmax(logits) at the drawn token, untempered, while the token is drawn at
+  temperature T (Gumbel-max over exp(logits) / E^T: the softmax(logits / T) law); the llada
+  schedule reads it so at any temperature, and ranks only within the current block.
+- Dream's `diffusion_generate(steps, alg, alg_temp, temperature, top_p)` is
+  `k_schedule="dream"`, `order=alg`, `order_temperature=alg_temp`; its confidence is read
+  from the distribution drawn from (tempered, nucleus-filtered), as here for every k-schedule
+  but llada. Rows are independent (Dream shares one count across the batch).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from .categorical import drawn_probs
 from .context import SamplerContext
 from .options import option
+from .transfer import K_SCHEDULES, TransferPlan, transfer_plan
 
-# Fraction of a sequence's masked positions still masked after step i of N, s = i / N:
-# `linear` reveals the same number at every step (LLaDA's get_num_transfer_tokens),
-# `cosine` few at first and more later (MaskGIT's schedule).
-K_SCHEDULES = {
-    "linear": lambda s: 1.0 - s,
-    "cosine": lambda s: math.cos(math.pi / 2 * s),
+# How confident a drawn token is, from its row of weights (N, V) (the distribution it was
+# drawn from, or LLaDA's untempered one) and the token: Dream's `alg` names.
+ORDERS = {
+    "maskgit_plus": lambda w, tokens: drawn_probs(w, tokens),  # the drawn token's probability
+    "topk_margin": lambda w, tokens: _margin(w),  # top-1 minus top-2 probability
+    "entropy": lambda w, tokens: _neg_entropy(w),  # sum p log p: the flattest rows last
 }
+
+
+def _margin(weights: Tensor) -> Tensor:
+    top2 = weights.topk(2, dim=-1).values.double()
+    return (top2[:, 0] - top2[:, 1]) / weights.double().sum(-1)
+
+
+def _neg_entropy(weights: Tensor) -> Tensor:
+    p = weights / weights.sum(-1, keepdim=True)
+    return (p * (p + 1e-10).log()).sum(-1).double()  # as Dream: + 1e-10, summed in float32
 
 
 @dataclass(frozen=True)
 class ConfidenceOptions:
     k_schedule: str = option(
-        "linear", "tokens revealed per step, linear (equal shares, LLaDA) or cosine (MaskGIT).",
-        choices=K_SCHEDULES)
+        "linear", "tokens revealed per step: linear (equal shares), cosine (MaskGIT), llada "
+        "(LLaDA's get_num_transfer_tokens, its confidence the untempered probability) or "
+        "dream (Dream's timestep grid).", choices=K_SCHEDULES)
+    block_length: int = option(
+        0, "blocks of this many tokens after the prompt, filled left to right, the steps split "
+        "evenly over them (LLaDA's block_length; 0 = one block).", low=0)
+    order: str = option(
+        "maskgit_plus", "which draws a step keeps (Dream's alg): the likeliest (maskgit_plus), "
+        "largest top-1 minus top-2 probability (topk_margin), lowest entropy (entropy).",
+        choices=ORDERS)
+    order_temperature: float = option(
+        0.0, "0 keeps the k most confident; above 0 draws the k positions from "
+        "softmax(confidence / this) (Dream's alg_temp).", low=0.0)
 
 
 @dataclass(frozen=True)
@@ -43,20 +76,6 @@ class ThresholdOptions:
         low=0.0, high=1.0)
 
 
-def reveal_counts(n_masked: list[int], steps: int, k_schedule: str) -> Tensor:
-    """Tokens each sequence reveals at each step, (B, steps) long on the host: the masked
-    count left after step i is floor(n * f(i / steps)), f from K_SCHEDULES, 0 after the last.
-    A step that reveals nothing for a sequence costs it no network call."""
-    f = torch.tensor(
-        [K_SCHEDULES[k_schedule](i / steps) for i in range(steps + 1)], dtype=torch.float64
-    )
-    n = torch.tensor(n_masked, dtype=torch.float64)[:, None]
-    left = torch.floor(n * f + 1e-9).long().clamp(min=0)  # + 1e-9: 0.7 * 10 is 7, not 6.999...
-    left[:, 0], left[:, -1] = n[:, 0].long(), 0
-    left = torch.cummin(left, dim=1).values  # never more masked than before
-    return left[:, :-1] - left[:, 1:]
-
-
 def _times(z: Tensor, ctx: SamplerContext) -> Tensor:
     """One time per sequence, where the schedule's mask rate equals its masked fraction
     (what a model with time conditioning expects; a time-agnostic one ignores it)."""
@@ -64,21 +83,21 @@ def _times(z: Tensor, ctx: SamplerContext) -> Tensor:
     return ctx.schedule.inverse(1.0 - frac).clamp(ctx.eps, 1.0)
 
 
-def _draw_masked(
-    z: Tensor, ctx: SamplerContext, rows: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor]:
+def _draw_masked(z: Tensor, ctx: SamplerContext, rows: Tensor | None, order: str = "maskgit_plus",
+                 untempered: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """A token drawn at every masked position of the sequences `rows` (all if None) from one
     network call. Returns, for those sequences, (masked (R, L), tokens (R, L), confidence (R, L):
-    the drawn token's probability at masked positions, -inf elsewhere)."""
+    the drawn token's by `order` (ORDERS) at masked positions, -inf elsewhere)."""
     masked = z == ctx.mask_id
-    tokens, probs = ctx.draw_with_probs(ctx.logits(z, _times(z, ctx), masked, rows))
+    logits = ctx.logits(z, _times(z, ctx), masked, rows)
+    tokens, weights = ctx.draw_with_weights(logits, untempered)
     if rows is not None:
         masked = masked[rows]
     drawn = torch.zeros(masked.shape, dtype=torch.long, device=z.device).masked_scatter_(
         masked, tokens
     )
     conf = torch.full(masked.shape, float("-inf"), dtype=torch.float64, device=z.device)
-    return masked, drawn, conf.masked_scatter_(masked, probs)
+    return masked, drawn, conf.masked_scatter_(masked, ORDERS[order](weights, tokens))
 
 
 def _reveal(z: Tensor, rows: Tensor | None, chosen: Tensor, drawn: Tensor) -> None:
@@ -91,26 +110,53 @@ def _reveal(z: Tensor, rows: Tensor | None, chosen: Tensor, drawn: Tensor) -> No
         z[rows] = sub
 
 
+def _top_k(conf: Tensor, k: Tensor, ctx: SamplerContext) -> Tensor:
+    """(R, L) bool: the k[r] positions of row r kept, the most confident, or at order
+    temperature tau > 0 k positions drawn without replacement from softmax(conf / tau)
+    (Dream's multinomial), by the Gumbel top-k trick: the same law, one uniform per position."""
+    tau = ctx.options.order_temperature
+    if tau > 0:
+        u = ctx.rand(conf.shape, conf.device).clamp_(min=1e-300)  # u = 0 would rank last
+        gumbel = -(-u.log()).log()
+        conf = conf / tau + gumbel  # -inf (not a candidate) stays -inf
+    order = conf.argsort(dim=1, descending=True, stable=True)  # candidates first
+    rank = torch.empty_like(order).scatter_(
+        1, order, torch.arange(conf.shape[1], device=conf.device).expand_as(order)
+    )
+    return rank < k[:, None]
+
+
+def _in_block(plan: TransferPlan, active: Tensor, i: int, L: int, device) -> Tensor | None:
+    """(R, L) bool: the positions of step i's block of each active sequence (None: all)."""
+    if plan.lo is None:
+        return None
+    pos = torch.arange(L)[None]
+    inside = (pos >= plan.lo[active, i, None]) & (pos < plan.hi[active, i, None])
+    return inside.to(device)
+
+
 def confidence(z: Tensor, ctx: SamplerContext) -> Tensor:
-    """`steps` steps; at step i a sequence keeps the k_i most confident of its drawn tokens,
-    k_i from `ctx.options.k_schedule` (reveal_counts). One network call per step that reveals
-    something: NFE = min(steps, masked positions) with the linear schedule; NCS = the
-    masked positions summed over the calls."""
-    B = len(z)
-    counts = reveal_counts((z == ctx.mask_id).sum(1).tolist(), ctx.steps, ctx.options.k_schedule)
+    """`steps` steps; at step i a sequence keeps k_i of its drawn tokens, the most confident
+    by `order` (or drawn by confidence at `order_temperature` > 0), within step i's block;
+    k_i and the blocks from `k_schedule` and `block_length` (transfer.py). One network call per
+    step that reveals something (LLaDA's and Dream's code call the model at every step: the
+    same tokens, the calls that change nothing saved): NFE = min(steps, masked positions)
+    with the linear schedule; NCS = the masked positions summed over the calls."""
+    B, L = z.shape
+    opts = ctx.options
+    plan = transfer_plan(z == ctx.mask_id, ctx.steps, opts.k_schedule, opts.block_length)
     for i in range(ctx.steps):
-        k = counts[:, i]
+        k = plan.counts[:, i]
         active = k.nonzero()[:, 0]
         if not len(active):
             continue
         rows = None if len(active) == B else active.to(z.device)
-        masked, drawn, conf = _draw_masked(z, ctx, rows)
-        k = k[active].to(z.device)
-        order = conf.argsort(dim=1, descending=True, stable=True)  # masked positions first
-        rank = torch.empty_like(order).scatter_(
-            1, order, torch.arange(z.shape[1], device=z.device).expand_as(order)
-        )
-        _reveal(z, rows, masked & (rank < k[:, None]), drawn)
+        masked, drawn, conf = _draw_masked(z, ctx, rows, opts.order, opts.k_schedule == "llada")
+        inside = _in_block(plan, active, i, L, z.device)
+        if inside is not None:
+            masked = masked & inside
+            conf = conf.masked_fill(~inside, float("-inf"))
+        _reveal(z, rows, masked & _top_k(conf, k[active].to(z.device), ctx), drawn)
     return z
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .categorical import sample_tokens, sample_tokens_with_probs
+from .categorical import sample_tokens, sample_tokens_with_probs, sample_tokens_with_weights
 from .diffusion import call_denoiser, subs_log_score
 from .protocols import Denoiser, score_method
 from .schedules import Schedule
@@ -116,6 +116,12 @@ class SamplerContext:
         drawn from."""
         self.stats.draws += logits.shape[0]
         return sample_tokens_with_probs(logits, self.mask_id, **self._draw_settings())
+
+    def draw_with_weights(self, logits: Tensor, untempered: bool = False) -> tuple[Tensor, Tensor]:
+        """`draw`, and the weights (N, V) drawn from (`untempered`: the untempered softmax's)."""
+        self.stats.draws += logits.shape[0]
+        return sample_tokens_with_weights(logits, self.mask_id, untempered=untempered,
+                                          **self._draw_settings())
 
     def rand(self, shape, device) -> Tensor:
         return torch.rand(shape, generator=self.generator, device=device, dtype=torch.float64)

@@ -77,8 +77,10 @@ SAMPLERS: dict[str, SamplerSpec] = {spec.name: spec for spec in (
     SamplerSpec("confidence", confidence, exact=False, uses_steps=True, default_steps=128,
                 options=ConfidenceOptions,
                 help="MaskGIT / LLaDA low-confidence remasking: each step draws a token at every "
-                     "masked position and keeps the k likeliest draws (k from --k-schedule over "
-                     "the steps); inexact: parallel, biased to likely tokens"),
+                     "masked position and keeps the k most confident draws (k from --k-schedule "
+                     "over the steps, confidence by --order, in blocks of --block-length); "
+                     "LLaDA's generate and Dream's diffusion_generate token for token; inexact: "
+                     "parallel, biased to likely tokens"),
     SamplerSpec("threshold", threshold, exact=False, options=ThresholdOptions,
                 help="Fast-dLLM parallel decoding: each call keeps every drawn token whose "
                      "probability exceeds --threshold (at least one); inexact: parallel, biased "

@@ -104,8 +104,9 @@ def sample(denoiser: Denoiser,
     `sample(d, sampler="remdm", steps=100, eta=0.02, ...)`, with `options=` an instance of the
     sampler's dataclass (`SAMPLERS[name].options`, e.g. AncestralOptions(final_denoise=False))
     and/or keywords replacing its fields: `final_denoise` (ancestral, ancestral-cache,
-    d3pm-ancestral, remdm), `tokens_per_step` (first-hitting), `k_schedule` (confidence),
-    `threshold` (threshold), `eta` and `remdm_schedule` (remdm). Another sampler's option is
+    d3pm-ancestral, remdm), `tokens_per_step` (first-hitting), `k_schedule`, `block_length`,
+    `order` and `order_temperature` (confidence), `threshold` (threshold), `eta` and
+    `remdm_schedule` (remdm). Another sampler's option is
     not read; an unknown name, or a value out of its range or choices, is an EngineError.
 
     `prompt` (length,) or (num_samples, length) holds mask_id at free positions; every

@@ -6,8 +6,10 @@ The CLI flags, the Python API, `bench-sampler`'s rows, the server's request fiel
 `lm-eval` all build one and call `validate()`, the one check of these values: its messages
 name each value as the caller spells it (`--top-p` on the command line, `top_p` in a request).
 
-One rule for temperature everywhere: a finite number above 0 (no greedy mode: the samplers
-draw), with no upper cap (the server once capped it at 2.0, OpenAI's range; nothing else did).
+One rule for temperature everywhere: a finite number, at least 0, with no upper cap (the
+server once capped it at 2.0, OpenAI's range; nothing else did). Temperature 0 is greedy:
+every categorical draw takes the most likely real token, without noise (top-p does not
+change an argmax); a confidence is then the argmax's untempered softmax probability.
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ class SamplingSettings:
         if self.precision not in PRECISIONS:
             raise SettingsError("precision", f"{spell('precision')} must be one of: "
                                 f"{', '.join(PRECISIONS)} (got {self.precision!r})")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise SettingsError("temperature", f"{spell('temperature')} must be a finite number "
-                                f"above 0 (got {self.temperature})")
+                                f"at least 0 (0: greedy) (got {self.temperature})")
         if not 0 < self.top_p <= 1:  # NaN fails too
             raise SettingsError("top_p", f"{spell('top_p')} must be a finite number in (0, 1] "
                                 f"(got {self.top_p})")
@@ -80,6 +82,19 @@ class SamplingSettings:
         """A copy with `changes` (e.g. the sampler and steps an objective chose)."""
         return replace(self, **changes)
 
+    def with_defaults(self, defaults: Mapping[str, Any] | None) -> SamplingSettings:
+        """A copy with a model's own option defaults (e.g. {"k_schedule": "llada"} for LLaDA)
+        for the options its sampler (named) reads and that were not given: a given option, or
+        one of the options instance, wins; others' options are not added (nothing to warn)."""
+        from .registry import get_sampler
+
+        if not defaults:
+            return self
+        spec, base = get_sampler(self.sampler), self.instance
+        added = {k: v for k, v in defaults.items() if k in spec.option_names
+                 and k not in self.options and (base is None or k not in _edited(base))}
+        return replace(self, options={**added, **self.options}) if added else self
+
     def read_by(self, spec) -> dict[str, Any]:
         """The options given that the sampler `spec` (a SamplerSpec) reads."""
         return {k: v for k, v in self.options.items() if k in spec.option_names}
@@ -97,6 +112,11 @@ class SamplingSettings:
         spec = get_sampler(self.sampler)
         return {"sampler": spec.name, "steps": self.steps, "precision": self.precision,
                 "temperature": self.temperature, "top_p": self.top_p, **self.read_by(spec)}
+
+
+def _edited(instance: Any) -> set[str]:
+    """The fields of an options instance away from their defaults (given by the caller)."""
+    return {f.name for f in fields(instance) if getattr(instance, f.name) != f.default}
 
 
 def settings_of(values: Mapping[str, Any]) -> SamplingSettings:

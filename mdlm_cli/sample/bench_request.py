@@ -92,6 +92,7 @@ class BenchModel:
     tokenizer: Any
     data_cfg: Any  # DataConfig of its training data (the reference text)
     model_cfg: Any = None  # its ModelConfig (the memory estimate)
+    sampling_defaults: dict = field(default_factory=dict)  # LoadedModel.sampling_defaults
 
 
 def benchmark(request: BenchRequest, hooks: BenchHooks | None = None) -> BenchReport:
@@ -109,7 +110,8 @@ def benchmark(request: BenchRequest, hooks: BenchHooks | None = None) -> BenchRe
     hooks.on_start(meta)
     scorer, reference = quality(bm, request, length, hooks.status)
     denoiser = bm.objective.denoiser(bm.model, bm.rt.dtype)
-    report = run_bench(denoiser, sampling.settings(samplers), batch_sizes=request.batch_sizes,
+    rows = [how.with_defaults(bm.sampling_defaults) for how in sampling.settings(samplers)]
+    report = run_bench(denoiser, rows, batch_sizes=request.batch_sizes,
                        num_samples=request.num_samples, length=length, mask_id=bm.mask_id,
                        repeats=request.repeats, seed=request.seed, device=bm.rt.device,
                        meta=meta, schedule=bm.objective.schedule,
@@ -234,7 +236,7 @@ def _checkpoint_model(checkpoint: str, request: BenchRequest,
         on_note(note)
     return BenchModel(loaded.objective, loaded.model, loaded.mask_id, loaded.length,
                       str(loaded.path), rt, loaded.tokenizer, loaded.config.data,
-                      loaded.config.model)
+                      loaded.config.model, loaded.sampling_defaults)
 
 
 def _preset_model(preset: str | None, request: BenchRequest) -> BenchModel:

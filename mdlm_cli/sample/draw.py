@@ -64,17 +64,19 @@ def sample_window(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, b
                   seed: int, prompt: str | None = None, infill: str | None = None,
                   length: int | None = None, max_new_tokens: int | None = None,
                   stop_at_eos: bool | None = None, allow_longer: bool = False,
-                  on_batch: Callable[[int], None] | None = None) -> Drawn:
+                  on_batch: Callable[[int], None] | None = None,
+                  prompt_ids: list[int] | None = None) -> Drawn:
     """`mdlm sample`: the length (`length`, or the prompt plus `max_new_tokens`, else the
     model's L; refused past L without `allow_longer` or where a batch cannot fit), the
-    prompt or infill template, then `draw`."""
-    length = window_for(loaded, length, prompt, max_new_tokens)
+    prompt, raw prompt ids or infill template, then `draw`."""
+    length = window_for(loaded, length, prompt, max_new_tokens, prompt_ids)
     length = checked_length(loaded, length, batch_size, num_samples, rt.device, allow_longer)
-    fixed = template(loaded, length, prompt=prompt, infill=infill)
+    fixed = template(loaded, length, prompt=prompt, infill=infill, prompt_ids=prompt_ids)
+    ids = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
     drawn = draw(loaded, rt, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
                  length=length, prompt=fixed, stop_at_eos=stop_at_eos, on_batch=on_batch,
-                 extra={"prompt": prompt, "infill": infill})
-    if prompt is not None:
+                 extra={"prompt": prompt, "infill": infill, **ids})
+    if prompt is not None or prompt_ids is not None:
         with_responses(loaded, drawn.records, answer_start(fixed, loaded.mask_id))
     return drawn
 

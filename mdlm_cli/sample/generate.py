@@ -20,21 +20,37 @@ from ..io.files import write_text_atomic
 MASK_SPAN = re.compile(r"<mask(?::(\d+))?>")
 
 
+def check_prompt_ids(loaded: LoadedModel, ids: list[int]) -> list[int]:
+    """Raw prompt ids (`--prompt-ids`), refused past the vocabulary or at the mask id."""
+    bad = [i for i in ids if i >= loaded.tokenizer.vocab_size or i == loaded.mask_id]
+    if bad:
+        raise MdlmError(f"--prompt-ids holds {bad[0]}, not a token of the model's vocabulary "
+                        f"(ids 0 to {loaded.tokenizer.vocab_size - 1} but the mask, "
+                        f"{loaded.mask_id}; --infill marks positions to fill)")
+    return ids
+
+
 def template(loaded: LoadedModel, length: int, *, prompt: str | None = None,
-             infill: str | None = None) -> torch.Tensor | None:
+             infill: str | None = None, prompt_ids: list[int] | None = None
+             ) -> torch.Tensor | None:
     """The engine's `prompt` tensor (length,): fixed tokens, mask_id at free positions.
 
     `prompt`: a prefix; `infill`: text with `<mask>` (one token) or `<mask:N>` (N tokens)
     spans. Positions after the text are free. Rows of wrap/pad-packed data start
-    with BOS, so the template does too.
+    with BOS, so the template does too. `prompt_ids`: a prefix of raw token ids, nothing
+    added before or after it (no BOS).
     """
-    if prompt is None and infill is None:
+    given = [n for n, v in (("--prompt", prompt), ("--prompt-ids", prompt_ids),
+                            ("--infill", infill)) if v is not None]
+    if not given:
         return None
-    if prompt is not None and infill is not None:
-        raise MdlmError("give --prompt or --infill, not both")
+    if len(given) > 1:
+        raise MdlmError(f"give {' or '.join(given)}, not both")
     tok, mask_id = loaded.tokenizer, loaded.mask_id
-    ids: list[int] = loaded.row_start()
-    if prompt is not None:
+    ids: list[int] = [] if prompt_ids is not None else loaded.row_start()
+    if prompt_ids is not None:
+        ids += check_prompt_ids(loaded, prompt_ids)
+    elif prompt is not None:
         ids += tok.encode(prompt)
     else:
         pos = 0
@@ -118,15 +134,17 @@ def answer_start(prompt: torch.Tensor | None, mask_id: int) -> int:
 
 
 def window_for(loaded: LoadedModel, length: int | None, prompt: str | None,
-               max_new_tokens: int | None) -> int:
-    """Tokens per sample: `length`, or the prompt (with the row's start) plus `max_new_tokens`,
-    else the model's L."""
+               max_new_tokens: int | None, prompt_ids: list[int] | None = None) -> int:
+    """Tokens per sample: `length`, or the prompt (with the row's start; raw `prompt_ids`
+    without) plus `max_new_tokens`, else the model's L."""
     if max_new_tokens is None:
         return length or loaded.length
     if length is not None:
         raise MdlmError("give --length or --max-new-tokens, not both")
     if max_new_tokens < 1:
         raise MdlmError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+    if prompt_ids is not None:
+        return len(prompt_ids) + max_new_tokens
     prompt_tokens = len(loaded.tokenizer.encode(prompt)) if prompt else 0
     return len(loaded.row_start()) + prompt_tokens + max_new_tokens
 

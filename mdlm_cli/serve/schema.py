@@ -247,8 +247,8 @@ def sampler_settings(body: dict, served: Served, limits: Limits) -> SamplingSett
         float(get_value(body, "top_p", (int, float), 1.0, "a number")),
         options,
     )
-    try:
-        return settings.validate()
+    try:  # the model family's own option defaults for the options not given
+        return settings.validate().with_defaults(served.loaded.sampling_defaults).validate()
     except SettingsError as e:
         raise invalid(str(e), e.name) from None
 

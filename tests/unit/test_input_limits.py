@@ -81,7 +81,7 @@ def test_a_non_finite_float_flag_is_refused_in_one_line(command, flag, value):
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--temperature", "0"), ("--temperature", "-1"), ("--top-p", "0"), ("--top-p", "1.5")],
+    [("--temperature", "-0.5"), ("--temperature", "-1"), ("--top-p", "0"), ("--top-p", "1.5")],
 )
 def test_a_float_flag_out_of_its_range_is_refused(flag, value):
     result = CliRunner().invoke(app, ["sample", flag, value])

@@ -352,7 +352,7 @@ def test_threshold_zero_reveals_all_at_once_and_one_reveals_one_per_call(den, va
 
 @pytest.mark.parametrize("k_schedule", ["linear", "cosine"])
 def test_confidence_nfe_is_the_steps_that_reveal_something(k_schedule):
-    from mdlm_cli.engine.confidence import reveal_counts
+    from mdlm_cli.engine.transfer import reveal_counts
 
     counts = reveal_counts([64, 10, 0], 16, k_schedule)
     assert counts.sum(1).tolist() == [64, 10, 0] and (counts >= 0).all()

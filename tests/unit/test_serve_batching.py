@@ -202,7 +202,7 @@ def test_choice_text_cuts_at_a_stop_string_across_blocks():
         ({"prompt": "x", "sampler": "euler"}, "sampler"),
         ({"prompt": "x", "sampler": "first-hitting", "steps": 5}, "steps"),
         ({"prompt": "x", "sampler": "ancestral", "eta": 0.1}, "eta"),
-        ({"prompt": "x", "temperature": 0}, "temperature"),
+        ({"prompt": "x", "temperature": -1}, "temperature"),
         ({"prompt": [1, 2, 99]}, "prompt"),
         ({"prompt": {"a": 1}}, "prompt"),
         ({"prompt": "x", "stride": 8, "suffix": "y"}, "suffix"),

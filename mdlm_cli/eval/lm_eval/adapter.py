@@ -37,7 +37,6 @@ from lm_eval.api.registry import register_model
 from ...engine.settings import SamplingSettings
 from ...errors import MdlmError
 from .scoring import (
-    GREEDY_TOP_P,
     ConditionalScorer,
     GenerationSettings,
     Scored,
@@ -104,6 +103,7 @@ class MdlmLM(LM):
         for name, value in choice.ignored.items():
             self.warn(f"{name}={value} does not apply to {choice.spec.name}; ignored")
         how = sampling.with_(sampler=choice.spec.name, steps=choice.steps)
+        how = how.with_defaults(loaded.sampling_defaults).validate()  # e.g. LLaDA's k-schedule
         self.generation = GenerationSettings(how, None if stride is None else int(stride),
                                              int(seed))
         self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(
@@ -192,7 +192,7 @@ class MdlmLM(LM):
                 f"generation kwargs {', '.join(unused)} do not apply to the mdlm model; ignored"
             )
         if not do_sample or temperature <= 0:
-            return until, max_gen, 1.0, GREEDY_TOP_P
+            return until, max_gen, 0.0, 1.0  # greedy: the argmax at every draw
         return until, max_gen, temperature, top_p
 
     @property

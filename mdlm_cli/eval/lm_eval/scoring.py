@@ -33,7 +33,8 @@ from ...errors import MdlmError
 from ...runtime import derive_seed, generator
 
 # top-p below every class's probability but the largest: `engine.sample` then keeps only the
-# most likely token, which is how greedy requests (`do_sample: false`) are served
+# most likely token (greedy requests are now served at temperature 0, which draws no noise
+# and keeps the confidence samplers' probabilities; this stays for callers that used it)
 GREEDY_TOP_P = 1e-12
 
 Pair = tuple[list[int], list[int]]  # (context tokens, continuation tokens)
