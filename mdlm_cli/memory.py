@@ -129,3 +129,18 @@ def check_memory(
     need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
                      mlp_ratio=m.mlp_ratio, vocab=vocab, batch=batch, length=length)
     check_fits(what, replace(need, token_ids=8 * rows * length), device, fix)
+
+
+GIB = 1024**3
+
+
+def check_weights_fit(what: str, weight_bytes: int, device: torch.device) -> None:
+    """Refuse (one line, MdlmError) weights larger than the memory the device has free, before
+    any of them is read."""
+    free, source = available(torch.device(device))
+    if free is None or weight_bytes <= free:
+        return
+    raise MdlmError(
+        f"{what} needs {weight_bytes / GIB:.1f} GiB for its weights; this machine has "
+        f"{free / GIB:.1f} GiB {source}; use a device with more memory (--device)"
+    )

@@ -269,7 +269,12 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
 
 
 def _folder_tokenizer(path: Path) -> Tokenizer:
+    from .open_tokenizers import open_model_family, open_model_tokenizer
+
     meta_path = path / META_FILE
+    if not meta_path.is_file() and open_model_family(path):  # LLaDA, Dream: no AutoTokenizer
+        hf, ids = open_model_tokenizer(path)
+        return Tokenizer(path.name, hf=hf, **ids)
     if not meta_path.is_file():
         return _wrap_hf(path.name, _hf_from_pretrained(str(path)))
     meta = json.loads(meta_path.read_text())
