@@ -151,6 +151,8 @@ class Dream(nn.Module):
     requires_causal = False  # bidirectional: Dream's attention has no causal mask
     causal = False
     family = "dream"
+    # what the samplers default to for this family (its own transfer schedule)
+    sampling_defaults = {"k_schedule": "dream"}
 
     def __init__(self, cfg: ModelConfig | FolderModelConfig, vocab_size: int,
                  causal: bool = False, *, raw: dict | None = None, load: bool = True):

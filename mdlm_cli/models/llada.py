@@ -149,6 +149,8 @@ class LLaDA(nn.Module):
     requires_causal = False  # bidirectional: LLaDA's attention has no causal mask
     causal = False
     family = "llada"
+    # what the samplers default to for this family (its own transfer schedule)
+    sampling_defaults = {"k_schedule": "llada"}
 
     def __init__(self, cfg: ModelConfig | FolderModelConfig, vocab_size: int,
                  causal: bool = False, *, raw: dict | None = None, load: bool = True):

@@ -216,3 +216,71 @@ def test_weights_that_cannot_fit_are_refused_before_loading(tmp_path, monkeypatc
                                         r"0\.0 GiB available RAM") as e:
         load_checkpoint(str(folder))
     assert "\n" not in str(e.value)
+
+
+def test_a_hub_download_fetches_the_released_files_and_never_code():
+    from fnmatch import fnmatch
+
+    from mdlm_cli.io.hub import HUB_FILES
+
+    def fetched(name):
+        return any(fnmatch(name, pattern) for pattern in HUB_FILES)
+
+    for name in ("config.json", "model-00001-of-00006.safetensors",
+                 "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "generation_config.json"):
+        assert fetched(name), name
+    for name in ("modeling_llada.py", "configuration_dream.py", "tokenization_dream.py",
+                 "generation_utils.py", "__init__.py"):
+        assert not fetched(name), name
+
+
+def test_the_load_memory_benchmark_runs_on_a_tiny_folder():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "open_model_memory.py"),
+                          "--tiny"], capture_output=True, text=True, cwd=ROOT, timeout=240,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-2])
+    assert figures["dtypes"] == ["torch.bfloat16"]
+    assert figures["peak_rss"] >= figures["rss_before_load"] > 0
+    assert figures["weights_bytes"] == 2 * figures["params"]
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_fine_tuning_from_a_folder_saves_and_reloads(tmp_path, family):
+    """`train.init_from=FOLDER` on prompt/response data: the run starts from the folder's weights
+    (its logits move by about the learning rate), saves the family's config beside the weights
+    and reloads offline as the same backbone with the family's sampling defaults."""
+    import io
+
+    from rich.console import Console
+
+    from mdlm_cli.build import config_from_dict
+    from mdlm_cli.train.loop import train
+
+    folder = WRITERS[family](tmp_path / family)
+    data = tmp_path / "qa.jsonl"
+    examples = [{"prompt": "w1 w2 w3", "response": "w4 w5"},
+                {"prompt": "w7", "response": "w8 w9 w10 w11"}]
+    data.write_text("".join(json.dumps(e) + "\n" for e in examples * 20))
+    cfg = config_from_dict({
+        "name": "ft", "model": {"backbone": family, "hf_model": str(folder)},
+        "diffusion": {"objective": "mdlm", "schedule": "linear"},
+        "data": {"dataset": str(data), "tokenizer": str(folder), "length": 32, "packing": "sft",
+                 "cache_dir": str(tmp_path)},
+        "train": {"global_batch_size": 4, "micro_batch_size": 4, "max_steps": 2, "ema": 0,
+                  "precision": "fp32", "init_from": str(folder), "out_dir": str(tmp_path / "run")}})
+    log = io.StringIO()
+    result = train(cfg, console=Console(file=log, width=300))
+    assert f"Initialised from {folder}" in log.getvalue()
+    assert all(math.isfinite(loss) for loss in result.losses)
+    step = next((tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert (step / f"{family}_config.json").is_file()
+    tuned, released = load_checkpoint(str(tmp_path / "run")), load_checkpoint(str(folder))
+    assert type(tuned.model) is type(released.model)
+    assert tuned.state["sampling_defaults"] == {"k_schedule": family}
+    assert tuned.tokenizer.mask_id == released.tokenizer.mask_id
+    tokens = torch.randint(0, 80, (2, 8), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        moved = (tuned.model(tokens) - released.model(tokens)).abs().max()
+    assert 0 < moved < 1e-2

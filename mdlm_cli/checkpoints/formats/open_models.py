@@ -47,6 +47,6 @@ def load_open_model(found: Found, backbone_cls, max_length: int, *, device) -> L
     model = backbone_cls.from_folder(config.model, tokenizer.vocab_size, folder, found.config,
                                      device)
     state = hf_state({}, label)
-    state.update({"family": family, "sampling_defaults": {"k_schedule": family}})
+    state.update({"family": family, "sampling_defaults": dict(backbone_cls.sampling_defaults)})
     return LoadedModel(folder, model.eval(), config, tokenizer,
                        data_meta({}, config, tokenizer), state)
