@@ -61,9 +61,9 @@ def _fast_tokenizer(folder: Path):
                         ) from None
 
 
-def open_model_tokenizer(folder: Path) -> tuple[object, dict[str, int]]:
-    """The folder's fast tokeniser and the model's special ids and vocabulary (see the module):
-    keyword arguments of data.tokenizers.Tokenizer."""
+def open_model_tokenizer(folder: Path) -> dict:
+    """The folder's fast tokeniser (`hf`) and the model's special ids and vocabulary (see the
+    module): the keyword arguments of data.tokenizers.Tokenizer."""
     config = read_json_object(folder / "config.json")
     family = config.get("model_type")
     if not isinstance(config.get("mask_token_id"), int):
@@ -79,6 +79,27 @@ def open_model_tokenizer(folder: Path) -> tuple[object, dict[str, int]]:
         raise MdlmError(f"{folder}: neither config.json nor the tokenizer names an EOS token")
     bos = config.get("bos_token_id", hf.bos_token_id)
     pad = config.get("pad_token_id", hf.pad_token_id)
-    return hf, {"mask_id": config["mask_token_id"], "eos_id": eos,
-                "bos_id": eos if bos is None else bos, "pad_id": eos if pad is None else pad,
-                "vocab_size": max(rows, len(hf))}
+    return {"hf": hf, "mask_id": config["mask_token_id"], "eos_id": eos,
+            "bos_id": eos if bos is None else bos, "pad_id": eos if pad is None else pad,
+            "vocab_size": max(rows, len(hf))}
+
+
+# what a hub id's tokeniser needs of its repository (the config names the family and the ids)
+TOKENIZER_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json"]
+
+
+def hub_open_model_folder(repo_id: str) -> Path | None:
+    """The local snapshot of a hub repository's config and tokeniser files when it holds a LLaDA
+    or Dream model; None for any other repository, or when the Hub and the local cache cannot
+    say (the caller's own loading then reports the problem)."""
+    from ..io.hub import hub_offline
+
+    hub_offline()  # without a network: the local Hugging Face cache only, at once
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(repo_id, allow_patterns=TOKENIZER_FILES))
+    except Exception:  # noqa: BLE001 - a probe: not on the Hub, not cached, no network
+        return None
+    return folder if open_model_family(folder) else None

@@ -23,6 +23,7 @@ from ..errors import MdlmError
 from .decoder_layers import RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
 from .open_weights import (
     FolderModelConfig,
+    check_folder_data,
     fill_released,
     materialise,
     read_family_config,
@@ -36,6 +37,7 @@ from .tied import count_parameters
 
 if TYPE_CHECKING:
     from ..config import Config, ModelConfig
+    from ..data.tokenizers import Tokenizer
 
 CONFIG_FILE = "llada_config.json"  # the release's config.json, beside an mdlm checkpoint's weights
 # key -> the values the native backbone implements (the released models'); an absent key passes
@@ -182,6 +184,11 @@ class LLaDA(nn.Module):
     @classmethod
     def validate_config(cls, cfg: Config) -> None:
         validate_folder_config(cfg, cls.family)
+
+    @classmethod
+    def check_data(cls, cfg: Config, tokenizer: Tokenizer) -> None:
+        _, raw = read_folder_config(cfg.model.hf_model)
+        check_folder_data(cfg, tokenizer, raw, read_shape(raw, cfg.model.hf_model).max_length)
 
     @classmethod
     def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *,

@@ -7,6 +7,7 @@ so that loading holds the weights about once, in the checkpoint's dtype.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from ..memory import check_weights_fit
 from .hf_mlm import model_folder
 
 INDEX = "model.safetensors.index.json"
+# bytes per element of the safetensors dtypes the releases use (others count 4)
+STORED_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
 SINGLE = "model.safetensors"
 
 
@@ -57,6 +60,26 @@ def shard_files(folder: Path) -> list[Path]:
             raise MdlmError(f"{folder} lacks the shard {shard} that {INDEX} names; the download "
                             "is incomplete (fetch the folder again)")
     return [folder / s for s in shards]
+
+
+def weight_bytes(shards: list[Path], dtype: torch.dtype | None = None) -> int:
+    """The bytes the shards' tensors take in memory, as stored or cast to `dtype` (from the
+    safetensors headers: nothing is read but them)."""
+    from safetensors import safe_open
+
+    total = 0
+    for shard in shards:
+        try:
+            with safe_open(shard, framework="pt") as f:
+                for key in f.keys():
+                    piece = f.get_slice(key)
+                    size = dtype.itemsize if dtype is not None else STORED_BYTES.get(
+                        piece.get_dtype(), 4)
+                    total += math.prod(piece.get_shape()) * size
+        except (SafetensorError, OSError) as e:
+            raise MdlmError(f"{shard} is not a readable safetensors file ({e}); the checkpoint "
+                            "is corrupted") from None
+    return total
 
 
 def read_shards(shards: list[Path]) -> dict[str, torch.Tensor]:
@@ -98,7 +121,7 @@ def fill_released(
     """Give a meta-built `model` the folder's weights (in their own dtype unless `dtype`) on
     `device`; refused in one line first when the weights cannot fit there."""
     shards = shard_files(folder)
-    check_weights_fit(str(folder), sum(s.stat().st_size for s in shards), torch.device(device))
+    check_weights_fit(str(folder), weight_bytes(shards, dtype), torch.device(device))
     assign_weights(model, read_shards(shards), str(folder))
     if dtype is not None:
         model.to(dtype)
@@ -137,3 +160,15 @@ def validate_folder_config(cfg, family: str) -> None:
     if cfg.model.time_conditioning:
         raise MdlmError(f"the {family} backbone takes no time input; set "
                         "model.time_conditioning=false")
+
+
+def check_folder_data(cfg, tokenizer, raw: dict, max_length: int) -> None:
+    """Before training: the data's tokeniser is the model's own (its mask id), and rows fit the
+    model's positions."""
+    name = cfg.model.hf_model
+    if cfg.data.length > max_length:
+        raise MdlmError(f"data.length {cfg.data.length} exceeds the {max_length} positions of "
+                        f"{name}")
+    if tokenizer.mask_id != raw.get("mask_token_id"):
+        raise MdlmError(f"data.tokenizer {cfg.data.tokenizer!r} masks with id {tokenizer.mask_id}, "
+                        f"{name} with {raw.get('mask_token_id')}; set data.tokenizer={name}")

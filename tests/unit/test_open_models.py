@@ -284,3 +284,25 @@ def test_fine_tuning_from_a_folder_saves_and_reloads(tmp_path, family):
     with torch.no_grad():
         moved = (tuned.model(tokens) - released.model(tokens)).abs().max()
     assert 0 < moved < 1e-2
+
+
+def test_a_hub_id_names_the_same_tokenizer_as_its_folder(folders, monkeypatch):
+    """data.tokenizer=OWNER/NAME of a LLaDA repository: its config and tokeniser files (a
+    stand-in snapshot here), the model's mask id, never AutoTokenizer with the repo's code."""
+    import huggingface_hub
+
+    from mdlm_cli.data.tokenizers import load_tokenizer
+
+    asked = []
+
+    def snapshot(repo_id, allow_patterns):
+        asked.append(allow_patterns)
+        return str(folders["llada"])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tokenizer = load_tokenizer("GSAI-ML/LLaDA-8B-Instruct")
+    own = load_checkpoint(str(folders["llada"])).tokenizer
+    assert tokenizer.name == "GSAI-ML/LLaDA-8B-Instruct"
+    assert tokenizer.describe() | {"name": own.name} == own.describe()
+    assert not any(p.endswith(".py") for p in asked[0])
