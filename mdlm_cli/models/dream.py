@@ -13,6 +13,7 @@ refused, naming the key.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,6 +60,10 @@ class DreamShape:
     tied: bool  # tie_word_embeddings
     attention_dropout: float
     max_length: int  # max_position_embeddings
+
+    @property
+    def mlp_ratio(self) -> int:
+        return math.ceil(self.intermediate_size / self.hidden_size)
 
     @classmethod
     def read(cls, raw: dict, name: str) -> DreamShape:

@@ -68,6 +68,10 @@ class LLaDAShape:
     dropout: tuple[float, float, float]  # embedding, attention, residual
     max_length: int  # max_sequence_length
 
+    @property
+    def mlp_ratio(self) -> int:
+        return math.ceil(self.mlp_hidden / self.hidden_size)
+
     @classmethod
     def read(cls, raw: dict, name: str) -> LLaDAShape:
         for key, wanted in REQUIRED.items():

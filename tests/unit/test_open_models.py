@@ -306,3 +306,21 @@ def test_a_hub_id_names_the_same_tokenizer_as_its_folder(folders, monkeypatch):
     assert tokenizer.name == "GSAI-ML/LLaDA-8B-Instruct"
     assert tokenizer.describe() | {"name": own.name} == own.describe()
     assert not any(p.endswith(".py") for p in asked[0])
+
+
+def test_the_sampling_estimate_reads_the_models_own_shape_and_dtype(tmp_path, monkeypatch):
+    """check_memory counts bf16 weights at 2 bytes and the activations of config.json's shape
+    (the flat model.* defaults describe no released model)."""
+    from mdlm_cli import memory
+
+    folder = write_llada(tmp_path / "llada", dtype=torch.bfloat16, d_model=64, n_layers=3)
+    loaded = load_checkpoint(str(folder))
+    seen = {}
+    monkeypatch.setattr(memory, "check_fits", lambda what, need, device, fix: seen.update(n=need))
+    memory.check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=2,
+                        length=16, device=torch.device("cpu"), what="sampling", fix="fewer")
+    params = sum(p.numel() for p in loaded.model.parameters())
+    assert seen["n"].weights == 2 * params
+    expected = memory.footprint(params=params, hidden=64, n_blocks=3, mlp_ratio=2, vocab=96,
+                                batch=2, length=16)
+    assert seen["n"].activations == expected.activations
