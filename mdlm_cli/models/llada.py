@@ -60,6 +60,7 @@ class LLaDAShape:
     mlp_hidden: int  # mlp_hidden_size (None: mlp_ratio * d_model)
     vocab_rows: int  # embedding_size (None: vocab_size)
     rope_theta: float
+    rope_full_precision: bool  # rotary embeddings applied in float32
     eps: float  # rms_norm_eps
     weight_tying: bool
     qkv_bias: bool  # include_qkv_bias
@@ -86,7 +87,9 @@ class LLaDAShape:
             n_layers=int(raw["n_layers"]),
             mlp_hidden=int(raw.get("mlp_hidden_size") or raw.get("mlp_ratio", 4) * d),
             vocab_rows=int(raw.get("embedding_size") or raw["vocab_size"]),
-            rope_theta=float(raw.get("rope_theta", 10000.0)), eps=float(raw["rms_norm_eps"]),
+            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            rope_full_precision=bool(raw.get("rope_full_precision", True)),
+            eps=float(raw["rms_norm_eps"]),
             weight_tying=bool(raw.get("weight_tying", False)),
             qkv_bias=bool(raw.get("include_qkv_bias", False)),
             input_emb_norm=bool(raw.get("input_emb_norm", False)),
@@ -125,7 +128,8 @@ class LLaDABlock(nn.Module):
     def forward(self, x: Tensor, rotary: tuple[Tensor, Tensor], keys: Tensor | None) -> Tensor:
         h = self.attn_norm(x)
         att = attend(self.q_proj(h), self.k_proj(h), self.v_proj(h), n_heads=self.shape.n_heads,
-                     n_kv_heads=self.shape.n_kv_heads, rotary=rotary, full_precision_rotary=True,
+                     n_kv_heads=self.shape.n_kv_heads, rotary=rotary,
+                     full_precision_rotary=self.shape.rope_full_precision,
                      keys=keys, dropout=self.shape.dropout[1] if self.training else 0.0)
         x = x + self.drop(self.attn_out(att))
         return x + self.drop(swiglu(self.ff_norm(x), self.ff_proj, self.up_proj, self.ff_out))

@@ -324,3 +324,18 @@ def test_the_sampling_estimate_reads_the_models_own_shape_and_dtype(tmp_path, mo
     expected = memory.footprint(params=params, hidden=64, n_blocks=3, mlp_ratio=2, vocab=96,
                                 batch=2, length=16)
     assert seen["n"].activations == expected.activations
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_padding_is_kept_out_of_attention(folders, family):
+    """Right-padded rows give the unpadded sequence's logits at its own positions."""
+    loaded = load_checkpoint(str(folders[family]))
+    tokens = torch.randint(0, 80, (1, 10), generator=torch.Generator().manual_seed(5))
+    padded = torch.cat([tokens, torch.full((1, 6), loaded.tokenizer.pad_id)], dim=1)
+    keep = torch.cat([torch.ones(1, 10), torch.zeros(1, 6)], dim=1)
+    with torch.no_grad():
+        alone = loaded.model(tokens)
+        within = loaded.model(padded, attention_mask=keep)[:, :10]
+        attended = loaded.model(padded)[:, :10]
+    torch.testing.assert_close(within, alone, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(attended, alone, atol=1e-4)
