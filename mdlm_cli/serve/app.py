@@ -30,6 +30,7 @@ from .events import Done, Event, StateSnapshot, TextDelta
 from .generation import Outcome, run_plan, state_pieces
 from .metrics import Metrics
 from .schema import ApiError, Limits, Plan, parse_infill
+from .score import parse_score, run_score
 from .served import Served
 from .worker import Cancelled, Job, QueueFull, Worker
 
@@ -115,17 +116,24 @@ async def _json_body(request: Request, limit: int) -> dict:
 
 def _submit(state: State, plan: Plan) -> tuple[Job, asyncio.Queue]:
     """The plan as a job on the worker; its events (text, states, done) arrive on the queue."""
-    loop, events = asyncio.get_running_loop(), asyncio.Queue()
     served = state.served
+    on_call = (lambda emit: lambda z: emit(StateSnapshot(state_pieces(served, z)))
+               ) if plan.states else None
+    return _enqueue(state, plan.num_rows, lambda d, emit: run_plan(plan, served, d, emit), on_call)
+
+
+def _enqueue(state: State, rows: int, run: Callable, on_call: Callable | None = None
+             ) -> tuple[Job, asyncio.Queue]:
+    """`run(denoiser, emit)` as a job of `rows` rows on the worker; its events on the queue."""
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
     def emit(event: Event) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens any more
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-    on_call = (lambda z: emit(StateSnapshot(state_pieces(served, z)))) if plan.states else None
-    job = Job(rows=plan.num_rows, run=lambda d: run_plan(plan, served, d, emit),
+    job = Job(rows=rows, run=lambda d: run(d, emit),
               done=lambda result, error: emit(Done(result, error)),
-              timeout_s=state.settings.timeout_s, on_call=on_call)
+              timeout_s=state.settings.timeout_s, on_call=on_call(emit) if on_call else None)
     try:
         state.worker.submit(job)
     except QueueFull:
@@ -154,9 +162,8 @@ def _object(plan: Plan) -> str:
     return "text_completion" if plan.endpoint == "completion" else "mdlm.infill"
 
 
-async def _answer(request: Request, state: State, plan: Plan, job: Job,
-                  events: asyncio.Queue) -> dict:
-    """The whole answer of a non-streamed request; a client that goes away cancels it."""
+async def _done(request: Request, state: State, job: Job, events: asyncio.Queue) -> Done:
+    """The job's end (its other events dropped); a client that goes away cancels it."""
     while True:
         try:
             event = await asyncio.wait_for(events.get(), 0.25)
@@ -167,13 +174,39 @@ async def _answer(request: Request, state: State, plan: Plan, job: Job,
             continue
         if isinstance(event, Done):
             break
-    outcome = event.outcome
     if event.error is not None:
         raise api_error(event.error, state.settings.timeout_s)
+    return event
+
+
+async def _answer(request: Request, state: State, plan: Plan, job: Job,
+                  events: asyncio.Queue) -> dict:
+    """The whole answer of a non-streamed request."""
+    outcome = (await _done(request, state, job, events)).outcome
     state.metrics.samples.inc(plan.num_rows)
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": _object(plan), "created": int(time.time()),
             "model": state.served.name, "choices": outcome.choices, "usage": _usage(outcome),
             "mdlm": _mdlm_info(plan, outcome, job)}
+
+
+async def score(request: Request) -> Response:
+    """`POST /v1/mdlm/score`: the bound (or exact NLL) of texts, continuations ranked."""
+    t0 = time.monotonic()
+    state: State = request.app.state.mdlm
+    try:
+        state = _ready(request)
+        body = await _json_body(request, state.settings.max_body_bytes)
+        scoring = parse_score(body, state.served, state.settings.limits)
+        served = state.served
+        job, events = _enqueue(state, scoring.num_rows,
+                               lambda d, _emit: run_score(scoring, served, d))
+        answer = (await _done(request, state, job, events)).outcome
+    except ApiError as e:
+        state.metrics.answered("score", e.status, time.monotonic() - t0)
+        return error_response(e)
+    state.metrics.answered("score", 200, time.monotonic() - t0)
+    return JSONResponse({"id": f"score-{uuid.uuid4().hex}", "created": int(time.time()),
+                         "model": state.served.name, **answer})
 
 
 def _sse(data: dict | str) -> str:
@@ -332,6 +365,7 @@ def create_app(load: Callable[[], Served], settings: Settings | None = None,
         Route("/v1/completions", _generate_route("completions", parse_completion),
               methods=["POST"]),
         Route("/v1/mdlm/infill", _generate_route("infill", parse_infill), methods=["POST"]),
+        Route("/v1/mdlm/score", score, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: http_error})
