@@ -245,7 +245,8 @@ def _final_chunks(state: State, plan: Plan, job: Job, head: dict, outcome: Outco
     if error is not None:
         return [_sse(api_error(error, state.settings.timeout_s).body()), _sse("[DONE]")]
     state.metrics.samples.inc(plan.num_rows)
-    ends = [{"index": c["index"], "text": "", "logprobs": None, "finish_reason": c["finish_reason"],
+    ends = [{"index": c["index"], "text": "", "logprobs": c.get("logprobs"),
+             "finish_reason": c["finish_reason"],
              **{k: c[k] for k in ("length", "ended") if k in c}} for c in outcome.choices]
     out = [_sse({**head, "choices": ends, "mdlm": _mdlm_info(plan, outcome, job)})]
     if plan.include_usage:

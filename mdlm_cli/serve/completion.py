@@ -160,6 +160,25 @@ def _max_tokens(body: dict) -> int | None:
     return get_int(body, given[0], 1, 2**31 - 1, None) if given else None
 
 
+def _logprobs(body: dict, plan: Plan, served: Served, limits: Limits) -> int | None:
+    """`logprobs: N`: each token's log-probability at the call that revealed it and the top N
+    alternatives, from the samplers whose draws record them (fp64), within one window."""
+    top = get_int(body, "logprobs", 0, limits.max_logprobs, None)
+    if top is None:
+        return None
+    spec = plan.sampler
+    if not spec.records_reveals:
+        recording = [s.name for s in served.loaded.objective.samplers if s.records_reveals]
+        raise invalid(f"logprobs needs a sampler that records its draws ({', '.join(recording)}); "
+                      f"{spec.name} does not", "logprobs", "unsupported_parameter")
+    for asked, what in ((plan.precision != "fp64", "precision fp64"),
+                        (plan.stride is not None, "one window (no stride / semi_ar)"),
+                        (plan.echo, "echo: false (the prompt's tokens are not drawn)")):
+        if asked:
+            raise invalid(f"logprobs needs {what}", "logprobs", "unsupported_parameter")
+    return top
+
+
 def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
     """`POST /v1/completions`: OpenAI's fields and mdlm's diffusion fields, checked."""
     check_fields(body, OPENAI_FIELDS + MDLM_FIELDS)
@@ -176,13 +195,13 @@ def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
     max_tokens = _max_tokens(body)
     rows, max_tokens = _rows(prompts, suffix, max_tokens, stride, served, limits)
     common = common_fields(body, served, limits, "completion")
-    return check_states(
-        Plan(
-            rows=rows,
-            max_tokens=max_tokens,
-            stride=stride,
-            stop=_stop(body),
-            echo=get_bool(body, "echo"),
-            **common,
-        )
+    plan = Plan(
+        rows=rows,
+        max_tokens=max_tokens,
+        stride=stride,
+        stop=_stop(body),
+        echo=get_bool(body, "echo"),
+        **common,
     )
+    plan.logprobs = _logprobs(body, plan, served, limits)
+    return check_states(plan)

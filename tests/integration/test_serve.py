@@ -177,10 +177,23 @@ def test_a_seeded_request_gets_the_same_text_alone_and_among_concurrent_ones(cli
     assert (calls - calls0) - (single - single0) > 0  # some calls held rows of several requests
 
 
+def test_logprobs_come_in_openais_legacy_shape_streamed_or_not(client, server):
+    kwargs = dict(model=server[1], prompt="the ", max_tokens=8, seed=2, logprobs=3)
+    out = client.completions.create(**kwargs)
+    lp = out.choices[0].logprobs
+    assert "".join(lp.tokens) == out.choices[0].text and len(lp.token_logprobs) == 8
+    assert all(v <= 0 for v in lp.token_logprobs) and all(len(t) <= 3 for t in lp.top_logprobs)
+    assert lp.text_offset == [len("".join(lp.tokens[:k])) for k in range(8)]
+    chunks = list(client.completions.create(**kwargs, stream=True))
+    last = [c for c in chunks if c.choices and c.choices[0].logprobs is not None]
+    assert len(last) == 1 and last[0].choices[0].logprobs.token_logprobs == lp.token_logprobs
+
+
 def test_errors_come_back_as_the_client_raises_them(client, server):
     name = server[1]
-    with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=name, prompt="x", max_tokens=5, logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="records") as e:
+        client.completions.create(model=name, prompt="x", max_tokens=5, logprobs=2,
+                                  extra_body={"sampler": "confidence", "steps": 4})
     assert e.value.body["param"] == "logprobs"
     with pytest.raises(openai.BadRequestError, match="exceeds the window"):
         client.completions.create(model=name, prompt="x", max_tokens=500)
