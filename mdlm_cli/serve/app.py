@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from ..engine.errors import EngineError
 from ..errors import MdlmError
+from .chat import chat_choice, chat_delta, chat_end, parse_chat
 from .completion import parse_completion
 from .events import Done, Event, StateSnapshot, TextDelta
 from .generation import Outcome, run_plan, state_pieces
@@ -158,8 +159,15 @@ def _usage(outcome: Outcome) -> dict:
             "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
 
 
-def _object(plan: Plan) -> str:
-    return "text_completion" if plan.endpoint == "completion" else "mdlm.infill"
+OBJECTS = {"completion": "text_completion", "infill": "mdlm.infill", "chat": "chat.completion"}
+
+
+def _object(plan: Plan, chunk: bool = False) -> str:
+    return OBJECTS[plan.endpoint] + (".chunk" if chunk and plan.endpoint == "chat" else "")
+
+
+def _id(plan: Plan) -> str:
+    return f"{'chatcmpl' if plan.endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
 
 
 async def _done(request: Request, state: State, job: Job, events: asyncio.Queue) -> Done:
@@ -184,8 +192,11 @@ async def _answer(request: Request, state: State, plan: Plan, job: Job,
     """The whole answer of a non-streamed request."""
     outcome = (await _done(request, state, job, events)).outcome
     state.metrics.samples.inc(plan.num_rows)
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": _object(plan), "created": int(time.time()),
-            "model": state.served.name, "choices": outcome.choices, "usage": _usage(outcome),
+    choices = outcome.choices
+    if plan.endpoint == "chat":
+        choices = [chat_choice(c) for c in choices]
+    return {"id": _id(plan), "object": _object(plan), "created": int(time.time()),
+            "model": state.served.name, "choices": choices, "usage": _usage(outcome),
             "mdlm": _mdlm_info(plan, outcome, job)}
 
 
@@ -217,13 +228,17 @@ async def _stream(state: State, plan: Plan, job: Job, events: asyncio.Queue, end
                   t0: float):
     """Server-sent events in OpenAI's chunk format, then [DONE]; the text of each choice as it
     is decided, denoising states (if asked for) in the `mdlm` extension field only."""
-    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": _object(plan), "created": int(time.time()),
+    head = {"id": _id(plan), "object": _object(plan, chunk=True), "created": int(time.time()),
             "model": state.served.name}
-    finished = False
+    finished, started = False, set()  # chat: the choices whose first delta (with the role) went
     try:
         while not finished:
             event = await events.get()
-            if isinstance(event, TextDelta):
+            if isinstance(event, TextDelta) and plan.endpoint == "chat":
+                choice = chat_delta(event.index, event.text, event.index not in started)
+                started.add(event.index)
+                yield _sse({**head, "choices": [choice]})
+            elif isinstance(event, TextDelta):
                 choice = {"index": event.index, "text": event.text, "logprobs": None,
                           "finish_reason": None}
                 yield _sse({**head, "choices": [choice]})
@@ -248,6 +263,8 @@ def _final_chunks(state: State, plan: Plan, job: Job, head: dict, outcome: Outco
     ends = [{"index": c["index"], "text": "", "logprobs": c.get("logprobs"),
              "finish_reason": c["finish_reason"],
              **{k: c[k] for k in ("length", "ended") if k in c}} for c in outcome.choices]
+    if plan.endpoint == "chat":
+        ends = [chat_end(c) for c in outcome.choices]
     out = [_sse({**head, "choices": ends, "mdlm": _mdlm_info(plan, outcome, job)})]
     if plan.include_usage:
         out.append(_sse({**head, "choices": [], "usage": _usage(outcome)}))
@@ -365,6 +382,7 @@ def create_app(load: Callable[[], Served], settings: Settings | None = None,
         Route("/v1/models/{model:path}", models, methods=["GET"]),
         Route("/v1/completions", _generate_route("completions", parse_completion),
               methods=["POST"]),
+        Route("/v1/chat/completions", _generate_route("chat", parse_chat), methods=["POST"]),
         Route("/v1/mdlm/infill", _generate_route("infill", parse_infill), methods=["POST"]),
         Route("/v1/mdlm/score", score, methods=["POST"]),
     ]

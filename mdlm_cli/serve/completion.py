@@ -64,7 +64,7 @@ def _prompts(body: dict, served: Served, limits: Limits) -> list[list[int]]:
     return out
 
 
-def _stop(body: dict) -> list[str]:
+def stop_strings(body: dict) -> list[str]:
     stop = body.get("stop")
     if stop is None:
         return []
@@ -99,15 +99,17 @@ def _stride(body: dict, served: Served) -> int | None:
     return stride
 
 
-def _rows(
+def prompt_rows(
     prompts: list[list[int]],
     suffix: list[int],
     max_tokens: int | None,
     stride: int | None,
     served: Served,
     limits: Limits,
+    semi_ar: bool = True,
 ) -> tuple[list[Row], int]:
-    """One `Row` per prompt and the number of new tokens; the lengths checked against the window."""
+    """One `Row` per prompt and the number of new tokens; the lengths checked against the window
+    (`semi_ar`: the error suggests it)."""
     loaded = served.loaded
     window, mask_id, start = loaded.length, loaded.mask_id, loaded.row_start()
     longest = max(len(p) for p in prompts)
@@ -132,7 +134,7 @@ def _rows(
     if room < 1 or max_tokens > room:
         parts = f"prompt ({longest} tokens)" + (f" + suffix ({len(suffix)})" if suffix else "")
         limit = "the semi-AR limit" if stride else "the window"
-        hint = "" if stride or suffix else "; ask for semi-AR generation with stride"
+        hint = "" if stride or suffix or not semi_ar else "; ask for semi-AR generation with stride"
         raise invalid(
             f"{parts} + max_tokens ({max_tokens}) exceeds {limit} of "
             f"{room + longest + len(suffix) + len(start)} tokens{hint}",
@@ -193,13 +195,13 @@ def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
     suffix = served.loaded.tokenizer.encode(suffix_text) if suffix_text else []
     stride = _stride(body, served)
     max_tokens = _max_tokens(body)
-    rows, max_tokens = _rows(prompts, suffix, max_tokens, stride, served, limits)
+    rows, max_tokens = prompt_rows(prompts, suffix, max_tokens, stride, served, limits)
     common = common_fields(body, served, limits, "completion")
     plan = Plan(
         rows=rows,
         max_tokens=max_tokens,
         stride=stride,
-        stop=_stop(body),
+        stop=stop_strings(body),
         echo=get_bool(body, "echo"),
         **common,
     )

@@ -36,6 +36,7 @@ class ChoiceText:
     stop: list[str]
     eos_id: int | None  # the end-of-text token (BOS-started rows), None where rows have none
     prefix: str = ""  # echo: the prompt's text comes first
+    end_ids: tuple[int, ...] = ()  # more tokens that end the answer (chat: the end of the turn)
     tokens: list[int] = field(default_factory=list)
     text: str = ""  # handed out so far, prefix included
     finish_reason: str | None = None
@@ -47,8 +48,9 @@ class ChoiceText:
         if self.finish_reason is not None:
             return ""
         new = new[: self.max_tokens - len(self.tokens)]
-        if self.eos_id is not None and self.eos_id in new:
-            new, self.finish_reason, self.ended = new[: new.index(self.eos_id)], "stop", True
+        ends = [k for k, i in enumerate(new) if i == self.eos_id or i in self.end_ids]
+        if ends:
+            new, self.finish_reason, self.ended = new[: ends[0]], "stop", True
         self.tokens += new
         body = self.decode(self.tokens)
         hits = [i for i in (body.find(s) for s in self.stop) if i >= 0]
@@ -105,6 +107,7 @@ def _texts(plan: Plan, served: Served) -> list[ChoiceText]:
                     plan.stop,
                     eos,
                     prefix=row.echo if plan.echo else "",
+                    end_ids=plan.end_ids,
                 )
             )
     return texts

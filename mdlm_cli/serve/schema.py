@@ -132,7 +132,7 @@ class Row:
 class Plan:
     """What one request runs: a sampler on every (prompt, choice) row with its own generator."""
 
-    endpoint: str  # completion | infill
+    endpoint: str  # completion | infill | chat
     settings: SamplingSettings  # checked, with the sampler that runs (a fallback's name)
     seed: int
     n: int
@@ -145,6 +145,7 @@ class Plan:
     states: bool = False
     include_usage: bool = False
     logprobs: int | None = None  # alternatives per token, None = no log-probabilities
+    end_ids: tuple[int, ...] = ()  # chat: the tokens that end the turn (EOS included)
 
     @property
     def num_rows(self) -> int:

@@ -201,6 +201,9 @@ def test_errors_come_back_as_the_client_raises_them(client, server):
         client.completions.create(model=name, prompt="x", extra_body={"sampler": "euler"})
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="no chat template") as e:  # char tokenizer
+        client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
+    assert e.value.body["param"] == "messages"
     wrong = openai.OpenAI(base_url=f"{server[0]}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.completions.create(model=name, prompt="x")
