@@ -118,14 +118,18 @@ async def _json_body(request: Request, limit: int) -> dict:
 def _submit(state: State, plan: Plan) -> tuple[Job, asyncio.Queue]:
     """The plan as a job on the worker; its events (text, states, done) arrive on the queue."""
     served = state.served
-    on_call = (lambda emit: lambda z: emit(StateSnapshot(state_pieces(served, z)))
-               ) if plan.states else None
-    return _enqueue(state, plan.num_rows, lambda d, emit: run_plan(plan, served, d, emit), on_call)
+
+    def states(emit: Callable) -> Callable:  # each network call's z_t, for stream_states
+        return lambda z: emit(StateSnapshot(state_pieces(served, z)))
+
+    return _enqueue(state, plan.num_rows, lambda d, emit: run_plan(plan, served, d, emit),
+                    states if plan.states else None)
 
 
 def _enqueue(state: State, rows: int, run: Callable, on_call: Callable | None = None
              ) -> tuple[Job, asyncio.Queue]:
-    """`run(denoiser, emit)` as a job of `rows` rows on the worker; its events on the queue."""
+    """`run(denoiser, emit)` as a job of `rows` rows on the worker; its events on the queue.
+    `on_call(emit)`: what sees z_t at each of the job's network calls."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
     def emit(event: Event) -> None:

@@ -92,6 +92,8 @@ def _max_tokens(body: dict) -> int | None:
 def parse_chat(body: dict, served: Served, limits: Limits) -> Plan:
     """`POST /v1/chat/completions`: the messages through the chat template, then as a
     completion of one window that ends at the end of the turn."""
+    if body.get("logprobs") is False:  # chat's logprobs is a switch: off is neutral
+        body = {k: v for k, v in body.items() if k != "logprobs"}
     check_fields(body, CHAT_FIELDS)
     check_model(body, served)
     tok = served.loaded.tokenizer
@@ -105,10 +107,8 @@ def parse_chat(body: dict, served: Served, limits: Limits) -> Plan:
         ids = ids[len(start):]
     rows, max_tokens = prompt_rows([ids], [], _max_tokens(body), None, served, limits,
                                    semi_ar=False)
-    plan = Plan(rows=rows, max_tokens=max_tokens, stop=stop_strings(body),
-                **common_fields(body, served, limits, "chat"))
-    plan.end_ids = end_of_turn_ids(tok)
-    return plan
+    return Plan(rows=rows, max_tokens=max_tokens, stop=stop_strings(body),
+                end_ids=end_of_turn_ids(tok), **common_fields(body, served, limits, "chat"))
 
 
 def chat_choice(choice: dict) -> dict:

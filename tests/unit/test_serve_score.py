@@ -121,8 +121,9 @@ def scored_by_worker(served, bodies: list[dict]) -> list[dict]:
     return results
 
 
-def test_a_seeded_score_is_the_same_alone_and_next_to_other_texts():
-    served = served_model("mdlm")
+@pytest.mark.parametrize("objective", ["mdlm", "sedd", "d3pm"])
+def test_a_seeded_score_is_the_same_alone_and_next_to_other_texts(objective):
+    served = served_model(objective)
     alone, = scored_by_worker(served, [{"input": "a dog ran off", "mc_samples": 6, "seed": 3}])
     batch, other = scored_by_worker(served, [
         {"input": ["the cat sat", "a dog ran off", "xyz"], "mc_samples": 6, "seed": 3},
