@@ -118,3 +118,18 @@ def test_the_template_is_transformers_own():
     rendered = templated(TOK).hf.apply_chat_template(MESSAGES, tokenize=False,
                                                      add_generation_prompt=True)
     assert rendered == PROMPT and torch.tensor(TOK.encode(rendered)).numel() == len(PROMPT)
+
+
+def test_the_turn_ends_at_the_vocabularys_end_of_turn_tokens():
+    from types import SimpleNamespace
+
+    from mdlm_cli.serve.chat import end_of_turn_ids
+    from mdlm_cli.serve.generation import ChoiceText
+
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({"[UNK]": 0, "<|im_end|>": 1, "hi": 2}, unk_token="[UNK]")))
+    ends = end_of_turn_ids(SimpleNamespace(hf=hf, eos_id=TOK.eos_id))
+    assert ends == tuple(sorted({1, TOK.eos_id}))
+    text = ChoiceText(TOK.decode, 10, [], None, end_ids=ends)
+    text.feed(TOK.encode("ab") + [1] + TOK.encode("cd"))
+    assert text.finish() == "" and text.text == "ab" and text.ended
