@@ -4,7 +4,7 @@ the turn; and the chat shapes of choices and stream chunks (`message`, `delta`).
 
 from __future__ import annotations
 
-from .completion import prompt_rows, stop_strings
+from .completion import check_logprobs, prompt_rows, stop_strings
 from .schema import (
     SAMPLER_OPTIONS,
     Limits,
@@ -13,6 +13,7 @@ from .schema import (
     check_model,
     common_fields,
     get_int,
+    get_value,
     invalid,
 )
 from .served import Served
@@ -30,6 +31,8 @@ CHAT_FIELDS = (
     "stream",
     "stream_options",
     "user",
+    "logprobs",
+    "top_logprobs",
     "sampler",
     "steps",
     "precision",
@@ -92,8 +95,6 @@ def _max_tokens(body: dict) -> int | None:
 def parse_chat(body: dict, served: Served, limits: Limits) -> Plan:
     """`POST /v1/chat/completions`: the messages through the chat template, then as a
     completion of one window that ends at the end of the turn."""
-    if body.get("logprobs") is False:  # chat's logprobs is a switch: off is neutral
-        body = {k: v for k, v in body.items() if k != "logprobs"}
     check_fields(body, CHAT_FIELDS)
     check_model(body, served)
     tok = served.loaded.tokenizer
@@ -107,14 +108,41 @@ def parse_chat(body: dict, served: Served, limits: Limits) -> Plan:
         ids = ids[len(start):]
     rows, max_tokens = prompt_rows([ids], [], _max_tokens(body), None, served, limits,
                                    semi_ar=False)
-    return Plan(rows=rows, max_tokens=max_tokens, stop=stop_strings(body),
+    plan = Plan(rows=rows, max_tokens=max_tokens, stop=stop_strings(body),
                 end_ids=end_of_turn_ids(tok), **common_fields(body, served, limits, "chat"))
+    plan.logprobs = _top_logprobs(body, plan, served, limits)
+    return plan
+
+
+def _top_logprobs(body: dict, plan: Plan, served: Served, limits: Limits) -> int | None:
+    """Chat's `logprobs: true` with `top_logprobs: N` (0 to the limit): as completions'."""
+    wanted = get_value(body, "logprobs", (bool,), False, "true or false")
+    top = get_int(body, "top_logprobs", 0, limits.max_logprobs, None)
+    if top is not None and not wanted:
+        raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+    return check_logprobs(plan, served, top or 0) if wanted else None
+
+
+def _chat_logprobs(lp: dict | None) -> dict | None:
+    """Completions' legacy `logprobs` in chat's shape: `content`, one entry per token."""
+    if lp is None:
+        return None
+
+    def entry(token: str, value: float) -> dict:
+        return {"token": token, "logprob": value, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [
+        {**entry(token, value), "top_logprobs": [entry(t, v) for t, v in top.items()]}
+        for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"],
+                                     strict=True)
+    ], "refusal": None}
 
 
 def chat_choice(choice: dict) -> dict:
     """A completion's choice as a chat choice: the assistant's message."""
     return {"index": choice["index"], "message": {"role": "assistant", "content": choice["text"]},
-            "logprobs": None, "finish_reason": choice["finish_reason"]}
+            "logprobs": _chat_logprobs(choice.get("logprobs")),
+            "finish_reason": choice["finish_reason"]}
 
 
 def chat_delta(index: int, text: str, first: bool) -> dict:
@@ -124,5 +152,7 @@ def chat_delta(index: int, text: str, first: bool) -> dict:
 
 
 def chat_end(choice: dict) -> dict:
-    return {"index": choice["index"], "delta": {}, "logprobs": None,
+    """A choice's last stream chunk: its finish reason, and its log-probabilities if asked."""
+    return {"index": choice["index"], "delta": {},
+            "logprobs": _chat_logprobs(choice.get("logprobs")),
             "finish_reason": choice["finish_reason"]}

@@ -166,8 +166,11 @@ def _logprobs(body: dict, plan: Plan, served: Served, limits: Limits) -> int | N
     """`logprobs: N`: each token's log-probability at the call that revealed it and the top N
     alternatives, from the samplers whose draws record them (fp64), within one window."""
     top = get_int(body, "logprobs", 0, limits.max_logprobs, None)
-    if top is None:
-        return None
+    return None if top is None else check_logprobs(plan, served, top)
+
+
+def check_logprobs(plan: Plan, served: Served, top: int) -> int:
+    """`top`, where the plan's sampler and settings can record log-probabilities (else a 400)."""
     spec = plan.sampler
     if not spec.records_reveals:
         recording = [s.name for s in served.loaded.objective.samplers if s.records_reveals]

@@ -133,3 +133,24 @@ def test_the_turn_ends_at_the_vocabularys_end_of_turn_tokens():
     text = ChoiceText(TOK.decode, 10, [], None, end_ids=ends)
     text.feed(TOK.encode("ab") + [1] + TOK.encode("cd"))
     assert text.finish() == "" and text.text == "ab" and text.ended
+
+
+def test_chat_logprobs_come_in_chats_shape(client_for):
+    client = client_for(served_chat(answer=4))
+    out = client.chat.completions.create(model="test", messages=MESSAGES, logprobs=True,
+                                         top_logprobs=2)
+    content = out.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == out.choices[0].message.content == "xxxx"
+    for t in content:  # a certain model: log-probability 0, the others 0 probability (left out)
+        assert abs(t.logprob) < 1e-6 and [a.token for a in t.top_logprobs] == ["x"]
+        assert t.bytes == list(b"x")
+    chunks = list(client.chat.completions.create(model="test", messages=MESSAGES, stream=True,
+                                                 logprobs=True))
+    last = [c for c in chunks if c.choices and c.choices[0].logprobs is not None]
+    assert len(last) == 1 and len(last[0].choices[0].logprobs.content) == 4
+    with pytest.raises(openai.BadRequestError, match="needs logprobs: true"):
+        client.chat.completions.create(model="test", messages=MESSAGES, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="records") as e:
+        client.chat.completions.create(model="test", messages=MESSAGES, logprobs=True,
+                                       extra_body={"sampler": "confidence", "steps": 4})
+    assert e.value.body["param"] == "logprobs"
