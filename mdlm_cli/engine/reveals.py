@@ -40,7 +40,10 @@ class RevealRecorder:
         log_p = (weights / weights.sum(-1, keepdim=True)).log()  # (N, V); the mask's is -inf
         self.logprob[where] = log_p.gather(-1, tokens[:, None])[:, 0]
         if self.top:
-            values, ids = log_p.topk(min(self.top, log_p.shape[-1]), dim=-1)
-            self.top_ids[where] = ids
-            self.top_logprobs[where] = values
+            k = min(self.top, log_p.shape[-1])  # a vocabulary smaller than `top`: -inf after it
+            values, ids = log_p.topk(k, dim=-1)
+            pad = self.top - k
+            self.top_ids[where] = torch.nn.functional.pad(ids, (0, pad))
+            self.top_logprobs[where] = torch.nn.functional.pad(values, (0, pad),
+                                                               value=float("-inf"))
         self.recorded[where] = True

@@ -133,3 +133,14 @@ def test_what_cannot_be_recorded_is_refused_naming_logprobs(extra, words):
     with pytest.raises(ApiError, match=words) as e:
         parse_completion(body, served_model("mdlm"), Limits())
     assert e.value.status == 400 and e.value.param == "logprobs"
+
+
+def test_more_alternatives_than_the_vocabulary_holds_are_left_out():
+    recorder = RevealRecorder((1, 3), top=5)  # a vocabulary of 3, the mask (2) among them
+    where = torch.tensor([[True, False, True]])
+    recorder.record(where, torch.tensor([[1.0, 0.0, 5.0], [0.0, 2.0, 5.0]]), torch.tensor([0, 1]),
+                    mask_id=2, temperature=1.0, top_p=1.0)
+    assert torch.allclose(recorder.logprob[0, [0, 2]].exp(),
+                          torch.tensor([1 / (1 + math.exp(-1)), 1 / (1 + math.exp(-2))],
+                                       dtype=torch.float64))
+    assert torch.isinf(recorder.top_logprobs[0, 0, 2:]).all() and recorder.recorded.sum() == 2
