@@ -104,7 +104,7 @@ def _step(run: Run, step: int) -> tuple[float, int, float]:
     n_tokens = run.train_split.count(rows)
     t = None
     if run.objective.uses_time:  # stratified over the global batch, then this rank's share
-        draw = run.objective.draw_times(cfg.diffusion.T, cfg.diffusion.antithetic)
+        draw = run.objective.training_times(cfg.diffusion.T, cfg.diffusion.antithetic)
         step_stream = generator(device, derive_seed(tc.seed, "step", step))
         t = draw(tc.global_batch_size, step_stream)[run.mine]
     rows = rows[run.mine]

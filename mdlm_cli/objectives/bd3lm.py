@@ -1,0 +1,159 @@
+"""BD3-LM (Arriola et al. 2025, "Block Diffusion"): autoregressive over blocks of L' =
+`diffusion.block_size` tokens, masked diffusion with SUBS inside each block.
+
+The loss is the block NELBO (engine/blocks.py): each block's continuous-time masked-diffusion
+bound given the clean blocks before it, one time t_b per block, all blocks in one pass of the
+DiT over [x_t, x_0] under the block attention mask, the x_0 half at the same rotary positions
+as the x_t half. L' = L is MDLM; at L' = 1 the bound equals the AR NLL in expectation (each
+block is one token: masked with probability ~t, weighted 1/t), and the evaluation gives that
+NLL exactly, every token masked (t = 1) given the clean tokens before it (the reference's
+L' = 1 likelihood).
+
+Training may draw t from a clipped interval [clip_min, clip_max] (§5 of the paper; chosen by
+the variance search of objectives/clipping.py when `clip_search_widths` is set); evaluation
+always draws it from the whole interval, the bound the paper reports.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..engine.blocks import block_attention_mask, block_nelbo_tokens, block_times
+from ..engine.diffusion import without_mask
+from ..errors import MdlmError
+from ..models import BACKBONES, autocast_for
+from .base import Objective
+
+
+class BlockDenoiser:
+    """The block denoiser of engine/blocks.py over the DiT: one call on [z_t, x0] (B, 2L) with
+    the block attention mask and positions 0..L-1 twice; logits of the z_t half only."""
+
+    supports_output_mask = True
+
+    def __init__(self, model: nn.Module, block_size: int,
+                 autocast_dtype: torch.dtype | None = None):
+        self.model, self.block_size, self.autocast_dtype = model, block_size, autocast_dtype
+        self._mask: Tensor | None = None
+
+    def attention(self, length: int, device: torch.device,
+                  attention_mask: Tensor | None) -> Tensor:
+        """(B | 1, 1, 2L, 2L) bool: the block mask, padded keys removed (each query keeps
+        itself, so no row of the softmax is empty)."""
+        if self._mask is None or self._mask.shape[-1] != 2 * length \
+                or self._mask.device != device:
+            self._mask = block_attention_mask(length, self.block_size, device)
+        mask = self._mask[None]
+        if attention_mask is not None and not bool(attention_mask.all()):
+            real = attention_mask.bool().repeat(1, 2)  # (B, 2L): the keys x_t and x0 share
+            mask = (mask & real[:, None, :]) | torch.eye(2 * length, dtype=torch.bool,
+                                                         device=device)
+        return mask[:, None]
+
+    def __call__(self, z_t: Tensor, x0: Tensor, *, output_mask: Tensor | None = None,
+                 attention_mask: Tensor | None = None) -> Tensor:
+        L = x0.shape[1]
+        tokens = torch.cat([z_t, x0], dim=1)  # (B, 2L)
+        positions = torch.arange(L, device=x0.device).repeat(2)  # x0 at x_t's positions
+        mask = self.attention(L, x0.device, attention_mask)
+        wanted = None if output_mask is None else torch.cat(
+            [output_mask, torch.zeros_like(output_mask)], dim=1)
+        with autocast_for(x0.device, self.autocast_dtype):
+            logits = self.model(tokens, None, attention_mask=mask, output_mask=wanted,
+                                positions=positions)
+        return logits if output_mask is not None else logits[:, :L]
+
+
+class BD3LM(Objective):
+    name = "bd3lm"
+    default_sampler = ""  # block-by-block sampling is not there yet (docs/bd3lm.md)
+    sampler_names = ()
+    description = ("block diffusion: autoregressive over blocks, masked diffusion in each "
+                   "(a bound; exact NLL at block size 1)")
+    own_keys = ("block_size", "clip_min", "clip_max", "clip_search_widths", "clip_search_delta")
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        d, length = cfg.diffusion, cfg.data.length
+        if d.block_size <= 0 or length % d.block_size:
+            raise MdlmError(f"diffusion.block_size must be a divisor of data.length ({length}) "
+                            f"for the bd3lm objective (got {d.block_size})")
+        if cfg.model.time_conditioning:
+            raise MdlmError("the bd3lm objective draws a time per block and the DiT takes one "
+                            "per row; set model.time_conditioning=false")
+        cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
+        if not getattr(BACKBONES[cfg.model.backbone], "takes_query_masks", False):
+            raise MdlmError(f"the bd3lm objective needs the block attention mask, which the "
+                            f"{cfg.model.backbone} backbone cannot take; use model.backbone=dit")
+        if cfg.data.packing == "sft-pack":
+            raise MdlmError("the bd3lm objective does not take several examples per row; use "
+                            "data.packing=sft")
+        cls.check_clip(cfg)
+
+    @classmethod
+    def check_clip(cls, cfg) -> None:
+        d = cfg.diffusion
+        if d.clip_min > d.clip_max:
+            raise MdlmError(f"diffusion.clip_min ({d.clip_min}) must not exceed "
+                            f"diffusion.clip_max ({d.clip_max})")
+        if d.clip_min >= 1.0 and d.block_size != 1:
+            raise MdlmError("diffusion.clip_min=1 (every token masked) is the exact NLL of "
+                            "block size 1 only; lower it, or set diffusion.block_size=1")
+
+    def __init__(self, cfg, tokenizer):
+        super().__init__(cfg, tokenizer)
+        self.block_size = cfg.diffusion.block_size
+        self.clip = (cfg.diffusion.clip_min, cfg.diffusion.clip_max)  # the training interval
+
+    @property
+    def exact(self) -> bool:  # type: ignore[override]  # per run: block size 1 is exact
+        return self.block_size == 1
+
+    def denoiser(self, model: nn.Module,
+                 autocast_dtype: torch.dtype | None = None) -> BlockDenoiser:
+        return BlockDenoiser(model, self.block_size, autocast_dtype)
+
+    def token_terms(self, denoiser: BlockDenoiser, x0: Tensor, t: Tensor, *, generator,
+                    attention_mask, targets: Tensor | None = None) -> Tensor:
+        """The loss at each position (B, L); t (B, K) per block, or (B,) the same for all."""
+        if t.dim() == 1:
+            t = t[:, None].expand(-1, x0.shape[1] // self.block_size)
+        return block_nelbo_tokens(denoiser, x0, t, mask_id=self.mask_id,
+                                  schedule=self.schedule, block_size=self.block_size,
+                                  generator=generator, attention_mask=attention_mask,
+                                  targets=targets)
+
+    def loss_terms(self, denoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
+                   T: int | None = None, targets: Tensor | None = None) -> Tensor:
+        return self.token_terms(denoiser, x0, t, generator=generator,
+                                attention_mask=attention_mask, targets=targets).sum(dim=1)
+
+    def times_between(self, low: float, high: float, antithetic: bool):
+        """`draw(n, generator)`: times (n, K) uniform on [low, high], floored at t_min (as
+        the schedule's own draws)."""
+        low, high = max(low, self.schedule.t_min), max(high, self.schedule.t_min)
+        blocks = self.cfg.data.length // self.block_size
+        return lambda n, gen: block_times(n, blocks, gen, low=low, high=high,
+                                          antithetic=antithetic)
+
+    def draw_times(self, T: int, antithetic: bool = True):
+        """The bound's times: the whole interval; t = 1 at block size 1 (the exact NLL)."""
+        return self.times_between(1.0 if self.exact else 0.0, 1.0, antithetic)
+
+    def training_times(self, T: int, antithetic: bool = True):
+        return self.times_between(*self.clip, antithetic)
+
+    def eval_T(self, T: int | None) -> int:
+        if T:
+            raise MdlmError(f"--T {T} does not apply: the bd3lm bound is continuous-time")
+        return 0
+
+    def greedy_tokens(self, denoiser: BlockDenoiser, x0: Tensor, targets: Tensor,
+                      attention_mask: Tensor | None = None) -> Tensor:
+        """The argmax at each target position with every target masked, given the true blocks
+        before its own (teacher-forced over blocks, as the AR model's greedy check)."""
+        targets = targets.bool()
+        z = x0.masked_fill(targets, self.mask_id)
+        logits = denoiser(z, x0, output_mask=targets, attention_mask=attention_mask)
+        return x0.masked_scatter(targets, without_mask(logits, self.mask_id).argmax(-1))
