@@ -209,6 +209,19 @@ class Objective(ABC):
         here."""
         return self.draw_times(T, antithetic)
 
+    def after_validation(self, denoiser: Any, split: TokenSplit, *, batch_size: int,
+                         device: torch.device, seed: int, rows: int = 0) -> dict | None:
+        """What the objective learns from the validation split during training (bd3lm: its
+        clipped schedule), with the evaluation model; the record to log, or None (nothing)."""
+        return None
+
+    def training_state(self) -> dict:
+        """What `after_validation` chose, for the checkpoint's state.json ({}: nothing)."""
+        return {}
+
+    def load_training_state(self, state: dict) -> None:  # noqa: B027 - optional, as validate
+        """Restore what `training_state` saved (a resumed run)."""
+
     def evaluate(self, denoiser: Any, split: TokenSplit, *, seeds: list[int], batch_size: int,
                  device: torch.device, rows: int = 0, T: int | None = None, antithetic: bool = True,
                  on_batch: Callable[[int], None] | None = None, rank: int = 0, world_size: int = 1,

@@ -16,14 +16,20 @@ always draws it from the whole interval, the bound the paper reports.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..data.store import TokenSplit
 from ..engine.blocks import block_attention_mask, block_nelbo_tokens, block_times
 from ..engine.diffusion import without_mask
 from ..errors import MdlmError
 from ..models import BACKBONES, autocast_for
+from ..runtime import derive_seed, generator
 from .base import Objective
+from .clipping import candidate_intervals, interval_name, select_interval, variance_table
+
+SEARCH_BATCHES = 100  # validation batches of a search at most (the reference's 100)
 
 
 class BlockDenoiser:
@@ -157,3 +163,40 @@ class BD3LM(Objective):
         z = x0.masked_fill(targets, self.mask_id)
         logits = denoiser(z, x0, output_mask=targets, attention_mask=attention_mask)
         return x0.masked_scatter(targets, without_mask(logits, self.mask_id).argmax(-1))
+
+    @torch.no_grad()
+    def after_validation(self, denoiser: BlockDenoiser, split: TokenSplit, *, batch_size: int,
+                         device: torch.device, seed: int, rows: int = 0) -> dict | None:
+        """The clipped-schedule search (objectives/clipping.py), when
+        `diffusion.clip_search_widths` asks for it: the training interval becomes the one of
+        least loss variance over the first `rows` validation rows (0 = all; at most
+        SEARCH_BATCHES batches). Returns the record to log: the interval and every variance."""
+        d = self.cfg.diffusion
+        if not d.clip_search_widths:
+            return None
+        intervals = candidate_intervals(d.clip_search_widths, d.clip_search_delta,
+                                        self.schedule.t_min, self.block_size)
+        n = len(split) if rows <= 0 else min(rows, len(split))
+        batches = min(-(-n // batch_size), SEARCH_BATCHES)
+
+        def block_losses(interval, b: int) -> Tensor:  # (B, K); every interval: the same draws
+            idx = np.arange(b * batch_size, min((b + 1) * batch_size, n))
+            x0, attention_mask, targets = split.batch_with_targets(idx, device)
+            draw = self.times_between(*interval, d.antithetic)
+            t = draw(len(idx), generator(device, derive_seed(seed, "clip", b)))
+            masks = generator(device, derive_seed(seed, "clip-masks", b))
+            terms = self.token_terms(denoiser, x0, t, generator=masks,
+                                     attention_mask=attention_mask, targets=targets)
+            return terms.view(len(idx), -1, self.block_size).mean(-1)
+
+        table = variance_table(block_losses, intervals, batches)
+        self.clip = select_interval(table)
+        return {"clip": list(self.clip),
+                "clip_variance": {interval_name(k): v / batches for k, v in table.items()}}
+
+    def training_state(self) -> dict:
+        return {"clip": list(self.clip)} if self.cfg.diffusion.clip_search_widths else {}
+
+    def load_training_state(self, state: dict) -> None:
+        if "clip" in state:
+            self.clip = (float(state["clip"][0]), float(state["clip"][1]))
