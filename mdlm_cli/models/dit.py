@@ -62,6 +62,9 @@ class KVCache:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int = 0
+    # a block cache (block diffusion, objectives/bd3lm.py): the new tokens attend each other
+    # both ways, and a bidirectional model may use it
+    block: bool = False
 
     @classmethod
     def empty(cls, model: DiT, batch: int, max_len: int, device: torch.device,
@@ -202,7 +205,7 @@ class DDiTBlock(nn.Module):
         keys, values = cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
         # query j (absolute position start + j) sees keys 0 .. start + j
         causal = None
-        if n > 1:
+        if n > 1 and not cache.block:
             causal = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype), attn_mask=causal
@@ -355,8 +358,8 @@ class DiT(nn.Module):
         return x, c
 
     def _decode(self, tokens: torch.Tensor, sigma: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        if not self.causal:
-            raise ValueError("a key/value cache needs a causal model")
+        if not (self.causal or cache.block):
+            raise ValueError("a key/value cache needs a causal model (or a block cache)")
         start, end = cache.length, cache.length + tokens.shape[1]
         if end > cache.max_len:
             raise ValueError(

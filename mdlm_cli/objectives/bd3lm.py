@@ -21,10 +21,11 @@ import torch
 from torch import Tensor, nn
 
 from ..data.store import TokenSplit
+from ..engine.block_sampling import BlockSamples, sample_blocks
 from ..engine.blocks import block_attention_mask, block_nelbo_tokens, block_times
 from ..engine.diffusion import without_mask
 from ..errors import MdlmError
-from ..models import BACKBONES, autocast_for
+from ..models import BACKBONES, KVCache, autocast_for, unwrap
 from ..runtime import derive_seed, generator
 from .base import Objective
 from .clipping import candidate_intervals, interval_name, select_interval, variance_table
@@ -69,6 +70,57 @@ class BlockDenoiser:
             logits = self.model(tokens, None, attention_mask=mask, output_mask=wanted,
                                 positions=positions)
         return logits if output_mask is not None else logits[:, :L]
+
+
+class CachedBlocks:
+    """The engine's `BlockModel` over the DiT with a block key/value cache of the finished
+    blocks: each call runs the current block only (exact: attention is block-causal)."""
+
+    def __init__(self, model: nn.Module, autocast_dtype: torch.dtype | None = None):
+        self.model, self.autocast_dtype = model, autocast_dtype
+        self.cache: KVCache | None = None
+
+    def start(self, batch: int, max_len: int, device: torch.device) -> None:
+        dtype = self.autocast_dtype or torch.float32
+        self.cache = KVCache.empty(unwrap(self.model), batch, max_len, device, dtype)
+        self.cache.block = True
+
+    def _run(self, block: Tensor) -> Tensor:
+        with autocast_for(block.device, self.autocast_dtype):
+            return self.model(block, kv_cache=self.cache)
+
+    def logits(self, block: Tensor) -> Tensor:
+        finished = self.cache.length
+        logits = self._run(block)
+        self.cache.length = finished  # a noisy block's keys are not kept
+        return logits
+
+    def commit(self, block: Tensor) -> None:
+        self._run(block)
+
+
+class RecomputedBlocks:
+    """The same `BlockModel` without a cache: every call runs all the finished blocks and the
+    current one under the block-causal mask (what the cache must equal)."""
+
+    def __init__(self, model: nn.Module, block_size: int,
+                 autocast_dtype: torch.dtype | None = None):
+        self.model, self.block_size, self.autocast_dtype = model, block_size, autocast_dtype
+        self.done: Tensor | None = None
+
+    def start(self, batch: int, max_len: int, device: torch.device) -> None:
+        self.done = torch.zeros(batch, 0, dtype=torch.long, device=device)
+
+    def logits(self, block: Tensor) -> Tensor:
+        tokens = torch.cat([self.done, block], dim=1)
+        index = torch.arange(tokens.shape[1], device=block.device) // self.block_size
+        mask = (index[:, None] >= index[None, :])[None, None]  # (1, 1, n, n): block-causal
+        with autocast_for(block.device, self.autocast_dtype):
+            logits = self.model(tokens, None, attention_mask=mask)
+        return logits[:, -block.shape[1]:]
+
+    def commit(self, block: Tensor) -> None:
+        self.done = torch.cat([self.done, block], dim=1)
 
 
 class BD3LM(Objective):
@@ -200,3 +252,21 @@ class BD3LM(Objective):
     def load_training_state(self, state: dict) -> None:
         if "clip" in state:
             self.clip = (float(state["clip"][0]), float(state["clip"][1]))
+
+    @torch.no_grad()
+    def sample(self, model: nn.Module, *, num_samples: int, length: int, steps: int,
+               generator: torch.Generator | None, eos_id: int | None = None,
+               cache: bool = True, autocast_dtype: torch.dtype | None = None) -> BlockSamples:
+        """Rows of up to `length` tokens (a multiple of L', past the training length if asked),
+        block by block with `steps` ancestral steps per block; with `eos_id`, done once every
+        row has drawn it. `cache=False` recomputes the finished blocks at every call."""
+        if length % self.block_size:
+            raise MdlmError(f"--length must be a multiple of the block size {self.block_size} "
+                            f"(got {length})")
+        blocks = (CachedBlocks(model, autocast_dtype) if cache
+                  else RecomputedBlocks(model, self.block_size, autocast_dtype))
+        device = next(model.parameters()).device
+        return sample_blocks(blocks, num_samples=num_samples, length=length,
+                             block_size=self.block_size, steps=steps, mask_id=self.mask_id,
+                             schedule=self.schedule, generator=generator, device=device,
+                             eos_id=eos_id)

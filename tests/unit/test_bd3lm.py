@@ -130,3 +130,33 @@ def test_block_times_one_per_block_on_the_clipped_interval():
 def test_config_checks(overrides, message):
     with pytest.raises(MdlmError, match=message):
         resolve_config("test", overrides)
+
+
+def test_cached_and_recomputed_block_sampling_draw_the_same_tokens():
+    """The finished blocks' keys and values never change (block-causal attention), so the cache
+    is exact: the same tokens under one generator, past the training length too."""
+    _, bd3lm, model = setup("bd3lm", "diffusion.block_size=4")
+
+    def draw(cache: bool):
+        return bd3lm.sample(model, num_samples=3, length=2 * L + 8, steps=4, cache=cache,
+                            generator=torch.Generator().manual_seed(0))
+
+    cached, recomputed = draw(True), draw(False)
+    assert cached.tokens.shape == (3, 2 * L + 8) and not (cached.tokens == TOK.mask_id).any()
+    assert torch.equal(cached.tokens, recomputed.tokens)
+    assert not cached.ended.any() and (cached.lengths == 2 * L + 8).all()
+    assert len(set(cached.tokens.flatten().tolist())) > 5  # draws, not one repeated token
+
+
+def test_block_sampling_stops_once_every_row_has_drawn_eos():
+    _, bd3lm, model = setup("bd3lm", "diffusion.block_size=4")
+    eos = TOK.eos_id
+    with torch.no_grad():  # EOS likely, not certain: rows end in different blocks
+        model.output_layer.linear.bias[eos] += 3.0
+    out = bd3lm.sample(model, num_samples=4, length=4 * L, steps=4,
+                       generator=torch.Generator().manual_seed(1), eos_id=eos)
+    assert out.ended.all() and out.tokens.shape[1] < 4 * L and out.tokens.shape[1] % 4 == 0
+    for row, n in zip(out.tokens, out.lengths.tolist(), strict=True):
+        assert row[n - 1] == eos and not (row[: n - 1] == eos).any()
+    last_block = out.tokens[:, -4:]
+    assert (last_block == eos).any(dim=1).any()  # the block in which the last row ended
