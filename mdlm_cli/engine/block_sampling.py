@@ -1,4 +1,4 @@
-"""Block-by-block sampling of a block diffusion model (BD3-LM, Algorithm 2 of Arriola et al.):
+"""Block-by-block sampling of a block diffusion model (BD3-LM, Arriola et al.):
 each block of L' tokens starts fully masked and is denoised by MDLM's ancestral step given
 the finished blocks, then joins them; generation stops once every row has drawn EOS.
 

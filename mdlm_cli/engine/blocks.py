@@ -2,7 +2,7 @@
 tokens with masked diffusion inside each block.
 
 The NELBO is a sum over blocks b of the masked-diffusion bound of block b given the clean
-blocks before it (eq. 5 of the paper). All blocks are trained in one pass of the network
+blocks before it (the paper's block NELBO). All blocks are trained in one pass of the network
 over the concatenation [x_t, x_0] (length 2L) under `block_attention_mask`: a noisy block
 sees itself and the clean blocks before it, a clean block the clean blocks up to itself.
 Each block draws its own time t_b (`block_times`).

@@ -9,9 +9,9 @@ block is one token: masked with probability ~t, weighted 1/t), and the evaluatio
 NLL exactly, every token masked (t = 1) given the clean tokens before it (the reference's
 L' = 1 likelihood).
 
-Training may draw t from a clipped interval [clip_min, clip_max] (§5 of the paper; chosen by
-the variance search of objectives/clipping.py when `clip_search_widths` is set); evaluation
-always draws it from the whole interval, the bound the paper reports.
+Training may draw t from a clipped interval [clip_min, clip_max] (the paper's data-driven
+schedule, chosen by the variance search of objectives/clipping.py when `clip_search_widths`
+is set); evaluation always draws it from the whole interval, the bound the paper reports.
 """
 
 from __future__ import annotations

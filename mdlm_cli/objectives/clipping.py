@@ -1,6 +1,7 @@
-"""bd3lm's data-driven noise schedule (§5 of the paper; the reference's `clip_search_widths`
-and `_clipped_schedule_search`): training draws t ~ U[beta, omega], and at each validation
-the interval whose loss has the least variance over the validation batches is chosen.
+"""bd3lm's data-driven noise schedule (the paper's clipped schedules; the reference's
+`clip_search_widths` and `_clipped_schedule_search`): training draws t ~ U[beta, omega],
+and at each validation the interval whose loss has the least variance over the validation
+batches is chosen.
 
 The variance of a batch is that of its per-block losses (each block's loss averaged over its
 L' tokens, padding counted 0, as the reference reshapes them), summed over the batches; the

@@ -81,7 +81,7 @@ def ar_token_nll(causal_model, x0: torch.Tensor) -> torch.Tensor:
 
 
 def test_block_size_1_is_the_exact_ar_nll_of_the_same_weights():
-    """The paper (§4.1, app. B): at L' = 1 the NELBO equals the AR NLL in expectation; at t = 1
+    """The paper's single-token case: at L' = 1 the NELBO equals the AR NLL in expectation; at t = 1
     (every token masked, weight 1: the reference's L' = 1 likelihood, what eval-ppl reports)
     it is that NLL exactly. And at any t each masked token's term is w(t) times its AR term,
     so E[term] = P(masked) w(t) AR = (1 - eps) AR under the log-linear schedule."""
