@@ -55,14 +55,18 @@ def block_times(n: int, num_blocks: int, generator: torch.Generator, *, low: flo
     return low + (high - low) * u
 
 
-def block_rates(t: Tensor, schedule: Schedule, block_size: int) -> tuple[Tensor, Tensor]:
-    """Per-position mask rate and NELBO weight (B, L) of per-block times t (B, K).
+def block_rates(t: Tensor, schedule: Schedule, block_size: int,
+                length: int | None = None) -> tuple[Tensor, Tensor]:
+    """Per-position mask rate and NELBO weight (B, L) of per-block times t (B, K): rows of
+    `length` tokens (default K L'; a shorter row, its last block partial, reads the first
+    blocks' times).
 
     With L' = 1, a block at t = 1 is the exact NLL term: the token is always masked and its
     weight is 1 (the reference's full masking for its L' = 1 likelihood), where the schedule's
     floor alpha(1) = eps would leave it clean with probability eps.
     """
-    t = t.repeat_interleave(block_size, dim=1)  # (B, L)
+    length = t.shape[1] * block_size if length is None else length
+    t = t[:, torch.arange(length, device=t.device) // block_size]  # (B, L)
     rate, weight = schedule.mask_rate(t), schedule.loss_weight(t)
     if block_size == 1:
         full = t >= 1.0
@@ -83,7 +87,7 @@ def block_nelbo_tokens(denoiser: BlockDenoiser, x0: Tensor, t: Tensor, *, mask_i
     t (B, K): one time per block (K = L / L'). `targets` as in `nelbo_terms`: only they are
     masked and scored, the rest is clean context.
     """
-    rate, weight = block_rates(t, schedule, block_size)
+    rate, weight = block_rates(t, schedule, block_size, x0.shape[1])
     z_t = mask_tokens(x0, rate, mask_id, generator=generator, attention_mask=attention_mask,
                       targets=targets)
     masked = z_t == mask_id

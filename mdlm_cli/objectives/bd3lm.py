@@ -174,9 +174,14 @@ class BD3LM(Objective):
 
     def token_terms(self, denoiser: BlockDenoiser, x0: Tensor, t: Tensor, *, generator,
                     attention_mask, targets: Tensor | None = None) -> Tensor:
-        """The loss at each position (B, L); t (B, K) per block, or (B,) the same for all."""
+        """The loss at each position (B, L); t (B, K) per block, or (B,) the same for all. A
+        row shorter than the model length (lm-eval's) takes the times of its first blocks."""
+        blocks = -(-x0.shape[1] // self.block_size)
         if t.dim() == 1:
-            t = t[:, None].expand(-1, x0.shape[1] // self.block_size)
+            t = t[:, None].expand(-1, blocks)
+        if t.shape[1] < blocks:
+            raise MdlmError(f"rows of {x0.shape[1]} tokens are longer than the bd3lm model's "
+                            f"{t.shape[1] * self.block_size}")
         return block_nelbo_tokens(denoiser, x0, t, mask_id=self.mask_id,
                                   schedule=self.schedule, block_size=self.block_size,
                                   generator=generator, attention_mask=attention_mask,

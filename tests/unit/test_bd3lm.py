@@ -160,3 +160,17 @@ def test_block_sampling_stops_once_every_row_has_drawn_eos():
         assert row[n - 1] == eos and not (row[: n - 1] == eos).any()
     last_block = out.tokens[:, -4:]
     assert (last_block == eos).any(dim=1).any()  # the block in which the last row ended
+
+
+def test_rows_shorter_than_the_model_length_take_their_first_blocks_times():
+    """lm-eval's rows end anywhere: a partial last block is a block too."""
+    _, bd3lm, model = setup("bd3lm", "diffusion.block_size=8")
+    x0, _ = rows()
+    t = bd3lm.draw_times(0)(3, torch.Generator().manual_seed(0))  # (3, 4): the model length's
+    with torch.no_grad():
+        short = bd3lm.token_terms(bd3lm.denoiser(model), x0[:, :21], t,
+                                  generator=torch.Generator().manual_seed(2), attention_mask=None)
+    assert short.shape == (3, 21) and torch.isfinite(short).all() and (short.sum(1) > 0).all()
+    with pytest.raises(MdlmError, match="longer than"):
+        bd3lm.token_terms(bd3lm.denoiser(model), torch.cat([x0, x0], 1), t, generator=None,
+                          attention_mask=None)
