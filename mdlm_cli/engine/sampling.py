@@ -121,11 +121,7 @@ def sample(denoiser: Denoiser,
     `recorder`: a `RevealRecorder` (num_samples, length) for `records_reveals` samplers.
     """
     settings = _settings(settings, keywords).validate()
-    if settings.sampler is None:
-        raise EngineError(f"sample needs a sampler; choose one of: {', '.join(SAMPLERS)}")
-    spec = get_sampler(settings.sampler)
-    if spec.uses_steps and settings.steps is None:
-        raise EngineError(f"sampler {spec.name} needs steps >= 1 (got None)")
+    spec = _named_sampler(settings)
     _check_sizes(num_samples, length)
     checked = settings.options_for(spec)
     spec = _resolve(spec, denoiser, time_agnostic)
@@ -142,6 +138,16 @@ def sample(denoiser: Denoiser,
     tokens = _run_batches(spec, z_all, ctx, batch_size, on_batch)
     assert not (tokens == mask_id).any(), "a sampler left a mask token"
     return (tokens, stats) if return_stats else tokens
+
+
+def _named_sampler(settings: SamplingSettings) -> SamplerSpec:
+    """The sampler the settings name, which must be given (and given steps if it takes them)."""
+    if settings.sampler is None:
+        raise EngineError(f"sample needs a sampler; choose one of: {', '.join(SAMPLERS)}")
+    spec = get_sampler(settings.sampler)
+    if spec.uses_steps and settings.steps is None:
+        raise EngineError(f"sampler {spec.name} needs steps >= 1 (got None)")
+    return spec
 
 
 def _run_batches(spec: SamplerSpec, z_all: Tensor, ctx: SamplerContext, batch_size: int,
