@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +179,7 @@ def check_folder_data(cfg, tokenizer, raw: dict, max_length: int) -> None:
                         f"{name} with {raw.get('mask_token_id')}; set data.tokenizer={name}")
 
 
-class ReleasedBackbone(nn.Module):
+class ReleasedBackbone(nn.Module, ABC):
     """What the LLaDA and Dream backbones share: built from a released folder named by
     `model.hf_model` (float32 weights, for training), from the folder in its own dtype
     (`from_folder`, for inference) or from an mdlm checkpoint (`from_checkpoint`, the release's
@@ -217,8 +218,9 @@ class ReleasedBackbone(nn.Module):
         if folder is not None and load:
             fill_released(self, folder, dtype=torch.float32)
 
+    @abstractmethod
     def build_network(self) -> None:
-        raise NotImplementedError
+        """The family's modules under the release's names (called on the meta device)."""
 
     @classmethod
     def from_folder(cls, cfg, vocab_size: int, folder: Path, raw: dict, device):
