@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .app import app
 from .console import console, say, user_errors, warn
-from .loading import load_for_command, loading_command, loading_from
+from .loading import ModelLoading, loading_command, loading_from
 from .options import CheckpointOpt, DatasetOpt, JsonOpt, SeedOpt, float_in
 from .sampling_args import SamplingCommand, sampling_from
 
@@ -161,7 +161,7 @@ def lm_eval_tasks_cmd(
     from ..eval.lm_eval.tasks import write_tasks
 
     with user_errors():
-        loaded, _ = load_for_command(checkpoint, "cpu", False)
+        loaded, _ = ModelLoading(checkpoint, device="cpu").load()  # its config and tokeniser
         rows = write_tasks(out, dataset=dataset or loaded.config.data.dataset, split=split,
                            char_level=loaded.tokenizer.is_character_level, words=words,
                            passages=passages)

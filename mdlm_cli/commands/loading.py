@@ -32,21 +32,16 @@ class ModelLoading:
     net_precision: str = field(default="auto", metadata={"option": NetPrecisionOpt})
 
     def load(self, device: str | None = None):
-        """(loaded, rt): the checkpoint on its runtime; `device` replaces --device (eval-ppl's
-        rank device under torchrun)."""
-        return load_for_command(self.checkpoint, device or self.device, self.raw_weights,
-                                self.threads, self.net_precision)
+        """(loaded, rt): the checkpoint on its runtime, its notes printed; `device` replaces
+        --device (eval-ppl's rank device under torchrun)."""
+        from ..checkpoints.load import load_on_device
 
-
-def load_for_command(checkpoint: str, device: str | None, raw_weights: bool,
-                     threads: int | None = None, precision: str = "auto"):
-    from ..checkpoints.load import load_on_device
-
-    loaded, rt = load_on_device(checkpoint, device=device, raw_weights=raw_weights,
-                                threads=threads, precision=precision)
-    for text in loaded.state.get("notes") or []:  # e.g. an encoder's freshly initialised MLM head
-        note(text)
-    return loaded, rt
+        loaded, rt = load_on_device(self.checkpoint, device=device or self.device,
+                                    raw_weights=self.raw_weights, threads=self.threads,
+                                    precision=self.net_precision)
+        for text in loaded.state.get("notes") or []:  # e.g. an encoder's fresh MLM head
+            note(text)
+        return loaded, rt
 
 
 def _parameters(checkpoint: str | None, checkpoint_help: str | None,
