@@ -45,6 +45,7 @@ def config_from_dict(data: dict) -> Config:
     _check_attention(cfg, backbone, objective)
     _check_packing(cfg, backbone)
     backbone.validate_config(cfg)
+    _check_own_keys(cfg, objective)
     objective.validate(cfg)
     return cfg
 
@@ -100,3 +101,10 @@ def _check_attention(cfg: Config, backbone, objective) -> None:
             f"{cfg.diffusion.objective} objective needs {kind} attention "
             f"({CAUSAL_ALTERNATIVE[objective.causal]})"
         )
+
+
+def _check_own_keys(cfg: Config, objective) -> None:
+    """A diffusion key that only other objectives read (their `own_keys`), moved from its
+    default, is refused: no switch is silently ignored."""
+    others = {key for cls in OBJECTIVES.values() if cls is not objective for key in cls.own_keys}
+    objective.refuse_unused(cfg, *sorted(others - set(objective.own_keys)))

@@ -84,6 +84,12 @@ class DiffusionConfig:
     # the model gives the mask token probability 0 (d3pm: the reference's subs_masking)
     zero_masking: bool = True
     carry_over: bool = True  # unmasked tokens are copied; off adds the t = 0 reconstruction term
+    # bd3lm (docs/bd3lm.md): L' per block, training's t ~ U[clip_min, clip_max], its search
+    block_size: int = 0
+    clip_min: float = 0.0
+    clip_max: float = 1.0
+    clip_search_widths: tuple[float, ...] = ()  # empty: no search
+    clip_search_delta: float = 0.05  # the searched intervals' starts are this far apart
 
 
 @dataclass
@@ -140,6 +146,7 @@ class Config:
         (what checkpoints save)."""
         d = dataclasses.asdict(self)
         d["optim"]["betas"] = list(d["optim"]["betas"])
+        d["diffusion"]["clip_search_widths"] = list(d["diffusion"]["clip_search_widths"])
         return d
 
     @property
@@ -218,6 +225,8 @@ def _coerce(value, typ, where: str):
         if origin is tuple:
             items = value if isinstance(value, list | tuple) else yaml.safe_load(str(value))
             args = typing.get_args(typ)
+            if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
+                args = (args[0],) * len(items)
             if len(items) != len(args):
                 raise TypeError
             return tuple(_coerce(v, a, where) for v, a in zip(items, args, strict=True))

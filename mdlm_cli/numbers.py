@@ -13,6 +13,10 @@ from .errors import MdlmError
 CONFIG_RANGES = {
     "diffusion.eps": (0.0, 1.0, True, False),  # the schedule's floor: alpha(1) = eps
     "model.norm_epsilon": (0.0, math.inf, False, False),
+    "diffusion.clip_min": (0.0, 1.0, True, True),  # bd3lm's clipped schedule, in [0, 1]
+    "diffusion.clip_max": (0.0, 1.0, False, True),
+    "diffusion.clip_search_widths": (0.0, 1.0, False, True),  # each width
+    "diffusion.clip_search_delta": (0.0, 1.0, False, True),
 }
 
 

@@ -5,6 +5,7 @@ REQUIRED = {
     "sedd": ["model.time_conditioning=true"],
     "d3pm": ["diffusion.T=100", "diffusion.zero_masking=false", "diffusion.carry_over=false",
              "model.time_conditioning=true"],
+    "bd3lm": ["diffusion.block_size=8"],
 }
 
 

@@ -53,10 +53,11 @@ def mask_tokens(x0: Tensor, mask_rate: Tensor, mask_id: int, *,
                 generator: torch.Generator | None = None,
                 attention_mask: Tensor | None = None, targets: Tensor | None = None) -> Tensor:
     """Forward process q(z_t | x) (eq. 4): mask each token independently with
-    probability `mask_rate` (B,). Padding (attention_mask == 0) is never masked; with
-    `targets` (B, L) bool, only target positions are (the rest is clean context)."""
+    probability `mask_rate` (B,), or (B, L) one per position (block diffusion's per-block
+    times). Padding (attention_mask == 0) is never masked; with `targets` (B, L) bool, only
+    target positions are (the rest is clean context)."""
     u = torch.rand(x0.shape, generator=generator, device=x0.device)
-    masked = u < mask_rate[:, None]
+    masked = u < (mask_rate if mask_rate.dim() == 2 else mask_rate[:, None])
     if attention_mask is not None:
         masked &= attention_mask.bool()
     if targets is not None:

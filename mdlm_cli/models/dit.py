@@ -62,6 +62,9 @@ class KVCache:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int = 0
+    # a block cache (block diffusion, objectives/bd3lm.py): the new tokens attend each other
+    # both ways, and a bidirectional model may use it
+    block: bool = False
 
     @classmethod
     def empty(cls, model: DiT, batch: int, max_len: int, device: torch.device,
@@ -202,7 +205,7 @@ class DDiTBlock(nn.Module):
         keys, values = cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
         # query j (absolute position start + j) sees keys 0 .. start + j
         causal = None
-        if n > 1:
+        if n > 1 and not cache.block:
             causal = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype), attn_mask=causal
@@ -261,11 +264,15 @@ class DiT(nn.Module):
     segment ids (packed examples, models/segments.py) keep attention within each segment.
     `causal=True` makes every position attend only to itself and earlier ones (the
     autoregressive baseline); with a `kv_cache` it then decodes incrementally.
+    A bool `attention_mask` of shape (B | 1, 1, L, L) says which key each query attends (True =
+    attend), as SDPA reads it, and `positions` ((L,) or (B, L)) gives each input its rotary
+    position: block diffusion's pass over [x_t, x_0] (objectives/bd3lm.py) uses both.
     """
 
     # the model.* keys it reads (models.BACKBONES: a key it does not read is an error)
     config_keys = keys_of(DiTConfig)
     packs_segments = True  # attention and positions per segment (data.packing=sft-pack)
+    takes_query_masks = True  # a (B | 1, 1, L, L) attention mask and shared positions
 
     @classmethod
     def validate_config(cls, cfg: Config) -> None:
@@ -310,7 +317,8 @@ class DiT(nn.Module):
     def forward(self, tokens: torch.Tensor, sigma: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
                 output_mask: torch.Tensor | None = None,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
+                kv_cache: KVCache | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """With `output_mask` (B, L) bool, return logits (N, V) only at its N True
         positions (row-major order): the loss needs only the masked positions, and
         the output layer is most of the compute of a small model with a large vocab.
@@ -320,9 +328,11 @@ class DiT(nn.Module):
             sigma = torch.zeros(tokens.shape[0], device=tokens.device)
         if kv_cache is not None:
             return self._decode(tokens, sigma, kv_cache)
-        key_mask = positions = None
+        key_mask = None
         if is_segmented(attention_mask):  # segment ids of packed examples (models/segments.py)
             key_mask, positions = segment_attention(attention_mask)
+        elif attention_mask is not None and attention_mask.dim() == 4:  # (B | 1, 1, L, L)
+            key_mask = attention_mask[:, 0].bool()  # per query, as the packed examples' mask
         elif attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()
         x, c = self.trunk(tokens, sigma, key_mask, positions)
@@ -336,19 +346,20 @@ class DiT(nn.Module):
               positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states (B, L, H) and conditioning (B, C): everything but the output
         layer, with fixed shapes (what `torch.compile` captures). `key_mask` (B, L) or
-        (B, L, L) bool; `positions` (B, L): rotary positions per row (packed examples)."""
+        (B | 1, L, L) bool; `positions` (B, L) or (L,): rotary positions per row (packed
+        examples) or shared by the rows (block diffusion's [x_t, x_0])."""
         x = self.vocab_embed(tokens)  # (B, L, H)
         c = F.silu(self.sigma_map(sigma))  # (B, C)
         rotary = self.rotary_emb(tokens.shape[1], tokens.device)
         if positions is not None:
-            rotary = (rotary[0][positions], rotary[1][positions])  # (B, L, 1, D) each
+            rotary = (rotary[0][positions], rotary[1][positions])  # (B, L, 1, D) or (L, 1, D)
         for block in self.blocks:
             x = block(x, rotary, c, key_mask)
         return x, c
 
     def _decode(self, tokens: torch.Tensor, sigma: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        if not self.causal:
-            raise ValueError("a key/value cache needs a causal model")
+        if not (self.causal or cache.block):
+            raise ValueError("a key/value cache needs a causal model (or a block cache)")
         start, end = cache.length, cache.length + tokens.shape[1]
         if end > cache.max_len:
             raise ValueError(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from .ar import Autoregressive
 from .base import Objective
+from .bd3lm import BD3LM
 from .d3pm import D3PM
 from .mdlm import MDLM
 from .mlm import MaskedLM
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from ..data.tokenizers import Tokenizer
 
 OBJECTIVES: dict[str, type[Objective]] = {
-    cls.name: cls for cls in (MDLM, SEDD, D3PM, Autoregressive, MaskedLM)
+    cls.name: cls for cls in (MDLM, SEDD, D3PM, Autoregressive, MaskedLM, BD3LM)
 }
 
 __all__ = ["OBJECTIVES", "Objective", "get_objective", "objectives_served_by"]

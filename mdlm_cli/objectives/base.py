@@ -55,6 +55,8 @@ class Objective(ABC):
     kind: ClassVar[str] = (
         ""  # what `evaluate` gives: "" = exact or bound as `exact` says; "masked-token" (mlm)
     )
+    # diffusion.* keys only this objective reads: every other one refuses them (build.py)
+    own_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: Config, tokenizer: Tokenizer):
         self.cfg = cfg
@@ -198,6 +200,27 @@ class Objective(ABC):
         stratified over it (antithetic), mapped to t (T steps, 0: continuous); None for objectives
         without time."""
         return diffusion_times(self.schedule, T, antithetic) if self.uses_time else None
+
+    def training_times(
+        self, T: int, antithetic: bool = True
+    ) -> Callable[[int, torch.Generator], Tensor] | None:
+        """The times of the training loss, drawn as `draw_times` draws those of the bound; an
+        objective that trains on another distribution of t (bd3lm's clipped schedule) says so
+        here."""
+        return self.draw_times(T, antithetic)
+
+    def after_validation(self, denoiser: Any, split: TokenSplit, *, batch_size: int,
+                         device: torch.device, seed: int, rows: int = 0) -> dict | None:
+        """What the objective learns from the validation split during training (bd3lm: its
+        clipped schedule), with the evaluation model; the record to log, or None (nothing)."""
+        return None
+
+    def training_state(self) -> dict:
+        """What `after_validation` chose, for the checkpoint's state.json ({}: nothing)."""
+        return {}
+
+    def load_training_state(self, state: dict) -> None:  # noqa: B027 - optional, as validate
+        """Restore what `training_state` saved (a resumed run)."""
 
     def evaluate(self, denoiser: Any, split: TokenSplit, *, seeds: list[int], batch_size: int,
                  device: torch.device, rows: int = 0, T: int | None = None, antithetic: bool = True,

@@ -104,7 +104,7 @@ def _step(run: Run, step: int) -> tuple[float, int, float]:
     n_tokens = run.train_split.count(rows)
     t = None
     if run.objective.uses_time:  # stratified over the global batch, then this rank's share
-        draw = run.objective.draw_times(cfg.diffusion.T, cfg.diffusion.antithetic)
+        draw = run.objective.training_times(cfg.diffusion.T, cfg.diffusion.antithetic)
         step_stream = generator(device, derive_seed(tc.seed, "step", step))
         t = draw(tc.global_batch_size, step_stream)[run.mine]
     rows = rows[run.mine]
@@ -289,9 +289,29 @@ def _validate_or_save(run: Run, log, out_of_time: bool) -> None:
         result = _evaluate(run, tc.eval_rows)
         best = record_eval(run.state, result, done, log, run.console,
                            char_level=run.tokenizer.is_character_level)
+        _after_validation(run, log)
         _checkpoint(run, best=best)
     elif done % tc.save_every == 0:
         _checkpoint(run)
+
+
+def _after_validation(run: Run, log) -> None:
+    """The objective's own use of the validation split (bd3lm's clipped-schedule search), with
+    the evaluation weights, the same on every rank: its record in metrics.jsonl, its state in
+    the checkpoint's state.json."""
+    tc = run.cfg.train
+    run.eval_model.eval()
+    record = run.objective.after_validation(
+        run.objective.denoiser(run.eval_model, run.rt.dtype), run.valid_split,
+        batch_size=2 * tc.micro_batch_size, device=run.rt.device,
+        seed=derive_seed(tc.seed, "after-validation", run.state.step), rows=tc.eval_rows)
+    run.model.train()
+    if record is None:
+        return
+    run.state.objective_state = run.objective.training_state()
+    log.write(json.dumps({"step": run.state.step, **record}) + "\n")
+    run.console.print(f"{run.objective.name}: {json.dumps(run.state.objective_state)}",
+                      markup=False, highlight=False)
 
 
 def _finish(run: Run, stop: StopSignals, metrics_path: Path, train_seconds: float,

@@ -112,6 +112,7 @@ def set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *,
     net = _wrap(cfg, dist, rt, model, ema, console)
     optimizer = _optimizer(cfg, model, rt)
     state = _restore(model, ema, optimizer, console, start.step_dir)
+    objective.load_training_state(state.objective_state or {})  # e.g. bd3lm's chosen interval
     state.threads = torch.get_num_threads()
     run = Run(cfg, dist, rt, console, data, tokenizer, train_split, valid_split, objective,
               model, net, ema, optimizer, state, accum, dist.batch_shard(tc.global_batch_size),

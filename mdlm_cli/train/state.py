@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-_OPTIONAL = ("threads", "valid_nats", "final_step", "budget_steps")  # written once set
+# written once set
+_OPTIONAL = ("threads", "valid_nats", "final_step", "budget_steps", "objective_state")
 _NOT_KEYS = ("extra", "order")  # fields that are not keys of the file
 
 
@@ -25,6 +26,8 @@ class TrainState:
     valid_nats: float | None = None  # the last validation
     final_step: int | None = None  # set by the final validation: the run is finished there
     budget_steps: int | None = None  # max_steps fitted to train.time_budget (train/budget.py)
+    # what the objective chose during training (Objective.training_state: bd3lm's interval)
+    objective_state: dict | None = None
     extra: dict = field(default_factory=dict, repr=False)  # keys this version does not know
     order: tuple[str, ...] = field(default=(), repr=False, compare=False)  # the file's key order
 
