@@ -21,7 +21,7 @@ from mdlm_cli.train.loop import train
 
 from ..hf_models import save_tiny_mlm
 from .test_objectives import setup
-from .test_sft import CONDITIONAL, EXAMPLES, TOK
+from .test_sft import CONDITIONAL, EXAMPLES, TOK, noisy_half
 
 
 def packed(pad_as_eos: bool, L: int = 24, repeats: int = 2):
@@ -150,6 +150,7 @@ def test_only_responses_are_masked_and_scored_in_packed_rows(name):
             h.remove()
     assert seen
     for z, output_mask in seen:
+        z, output_mask = noisy_half(z, output_mask, x0.shape[1])
         if not objective.causal:  # prompts (and padding): always clean, never an output
             assert torch.equal(z[~targets], x0[~targets])
             assert output_mask is not None and not output_mask[~targets].any()
