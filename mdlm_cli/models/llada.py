@@ -13,31 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor, nn
 
 from ..errors import MdlmError
 from .decoder_layers import RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
-from .open_weights import (
-    FolderModelConfig,
-    check_folder_data,
-    fill_released,
-    materialise,
-    read_family_config,
-    read_folder_config,
-    refuse,
-    validate_folder_config,
-    write_family_config,
-)
-from .section import keys_of, read_section
-from .tied import count_parameters
-
-if TYPE_CHECKING:
-    from ..config import Config, ModelConfig
-    from ..data.tokenizers import Tokenizer
+from .open_weights import ReleasedBackbone, refuse
 
 CONFIG_FILE = "llada_config.json"  # the release's config.json, beside an mdlm checkpoint's weights
 # key -> the values the native backbone implements (the released models'); an absent key passes
@@ -148,71 +129,20 @@ class LLaDATransformer(nn.Module):
         self.transformer = nn.ModuleDict(parts)
 
 
-class LLaDA(nn.Module):
+class LLaDA(ReleasedBackbone):
     """`LLaDA(cfg, vocab_size)(tokens (B, L), None, attention_mask=, output_mask=) -> logits`.
 
     Built from `cfg.hf_model`'s folder for training (float32 weights); `from_folder` keeps the
     checkpoint's dtype (bf16) for inference; `from_checkpoint` rebuilds an mdlm run's model.
     """
 
-    config_keys = keys_of(FolderModelConfig)
-    requires_causal = False  # bidirectional: LLaDA's attention has no causal mask
-    causal = False
-    family = "llada"
+    family, title, config_file = "llada", "LLaDA", CONFIG_FILE
     # what the samplers default to for this family (its own transfer schedule)
     sampling_defaults = {"k_schedule": "llada"}
+    read_shape = staticmethod(read_shape)
 
-    def __init__(self, cfg: ModelConfig | FolderModelConfig, vocab_size: int,
-                 causal: bool = False, *, raw: dict | None = None, load: bool = True):
-        super().__init__()
-        cfg = read_section(FolderModelConfig, cfg)
-        if causal:
-            raise MdlmError("the llada backbone is bidirectional; it cannot serve a causal "
-                            "objective")
-        folder = None
-        if raw is None:  # for training: the folder's weights, in float32
-            folder, raw = read_folder_config(cfg.hf_model)
-        self.source, self.raw = cfg.hf_model, raw
-        self.config = read_shape(raw, cfg.hf_model or "llada")
-        self.vocab_size = vocab_size
-        if vocab_size > self.config.vocab_rows:
-            raise MdlmError(f"the tokenizer has {vocab_size} tokens but {self.source}'s embedding "
-                            f"only {self.config.vocab_rows} rows: use its own tokenizer")
-        with torch.device("meta"):  # a skeleton: the weights come from the folder or the caller
-            self.model = LLaDATransformer(self.config)
-        if folder is not None and load:
-            fill_released(self, folder, dtype=torch.float32)
-
-    @classmethod
-    def from_folder(cls, cfg: ModelConfig, vocab_size: int, folder: Path, raw: dict,
-                    device) -> LLaDA:
-        """For inference: the folder's weights in their own dtype, memory-mapped, on `device`."""
-        return fill_released(cls(cfg, vocab_size, raw=raw, load=False), folder, device)
-
-    @classmethod
-    def validate_config(cls, cfg: Config) -> None:
-        validate_folder_config(cfg, cls.family)
-
-    @classmethod
-    def check_data(cls, cfg: Config, tokenizer: Tokenizer) -> None:
-        _, raw = read_folder_config(cfg.model.hf_model)
-        check_folder_data(cfg, tokenizer, raw, read_shape(raw, cfg.model.hf_model).max_length)
-
-    @classmethod
-    def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *,
-                        causal: bool = False) -> LLaDA:
-        raw = read_family_config(folder, CONFIG_FILE)
-        return materialise(cls(cfg, vocab_size, causal=causal, raw=raw, load=False))
-
-    def save_checkpoint_files(self, folder: Path) -> None:
-        write_family_config(folder / CONFIG_FILE, self.raw)
-
-    def describe(self) -> str:
-        s = self.config
-        return f"LLaDA {s.n_layers}x{s.hidden_size} ({self.source})"
-
-    def num_parameters(self) -> int:
-        return count_parameters(self)
+    def build_network(self) -> None:
+        self.model = LLaDATransformer(self.config)  # the release's names: model.transformer.*
 
     @property
     def blocks(self) -> list[nn.Module]:

@@ -1,16 +1,19 @@
 """The released folders of the open diffusion LLMs (LLaDA, Dream): their config.json and sharded
 safetensors, read without their Python files, and a backbone built on the meta device whose
 parameters then become the memory-mapped tensors themselves (`load_state_dict(assign=True)`),
-so that loading holds the weights about once, in the checkpoint's dtype.
+so that loading holds the weights about once, in the checkpoint's dtype. `ReleasedBackbone`
+is what both families' backbones share; each adds its network (models/llada.py, dream.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from safetensors import SafetensorError
@@ -21,6 +24,8 @@ from ..errors import MdlmError
 from ..io.files import read_json_object
 from ..memory import check_weights_fit
 from .hf_mlm import model_folder
+from .section import keys_of, read_section
+from .tied import count_parameters
 
 INDEX = "model.safetensors.index.json"
 # bytes per element of the safetensors dtypes the releases use (others count 4)
@@ -172,3 +177,75 @@ def check_folder_data(cfg, tokenizer, raw: dict, max_length: int) -> None:
     if tokenizer.mask_id != raw.get("mask_token_id"):
         raise MdlmError(f"data.tokenizer {cfg.data.tokenizer!r} masks with id {tokenizer.mask_id}, "
                         f"{name} with {raw.get('mask_token_id')}; set data.tokenizer={name}")
+
+
+class ReleasedBackbone(nn.Module, ABC):
+    """What the LLaDA and Dream backbones share: built from a released folder named by
+    `model.hf_model` (float32 weights, for training), from the folder in its own dtype
+    (`from_folder`, for inference) or from an mdlm checkpoint (`from_checkpoint`, the release's
+    config.json saved beside the weights as `config_file`). A family gives its `family` name,
+    `title`, `config_file`, `sampling_defaults` (its own transfer schedule), `read_shape(raw,
+    name)` (the config's shape, refusing what it does not implement), `build_network()` (the
+    release's modules under its own names, called on the meta device) and `blocks`."""
+
+    config_keys = keys_of(FolderModelConfig)
+    requires_causal = False  # bidirectional: neither release masks attention causally
+    causal = False
+    family: ClassVar[str]
+    title: ClassVar[str]
+    config_file: ClassVar[str]
+    sampling_defaults: ClassVar[dict[str, Any]]
+    read_shape: ClassVar[Callable[[dict, str], Any]]
+
+    def __init__(self, cfg, vocab_size: int, causal: bool = False, *, raw: dict | None = None,
+                 load: bool = True):
+        super().__init__()
+        cfg = read_section(FolderModelConfig, cfg)
+        if causal:
+            raise MdlmError(f"the {self.family} backbone is bidirectional; it cannot serve a "
+                            "causal objective")
+        folder = None
+        if raw is None:  # for training: the folder's weights, in float32
+            folder, raw = read_folder_config(cfg.hf_model)
+        self.source, self.raw = cfg.hf_model, raw
+        self.config = self.read_shape(raw, cfg.hf_model or self.family)
+        self.vocab_size = vocab_size
+        if vocab_size > self.config.vocab_rows:
+            raise MdlmError(f"the tokenizer has {vocab_size} tokens but {self.source}'s embedding "
+                            f"only {self.config.vocab_rows} rows: use its own tokenizer")
+        with torch.device("meta"):  # a skeleton: the weights come from the folder or the caller
+            self.build_network()
+        if folder is not None and load:
+            fill_released(self, folder, dtype=torch.float32)
+
+    @abstractmethod
+    def build_network(self) -> None:
+        """The family's modules under the release's names (called on the meta device)."""
+
+    @classmethod
+    def from_folder(cls, cfg, vocab_size: int, folder: Path, raw: dict, device):
+        """For inference: the folder's weights in their own dtype, memory-mapped, on `device`."""
+        return fill_released(cls(cfg, vocab_size, raw=raw, load=False), folder, device)
+
+    @classmethod
+    def validate_config(cls, cfg) -> None:
+        validate_folder_config(cfg, cls.family)
+
+    @classmethod
+    def check_data(cls, cfg, tokenizer) -> None:
+        _, raw = read_folder_config(cfg.model.hf_model)
+        check_folder_data(cfg, tokenizer, raw, cls.read_shape(raw, cfg.model.hf_model).max_length)
+
+    @classmethod
+    def from_checkpoint(cls, cfg, vocab_size: int, folder: Path, *, causal: bool = False):
+        raw = read_family_config(folder, cls.config_file)
+        return materialise(cls(cfg, vocab_size, causal=causal, raw=raw, load=False))
+
+    def save_checkpoint_files(self, folder: Path) -> None:
+        write_family_config(folder / self.config_file, self.raw)
+
+    def describe(self) -> str:
+        return f"{self.title} {self.config.n_layers}x{self.config.hidden_size} ({self.source})"
+
+    def num_parameters(self) -> int:
+        return count_parameters(self)

@@ -4,19 +4,7 @@ modelling and tokenisation files are never read."""
 
 from __future__ import annotations
 
-from ...models.dream import Dream, read_shape
-from ..folder import LoadedModel
-from .base import Format, Found
-from .open_models import load_open_model
+from ...models.dream import Dream
+from .open_models import released_format
 
-
-def detect(found: Found) -> bool:
-    return found.config is not None and found.config.get("model_type") == "Dream"
-
-
-def load(found: Found, *, ema: bool, device) -> LoadedModel:
-    shape = read_shape(found.config, str(found.path))
-    return load_open_model(found, Dream, shape.max_length, device=device)
-
-
-FORMAT = Format(detect, load, "a Dream folder (model_type Dream)")
+FORMAT = released_format(Dream, "Dream", "a Dream folder (model_type Dream)")

@@ -4,19 +4,7 @@ its auto_map and modelling files are never read."""
 
 from __future__ import annotations
 
-from ...models.llada import LLaDA, read_shape
-from ..folder import LoadedModel
-from .base import Format, Found
-from .open_models import load_open_model
+from ...models.llada import LLaDA
+from .open_models import released_format
 
-
-def detect(found: Found) -> bool:
-    return found.config is not None and found.config.get("model_type") == "llada"
-
-
-def load(found: Found, *, ema: bool, device) -> LoadedModel:
-    shape = read_shape(found.config, str(found.path))
-    return load_open_model(found, LLaDA, shape.max_length, device=device)
-
-
-FORMAT = Format(detect, load, "a LLaDA folder (model_type llada)")
+FORMAT = released_format(LLaDA, "llada", "a LLaDA folder (model_type llada)")

@@ -12,7 +12,7 @@ from ...build import config_from_dict
 from ...data.tokenizers import Tokenizer, load_tokenizer
 from ..folder import LoadedModel
 from .assemble import data_meta, hf_state
-from .base import Found
+from .base import Format, Found
 
 DEFAULT_LENGTH = 4096  # rows of at most this many tokens (at most the model's positions)
 # rows per split a plain model's evaluation data keeps (as for the hf-mlm format)
@@ -50,3 +50,16 @@ def load_open_model(found: Found, backbone_cls, max_length: int, *, device) -> L
     state.update({"family": family, "sampling_defaults": dict(backbone_cls.sampling_defaults)})
     return LoadedModel(folder, model.eval(), config, tokenizer,
                        data_meta({}, config, tokenizer), state)
+
+
+def released_format(backbone_cls, model_type: str, description: str) -> Format:
+    """The format of a family's released folders: config.json's model_type names it."""
+
+    def detect(found: Found) -> bool:
+        return found.config is not None and found.config.get("model_type") == model_type
+
+    def load(found: Found, *, ema: bool, device) -> LoadedModel:
+        shape = backbone_cls.read_shape(found.config, str(found.path))
+        return load_open_model(found, backbone_cls, shape.max_length, device=device)
+
+    return Format(detect, load, description)
