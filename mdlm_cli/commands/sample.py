@@ -30,6 +30,10 @@ InfillOpt = Annotated[
 PromptIdsOpt = Annotated[str | None, typer.Option(
     help="Token ids the samples start with, comma-separated (e.g. 5,17,3), nothing added "
          "before or after them (no BOS); instead of --prompt or --infill.")]
+ChatOpt = Annotated[str | None, typer.Option(
+    help="A question put through the tokenizer's chat template (with the generation prompt); "
+         "the answer stops at the model's end-of-turn token or EOS. Instead of --prompt, "
+         "--prompt-ids or --infill.")]
 QuietOpt = Annotated[bool, typer.Option(help="Do not print the samples.")]
 MaxNewTokensOpt = Annotated[int | None, typer.Option(
     help="Tokens after the prompt at most (instead of --length).")]
@@ -62,6 +66,9 @@ SAMPLE_HELP = """Draw samples from a trained model and print them.
         --sampler confidence --block-length 16 --temperature 0   # LLaDA's generate()
       mdlm sample -c DREAM --prompt-ids 5,17,3 --max-new-tokens 24 --steps 12
         --sampler confidence --order entropy --temperature 0     # Dream's alg="entropy"
+      mdlm sample -c LLADA --chat "What is 2 + 2?" --max-new-tokens 32 --steps 32 -n 1
+        --sampler confidence --block-length 32 --temperature 0   # the chat template; stops at
+                                                                 # <|eot_id|> or EOS
       (each folder's own --k-schedule is its default: llada, dream; docs/sampling.md
       maps their generate arguments to these flags)
     """
@@ -84,6 +91,7 @@ def sample_cmd(
     seed: SeedOpt = 0,
     prompt: PromptOpt = None,
     prompt_ids: PromptIdsOpt = None,
+    chat: ChatOpt = None,
     infill: InfillOpt = None,
     length: LengthOpt = None,
     out: OutOpt = None,
@@ -107,10 +115,13 @@ def sample_cmd(
                 loaded, rt, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
                 prompt=prompt, infill=infill, length=length, max_new_tokens=max_new_tokens,
                 stop_at_eos=stop_at_eos, allow_longer=allow_longer, on_batch=advance,
-                prompt_ids=ids)
-        summary = (f"{how.sampler}: {drawn.per_sample:.2f} s/sample, NFE {drawn.stats.nfe:.1f}, "
-                   f"NCS {drawn.stats.ncs:.1f} per sample ({sampling.precision})")
-        _write_and_show(drawn, out, quiet, summary)
+                prompt_ids=ids, chat=chat)
+        _write_and_show(drawn, out, quiet, _summary(how.sampler, drawn, sampling.precision))
+
+
+def _summary(sampler: str, drawn, precision: str) -> str:
+    return (f"{sampler}: {drawn.per_sample:.2f} s/sample, NFE {drawn.stats.nfe:.1f}, "
+            f"NCS {drawn.stats.ncs:.1f} per sample ({precision})")
 
 
 @contextmanager

@@ -16,6 +16,7 @@ import torch
 
 from .. import engine
 from ..checkpoints.folder import LoadedModel
+from ..data.chat import end_of_turn_ids
 from ..engine.settings import SamplingSettings as Settings
 from ..errors import MdlmError
 from .generate import (
@@ -49,12 +50,12 @@ class Drawn:
 def draw(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, batch_size: int,
          seed: int, length: int | None = None, prompt: torch.Tensor | None = None,
          stop_at_eos: bool | None = False, on_batch: Callable[[int], None] | None = None,
-         extra: dict[str, Any] | None = None) -> Drawn:
+         extra: dict[str, Any] | None = None, stop_ids: list[int] | None = None) -> Drawn:
     """`num_samples` samples in batches (`generate`); `extra` joins each JSONL record."""
     records, stats, seconds = generate(
         loaded, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
         device=rt.device, dtype=rt.dtype, length=length, prompt=prompt, stop_at_eos=stop_at_eos,
-        on_batch=on_batch)
+        on_batch=on_batch, stop_ids=stop_ids)
     fields = {**how.record(), "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
               "checkpoint": str(loaded.path), "seconds": seconds / num_samples, **(extra or {})}
     return Drawn(records, stats, seconds, fields)
@@ -65,18 +66,24 @@ def sample_window(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, b
                   length: int | None = None, max_new_tokens: int | None = None,
                   stop_at_eos: bool | None = None, allow_longer: bool = False,
                   on_batch: Callable[[int], None] | None = None,
-                  prompt_ids: list[int] | None = None) -> Drawn:
+                  prompt_ids: list[int] | None = None, chat: str | None = None) -> Drawn:
     """`mdlm sample`: the length (`length`, or the prompt plus `max_new_tokens`, else the
     model's L; refused past L without `allow_longer` or where a batch cannot fit), the
-    prompt, raw prompt ids or infill template, then `draw`."""
-    length = window_for(loaded, length, prompt, max_new_tokens, prompt_ids)
+    prompt, raw prompt ids, chat question or infill template, then `draw`. A `chat` answer
+    ends at the template's end-of-turn token or EOS (unless `stop_at_eos` is False)."""
+    length = window_for(loaded, length, prompt, max_new_tokens, prompt_ids, chat)
     length = checked_length(loaded, length, batch_size, num_samples, rt.device, allow_longer)
-    fixed = template(loaded, length, prompt=prompt, infill=infill, prompt_ids=prompt_ids)
+    fixed = template(loaded, length, prompt=prompt, infill=infill, prompt_ids=prompt_ids,
+                     chat=chat)
     ids = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
+    stops = None
+    if chat is not None:
+        ids, stops = {"chat": chat}, end_of_turn_ids(loaded.tokenizer)
+        stop_at_eos = stop_at_eos is not False
     drawn = draw(loaded, rt, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
                  length=length, prompt=fixed, stop_at_eos=stop_at_eos, on_batch=on_batch,
-                 extra={"prompt": prompt, "infill": infill, **ids})
-    if prompt is not None or prompt_ids is not None:
+                 extra={"prompt": prompt, "infill": infill, **ids}, stop_ids=stops)
+    if prompt is not None or prompt_ids is not None or chat is not None:
         with_responses(loaded, drawn.records, answer_start(fixed, loaded.mask_id))
     return drawn
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import torch
 from .. import engine
 from ..checkpoints.folder import LoadedModel
 from ..config import SFT_PACKINGS
+from ..data.chat import chat_prompt_ids
 from ..errors import MdlmError
 from ..io.files import write_text_atomic
 
@@ -31,25 +32,29 @@ def check_prompt_ids(loaded: LoadedModel, ids: list[int]) -> list[int]:
 
 
 def template(loaded: LoadedModel, length: int, *, prompt: str | None = None,
-             infill: str | None = None, prompt_ids: list[int] | None = None
-             ) -> torch.Tensor | None:
+             infill: str | None = None, prompt_ids: list[int] | None = None,
+             chat: str | None = None) -> torch.Tensor | None:
     """The engine's `prompt` tensor (length,): fixed tokens, mask_id at free positions.
 
     `prompt`: a prefix; `infill`: text with `<mask>` (one token) or `<mask:N>` (N tokens)
     spans. Positions after the text are free. Rows of wrap/pad-packed data start
     with BOS, so the template does too. `prompt_ids`: a prefix of raw token ids, nothing
-    added before or after it (no BOS).
+    added before or after it (no BOS). `chat`: a question in the tokeniser's chat template
+    with its generation prompt (the template writes its own BOS).
     """
     given = [n for n, v in (("--prompt", prompt), ("--prompt-ids", prompt_ids),
-                            ("--infill", infill)) if v is not None]
+                            ("--infill", infill), ("--chat", chat)) if v is not None]
     if not given:
         return None
     if len(given) > 1:
         raise MdlmError(f"give {' or '.join(given)}, not both")
     tok, mask_id = loaded.tokenizer, loaded.mask_id
-    ids: list[int] = [] if prompt_ids is not None else loaded.row_start()
+    raw = prompt_ids is not None or chat is not None
+    ids: list[int] = [] if raw else loaded.row_start()
     if prompt_ids is not None:
         ids += check_prompt_ids(loaded, prompt_ids)
+    elif chat is not None:
+        ids += chat_prompt_ids(tok, chat)
     elif prompt is not None:
         ids += tok.encode(prompt)
     else:
@@ -108,19 +113,24 @@ def stops_at_eos(loaded: LoadedModel, asked: bool | None = None) -> bool:
     return sft and bool(loaded.data_meta.get("pad_as_eos"))
 
 
-def cut_at_eos(row: list[int], start: int, eos_id: int) -> tuple[list[int], int, bool]:
+def cut_at_eos(row: list[int], start: int, eos_id: int | Collection[int]
+               ) -> tuple[list[int], int, bool]:
     """(the row up to its first EOS at or after `start`, EOS excluded; the answer's length
-    from `start`; whether an EOS was found). Nothing after the EOS is kept."""
-    end = next((i for i in range(start, len(row)) if row[i] == eos_id), None)
+    from `start`; whether an EOS was found). Nothing after the EOS is kept. `eos_id`: an id,
+    or the ids that each end an answer (a chat model's end-of-turn token and EOS)."""
+    stops = {eos_id} if isinstance(eos_id, int) else set(eos_id)
+    end = next((i for i in range(start, len(row)) if row[i] in stops), None)
     kept = row if end is None else row[:end]
     return kept, len(kept) - start, end is not None
 
 
-def records_at_eos(loaded: LoadedModel, tokens: torch.Tensor, start: int) -> list[SampleRecord]:
-    """A record per row (B, N) cut at its first EOS after the `start` fixed tokens."""
-    out = []
+def records_at_eos(loaded: LoadedModel, tokens: torch.Tensor, start: int,
+                   stop_ids: Collection[int] | None = None) -> list[SampleRecord]:
+    """A record per row (B, N) cut at its first EOS (or any of `stop_ids`) after the `start`
+    fixed tokens."""
+    out, stops = [], stop_ids or loaded.tokenizer.eos_id
     for i, row in enumerate(tokens.cpu().tolist()):
-        kept, length, ended = cut_at_eos(row, start, loaded.tokenizer.eos_id)
+        kept, length, ended = cut_at_eos(row, start, stops)
         out.append(SampleRecord(i, loaded.tokenizer.decode(kept), kept, length, ended))
     return out
 
@@ -134,9 +144,10 @@ def answer_start(prompt: torch.Tensor | None, mask_id: int) -> int:
 
 
 def window_for(loaded: LoadedModel, length: int | None, prompt: str | None,
-               max_new_tokens: int | None, prompt_ids: list[int] | None = None) -> int:
-    """Tokens per sample: `length`, or the prompt (with the row's start; raw `prompt_ids`
-    without) plus `max_new_tokens`, else the model's L."""
+               max_new_tokens: int | None, prompt_ids: list[int] | None = None,
+               chat: str | None = None) -> int:
+    """Tokens per sample: `length`, or the prompt (with the row's start; raw `prompt_ids` and
+    a `chat` question's template without) plus `max_new_tokens`, else the model's L."""
     if max_new_tokens is None:
         return length or loaded.length
     if length is not None:
@@ -145,6 +156,8 @@ def window_for(loaded: LoadedModel, length: int | None, prompt: str | None,
         raise MdlmError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
     if prompt_ids is not None:
         return len(prompt_ids) + max_new_tokens
+    if chat is not None:
+        return len(chat_prompt_ids(loaded.tokenizer, chat)) + max_new_tokens
     prompt_tokens = len(loaded.tokenizer.encode(prompt)) if prompt else 0
     return len(loaded.row_start()) + prompt_tokens + max_new_tokens
 
@@ -161,11 +174,13 @@ def generate(loaded: LoadedModel,
              prompt: torch.Tensor | None = None,
              stop_at_eos: bool | None = False,
              on_batch: Callable[[int], None] | None = None,
+             stop_ids: Collection[int] | None = None,
              ) -> tuple[list[SampleRecord], engine.SampleStats, float]:
     """Sample in batches with `how` (its sampler one of the objective's); returns the decoded
     records, the work counters and the seconds.
-    `stop_at_eos`: each sample cut at its first EOS after the template's last fixed token, its
-    answer's length in the record (None: as `stops_at_eos` decides for the model)."""
+    `stop_at_eos`: each sample cut at its first EOS (any of `stop_ids` when given) after the
+    template's last fixed token, its answer's length in the record (None: as `stops_at_eos`
+    decides for the model)."""
     length = length or loaded.length
     if loaded.objective.causal and length > loaded.length:
         raise MdlmError(f"a left-to-right model generates at most its training length "
@@ -190,7 +205,8 @@ def generate(loaded: LoadedModel,
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
     if stops_at_eos(loaded, stop_at_eos):
-        return records_at_eos(loaded, tokens, answer_start(prompt, loaded.mask_id)), stats, seconds
+        start = answer_start(prompt, loaded.mask_id)
+        return records_at_eos(loaded, tokens, start, stop_ids), stats, seconds
     records = [SampleRecord(i, loaded.tokenizer.decode(row.tolist()), row.tolist())
                for i, row in enumerate(tokens.cpu())]
     return records, stats, seconds
