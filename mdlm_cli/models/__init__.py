@@ -88,7 +88,10 @@ class DiffusionDenoiser:
         with autocast_for(z_t.device, self.autocast_dtype):
             return self.model(z_t, sigma, attention_mask=attention_mask, output_mask=output_mask)
 
-    def block_cache(self, z_t: Tensor, cache: Any = None, rows: Tensor | None = None
+    def new_block_cache(self, batch: int, length: int) -> Any:
+        return self._cached_backbone().new_block_cache(batch, length)
+
+    def block_cache(self, z_t: Tensor, cache: Any, rows: Tensor | None = None
                     ) -> tuple[Tensor, Any]:
         """The engine's `BlockCached` (engine/protocols.py): one full pass, logits (R, L, V),
         filling the backbone's block cache (models/block_cache.py) at `rows`."""

@@ -368,17 +368,17 @@ class DiT(nn.Module):
         cache.length = end
         return self.output_layer(x, c)  # (B, n, V)
 
-    def block_cache(self, tokens: torch.Tensor, cache: BlockCache | None = None,
+    def new_block_cache(self, batch: int, length: int) -> BlockCache:
+        return BlockCache.empty(batch, length, self.config.n_blocks)
+
+    def block_cache(self, tokens: torch.Tensor, cache: BlockCache,
                     rows: torch.Tensor | None = None) -> tuple[torch.Tensor, BlockCache]:
-        """A full pass over `tokens` (R, L): logits (R, L, V), every position's keys and values
-        kept in `cache` at its `rows` (a new cache when None; models/block_cache.py)."""
-        cache = cache or BlockCache.empty(len(tokens), tokens.shape[1], self.config.n_blocks)
+        """A full pass (models/block_cache.py): logits (R, L, V), keys/values kept at `rows`."""
         return self._block_call(tokens, BlockCall(cache, 0, rows, refresh=True)), cache
 
     def from_cache(self, tokens: torch.Tensor, cache: BlockCache, start: int,
                    rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (R, n, V) of `tokens` (R, n) at positions [start, start + n) of `cache`'s rows
-        `rows`, attending to the others' cached keys and values, their own replacing theirs."""
+        """Logits (R, n, V) of `tokens` (R, n), positions [start, start + n) of `rows`."""
         return self._block_call(tokens, BlockCall(cache, start, rows))
 
     def _block_call(self, tokens: torch.Tensor, call: BlockCall) -> torch.Tensor:

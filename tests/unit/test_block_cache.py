@@ -30,7 +30,7 @@ def tokens(batch: int = 3, seed: int = 0) -> torch.Tensor:
 def test_the_full_pass_is_the_forward_and_a_cached_slice_matches_it_when_nothing_changed():
     model, x = tiny(), tokens()
     full = model(x)
-    logits, cache = model.block_cache(x)
+    logits, cache = model.block_cache(x, model.new_block_cache(3, L))
     assert torch.equal(logits, full)
     for s, e in [(8, 16), (8, L), (0, 4), (20, L)]:  # dual's block, prefix's block + suffix
         assert torch.allclose(model.from_cache(x[:, s:e], cache, s), full[:, s:e], atol=1e-5)
@@ -39,7 +39,7 @@ def test_the_full_pass_is_the_forward_and_a_cached_slice_matches_it_when_nothing
 @torch.no_grad()
 def test_a_call_on_some_rows_reads_and_writes_only_theirs():
     model, x, y = tiny(), tokens(), tokens(seed=1)
-    _, cache = model.block_cache(x)
+    _, cache = model.block_cache(x, model.new_block_cache(3, L))
     rows = torch.tensor([0, 2])
     _, cache = model.block_cache(y[rows], cache, rows)  # rows 0 and 2 refreshed from y
     before = [k.clone() for k in cache.keys]
@@ -64,7 +64,7 @@ def test_the_approximation():
     one, two = tiny(n_blocks=1), tiny(n_blocks=2)
 
     def cached(model, new, end):
-        _, cache = model.block_cache(x)
+        _, cache = model.block_cache(x, model.new_block_cache(3, L))
         return model.from_cache(new[:, 8:end], cache, 8)[:, :8], model(new)[:, 8:16]
 
     for end in (16, L):  # dual, prefix
@@ -73,7 +73,7 @@ def test_the_approximation():
         assert not torch.allclose(approx, exact, atol=1e-3)
     assert torch.allclose(*cached(one, suffix, L), atol=1e-5)  # prefix: the suffix is fresh
     assert not torch.allclose(*cached(one, suffix, 16), atol=1e-3)  # dual: it is stale
-    _, cache = two.block_cache(block)  # the refresh at the next block's start
+    _, cache = two.block_cache(block, two.new_block_cache(3, L))  # the refresh at the next block's start
     assert torch.allclose(two.from_cache(block[:, 8:16], cache, 8), two(block)[:, 8:16],
                           atol=1e-5)
 
@@ -81,7 +81,7 @@ def test_the_approximation():
 @torch.no_grad()
 def test_cached_slices_take_their_absolute_rotary_positions():
     model, x = tiny(), tokens()
-    _, cache = model.block_cache(x)
+    _, cache = model.block_cache(x, model.new_block_cache(3, L))
     shifted = model.from_cache(x[:, 8:16], cache, 0)  # the same tokens placed at 0..7
     assert not torch.allclose(shifted, model(x)[:, 8:16], atol=1e-3)
 
@@ -89,5 +89,5 @@ def test_cached_slices_take_their_absolute_rotary_positions():
 def test_time_conditioned_models_refuse_in_one_line():
     model = tiny(time_conditioning=True)
     with pytest.raises(MdlmError, match="without time conditioning") as info:
-        model.block_cache(tokens())
+        model.block_cache(tokens(), model.new_block_cache(3, L))
     assert "\n" not in str(info.value)
