@@ -40,13 +40,12 @@ def tiny_dit(seed: int = 0) -> DiT:
 class FastDllmModel:
     """The DiT as Fast-dLLM's loops call LLaDA: logits with the mask excluded."""
 
-    def __init__(self, dit: DiT):
-        self.dit = dit
+    def __init__(self, dit: DiT, mask_id: int = MASK):
+        self.dit, self.mask_id = dit, mask_id
 
-    @staticmethod
-    def _no_mask(logits):
+    def _no_mask(self, logits):
         logits = logits.clone()
-        logits[..., MASK] = float("-inf")
+        logits[..., self.mask_id] = float("-inf")
         return logits
 
     def __call__(self, x):  # model(x).logits
@@ -103,7 +102,7 @@ def get_transfer_index(logits, mask_index, x, num_transfer_tokens, threshold=Non
 
 
 def _start(model, prompt, steps, gen_length, block_length):
-    x = torch.full((1, prompt.shape[1] + gen_length), MASK, dtype=torch.long)
+    x = torch.full((1, prompt.shape[1] + gen_length), model.mask_id, dtype=torch.long)
     x[:, : prompt.shape[1]] = prompt.clone()
     assert gen_length % block_length == 0
     num_blocks = gen_length // block_length
@@ -113,6 +112,7 @@ def _start(model, prompt, steps, gen_length, block_length):
 
 @torch.no_grad()
 def generate(model, prompt, steps, gen_length, block_length, threshold=None):
+    MASK = model.mask_id  # noqa: N806 - the mask id of LLaDA's code
     x, num_blocks, steps = _start(model, prompt, steps, gen_length, block_length)
     nfe = 0
     for num_block in range(num_blocks):
@@ -136,6 +136,7 @@ def generate(model, prompt, steps, gen_length, block_length, threshold=None):
 @torch.no_grad()
 def generate_with_cache(model, prompt, steps, gen_length, block_length, dual, threshold=None):
     """generate_with_prefix_cache (dual False) and generate_with_dual_cache (dual True)."""
+    MASK = model.mask_id  # noqa: N806
     x, num_blocks, steps = _start(model, prompt, steps, gen_length, block_length)
     nfe = 0
     for num_block in range(num_blocks):
@@ -263,3 +264,26 @@ def test_a_cache_without_blocks_or_on_a_time_conditioned_model_is_refused():
     denoiser = DiffusionDenoiser(timed, LogLinear(), time_conditioning=True)
     with pytest.raises(engine.EngineError, match="needs a time-agnostic model"):
         engine.sample(denoiser, how, num_samples=1, length=12, mask_id=MASK, prompt=template)
+
+
+def test_mdlm_sample_cache_dual_is_generate_with_dual_cache(tmp_path):
+    """Through the command line, on a checkpoint: `mdlm sample --prompt-ids ... --sampler
+    confidence --k-schedule llada --block-length 4 --cache dual --temperature 0` and the
+    threshold sampler with --cache prefix; their records carry the NFE."""
+    from .test_generation_schedules import cli_sample, save_dit
+
+    folder = save_dit(tmp_path / "run")
+    from mdlm_cli.checkpoints.load import load_checkpoint
+
+    loaded = load_checkpoint(folder)
+    model, ids = FastDllmModel(loaded.model, loaded.mask_id), [5, 17, 3, 9]
+    expected, calls = fast_dllm(model, torch.tensor([ids]), 8, 16, 4, "dual")
+    record = cli_sample(folder, tmp_path, ids, "--max-new-tokens", "16", "--steps", "8",
+                        "--k-schedule", "llada", "--block-length", "4", "--cache", "dual")
+    assert record["tokens"] == expected[0].tolist() and record["nfe"] == calls
+    expected, calls = fast_dllm(model, torch.tensor([ids]), 8, 16, 4, "prefix", 0.5)
+    record = cli_sample(folder, tmp_path, ids, "--max-new-tokens", "16", "--sampler",
+                        "threshold", "--threshold", "0.5", "--block-length", "4", "--cache",
+                        "prefix")
+    assert record["tokens"] == expected[0].tolist() and record["nfe"] == calls
+    assert record["sampler"] == "threshold" and record["cache"] == "prefix"
