@@ -11,6 +11,8 @@ from s on (`truncated`), which the slice then overwrites. mdlm's `confidence` (l
 their tokens and their network calls at temperature 0, rows alone or batched.
 """
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -287,3 +289,26 @@ def test_mdlm_sample_cache_dual_is_generate_with_dual_cache(tmp_path):
                         "prefix")
     assert record["tokens"] == expected[0].tolist() and record["nfe"] == calls
     assert record["sampler"] == "threshold" and record["cache"] == "prefix"
+
+
+def test_bench_sampler_rows_per_cache(tmp_path):
+    """`bench-sampler --cache none,prefix,dual`: one row each, the same NFE, and the positions
+    the calls ran: at L = 32 in 4 blocks of 8 with 2 steps each, a full pass (32) and one
+    cached call per block: the whole row (none), the block and the suffix (prefix), the block
+    (dual)."""
+    from typer.testing import CliRunner
+
+    from mdlm_cli.cli import app
+
+    from .test_generation_schedules import save_dit
+
+    folder, out = save_dit(tmp_path / "run"), tmp_path / "b.json"
+    args = ["bench-sampler", "-c", str(folder), "--samplers", "confidence", "--steps", "8",
+            "-n", "2", "--batch-size", "2", "--repeats", "1", "--length", "32", "--k-schedule",
+            "llada", "--block-length", "8", "--cache", "none,prefix,dual", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["results"]
+    assert [r["options"]["cache"] for r in rows] == ["none", "prefix", "dual"]
+    assert [r["nfe"] for r in rows] == [8.0] * 3
+    assert [r["input_tokens"] for r in rows] == [8 * 32, 4 * 32 + 32 + 24 + 16 + 8, 4 * 40]
