@@ -302,6 +302,7 @@ def _block_draws(z: Tensor, ctx: SamplerContext, cache, rows: list[int], lo: lis
     rows' shared block (dual) or block and suffix (prefix). Returns, for the rows, (candidates,
     tokens, confidence), each (R, L), as `_draw_masked`."""
     size, idx = ctx.options.block_length, torch.tensor(rows, device=z.device)
+    everyone = rows == list(range(len(z)))
     sub = z[idx]
     pos = torch.arange(z.shape[1], device=z.device)[None]
     start = torch.tensor(lo, device=z.device)[:, None]
@@ -309,12 +310,12 @@ def _block_draws(z: Tensor, ctx: SamplerContext, cache, rows: list[int], lo: lis
     if cache is None:
         where = torch.zeros_like(z, dtype=torch.bool).index_copy_(0, idx, cand)
         logits = ctx.logits(z, _times(z, ctx), where, idx)
-    elif refresh:
-        logits = ctx.refresh_cache(z, cache, idx)[cand]
+    elif refresh:  # all rows in order: no copies of the cache
+        logits = ctx.refresh_cache(z, cache, None if everyone else idx)[cand]
     else:
         s = lo[0]
         e = z.shape[1] if ctx.options.cache == "prefix" else min(s + size, z.shape[1])
-        logits = ctx.cached_logits(z, cache, idx, s, e)[cand[:, s:e]]
+        logits = ctx.cached_logits(z, cache, None if everyone else idx, s, e)[cand[:, s:e]]
     tokens, weights = ctx.draw_with_weights(logits, untempered)
     drawn = torch.zeros_like(sub).masked_scatter_(cand, tokens)
     conf = torch.full(cand.shape, float("-inf"), dtype=torch.float64, device=z.device)
