@@ -312,3 +312,17 @@ def test_bench_sampler_rows_per_cache(tmp_path):
     assert [r["options"]["cache"] for r in rows] == ["none", "prefix", "dual"]
     assert [r["nfe"] for r in rows] == [8.0] * 3
     assert [r["input_tokens"] for r in rows] == [8 * 32, 4 * 32 + 32 + 24 + 16 + 8, 4 * 40]
+
+
+def test_the_server_refuses_a_block_cache_for_now():
+    """The worker batches plain calls of several requests; a block cache is not one of them."""
+    from mdlm_cli.serve.schema import ApiError, Limits, sampler_settings
+
+    from .test_serve_batching import served_model
+
+    body = {"prompt": "x", "sampler": "confidence", "steps": 4, "block_length": 4,
+            "cache": "dual"}
+    with pytest.raises(ApiError, match="does not use a block cache yet"):
+        sampler_settings(body, served_model("mdlm"), Limits())
+    body["cache"] = "none"
+    assert sampler_settings(body, served_model("mdlm"), Limits()).options["cache"] == "none"
