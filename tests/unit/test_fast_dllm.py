@@ -326,3 +326,22 @@ def test_the_server_refuses_a_block_cache_for_now():
         sampler_settings(body, served_model("mdlm"), Limits())
     body["cache"] = "none"
     assert sampler_settings(body, served_model("mdlm"), Limits()).options["cache"] == "none"
+
+
+@pytest.mark.parametrize("sampler, options", [
+    ("confidence", {"k_schedule": "llada", "order_temperature": 0.5}),
+    ("threshold", {"threshold": 0.5}),
+])
+def test_at_temperature_above_0_a_seed_gives_one_answer_and_no_mask(sampler, options):
+    dit, template = tiny_dit(), template_of(prompts(3, 4), 16)
+
+    def draw(seed):
+        how = SamplingSettings(sampler, 8, temperature=0.8,
+                               options={**options, "block_length": 4, "cache": "dual"})
+        return engine.sample(DiffusionDenoiser(dit, LogLinear()), how, num_samples=3,
+                             length=20, mask_id=MASK, prompt=template,
+                             generator=torch.Generator().manual_seed(seed))
+
+    a, b, c = draw(0), draw(0), draw(1)
+    assert torch.equal(a, b) and not torch.equal(a, c) and not (a == MASK).any()
+    assert torch.equal(a[:, :4], template[:, :4])
