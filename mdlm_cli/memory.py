@@ -125,7 +125,27 @@ def check_memory(
     tokens through `model` (its ModelConfig `model_cfg`) that the device cannot hold: one
     line with the estimate and the memory available. `rows`: sequences whose ids are all held."""
     m = model_cfg
+    # a backbone read from a released folder (LLaDA, Dream) has its own shape, not model.*'s
+    own = getattr(model, "config", None) if getattr(model, "family", None) else None
     params = sum(p.numel() for p in model.parameters())
-    need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
-                     mlp_ratio=m.mlp_ratio, vocab=vocab, batch=batch, length=length)
-    check_fits(what, replace(need, token_ids=8 * rows * length), device, fix)
+    need = footprint(params=params, hidden=getattr(own, "hidden_size", m.hidden_size),
+                     n_blocks=getattr(own, "n_layers", m.n_blocks),
+                     mlp_ratio=getattr(own, "mlp_ratio", m.mlp_ratio), vocab=vocab, batch=batch,
+                     length=length)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # bf16: 2 bytes
+    check_fits(what, replace(need, weights=weights, token_ids=8 * rows * length), device, fix)
+
+
+GIB = 1024**3
+
+
+def check_weights_fit(what: str, weight_bytes: int, device: torch.device) -> None:
+    """Refuse (one line, MdlmError) weights larger than the memory the device has free, before
+    any of them is read."""
+    free, source = available(torch.device(device))
+    if free is None or weight_bytes <= free:
+        return
+    raise MdlmError(
+        f"{what} needs {weight_bytes / GIB:.1f} GiB for its weights; this machine has "
+        f"{free / GIB:.1f} GiB {source}; use a device with more memory (--device)"
+    )

@@ -361,6 +361,9 @@ def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device 
                                else "model.safetensors")
     model = build_model(cfg.model, model_meta["vocab_size"], causal=causal, folder=step_dir)
     load_state_into(model, load_weights(weights_file), weights_file)
+    if getattr(model, "family", None):  # a fine-tuned LLaDA or Dream keeps its family's defaults
+        state.setdefault("family", model.family)
+        state.setdefault("sampling_defaults", dict(model.sampling_defaults))
     return LoadedModel(step_dir, model.to(device).eval(), cfg, tokenizer, data_meta, state)
 
 

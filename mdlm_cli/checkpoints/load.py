@@ -34,6 +34,8 @@ def load_on_device(path: str | Path, *,
     network's precision) and the checkpoint's EMA weights on it (raw ones with `raw_weights`)."""
     rt = Runtime.create(device or "auto", precision, threads=threads or 0)
     loaded = load_checkpoint(path, ema=not raw_weights, device=rt.device)
+    if precision == "fp32":  # weights kept in a checkpoint's bf16 (LLaDA, Dream) become float32
+        loaded.model.float()
     return loaded, rt.for_model(precision, model_width(loaded.model))
 
 

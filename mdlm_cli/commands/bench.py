@@ -18,21 +18,18 @@ from ..sample.bench_request import BenchHooks, BenchRequest, benchmark
 from .app import app
 from .console import console, err_console, note, user_errors
 from .flag_checks import int_list
+from .loading import loading_command, loading_from
 from .options import (
     MAUVE_SEEDS,
     AllowLongerOpt,
-    DeviceOpt,
     JsonOpt,
+    LengthOpt,
     SeedOpt,
     SetOpt,
-    ThreadsOpt,
     mauve_options,
-    net_precision,
 )
 from .sampling_args import SweepCommand, sampling_from
 
-BenchCheckpointOpt = Annotated[str | None, typer.Option(
-    "--checkpoint", "-c", help="A trained model (default: runs/demo if present, else --preset).")]
 BenchPresetOpt = Annotated[
     str | None,
     typer.Option(
@@ -43,15 +40,9 @@ BenchPresetOpt = Annotated[
 ]
 NumOpt = Annotated[int, typer.Option("--num-samples", "-n", help="Samples per configuration.")]
 BatchesOpt = Annotated[str, typer.Option(help="Comma-separated batch sizes.")]
-BenchLengthOpt = Annotated[int | None, typer.Option(
-    help="Tokens per sample (default: the model's L).")]
 RepeatsOpt = Annotated[int, typer.Option(help="Timed repeats after the warm-up.")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile", help="torch.compile the network trunk (CUDA: reduce-overhead / CUDA graphs).")]
-NetworkPrecisionOpt = Annotated[str, typer.Option(
-    "--net-precision", callback=net_precision,
-    help="The network's arithmetic: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix "
-         "units for models 192 wide or more, fp32 elsewhere (--precision is the draw's).")]
 PlotOpt = Annotated[
     str | None,
     typer.Option(
@@ -75,7 +66,7 @@ ReferenceOpt = Annotated[
         "train) of the model's own prepared data, and its band over up to 8 sets of -n rows."
     ),
 ]
-FeaturizerOpt, MauveSeedsOpt = mauve_options(needs="--reference-text")
+ReferenceFeaturizerOpt, ReferenceSeedsOpt = mauve_options(needs="--reference-text")
 SaveSamplesOpt = Annotated[
     str | None,
     typer.Option(
@@ -120,40 +111,39 @@ HELP = """Time the samplers: seconds per sample, tokens/s, NFE, categorical draw
     """
 
 
-@app.command("bench-sampler", help=HELP, cls=SweepCommand)
+@app.command("bench-sampler", help=HELP, cls=loading_command(
+    SweepCommand, checkpoint=None,
+    checkpoint_help="A trained model (default: runs/demo if present, else --preset)."))
 def bench_sampler_cmd(
     *,
-    checkpoint: BenchCheckpointOpt = None,
     preset: BenchPresetOpt = None,
     overrides: SetOpt = None,
     ctx: typer.Context,
     num_samples: NumOpt = 8,
     batch_size: BatchesOpt = "1,8",
-    length: BenchLengthOpt = None,
+    length: LengthOpt = None,
     repeats: RepeatsOpt = 3,
     seed: SeedOpt = 0,
-    device: DeviceOpt = None,
     judge: BenchJudgeOpt = None,
     reference_text: ReferenceOpt = None,
     save_samples: SaveSamplesOpt = None,
-    featurizer: FeaturizerOpt = None,
-    mauve_seeds: MauveSeedsOpt = MAUVE_SEEDS,
+    featurizer: ReferenceFeaturizerOpt = None,
+    mauve_seeds: ReferenceSeedsOpt = MAUVE_SEEDS,
     compile: CompileOpt = False,
-    net_precision: NetworkPrecisionOpt = "auto",
     json_out: JsonOpt = None,
     plot_out: PlotOpt = None,
     plot_x: PlotXOpt = "seconds",
-    threads: ThreadsOpt = None,
     allow_longer: AllowLongerOpt = False,
 ) -> None:
-    sampling = sampling_from(ctx)
+    sampling, loading = sampling_from(ctx), loading_from(ctx)
     with user_errors():
         batch_sizes = _check_outputs(batch_size, json_out, plot_out, plot_x)
         request = BenchRequest(
-            sampling, batch_sizes, checkpoint=checkpoint, preset=preset,
+            sampling, batch_sizes, checkpoint=loading.checkpoint, preset=preset,
             overrides=overrides or [], num_samples=num_samples, length=length, repeats=repeats,
-            seed=seed, device=device, threads=threads, compile=compile, judge=judge,
-            net_precision=net_precision,
+            seed=seed, device=loading.device, threads=loading.threads,
+            raw_weights=loading.raw_weights, compile=compile, judge=judge,
+            net_precision=loading.net_precision,
             allow_longer=allow_longer, reference_text=reference_text, save_samples=save_samples,
             featurizer=featurizer, mauve_seeds=mauve_seeds, command=_command_line())
         view = _TableView(with_quality=judge is not None)

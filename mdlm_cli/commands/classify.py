@@ -14,8 +14,7 @@ from ..numbers import check_float
 from .app import app
 from .console import console, err_console, user_errors
 from .flag_checks import check_positive, int_list
-from .loading import load_for_command
-from .options import CheckpointOpt, DeviceOpt, RawWeightsOpt, ThreadsOpt
+from .loading import loading_command, loading_from
 
 ClassifyDataOpt = Annotated[str, typer.Option(
     help="A Genomic Benchmarks task folder: <task>/{train,test}/<class>/*.txt.")]
@@ -41,10 +40,10 @@ RunsJsonOpt = Annotated[str | None, typer.Option(
     "--json", help="Write every run's numbers as JSON here.")]
 
 
-@app.command("classify")
+@app.command("classify", cls=loading_command(checkpoint="runs/dna-caduceus-ps-1k"))
 def classify_cmd(
+    ctx: typer.Context,
     data: ClassifyDataOpt,
-    checkpoint: CheckpointOpt = "runs/dna-caduceus-ps-1k",
     lrs: LrsOpt = "1e-3,2e-3",
     batch_sizes: BatchSizesOpt = "128,256",
     seeds: SeedsOpt = "1,2,3,4,5",
@@ -54,9 +53,6 @@ def classify_cmd(
     rc_augment: RcAugmentOpt = None,
     conjoin: ConjoinOpt = None,
     json_out: RunsJsonOpt = None,
-    device: DeviceOpt = None,
-    threads: ThreadsOpt = None,
-    raw_weights: RawWeightsOpt = False,
 ) -> None:
     """Fine-tune a DNA checkpoint's encoder on one Genomic Benchmarks task: Table 7's recipe.
 
@@ -81,7 +77,7 @@ def classify_cmd(
             max_length=max(0, max_length),
             rc_augment=rc_augment, conjoin=conjoin)
         task = read_genomic_task(data)
-        loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
+        loaded, rt = loading_from(ctx).load()
         _print_task(task, cfg, rt)
         result = classify(loaded, task, cfg, rt.device, on_run=_print_run)
         _print_best(task.name, result["best"])

@@ -16,11 +16,9 @@ from ..errors import MdlmError
 from ..objectives.bound import relation
 from .app import app
 from .console import console, err_console, note, split_bars, user_errors
-from .loading import load_for_command
-from .options import CheckpointOpt, DeviceOpt, JsonOpt, NetPrecisionOpt, RawWeightsOpt, ThreadsOpt
+from .loading import loading_command, loading_from
+from .options import DatasetOpt, JsonOpt
 
-EvalDatasetOpt = Annotated[str | None, typer.Option(
-    help="Data set name or local text path (default: the checkpoint's own data).")]
 EvalDataOpt = Annotated[str | None, typer.Option(
     help="A prepared data folder (mdlm prepare-data) or local path.")]
 DatasetsOpt = Annotated[str | None, typer.Option(
@@ -57,10 +55,10 @@ HELP = """Test perplexity: the NELBO bound of a diffusion model, the exact value
     """
 
 
-@app.command("eval-ppl", help=HELP)
+@app.command("eval-ppl", help=HELP, cls=loading_command())
 def eval_ppl_cmd(
-    checkpoint: CheckpointOpt = "runs/demo",
-    dataset: EvalDatasetOpt = None,
+    ctx: typer.Context,
+    dataset: DatasetOpt = None,
     data: EvalDataOpt = None,
     datasets: DatasetsOpt = None,
     split: EvalSplitOpt = "test",
@@ -71,30 +69,27 @@ def eval_ppl_cmd(
     rows: EvalRowsOpt = 0,
     seed: EvalSeedOpt = 0,
     json_out: JsonOpt = None,
-    device: DeviceOpt = None,
-    raw_weights: RawWeightsOpt = False,
-    threads: ThreadsOpt = None,
-    precision: NetPrecisionOpt = "auto",
 ) -> None:
     from ..distributed import session
     from ..engine.schedules import get_schedule
     from ..eval.ppl import eval_options
     from ..io.files import check_all_writable
 
+    loading = loading_from(ctx)
     # under torchrun the batches are split over the ranks
-    with user_errors(), session(device or "auto") as dist:
+    with user_errors(), session(loading.device or "auto") as dist:
         names = _dataset_names(datasets, dataset, data)
         check_all_writable(json_out)
         if schedule is not None:
             get_schedule(schedule)  # a misspelt name fails before the model loads
-        loaded, rt = load_for_command(checkpoint, str(dist.device), raw_weights, threads, precision)
+        loaded, rt = loading.load(str(dist.device))
         options, trained = eval_options(
             loaded, rt.device, schedule=schedule, split=split, mc_samples=mc_samples, T=T,
             seed=seed, rows=rows, batch_size=batch_size, rank=dist.rank,
             world_size=dist.world_size)
         results = [_eval_one(loaded, rt, name, data, options) for name in names]
         if dist.is_main:
-            _report_eval(results, loaded, schedule, trained, json_out, raw_weights)
+            _report_eval(results, loaded, schedule, trained, json_out, loading.raw_weights)
 
 
 def _dataset_names(datasets: str | None, dataset: str | None, data: str | None) -> list:

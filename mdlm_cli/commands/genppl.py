@@ -16,14 +16,22 @@ from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
 from .app import app
 from .console import console, err_console, user_errors, warn
-from .loading import load_for_command
-from .options import DeviceOpt, NumSamplesOpt, SeedOpt, ThreadsOpt
+from .loading import ModelLoading, loading_command, loading_from
+from .options import (
+    MAUVE_SEEDS,
+    FeaturizerOpt,
+    JsonOpt,
+    MauveSeedsOpt,
+    NumSamplesOpt,
+    SeedOpt,
+)
 from .sampling_args import SamplingCommand, given, resolved, sampling_from
 
 SamplesOpt = Annotated[str | None, typer.Option(
     help="JSONL from mdlm sample --out (written here with --sample-first).")]
 GenPplJudgeOpt = Annotated[str, typer.Option(
     help="HF causal LM hub id or folder, a .gguf file, `smollm2`, or an mdlm AR checkpoint.")]
+JudgeBatchSizeOpt = Annotated[int, typer.Option(help="Chunks per judge forward pass.")]
 ContextOpt = Annotated[
     int | None, typer.Option(help="Tokens per chunk (default: the judge's context).")
 ]
@@ -35,15 +43,6 @@ MauveReferenceOpt = Annotated[str | None, typer.Option(
     help="MAUVE against real text: a JSONL file with a 'text' per line, or with --sample-first a "
          "split (test, valid, train) of the checkpoint's data (as many rows as samples, of their "
          "length; with --prompts the split's held-out responses).")]
-FeaturizerOpt = Annotated[str | None, typer.Option(
-    help="MAUVE's feature model: HF causal or masked LM (hub id, folder), an mdlm AR checkpoint, "
-         "smollm2 (default: the judge).")]
-MauveSeedsOpt = Annotated[str, typer.Option(
-    help="MAUVE's k-means seeds, comma-separated (mean and sd).")]
-ModelToSampleOpt = Annotated[
-    str | None, typer.Option("--checkpoint", "-c", help="Model to sample (--sample-first).")
-]
-JsonOutOpt = Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")]
 PromptsOpt = Annotated[str | None, typer.Option(
     help="With --sample-first: answer prompts, one response each (cut at its EOS), scored given "
          "the prompt: a split (test, valid, train) of the checkpoint's own sft data, or a JSONL "
@@ -62,7 +61,8 @@ GEN_PPL_HELP = """Gen PPL of samples under a judge LM, with entropy, diversity a
     its context, each preceded by the judge's BOS (or EOS), so every token is scored;
     gen PPL is the token-weighted mean over all samples. The entropy is the mean over
     samples of the entropy of each sample's token frequencies: low gen PPL with low
-    entropy means a degenerate sampler. --checkpoint, -n, --seed and the sampling flags
+    entropy means a degenerate sampler. --checkpoint, --raw-weights, --net-precision, -n,
+    --seed and the sampling flags
     (--sampler, --steps, --precision, --temperature, --top-p, the sampler options, --opt)
     apply with --sample-first. Responses to prompts (--prompts, or --samples records with
     prompt and response fields) are scored given their prompts: the judge reads prompt and
@@ -80,41 +80,40 @@ GEN_PPL_HELP = """Gen PPL of samples under a judge LM, with entropy, diversity a
     """
 
 
-@app.command("gen-ppl", help=GEN_PPL_HELP, cls=SamplingCommand)
+@app.command("gen-ppl", help=GEN_PPL_HELP, cls=loading_command(
+    SamplingCommand, checkpoint=None, checkpoint_help="Model to sample (--sample-first)."))
 def gen_ppl_cmd(
     *,
     samples: SamplesOpt = None,
     judge: GenPplJudgeOpt = "gpt2-large",
-    batch_size: Annotated[int, typer.Option(help="Chunks per judge forward pass.")] = 8,
+    batch_size: JudgeBatchSizeOpt = 8,
     context: ContextOpt = None,
     eos: EosOpt = "keep",
-    json_out: JsonOutOpt = None,
-    device: DeviceOpt = None,
+    json_out: JsonOpt = None,
     sample_first: SampleFirstOpt = False,
-    checkpoint: ModelToSampleOpt = None,
     prompts: PromptsOpt = None,
     conditional: ConditionalOpt = None,
     ctx: typer.Context,
     num_samples: NumSamplesOpt = 32,
     seed: SeedOpt = 0,
-    threads: ThreadsOpt = None,
     mauve_reference: MauveReferenceOpt = None,
     featurizer: FeaturizerOpt = None,
-    mauve_seeds: MauveSeedsOpt = "0,1,2,3,4",
+    mauve_seeds: MauveSeedsOpt = MAUVE_SEEDS,
 ) -> None:
-    sampling = sampling_from(ctx)
+    sampling, loading = sampling_from(ctx), loading_from(ctx)
     from ..io.files import check_writable
     from ..runtime import Runtime
 
     with user_errors():
         _check_flags(eos, prompts, sample_first, conditional)
-        mauve = _mauve_flags(mauve_reference, featurizer, mauve_seeds, sample_first and checkpoint)
+        mauve = _mauve_flags(mauve_reference, featurizer, mauve_seeds,
+                             sample_first and loading.checkpoint)
         for path in (json_out, samples if sample_first else None):
             if path:
                 check_writable(path)
-        draw = _Draw(checkpoint, sampling, num_samples, seed, device, threads)
+        draw = _Draw(loading, sampling, num_samples, seed)
         items = _texts_to_score(sample_first, draw, samples, prompts, conditional)
-        rt = Runtime.create(device or "auto", threads=threads or 0)
+        rt = Runtime.create(loading.device or "auto", threads=loading.threads or 0)
         result, scorer = _score(judge, items, rt, context=context, batch_size=batch_size, eos=eos)
         record = _report(result, scorer, items, mauve, rt.device)
         if json_out:
@@ -125,14 +124,13 @@ def gen_ppl_cmd(
 
 @dataclass
 class _Draw:
-    """--sample-first: the model to sample and how."""
+    """--sample-first: the model to sample (its --device and --threads are the judge's too)
+    and how."""
 
-    checkpoint: str | None
+    loading: ModelLoading
     sampling: SamplingSettings
     num_samples: int
     seed: int
-    device: str | None
-    threads: int | None
 
 
 def _check_flags(eos: str, prompts: str | None, sample_first: bool,
@@ -163,13 +161,12 @@ def _texts_to_score(sample_first: bool,
     from ..eval.responses import ToScore, samples_to_score
 
     if not sample_first:
-        _refuse_sampling_flags(["--checkpoint"] * (draw.checkpoint is not None)
-                               + given(draw.sampling))
+        _refuse_sampling_flags(_given_loading(draw.loading) + given(draw.sampling))
         if samples is None:
             raise MdlmError("give --samples FILE.jsonl (from mdlm sample --out), or "
                             "--sample-first --checkpoint DIR")
         return samples_to_score(samples, conditional)
-    if draw.checkpoint is None:
+    if draw.loading.checkpoint is None:
         raise MdlmError("--sample-first needs --checkpoint (the model to sample)")
     if prompts is not None:
         return _responses_for_judging(draw, prompts, samples)
@@ -280,6 +277,13 @@ def _mauve(judge, items, mauve: dict, device) -> tuple[dict, str]:
     return fields, line
 
 
+def _given_loading(loading: ModelLoading) -> list[str]:
+    """The flags of the model to sample that were given (the judge reads --device, --threads)."""
+    return (["--checkpoint"] * (loading.checkpoint is not None)
+            + ["--raw-weights"] * loading.raw_weights
+            + ["--net-precision"] * (loading.net_precision != "auto"))
+
+
 def _refuse_sampling_flags(given: list[str]) -> None:
     """The sampling flags `given`, which only --sample-first reads, are refused."""
     if given:
@@ -326,7 +330,7 @@ def _sample_for_judging(draw: _Draw, out: str | None):
     from ..sample.draw import write_samples
     from .sample import sampling_progress
 
-    loaded, rt = load_for_command(draw.checkpoint, draw.device, False, draw.threads)
+    loaded, rt = draw.loading.load()
     how, n = resolved(draw.sampling, loaded), draw.num_samples
     with sampling_progress(how.sampler, n) as advance:
         drawn = draw_samples(loaded, rt, how, num_samples=n, seed=draw.seed,
@@ -346,7 +350,7 @@ def _responses_for_judging(draw: _Draw, prompts: str, out: str | None):
     from ..sample.prompted import draw_responses, write_responses
     from .sample import sampling_progress
 
-    loaded, rt = load_for_command(draw.checkpoint, draw.device, False, draw.threads)
+    loaded, rt = draw.loading.load()
     asked, what = read_prompts(prompts, loaded, draw.num_samples)
     how = resolved(draw.sampling, loaded)
     with sampling_progress(how.sampler, len(asked)) as advance:

@@ -12,8 +12,8 @@ from rich.text import Text
 
 from .app import app
 from .console import console, say, user_errors, warn
-from .loading import load_for_command
-from .options import CheckpointOpt, DeviceOpt, JsonOpt, RawWeightsOpt, SeedOpt, ThreadsOpt, float_in
+from .loading import ModelLoading, loading_command, loading_from
+from .options import CheckpointOpt, DatasetOpt, JsonOpt, SeedOpt, float_in
 from .sampling_args import SamplingCommand, sampling_from
 
 # metrics computed from log-likelihoods: for a bound on -log p they are upper bounds
@@ -39,8 +39,6 @@ BootstrapOpt = Annotated[int, typer.Option(
     help="lm-eval's bootstrap resamples for metric stderrs.")]
 OutFolderOpt = Annotated[str, typer.Option(
     help="Folder to write the task YAML and JSONL files into.")]
-LmEvalDatasetOpt = Annotated[str | None, typer.Option(
-    help="Data set name or local text path (default: the checkpoint's own data).")]
 LmEvalSplitOpt = Annotated[str, typer.Option(help="test | valid | train.")]
 WordsOpt = Annotated[int, typer.Option(
     help="Words per last-word passage (about; it ends on a real word).")]
@@ -48,24 +46,20 @@ PassagesOpt = Annotated[int, typer.Option(
     help="Last-word passages to keep (0 = all of the split).")]
 
 
-@app.command("lm-eval", cls=SamplingCommand)
+@app.command("lm-eval", cls=loading_command(SamplingCommand))
 def lm_eval_cmd(
     *,
     tasks: LmEvalTasksOpt,
-    checkpoint: CheckpointOpt = "runs/demo",
     mc_samples: LmEvalMcSamplesOpt = None,
     batch_size: LmEvalBatchSizeOpt = 16,
     limit: LimitOpt = None,
     num_fewshot: FewshotOpt = None,
     include_path: IncludePathOpt = None,
     json_out: JsonOpt = None,
-    device: DeviceOpt = None,
     seed: SeedOpt = 0,
     ctx: typer.Context,
     stride: LmEvalStrideOpt = None,
     bootstrap_iters: BootstrapOpt = 100000,
-    raw_weights: RawWeightsOpt = False,
-    threads: ThreadsOpt = None,
 ) -> None:
     """Run lm-evaluation-harness tasks: multiple choice, LAMBADA, and the perplexity tasks.
 
@@ -83,7 +77,7 @@ def lm_eval_cmd(
     """
     from ..eval.lm_eval.run import LmEvalOptions, check_options, require_lm_eval, run_lm_eval
 
-    sampling = sampling_from(ctx)
+    sampling, loading = sampling_from(ctx), loading_from(ctx)
     with user_errors():
         require_lm_eval()
         options = LmEvalOptions(
@@ -92,11 +86,12 @@ def lm_eval_cmd(
             include_path=include_path, seed=seed, sampling=sampling, stride=stride,
             bootstrap_iters=bootstrap_iters)
         check_options(options)
-        loaded, _ = load_for_command(checkpoint, device, raw_weights, threads)
-        run = run_lm_eval(loaded, checkpoint, options, device=device, warn=warn, on_start=say)
+        loaded, _ = loading.load()
+        run = run_lm_eval(loaded, loading.checkpoint, options, device=loading.device, warn=warn,
+                          on_start=say)
         _print(run.results["results"], run.summary, run.lm)
         if json_out:
-            _write_json(json_out, loaded, run, options, raw_weights)
+            _write_json(json_out, loaded, run, options, loading.raw_weights)
 
 
 def _write_json(path: str, loaded, run, options, raw_weights: bool) -> None:
@@ -146,7 +141,7 @@ def _print(results: dict, summary: dict, lm) -> None:
 def lm_eval_tasks_cmd(
     out: OutFolderOpt,
     checkpoint: CheckpointOpt = "runs/demo",
-    dataset: LmEvalDatasetOpt = None,
+    dataset: DatasetOpt = None,
     split: LmEvalSplitOpt = "test",
     words: WordsOpt = 40,
     passages: PassagesOpt = 0,
@@ -166,7 +161,7 @@ def lm_eval_tasks_cmd(
     from ..eval.lm_eval.tasks import write_tasks
 
     with user_errors():
-        loaded, _ = load_for_command(checkpoint, "cpu", False)
+        loaded, _ = ModelLoading(checkpoint, device="cpu").load()  # its config and tokeniser
         rows = write_tasks(out, dataset=dataset or loaded.config.data.dataset, split=split,
                            char_level=loaded.tokenizer.is_character_level, words=words,
                            passages=passages)

@@ -76,6 +76,13 @@ DeviceOpt = Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N 
 JsonOpt = Annotated[str | None, typer.Option("--json", help="Write the results as JSON here.")]
 
 
+DatasetOpt = Annotated[str | None, typer.Option(
+    help="Data set name or local text path (default: the checkpoint's own data).")]
+
+
+LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
+
+
 RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]
 
 
@@ -99,7 +106,8 @@ def net_precision(value: str | None) -> str | None:
 NetPrecisionOpt = Annotated[str, typer.Option(
     "--precision", callback=net_precision,
     help="The network's arithmetic: auto = bf16 autocast on CUDA and on CPUs with bf16 matrix "
-         "units (AMX / AVX512-BF16), fp32 elsewhere; fp32 = no autocast.")]
+         "units (AMX / AVX512-BF16) for models 192 wide or more, fp32 elsewhere; fp32 = no "
+         "autocast.")]
 
 
 AllowLongerOpt = Annotated[bool, typer.Option(
@@ -120,3 +128,4 @@ def mauve_options(needs: str = "") -> tuple[object, object]:
 
 
 MAUVE_SEEDS = "0,1,2,3,4"
+FeaturizerOpt, MauveSeedsOpt = mauve_options()  # gen-ppl's; bench-sampler's need a flag

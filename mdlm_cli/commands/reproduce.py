@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from ..errors import MdlmError
 from .app import app, command_flags
@@ -124,7 +124,9 @@ def _run(jobs, out: Path, launcher: str, scale: str) -> None:
 def _print_list(recipes) -> None:
     from ..recipes.cost import A100_BF16_FLOPS, ASSUMED_MFU, gpu_days
 
-    table = Table("table", "rows", "models", "est. A100-days", "title", "needs", box=None)
+    # a table's name is typed back: never cut, whatever the terminal's width
+    table = Table(Column("table", no_wrap=True), "rows", "models", "est. A100-days", "title",
+                  "needs", box=None)
     for name, recipe in recipes.items():
         run = [r for r in recipe.rows if not r.paper_only]
         quoted = len(recipe.rows) - len(run)

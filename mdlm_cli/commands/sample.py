@@ -13,25 +13,20 @@ from rich.text import Text
 from .app import app
 from .console import console, err_console, user_errors
 from .flag_checks import check_positive, id_list
-from .loading import load_for_command
+from .loading import loading_command, loading_from
 from .options import (
     AllowLongerOpt,
-    CheckpointOpt,
-    DeviceOpt,
+    LengthOpt,
     NumSamplesOpt,
     OutOpt,
     PromptOpt,
-    RawWeightsOpt,
     SeedOpt,
-    ThreadsOpt,
 )
 from .sampling_args import SamplingCommand, resolved, sampling_from
 
 InfillOpt = Annotated[
     str | None, typer.Option(help="Text with <mask> (one token) or <mask:N> spans to fill in.")
 ]
-SampleLengthOpt = Annotated[int | None, typer.Option(
-    help="Tokens per sample (default: the model's L).")]
 PromptIdsOpt = Annotated[str | None, typer.Option(
     help="Token ids the samples start with, comma-separated (e.g. 5,17,3), nothing added "
          "before or after them (no BOS); instead of --prompt or --infill.")]
@@ -80,10 +75,9 @@ SEMI_AR_HELP = """Generate text longer than the model's window, block by block (
     """
 
 
-@app.command("sample", help=SAMPLE_HELP, cls=SamplingCommand)
+@app.command("sample", help=SAMPLE_HELP, cls=loading_command(SamplingCommand))
 def sample_cmd(
     *,
-    checkpoint: CheckpointOpt = "runs/demo",
     ctx: typer.Context,
     num_samples: NumSamplesOpt = 4,
     batch_size: SampleBatchSizeOpt = 4,
@@ -91,12 +85,9 @@ def sample_cmd(
     prompt: PromptOpt = None,
     prompt_ids: PromptIdsOpt = None,
     infill: InfillOpt = None,
-    length: SampleLengthOpt = None,
+    length: LengthOpt = None,
     out: OutOpt = None,
-    device: DeviceOpt = None,
-    raw_weights: RawWeightsOpt = False,
     quiet: QuietOpt = False,
-    threads: ThreadsOpt = None,
     allow_longer: AllowLongerOpt = False,
     max_new_tokens: MaxNewTokensOpt = None,
     stop_at_eos: StopAtEosOpt = None,
@@ -109,7 +100,7 @@ def sample_cmd(
         check_positive(num_samples=num_samples, batch_size=batch_size, length=length)
         ids = id_list(prompt_ids, "--prompt-ids")
         check_all_writable(out)  # before the sampling, not after it
-        loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
+        loaded, rt = loading_from(ctx).load()
         how = resolved(sampling, loaded)
         with sampling_progress(how.sampler, num_samples) as advance:
             drawn = sample_window(
@@ -146,10 +137,9 @@ def _write_and_show(drawn, out: str | None, quiet: bool, summary: str) -> None:
         console.print(f"Wrote {len(drawn.records)} samples to {out}", markup=False)
 
 
-@app.command("semi-ar", help=SEMI_AR_HELP, cls=SamplingCommand)
+@app.command("semi-ar", help=SEMI_AR_HELP, cls=loading_command(SamplingCommand))
 def semi_ar_cmd(
     *,
-    checkpoint: CheckpointOpt = "runs/demo",
     length: TotalLengthOpt = None,
     stride: SampleStrideOpt = None,
     ctx: typer.Context,
@@ -158,9 +148,6 @@ def semi_ar_cmd(
     prompt: FirstWindowOpt = None,
     stream: StreamOpt = True,
     out: OutOpt = None,
-    device: DeviceOpt = None,
-    raw_weights: RawWeightsOpt = False,
-    threads: ThreadsOpt = None,
     max_new_tokens: MaxNewTokensOpt = None,
     stop_at_eos: StopAtEosOpt = None,
 ) -> None:
@@ -171,11 +158,13 @@ def semi_ar_cmd(
     with user_errors():
         check_positive(length=length, stride=stride, num_samples=num_samples)
         check_all_writable(out)
-        loaded, rt = load_for_command(checkpoint, device, raw_weights, threads)
+        loading = loading_from(ctx)
+        loaded, rt = loading.load()
         drawn = semi_ar_blocks(
             loaded, rt, resolved(sampling, loaded), num_samples=num_samples, seed=seed,
             length=length, stride=stride, prompt=prompt, max_new_tokens=max_new_tokens,
-            stop_at_eos=stop_at_eos, source=checkpoint, on_text=_write if stream else None)
+            stop_at_eos=stop_at_eos, source=loading.checkpoint,
+            on_text=_write if stream else None)
         if out:  # before anything is printed
             write_samples(out, drawn)
         _show(drawn.records, streamed=drawn.streamed)

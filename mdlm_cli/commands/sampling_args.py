@@ -328,7 +328,7 @@ def _parameters(sweep: bool) -> list[inspect.Parameter]:
     return head + options + [p("opt", SweepOptOpt if sweep else OptOpt)]
 
 
-def _click_option(q: inspect.Parameter) -> TyperOption:
+def click_option(q: inspect.Parameter) -> TyperOption:
     """The Typer option of one generated parameter, built as Typer builds a signature's
     (`Annotated[type, typer.Option(...)] = default`), so --help shows it the same way."""
     base, info = get_args(q.annotation)[0], copy.copy(get_args(q.annotation)[1])
@@ -348,7 +348,7 @@ class SamplingCommand(TyperCommand):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.group = [_click_option(q) for q in _parameters(self.sweep)]
+        self.group = [click_option(q) for q in _parameters(self.sweep)]
         self.params += self.group
 
     def invoke(self, ctx: typer.Context) -> Any:

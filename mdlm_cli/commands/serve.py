@@ -10,7 +10,8 @@ import typer
 from .app import app
 from .console import note, say, user_errors, warn
 from .flag_checks import check_positive
-from .options import CheckpointOpt, DeviceOpt, RawWeightsOpt, ThreadsOpt, float_in
+from .loading import loading_command, loading_from
+from .options import float_in
 
 HostOpt = Annotated[str, typer.Option(help="Address to bind (a non-loopback one wants --api-key).")]
 PortOpt = Annotated[int, typer.Option(help="TCP port.", min=0, max=65535)]
@@ -31,9 +32,9 @@ NameOpt = Annotated[str | None, typer.Option(
     help="The model id requests name (default: the checkpoint's folder name or hub id).")]
 
 
-@app.command("serve")
+@app.command("serve", cls=loading_command())
 def serve_cmd(
-    checkpoint: CheckpointOpt = "runs/demo",
+    ctx: typer.Context,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8000,
     max_batch: MaxBatchOpt = None,
@@ -42,9 +43,6 @@ def serve_cmd(
     api_key: ApiKeyOpt = None,
     timeout: TimeoutOpt = 300.0,
     model_name: NameOpt = None,
-    threads: ThreadsOpt = None,
-    device: DeviceOpt = None,
-    raw_weights: RawWeightsOpt = False,
 ) -> None:
     """Serve a checkpoint over HTTP: OpenAI's /v1/completions (suffix = real infilling,
     semi-AR streaming), /v1/mdlm/infill, /v1/models, /health, /metrics and a page at /.
@@ -57,10 +55,12 @@ def serve_cmd(
     """
     from ..serve.launch import ServeOptions, serve_checkpoint
 
+    loading = loading_from(ctx)
     with user_errors():
         check_positive(max_batch=max_batch, queue_size=queue_size)
         options = ServeOptions(
             host=host, port=port, max_batch=max_batch, max_wait_ms=max_wait_ms,
             queue_size=queue_size, api_key=api_key, timeout_s=timeout, model_name=model_name,
-            device=device, raw_weights=raw_weights, threads=threads)
-        serve_checkpoint(checkpoint, options, warn=warn, note=note, on_ready=say)
+            device=loading.device, raw_weights=loading.raw_weights, threads=loading.threads,
+            precision=loading.net_precision)
+        serve_checkpoint(loading.checkpoint, options, warn=warn, note=note, on_ready=say)

@@ -269,7 +269,11 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
 
 
 def _folder_tokenizer(path: Path) -> Tokenizer:
+    from .open_tokenizers import open_model_family, open_model_tokenizer
+
     meta_path = path / META_FILE
+    if not meta_path.is_file() and open_model_family(path):  # LLaDA, Dream: no AutoTokenizer
+        return Tokenizer(path.name, **open_model_tokenizer(path))
     if not meta_path.is_file():
         return _wrap_hf(path.name, _hf_from_pretrained(str(path)))
     meta = json.loads(meta_path.read_text())
@@ -281,9 +285,14 @@ def _folder_tokenizer(path: Path) -> Tokenizer:
 
 
 def _hub_tokenizer(name: str, cache_root: Path | None = None) -> Tokenizer:
+    from .open_tokenizers import hub_open_model_folder, open_model_tokenizer
+
     packaged = _packaged_tokenizer_folder(name)
     if packaged is not None:  # the same files as the hub id's, shipped by a pip package
         return _wrap_hf(name, _hf_from_pretrained(str(packaged)))
+    open_model = hub_open_model_folder(name)
+    if open_model is not None:  # LLaDA, Dream: the model's ids, never the repo's code
+        return Tokenizer(name, **open_model_tokenizer(open_model))
     return _wrap_hf(name, _hf_from_pretrained(name))
 
 

@@ -50,8 +50,9 @@ def finish_masks(z: Tensor, ctx: SamplerContext, t_last: Tensor, final_denoise: 
             logits[:, ctx.mask_id] = float("-inf")
             check_logits(logits)
             z[masked] = logits.argmax(-1)
+            ctx.record(masked, logits, z[masked])
         else:
-            z[masked] = ctx.draw(logits)
+            z[masked] = ctx.draw(logits, masked)
     return z
 
 
@@ -103,13 +104,13 @@ def _ancestral(z: Tensor, ctx: SamplerContext, *, cache: bool) -> Tensor:
             ctx.on_changes(change_steps, n_steps)
         for i, rows in zip(change_steps, (pairs % B).split(counts.tolist()), strict=True):
             unmask = at == i
-            z.masked_scatter_(unmask, ctx.draw(ctx.logits(z, times[i], unmask, rows)))
+            z.masked_scatter_(unmask, ctx.draw(ctx.logits(z, times[i], unmask, rows), unmask))
     else:  # a call at every step for every row with a mask left, as the reference
         for i in range(n_steps):
             unmask = at == i
             logits = ctx.logits(z, times[i], unmask, rows_active(span, span_host, i))
             if logits.shape[0]:
-                z.masked_scatter_(unmask, ctx.draw(logits))
+                z.masked_scatter_(unmask, ctx.draw(logits, unmask))
     return finish_masks(z, ctx, times[-1], ctx.options.final_denoise)
 
 

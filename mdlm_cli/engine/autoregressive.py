@@ -50,7 +50,7 @@ def autoregressive(z: Tensor, ctx: SamplerContext) -> Tensor:
         logits = lm(step_in, cache)[:, -1]  # (B, V)
         ctx.stats.calls += 1
         ctx.stats.sequence_evals += B
-        z[:, pos] = ctx.draw(logits)
+        z[:, pos] = ctx.draw(logits, (slice(None), pos))
         step_in = z[:, pos:pos + 1]
     return z
 
@@ -68,5 +68,5 @@ def autoregressive_recompute(z: Tensor, ctx: SamplerContext) -> Tensor:
         logits = lm(torch.cat([bos, z[:, :pos]], 1), lm.new_cache(B, pos + 1, z.device))[:, -1]
         ctx.stats.calls += 1
         ctx.stats.sequence_evals += B
-        z[:, pos] = ctx.draw(logits)
+        z[:, pos] = ctx.draw(logits, (slice(None), pos))
     return z

@@ -60,6 +60,9 @@ class SamplerContext:
     # caching samplers report, per batch, the steps at which any sequence changed and the number
     # of steps run with a mask left (for benchmarks: what a whole-batch cache would have cost)
     on_changes: Callable[[list[int], int], None] | None = None
+    # a `RevealRecorder` (reveals.py): the samplers that record (`SamplerSpec.records_reveals`)
+    # hand it each draw's positions, logits and tokens; None: nothing recorded
+    recorder: Any = None
 
     def _select(self, z: Tensor, t: Tensor, positions: Tensor | None, rows: Tensor | None):
         """Count one network call over the sequences `rows` (all if None) and select them."""
@@ -127,9 +130,19 @@ class SamplerContext:
             "top_p": self.top_p,
         }
 
-    def draw(self, logits: Tensor) -> Tensor:
+    def draw(self, logits: Tensor, where: Any = None) -> Tensor:
+        """Tokens drawn from `logits` (N, V); `where` (the N positions in (B, L): a bool mask
+        or an index) is for the recorder, if any."""
         self.stats.draws += logits.shape[0]
-        return sample_tokens(logits, self.mask_id, **self._draw_settings())
+        tokens = sample_tokens(logits, self.mask_id, **self._draw_settings())
+        self.record(where, logits, tokens)
+        return tokens
+
+    def record(self, where: Any, logits: Tensor, tokens: Tensor) -> None:
+        """Tell the recorder (if any) the tokens chosen at `where` from these logits."""
+        if self.recorder is not None and where is not None:
+            self.recorder.record(where, logits, tokens, mask_id=self.mask_id,
+                                 temperature=self.temperature, top_p=self.top_p)
 
     def draw_with_probs(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """`draw`, and the probability of each drawn token (float64) under the distribution

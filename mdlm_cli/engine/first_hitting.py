@@ -49,5 +49,5 @@ def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
         take = valid[:, cols]  # (B, <=k); order's positions are distinct within a row
         chosen = torch.zeros_like(masked).scatter_(1, order[:, cols], take)
         rows = rows_active(n0, n_host, first)  # sequences with an event left
-        z.masked_scatter_(chosen, ctx.draw(ctx.logits(z, tau[:, first], chosen, rows)))
+        z.masked_scatter_(chosen, ctx.draw(ctx.logits(z, tau[:, first], chosen, rows), chosen))
     return z

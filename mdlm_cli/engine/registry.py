@@ -29,6 +29,10 @@ from .first_hitting import FirstHittingOptions, first_hitting
 from .remdm import RemdmOptions, remdm
 from .sedd import analytic, euler
 
+# the samplers that pass each draw's positions to `SamplerContext.draw` (fp64 precision)
+RECORDS_REVEALS = frozenset({"ancestral", "ancestral-cache", "first-hitting",
+                             "autoregressive-kv-cache", "autoregressive-recompute"})
+
 
 @dataclass(frozen=True)
 class SamplerSpec:
@@ -41,6 +45,12 @@ class SamplerSpec:
     fallback: str | None = None  # what runs instead when the denoiser is not time-agnostic
     options: type | None = None  # its options dataclass (engine/options.py), None for none
     default_steps: int = 1000
+
+    @property
+    def records_reveals(self) -> bool:
+        """Its draws tell `ctx.recorder` each position they reveal (reveals.py: serve's
+        logprobs)."""
+        return self.name in RECORDS_REVEALS
 
     @property
     def option_names(self) -> frozenset[str]:

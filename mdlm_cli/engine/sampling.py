@@ -96,6 +96,7 @@ def sample(denoiser: Denoiser,
            return_stats: bool = False,
            on_batch: Callable[[int], None] | None = None,
            on_changes: Callable[[list[int], int], None] | None = None,
+           recorder: Any = None,
            **keywords: Any):
     """Draw `num_samples` sequences of `length` tokens: LongTensor (num_samples, length).
 
@@ -117,13 +118,10 @@ def sample(denoiser: Denoiser,
     evaluations per sequence) and NCS (categorical draws per sequence). `on_batch(n)` is
     called after each batch; `on_changes(steps, n_steps)` by caching samplers, per batch
     (the steps at which any sequence changed: what benchmarks need for a whole-batch cache).
+    `recorder`: a `RevealRecorder` (num_samples, length) for `records_reveals` samplers.
     """
     settings = _settings(settings, keywords).validate()
-    if settings.sampler is None:
-        raise EngineError(f"sample needs a sampler; choose one of: {', '.join(SAMPLERS)}")
-    spec = get_sampler(settings.sampler)
-    if spec.uses_steps and settings.steps is None:
-        raise EngineError(f"sampler {spec.name} needs steps >= 1 (got None)")
+    spec = _named_sampler(settings)
     _check_sizes(num_samples, length)
     checked = settings.options_for(spec)
     spec = _resolve(spec, denoiser, time_agnostic)
@@ -135,15 +133,28 @@ def sample(denoiser: Denoiser,
     ctx = SamplerContext(denoiser, get_schedule(schedule), mask_id, generator, stats,
                          steps=settings.steps or 0, precision=settings.precision,
                          temperature=settings.temperature, top_p=settings.top_p,
-                         options=convert_options(checked, spec.options), on_changes=on_changes)
+                         options=convert_options(checked, spec.options), on_changes=on_changes,
+                         recorder=recorder)
     tokens = _run_batches(spec, z_all, ctx, batch_size, on_batch)
     assert not (tokens == mask_id).any(), "a sampler left a mask token"
     return (tokens, stats) if return_stats else tokens
 
 
+def _named_sampler(settings: SamplingSettings) -> SamplerSpec:
+    """The sampler the settings name, which must be given (and given steps if it takes them)."""
+    if settings.sampler is None:
+        raise EngineError(f"sample needs a sampler; choose one of: {', '.join(SAMPLERS)}")
+    spec = get_sampler(settings.sampler)
+    if spec.uses_steps and settings.steps is None:
+        raise EngineError(f"sampler {spec.name} needs steps >= 1 (got None)")
+    return spec
+
+
 def _run_batches(spec: SamplerSpec, z_all: Tensor, ctx: SamplerContext, batch_size: int,
                  on_batch: Callable[[int], None] | None) -> Tensor:
     """Every batch of `z_all` through the sampler, in order; `on_batch(n)` after each."""
+    if ctx.recorder is not None and batch_size < len(z_all):  # its grids index one batch's rows
+        raise EngineError("a recorder sees one batch: leave batch_size at num_samples")
     outputs = []
     for z in z_all.split(batch_size):
         outputs.append(_run_batch(spec, z.clone(), ctx))

@@ -25,6 +25,7 @@ HUB_FILES = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "generation_config.json",
     "added_tokens.json",
     "vocab.json",
     "vocab.txt",

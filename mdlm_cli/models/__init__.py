@@ -15,7 +15,9 @@ from ..engine.schedules import Schedule
 from ..errors import MdlmError
 from .caduceus import Caduceus
 from .dit import DiT, KVCache
+from .dream import Dream
 from .hf_mlm import HFMaskedLM
+from .llada import LLaDA
 from .mamba import Mamba
 from .protocols import Backbone
 from .segments import is_segmented, segment_starts
@@ -26,12 +28,13 @@ if TYPE_CHECKING:
 # model.backbone -> the module class, each a `Backbone` (models/protocols.py: the contract)
 BACKBONES: dict[str, type[Backbone]] = {
     "dit": DiT, "hf-mlm": HFMaskedLM, "caduceus": Caduceus, "mamba": Mamba,
+    "llada": LLaDA, "dream": Dream,
 }
 
 __all__ = [
-    "BACKBONES", "Backbone", "Caduceus", "DiT", "DiffusionDenoiser", "HFMaskedLM", "KVCache",
-    "Mamba", "autocast_for", "build_model", "check_data", "is_segmented", "segment_starts",
-    "unwrap",
+    "BACKBONES", "Backbone", "Caduceus", "DiT", "DiffusionDenoiser", "Dream", "HFMaskedLM",
+    "KVCache", "LLaDA", "Mamba", "autocast_for", "build_model", "check_data", "is_segmented",
+    "segment_starts", "unwrap",
 ]
 
 

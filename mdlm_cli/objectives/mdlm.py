@@ -2,9 +2,8 @@
 
 The loss and the bound are `engine.diffusion.nelbo_terms` (eq. 10/11, or the T-step
 discrete bound of Table 8 "w/o continuous time"; with `diffusion.carry_over=false` the
-t = 0 reconstruction term that SUBS' carry-over makes 0 is added); the samplers are the
-engine's ancestral, cached, first-hitting and (through the SUBS -> score conversion)
-analytic samplers.
+t = 0 reconstruction term that SUBS' carry-over makes 0 is added); the samplers that serve it
+are its `sampler_names` (SEDD's analytic one through the SUBS -> score conversion).
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ class BenchRequest:
     seed: int = 0
     device: str | None = None
     threads: int | None = None
+    raw_weights: bool = False  # a checkpoint's raw weights instead of its EMA
     compile: bool = False
     net_precision: str = "auto"  # the network's: auto | bf16 | fp32 (runtime.autocast_dtype)
     allow_longer: bool = False
@@ -230,7 +231,7 @@ def _checkpoint_model(checkpoint: str, request: BenchRequest,
                       on_note: Callable[[str], None]) -> BenchModel:
     from ..checkpoints.load import load_on_device
 
-    loaded, rt = load_on_device(checkpoint, device=request.device, raw_weights=False,
+    loaded, rt = load_on_device(checkpoint, device=request.device, raw_weights=request.raw_weights,
                                 threads=request.threads, precision=request.net_precision)
     for note in loaded.state.get("notes") or []:  # e.g. an encoder's fresh MLM head
         on_note(note)
@@ -248,6 +249,9 @@ def _preset_model(preset: str | None, request: BenchRequest) -> BenchModel:
     from ..objectives import get_objective
     from ..runtime import Runtime
 
+    if request.raw_weights:
+        raise MdlmError("--raw-weights applies to a checkpoint; a --preset model has random "
+                        "weights")
     cfg = resolve_config(preset, request.overrides)
     rt = Runtime.create(request.device or "auto", threads=request.threads or 0)
     tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.cache_dir or None)

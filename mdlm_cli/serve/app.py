@@ -25,11 +25,13 @@ from starlette.routing import Route
 
 from ..engine.errors import EngineError
 from ..errors import MdlmError
+from .chat import chat_choice, chat_delta, chat_end, parse_chat
 from .completion import parse_completion
 from .events import Done, Event, StateSnapshot, TextDelta
 from .generation import Outcome, run_plan, state_pieces
 from .metrics import Metrics
 from .schema import ApiError, Limits, Plan, parse_infill
+from .score import parse_score, run_score
 from .served import Served
 from .worker import Cancelled, Job, QueueFull, Worker
 
@@ -115,17 +117,28 @@ async def _json_body(request: Request, limit: int) -> dict:
 
 def _submit(state: State, plan: Plan) -> tuple[Job, asyncio.Queue]:
     """The plan as a job on the worker; its events (text, states, done) arrive on the queue."""
-    loop, events = asyncio.get_running_loop(), asyncio.Queue()
     served = state.served
+
+    def states(emit: Callable) -> Callable:  # each network call's z_t, for stream_states
+        return lambda z: emit(StateSnapshot(state_pieces(served, z)))
+
+    return _enqueue(state, plan.num_rows, lambda d, emit: run_plan(plan, served, d, emit),
+                    states if plan.states else None)
+
+
+def _enqueue(state: State, rows: int, run: Callable, on_call: Callable | None = None
+             ) -> tuple[Job, asyncio.Queue]:
+    """`run(denoiser, emit)` as a job of `rows` rows on the worker; its events on the queue.
+    `on_call(emit)`: what sees z_t at each of the job's network calls."""
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
     def emit(event: Event) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens any more
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-    on_call = (lambda z: emit(StateSnapshot(state_pieces(served, z)))) if plan.states else None
-    job = Job(rows=plan.num_rows, run=lambda d: run_plan(plan, served, d, emit),
+    job = Job(rows=rows, run=lambda d: run(d, emit),
               done=lambda result, error: emit(Done(result, error)),
-              timeout_s=state.settings.timeout_s, on_call=on_call)
+              timeout_s=state.settings.timeout_s, on_call=on_call(emit) if on_call else None)
     try:
         state.worker.submit(job)
     except QueueFull:
@@ -150,13 +163,19 @@ def _usage(outcome: Outcome) -> dict:
             "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
 
 
-def _object(plan: Plan) -> str:
-    return "text_completion" if plan.endpoint == "completion" else "mdlm.infill"
+OBJECTS = {"completion": "text_completion", "infill": "mdlm.infill", "chat": "chat.completion"}
 
 
-async def _answer(request: Request, state: State, plan: Plan, job: Job,
-                  events: asyncio.Queue) -> dict:
-    """The whole answer of a non-streamed request; a client that goes away cancels it."""
+def _object(plan: Plan, chunk: bool = False) -> str:
+    return OBJECTS[plan.endpoint] + (".chunk" if chunk and plan.endpoint == "chat" else "")
+
+
+def _id(plan: Plan) -> str:
+    return f"{'chatcmpl' if plan.endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+async def _done(request: Request, state: State, job: Job, events: asyncio.Queue) -> Done:
+    """The job's end (its other events dropped); a client that goes away cancels it."""
     while True:
         try:
             event = await asyncio.wait_for(events.get(), 0.25)
@@ -167,13 +186,42 @@ async def _answer(request: Request, state: State, plan: Plan, job: Job,
             continue
         if isinstance(event, Done):
             break
-    outcome = event.outcome
     if event.error is not None:
         raise api_error(event.error, state.settings.timeout_s)
+    return event
+
+
+async def _answer(request: Request, state: State, plan: Plan, job: Job,
+                  events: asyncio.Queue) -> dict:
+    """The whole answer of a non-streamed request."""
+    outcome = (await _done(request, state, job, events)).outcome
     state.metrics.samples.inc(plan.num_rows)
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": _object(plan), "created": int(time.time()),
-            "model": state.served.name, "choices": outcome.choices, "usage": _usage(outcome),
+    choices = outcome.choices
+    if plan.endpoint == "chat":
+        choices = [chat_choice(c) for c in choices]
+    return {"id": _id(plan), "object": _object(plan), "created": int(time.time()),
+            "model": state.served.name, "choices": choices, "usage": _usage(outcome),
             "mdlm": _mdlm_info(plan, outcome, job)}
+
+
+async def score(request: Request) -> Response:
+    """`POST /v1/mdlm/score`: the bound (or exact NLL) of texts, continuations ranked."""
+    t0 = time.monotonic()
+    state: State = request.app.state.mdlm
+    try:
+        state = _ready(request)
+        body = await _json_body(request, state.settings.max_body_bytes)
+        scoring = parse_score(body, state.served, state.settings.limits)
+        served = state.served
+        job, events = _enqueue(state, scoring.num_rows,
+                               lambda d, _emit: run_score(scoring, served, d))
+        answer = (await _done(request, state, job, events)).outcome
+    except ApiError as e:
+        state.metrics.answered("score", e.status, time.monotonic() - t0)
+        return error_response(e)
+    state.metrics.answered("score", 200, time.monotonic() - t0)
+    return JSONResponse({"id": f"score-{uuid.uuid4().hex}", "created": int(time.time()),
+                         "model": state.served.name, **answer})
 
 
 def _sse(data: dict | str) -> str:
@@ -184,13 +232,17 @@ async def _stream(state: State, plan: Plan, job: Job, events: asyncio.Queue, end
                   t0: float):
     """Server-sent events in OpenAI's chunk format, then [DONE]; the text of each choice as it
     is decided, denoising states (if asked for) in the `mdlm` extension field only."""
-    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": _object(plan), "created": int(time.time()),
+    head = {"id": _id(plan), "object": _object(plan, chunk=True), "created": int(time.time()),
             "model": state.served.name}
-    finished = False
+    finished, started = False, set()  # chat: the choices whose first delta (with the role) went
     try:
         while not finished:
             event = await events.get()
-            if isinstance(event, TextDelta):
+            if isinstance(event, TextDelta) and plan.endpoint == "chat":
+                choice = chat_delta(event.index, event.text, event.index not in started)
+                started.add(event.index)
+                yield _sse({**head, "choices": [choice]})
+            elif isinstance(event, TextDelta):
                 choice = {"index": event.index, "text": event.text, "logprobs": None,
                           "finish_reason": None}
                 yield _sse({**head, "choices": [choice]})
@@ -212,8 +264,11 @@ def _final_chunks(state: State, plan: Plan, job: Job, head: dict, outcome: Outco
     if error is not None:
         return [_sse(api_error(error, state.settings.timeout_s).body()), _sse("[DONE]")]
     state.metrics.samples.inc(plan.num_rows)
-    ends = [{"index": c["index"], "text": "", "logprobs": None, "finish_reason": c["finish_reason"],
+    ends = [{"index": c["index"], "text": "", "logprobs": c.get("logprobs"),
+             "finish_reason": c["finish_reason"],
              **{k: c[k] for k in ("length", "ended") if k in c}} for c in outcome.choices]
+    if plan.endpoint == "chat":
+        ends = [chat_end(c) for c in outcome.choices]
     out = [_sse({**head, "choices": ends, "mdlm": _mdlm_info(plan, outcome, job)})]
     if plan.include_usage:
         out.append(_sse({**head, "choices": [], "usage": _usage(outcome)}))
@@ -331,7 +386,9 @@ def create_app(load: Callable[[], Served], settings: Settings | None = None,
         Route("/v1/models/{model:path}", models, methods=["GET"]),
         Route("/v1/completions", _generate_route("completions", parse_completion),
               methods=["POST"]),
+        Route("/v1/chat/completions", _generate_route("chat", parse_chat), methods=["POST"]),
         Route("/v1/mdlm/infill", _generate_route("infill", parse_infill), methods=["POST"]),
+        Route("/v1/mdlm/score", score, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: http_error})

@@ -64,7 +64,7 @@ def _prompts(body: dict, served: Served, limits: Limits) -> list[list[int]]:
     return out
 
 
-def _stop(body: dict) -> list[str]:
+def stop_strings(body: dict) -> list[str]:
     stop = body.get("stop")
     if stop is None:
         return []
@@ -99,15 +99,17 @@ def _stride(body: dict, served: Served) -> int | None:
     return stride
 
 
-def _rows(
+def prompt_rows(
     prompts: list[list[int]],
     suffix: list[int],
     max_tokens: int | None,
     stride: int | None,
     served: Served,
     limits: Limits,
+    semi_ar: bool = True,
 ) -> tuple[list[Row], int]:
-    """One `Row` per prompt and the number of new tokens; the lengths checked against the window."""
+    """One `Row` per prompt and the number of new tokens; the lengths checked against the window
+    (`semi_ar`: the error suggests it)."""
     loaded = served.loaded
     window, mask_id, start = loaded.length, loaded.mask_id, loaded.row_start()
     longest = max(len(p) for p in prompts)
@@ -132,7 +134,7 @@ def _rows(
     if room < 1 or max_tokens > room:
         parts = f"prompt ({longest} tokens)" + (f" + suffix ({len(suffix)})" if suffix else "")
         limit = "the semi-AR limit" if stride else "the window"
-        hint = "" if stride or suffix else "; ask for semi-AR generation with stride"
+        hint = "" if stride or suffix or not semi_ar else "; ask for semi-AR generation with stride"
         raise invalid(
             f"{parts} + max_tokens ({max_tokens}) exceeds {limit} of "
             f"{room + longest + len(suffix) + len(start)} tokens{hint}",
@@ -160,6 +162,28 @@ def _max_tokens(body: dict) -> int | None:
     return get_int(body, given[0], 1, 2**31 - 1, None) if given else None
 
 
+def _logprobs(body: dict, plan: Plan, served: Served, limits: Limits) -> int | None:
+    """`logprobs: N`: each token's log-probability at the call that revealed it and the top N
+    alternatives, from the samplers whose draws record them (fp64), within one window."""
+    top = get_int(body, "logprobs", 0, limits.max_logprobs, None)
+    return None if top is None else check_logprobs(plan, served, top)
+
+
+def check_logprobs(plan: Plan, served: Served, top: int) -> int:
+    """`top`, where the plan's sampler and settings can record log-probabilities (else a 400)."""
+    spec = plan.sampler
+    if not spec.records_reveals:
+        recording = [s.name for s in served.loaded.objective.samplers if s.records_reveals]
+        raise invalid(f"logprobs needs a sampler that records its draws ({', '.join(recording)}); "
+                      f"{spec.name} does not", "logprobs", "unsupported_parameter")
+    for asked, what in ((plan.precision != "fp64", "precision fp64"),
+                        (plan.stride is not None, "one window (no stride / semi_ar)"),
+                        (plan.echo, "echo: false (the prompt's tokens are not drawn)")):
+        if asked:
+            raise invalid(f"logprobs needs {what}", "logprobs", "unsupported_parameter")
+    return top
+
+
 def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
     """`POST /v1/completions`: OpenAI's fields and mdlm's diffusion fields, checked."""
     check_fields(body, OPENAI_FIELDS + MDLM_FIELDS)
@@ -174,15 +198,15 @@ def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
     suffix = served.loaded.tokenizer.encode(suffix_text) if suffix_text else []
     stride = _stride(body, served)
     max_tokens = _max_tokens(body)
-    rows, max_tokens = _rows(prompts, suffix, max_tokens, stride, served, limits)
+    rows, max_tokens = prompt_rows(prompts, suffix, max_tokens, stride, served, limits)
     common = common_fields(body, served, limits, "completion")
-    return check_states(
-        Plan(
-            rows=rows,
-            max_tokens=max_tokens,
-            stride=stride,
-            stop=_stop(body),
-            echo=get_bool(body, "echo"),
-            **common,
-        )
+    plan = Plan(
+        rows=rows,
+        max_tokens=max_tokens,
+        stride=stride,
+        stop=stop_strings(body),
+        echo=get_bool(body, "echo"),
+        **common,
     )
+    plan.logprobs = _logprobs(body, plan, served, limits)
+    return check_states(plan)

@@ -9,6 +9,7 @@ the final text is what it handed out, so the joined stream is the non-streamed t
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import engine
+from ..engine.reveals import RevealRecorder
 from .events import Emit, StateSnapshot, TextDelta
 from .schema import Plan
 from .served import Served
@@ -34,6 +36,7 @@ class ChoiceText:
     stop: list[str]
     eos_id: int | None  # the end-of-text token (BOS-started rows), None where rows have none
     prefix: str = ""  # echo: the prompt's text comes first
+    end_ids: tuple[int, ...] = ()  # more tokens that end the answer (chat: the end of the turn)
     tokens: list[int] = field(default_factory=list)
     text: str = ""  # handed out so far, prefix included
     finish_reason: str | None = None
@@ -45,8 +48,9 @@ class ChoiceText:
         if self.finish_reason is not None:
             return ""
         new = new[: self.max_tokens - len(self.tokens)]
-        if self.eos_id is not None and self.eos_id in new:
-            new, self.finish_reason, self.ended = new[: new.index(self.eos_id)], "stop", True
+        ends = [k for k, i in enumerate(new) if i == self.eos_id or i in self.end_ids]
+        if ends:
+            new, self.finish_reason, self.ended = new[: ends[0]], "stop", True
         self.tokens += new
         body = self.decode(self.tokens)
         hits = [i for i in (body.find(s) for s in self.stop) if i >= 0]
@@ -103,6 +107,7 @@ def _texts(plan: Plan, served: Served) -> list[ChoiceText]:
                     plan.stop,
                     eos,
                     prefix=row.echo if plan.echo else "",
+                    end_ids=plan.end_ids,
                 )
             )
     return texts
@@ -124,6 +129,9 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
     kwargs = _sample_kwargs(plan, served, generator)
     texts = _texts(plan, served)
     t0 = time.perf_counter()
+    recorder = None
+    if plan.logprobs is not None:
+        recorder = RevealRecorder((plan.num_rows, loaded.length), plan.logprobs, served.device)
     if plan.stride is not None:
         stats = _semi_ar(plan, served, denoiser, kwargs, texts, emit)
     else:
@@ -135,6 +143,7 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
             mask_id=loaded.mask_id,
             prompt=prompt,
             return_stats=True,
+            recorder=recorder,
             **kwargs,
         )
         if plan.states:  # the last state: every position decided
@@ -150,7 +159,9 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
     for i, text in enumerate(texts):
         _send(emit, i, text.finish())
     choices = [  # length and ended: as `mdlm sample` reports an answer cut at its EOS
-        {"index": i, "text": t.text, "logprobs": None, "finish_reason": t.finish_reason,
+        {"index": i, "text": t.text, "finish_reason": t.finish_reason,
+         "logprobs": None if recorder is None else logprobs_object(
+             loaded.tokenizer.decode, t.tokens, recorder, i, len(plan.rows[i // plan.n].prefix)),
          "length": len(t.tokens), "ended": t.ended}
         for i, t in enumerate(texts)
     ]
@@ -158,6 +169,24 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
     return Outcome(
         choices, stats, time.perf_counter() - t0, prompt_tokens, sum(len(t.tokens) for t in texts)
     )
+
+
+def logprobs_object(decode: Callable[[list[int]], str], tokens: list[int],
+                    recorder: RevealRecorder, row: int, start: int) -> dict:
+    """OpenAI's legacy `logprobs` of a choice's tokens (those from position `start` of its row):
+    each token's text, its log-probability at the network call that revealed it, that call's
+    top alternatives (those of probability 0, outside top-p, left out) and its offset in the
+    choice's text."""
+    end = start + len(tokens)
+    ids = recorder.top_ids[row, start:end].tolist()
+    values = recorder.top_logprobs[row, start:end].tolist()
+    return {
+        "tokens": [decode([i]) for i in tokens],
+        "token_logprobs": recorder.logprob[row, start:end].tolist(),
+        "top_logprobs": [{decode([i]): v for i, v in zip(a, b, strict=True) if v > -math.inf}
+                         for a, b in zip(ids, values, strict=True)],
+        "text_offset": [len(decode(tokens[:k])) for k in range(len(tokens))],
+    }
 
 
 def _send(emit: Emit, index: int, delta: str) -> None:

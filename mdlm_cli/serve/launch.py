@@ -27,6 +27,7 @@ class ServeOptions:
     device: str | None = None
     raw_weights: bool = False
     threads: int | None = None
+    precision: str = "auto"  # the network's: auto | bf16 | fp32 (runtime.autocast_dtype)
 
 
 def is_loopback(host: str) -> bool:
@@ -81,7 +82,8 @@ def serve_checkpoint(
 
     def load() -> Served:
         loaded, rt = load_on_device(checkpoint, device=options.device,
-                                    raw_weights=options.raw_weights, threads=options.threads)
+                                    raw_weights=options.raw_weights, threads=options.threads,
+                                    precision=options.precision)
         for text in loaded.state.get("notes") or []:  # e.g. a freshly initialised MLM head
             note(text)
         on_ready(f"serving {name} ({loaded.objective.name}, L={loaded.length}) on "

@@ -30,6 +30,7 @@ OPENAI_FIELDS = (
     "stream",
     "stream_options",
     "echo",
+    "logprobs",
     "user",
 )
 # OpenAI fields mdlm cannot honour: accepted only at their neutral value
@@ -113,6 +114,7 @@ class Limits:
     max_prompts: int = 16
     max_steps: int = 10000
     max_semi_ar_windows: int = 16  # semi-AR: at most this many windows of new tokens
+    max_logprobs: int = 20  # top alternatives per token
 
 
 @dataclass
@@ -130,7 +132,7 @@ class Row:
 class Plan:
     """What one request runs: a sampler on every (prompt, choice) row with its own generator."""
 
-    endpoint: str  # completion | infill
+    endpoint: str  # completion | infill | chat
     settings: SamplingSettings  # checked, with the sampler that runs (a fallback's name)
     seed: int
     n: int
@@ -142,6 +144,8 @@ class Plan:
     stream: bool = False
     states: bool = False
     include_usage: bool = False
+    logprobs: int | None = None  # alternatives per token, None = no log-probabilities
+    end_ids: tuple[int, ...] = ()  # chat: the tokens that end the turn (EOS included)
 
     @property
     def num_rows(self) -> int:

@@ -95,7 +95,10 @@ class JobDenoiser:
         logits = self._call("logits", z_t, t)  # (B, L, V)
         return logits if output_mask is None else logits[output_mask]
 
-    def _log_score(self, z_t: Tensor, t: Tensor, *, output_mask: Tensor) -> Tensor:
+    def _log_score(self, z_t: Tensor, t: Tensor, *, output_mask: Tensor,
+                   attention_mask: Tensor | None = None) -> Tensor:
+        if attention_mask is not None:  # score rows are never padded (score.py)
+            raise ValueError("the batching worker's calls take no attention mask")
         return self._call("log_score", z_t, t)[output_mask]
 
     def _call(self, kind: str, z_t: Tensor, t: Tensor) -> Tensor:

@@ -4,6 +4,7 @@ errors as the client raises them, a disconnecting client, and bad input that lea
 Every wait is bounded in count and time."""
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -176,10 +177,23 @@ def test_a_seeded_request_gets_the_same_text_alone_and_among_concurrent_ones(cli
     assert (calls - calls0) - (single - single0) > 0  # some calls held rows of several requests
 
 
+def test_logprobs_come_in_openais_legacy_shape_streamed_or_not(client, server):
+    kwargs = dict(model=server[1], prompt="the ", max_tokens=8, seed=2, logprobs=3)
+    out = client.completions.create(**kwargs)
+    lp = out.choices[0].logprobs
+    assert "".join(lp.tokens) == out.choices[0].text and len(lp.token_logprobs) == 8
+    assert all(v <= 0 for v in lp.token_logprobs) and all(len(t) <= 3 for t in lp.top_logprobs)
+    assert lp.text_offset == [len("".join(lp.tokens[:k])) for k in range(8)]
+    chunks = list(client.completions.create(**kwargs, stream=True))
+    last = [c for c in chunks if c.choices and c.choices[0].logprobs is not None]
+    assert len(last) == 1 and last[0].choices[0].logprobs.token_logprobs == lp.token_logprobs
+
+
 def test_errors_come_back_as_the_client_raises_them(client, server):
     name = server[1]
-    with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=name, prompt="x", max_tokens=5, logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="records") as e:
+        client.completions.create(model=name, prompt="x", max_tokens=5, logprobs=2,
+                                  extra_body={"sampler": "confidence", "steps": 4})
     assert e.value.body["param"] == "logprobs"
     with pytest.raises(openai.BadRequestError, match="exceeds the window"):
         client.completions.create(model=name, prompt="x", max_tokens=500)
@@ -187,12 +201,50 @@ def test_errors_come_back_as_the_client_raises_them(client, server):
         client.completions.create(model=name, prompt="x", extra_body={"sampler": "euler"})
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="no chat template") as e:  # char tokenizer
+        client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
+    assert e.value.body["param"] == "messages"
     wrong = openai.OpenAI(base_url=f"{server[0]}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.completions.create(model=name, prompt="x")
     with pytest.raises(openai.APIStatusError) as e:
         client.completions.create(model=name, prompt="a" * 1_200_000, max_tokens=1)
     assert e.value.status_code == 413
+
+
+def test_stream_states_sends_the_denoising_states(server):
+    body = json.dumps({"model": server[1], "prompt": "the ", "max_tokens": 8, "stream": True,
+                       "stream_states": True, "seed": 1, "sampler": "ancestral", "steps": 4})
+    req = urllib.request.Request(f"{server[0]}/v1/completions", data=body.encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        lines = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
+    states = [json.loads(x)["mdlm"]["state"] for x in lines[:-1]
+              if "state" in json.loads(x).get("mdlm", {})]
+    assert len(states) >= 2 and None in states[0] and None not in states[-1]
+
+
+def test_score_gives_the_bound_ranks_continuations_and_refuses_in_openai_shape(server):
+    url = f"{server[0]}/v1/mdlm/score"
+    body = {"model": server[1], "input": ["the night was dark", "qzxj vvkq"], "mc_samples": 8,
+            "seed": 2}
+    status, out = request(url, json.dumps(body).encode())
+    assert status == 200, out
+    assert out["object"] == "mdlm.score" and out["kind"] == "bound" and out["mc_samples"] == 8
+    first, second = out["data"]
+    assert first["tokens"] == 18 and first["nats_se"] > 0 and first["kind"] == "bound"
+    assert second["bits_per_token"] * math.log(2) == pytest.approx(second["nats_per_token"])
+    alone = request(url, json.dumps({**body, "input": "qzxj vvkq"}).encode())[1]
+    assert alone["data"][0]["nats"] == second["nats"]  # one seed: the same alone or batched
+    choices = {"prompt": "it was the ", "continuations": ["end of the day", "zq zq zq zq"],
+               "mc_samples": 8}
+    ranked = request(url, json.dumps(choices).encode())[1]
+    by_nats = sorted(ranked["data"], key=lambda e: e["nats"])
+    assert [e["rank"] for e in by_nats] == [1, 2]
+    assert [e["tokens"] for e in ranked["data"]] == [15, 12]  # the prompt's space moves over
+    status, error = request(url, json.dumps({"input": "x" * 40}).encode())
+    assert status == 400 and error["error"]["param"] == "input"
+    assert "length is 32" in error["error"]["message"]
 
 
 def test_malformed_bodies_do_not_take_the_server_down(server):

@@ -93,3 +93,50 @@ def test_shell_blocks_use_real_commands_and_options():
                     assert flag in names, f"{page.name}: mdlm {args[0]} has no option {flag}"
             checked += 1
     assert checked > 100  # the pages show 120 commands: a parser that found none would pass
+
+
+def _one_line(path: Path) -> str:
+    return " ".join(path.read_text().split())
+
+
+def test_sampling_doc_names_each_objectives_default_sampler():
+    """docs/sampling.md's list of the samplers a checkpoint uses without --sampler is the
+    objectives' registry (`default_sampler`)."""
+    from mdlm_cli.objectives import OBJECTIVES
+
+    text = _one_line(ROOT / "docs" / "sampling.md")
+    listed = re.search(r"uses its objective's own \((.*?)\);", text).group(1)
+    named = dict((o, s) for s, o in re.findall(r"`([a-z0-9-]+)` for ([A-Z0-9]+)", listed))
+    assert named == {n.upper(): o.default_sampler for n, o in OBJECTIVES.items()
+                     if o.default_sampler}
+
+
+def test_architecture_diagram_lists_the_registries():
+    """The boxed diagram atop docs/architecture.md names every objective of OBJECTIVES (and
+    no other) and every checkpoint format of FORMATS (its module's name)."""
+    from mdlm_cli.checkpoints.formats.registry import FORMATS
+    from mdlm_cli.objectives import OBJECTIVES
+
+    diagram = FENCE.search((ROOT / "docs" / "architecture.md").read_text()).group(2)
+    objectives = re.search(r"objectives/\s+(.*?)\s+\[OBJECTIVES\]", diagram).group(1)
+    assert [x.strip() for x in objectives.split(",")] == list(OBJECTIVES)
+    box = re.search(r"\|\s+8\s+checkpoints/(.*?)\+--", diagram, re.S).group(1)
+    missing = [n for n in FORMATS if n.replace("-", "_") not in re.findall(r"\w+", box)]
+    assert not missing, f"formats the diagram does not list: {missing}"
+
+
+def test_sample_help_names_the_demo_models_samplers():
+    """`mdlm sample --help`'s first examples name what runs/demo (the demo preset) samples with:
+    its objective's default, and the sampler `--steps` alone picks."""
+    from mdlm_cli.build import resolve_config
+    from mdlm_cli.commands.sample import SAMPLE_HELP
+    from mdlm_cli.data.tokenizers import load_tokenizer
+    from mdlm_cli.objectives import get_objective
+
+    cfg = resolve_config("demo", [])
+    objective = get_objective(cfg, load_tokenizer(cfg.data.tokenizer))
+    lines = SAMPLE_HELP.splitlines()
+    default = next(x for x in lines if x.strip().startswith("mdlm sample   "))
+    stepped = next(x for x in lines if x.strip().startswith("mdlm sample --steps 1000 "))
+    assert default.endswith(f", {objective.choose_sampler(None, None).spec.name}")
+    assert f"({objective.choose_sampler(None, 1000).spec.name}" in stepped

@@ -191,7 +191,7 @@ def test_choice_text_cuts_at_a_stop_string_across_blocks():
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"prompt": "x", "logprobs": 2}, "logprobs"),
+        ({"prompt": "x", "logprobs": 2, "sampler": "remdm", "steps": 4}, "logprobs"),
         ({"prompt": "x", "tools": [{"type": "function"}]}, "tools"),
         ({"prompt": "x", "colour": 1}, "colour"),
         ({"prompt": "x", "max_tokens": 40}, "max_tokens"),

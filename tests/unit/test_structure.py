@@ -254,3 +254,53 @@ def test_no_registry_of_samplers_is_retyped_outside_it():
             if len(hit) >= 3:
                 retyped.append(f"{path.relative_to(ROOT)}:{node.value.lineno if isinstance(node, ast.keyword) else node.lineno} {sorted(hit)}")
     assert not retyped, f"sampler names retyped outside the registry: {retyped}"
+
+
+def option_aliases() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The commands' option aliases (module-level `Name = Annotated[..., typer.Option(...)]`, or
+    names unpacked from a function that makes them): name -> the files defining it, and
+    declaration -> the statements (their names) that make it."""
+    files: dict[str, list[str]] = {}
+    declarations: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "commands").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.Assign):
+                continue
+            value = ast.unparse(node.value)
+            if not ("typer.Option(" in value or "_options(" in value):
+                continue
+            names = [n.id for t in node.targets for n in (t.elts if isinstance(t, ast.Tuple)
+                                                          else [t])]
+            for name in names:
+                files.setdefault(name, []).append(path.name)
+            declarations.setdefault(value, []).append(", ".join(names))
+    return files, declarations
+
+
+def test_every_option_alias_is_defined_once_and_shared_ones_in_options():
+    """One name per flag and one flag per name: no alias defined in two files, no two names for
+    one declaration, an alias another command module uses lives in options.py, and no option is
+    declared inline in a signature."""
+    files, declarations = option_aliases()
+    assert len(files) > 100  # the parse found them
+    twice = {name: where for name, where in files.items() if len(where) > 1}
+    assert not twice, f"option aliases defined in more than one file: {twice}"
+    twins = [names for names in declarations.values() if len(names) > 1]
+    assert not twins, f"one option declared under several names: {twins}"
+    for path in sorted((ROOT / "commands").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        for name in used & set(files):
+            assert files[name][0] in (path.name, "options.py"), (
+                f"{path.name} uses {name} of {files[name][0]}: shared aliases go in options.py")
+        inline = [a.arg for a in ast.walk(tree) if isinstance(a, ast.arg) and a.annotation
+                  and "typer.Option(" in ast.unparse(a.annotation)]
+        assert not inline, f"{path.name}: options declared in a signature: {inline}"
+
+
+def test_one_partial_result_class_for_every_checkpoint_format():
+    """A format's reader fills base.Partial; a format's own partial-result class would be a
+    second shape of the same hand-off."""
+    found = [f"{path.relative_to(ROOT)}:{name}" for path in sorted((ROOT / "checkpoints").rglob("*.py"))
+             for name in re.findall(r"^class (\w*Partial\w*)", path.read_text(), re.M)]
+    assert found == ["checkpoints/formats/base.py:Partial"], found

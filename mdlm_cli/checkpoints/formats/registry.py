@@ -4,12 +4,14 @@ whose `detect` accepts a found checkpoint loads it). A new format is a module be
 
 from __future__ import annotations
 
-from . import caduceus, hf_mlm, hub_mixin, lightning, reference_hf, sedd
+from . import caduceus, dream, hf_mlm, hub_mixin, lightning, llada, reference_hf, sedd
 from .base import Format
 
 FORMATS: dict[str, Format] = {
     "caduceus": caduceus.FORMAT,
     "sedd": sedd.FORMAT,
+    "llada": llada.FORMAT,  # before hf-mlm, whose detect takes any model_type
+    "dream": dream.FORMAT,
     "hf-mlm": hf_mlm.FORMAT,  # before the DiT folders: any model_type but mdlm's
     "hub-mixin": hub_mixin.FORMAT,
     "reference-hf": reference_hf.FORMAT,  # any other folder with a config.json

@@ -1,0 +1,65 @@
+"""What the LLaDA and Dream formats share (formats/llada.py, formats/dream.py): a released
+folder (or hub id: config, safetensors and tokeniser files are fetched, never code) becomes a
+LoadedModel of its native backbone, its weights memory-mapped in their own dtype, with the
+config of LLaDA's training objective (MDLM's loss under the linear schedule: mask rate t,
+weight 1/t) and no time input, so that the denoiser is time-agnostic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...build import config_from_dict
+from ...data.tokenizers import Tokenizer, load_tokenizer
+from ..folder import LoadedModel
+from .assemble import data_meta, hf_state
+from .base import Format, Found
+
+DEFAULT_LENGTH = 4096  # rows of at most this many tokens (at most the model's positions)
+# rows per split a plain model's evaluation data keeps (as for the hf-mlm format)
+EVAL_ROWS = 100_000
+
+
+def open_model_config(label: str, backbone: str, max_length: int):
+    """mdlm's config for a released folder: MDLM under the linear schedule, no time input."""
+    return config_from_dict({
+        "name": label.rstrip("/").split("/")[-1], "description": f"imported from {label}",
+        "data": {"dataset": "c4", "tokenizer": label, "length": min(max_length, DEFAULT_LENGTH),
+                 "packing": "wrap", "max_rows": EVAL_ROWS, "max_eval_rows": EVAL_ROWS},
+        "model": {"backbone": backbone, "hf_model": label, "time_conditioning": False},
+        "diffusion": {"objective": "mdlm", "schedule": "linear"},
+    })
+
+
+def folder_tokenizer(folder: Path, label: str) -> Tokenizer:
+    """The folder's own tokeniser, named as the model is (so data prepared for it is shared)."""
+    tokenizer = load_tokenizer(str(folder))
+    if not Path(label).is_dir():
+        tokenizer.name = label  # a hub id
+    return tokenizer
+
+
+def load_open_model(found: Found, backbone_cls, max_length: int, *, device) -> LoadedModel:
+    """The folder as a `backbone_cls` (models.llada.LLaDA or models.dream.Dream) on `device`;
+    state.json says its family and its sampling defaults (the family's transfer schedule)."""
+    folder, label, family = found.path, found.label, backbone_cls.family
+    tokenizer = folder_tokenizer(folder, label)
+    config = open_model_config(label, family, max_length)
+    model = backbone_cls.from_folder(config.model, tokenizer.vocab_size, folder, found.config,
+                                     device)
+    state = hf_state({}, label)
+    state.update({"family": family, "sampling_defaults": dict(backbone_cls.sampling_defaults)})
+    return LoadedModel(folder, model.eval(), config, tokenizer,
+                       data_meta({}, config, tokenizer), state)
+
+
+def released_format(backbone_cls, model_type: str, description: str) -> Format:
+    """The format of a family's released folders: config.json's model_type names it."""
+
+    def detect(found: Found) -> bool:
+        return found.config is not None and found.config.get("model_type") == model_type
+
+    def load(found: Found, *, ema: bool, device) -> LoadedModel:
+        shape = backbone_cls.read_shape(found.config, str(found.path))
+        return load_open_model(found, backbone_cls, shape.max_length, device=device)
+
+    return Format(detect, load, description)

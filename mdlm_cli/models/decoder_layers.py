@@ -1,0 +1,94 @@
+"""The pieces LLaDA and Dream share (both are Llama-style decoders run without a causal mask):
+RMSNorm, rotary embeddings at the config's theta, grouped-query SDPA attention over the whole
+sequence, and the SwiGLU feed-forward. Each family's module (llada.py, dream.py) holds its own
+projections under its release's weight names and calls these.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, the normalisation in float32 and the product in the weight's dtype
+    (both releases cast back to the input's dtype before the weight multiplies)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            x32 = x.float()
+            normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rotary_tables(length: int, head_dim: int, theta: float, device) -> tuple[Tensor, Tensor]:
+    """cos and sin (L, head_dim) of the rotary embedding, in float32: frequency i is
+    theta^(-2i / head_dim), repeated over the two halves of a head."""
+    with torch.autocast(torch.device(device).type, enabled=False):
+        inv_freq = 1.0 / theta ** (
+            torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
+        )
+        angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)  # (L, head_dim)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, full_precision: bool) -> Tensor:
+    """Rotate (B, H, L, head_dim) by position, the halves-split convention of both releases.
+    LLaDA rotates in float32 (rope_full_precision); Dream in the activations' dtype."""
+    dtype = x.dtype
+    if full_precision:
+        x = x.float()
+    else:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos + rotated * sin).to(dtype)
+
+
+def key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
+    """SDPA's boolean mask (B, 1, 1, L) that keeps padded keys out; None when nothing is
+    padded (both releases then attend to every position)."""
+    if attention_mask is None or bool(attention_mask.bool().all()):
+        return None
+    return attention_mask.bool()[:, None, None, :]
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    n_heads: int,
+    n_kv_heads: int,
+    rotary: tuple[Tensor, Tensor],
+    full_precision_rotary: bool,
+    keys: Tensor | None,
+    dropout: float = 0.0,
+) -> Tensor:
+    """Bidirectional grouped-query attention of projected q (B, L, H*d) and k, v (B, L, Hkv*d):
+    rotary on q and k, each key/value head shared by H / Hkv query heads; -> (B, L, H*d)."""
+    B, L, _ = q.shape
+    head_dim = q.shape[-1] // n_heads
+    q = q.view(B, L, n_heads, head_dim).transpose(1, 2)  # (B, H, L, d)
+    k = k.view(B, L, n_kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, L, d)
+    v = v.view(B, L, n_kv_heads, head_dim).transpose(1, 2)
+    cos, sin = rotary
+    q = apply_rotary(q, cos, sin, full_precision=full_precision_rotary)
+    k = apply_rotary(k, cos, sin, full_precision=full_precision_rotary)
+    if n_kv_heads != n_heads:
+        k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
+        v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, dropout_p=dropout)
+    return out.transpose(1, 2).reshape(B, L, n_heads * head_dim)
+
+
+def swiglu(x: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> Tensor:
+    """down(silu(gate(x)) * up(x)): the feed-forward of both releases."""
+    return down(F.silu(gate(x)) * up(x))

@@ -1,0 +1,251 @@
+"""The released folders of the open diffusion LLMs (LLaDA, Dream): their config.json and sharded
+safetensors, read without their Python files, and a backbone built on the meta device whose
+parameters then become the memory-mapped tensors themselves (`load_state_dict(assign=True)`),
+so that loading holds the weights about once, in the checkpoint's dtype. `ReleasedBackbone`
+is what both families' backbones share; each adds its network (models/llada.py, dream.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+from ..errors import MdlmError
+from ..io.files import read_json_object
+from ..memory import check_weights_fit
+from .hf_mlm import model_folder
+from .section import keys_of, read_section
+from .tied import count_parameters
+
+INDEX = "model.safetensors.index.json"
+# bytes per element of the safetensors dtypes the releases use (others count 4)
+STORED_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
+SINGLE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class FolderModelConfig:
+    """The `model:` keys of a backbone read from a released folder: which folder or hub id,
+    and time conditioning (refused: neither family takes a time input)."""
+
+    hf_model: str = ""
+    time_conditioning: bool = False
+
+
+def read_folder_config(name: str) -> tuple[Path, dict]:
+    """The local folder of `name` (a folder or a hub id, code never fetched) and its config."""
+    folder = model_folder(name)
+    return folder, read_json_object(folder / "config.json")
+
+
+def shard_files(folder: Path) -> list[Path]:
+    """The safetensors files of a folder: model.safetensors, or the shards its index names,
+    each checked to be there (one line naming the first that is not)."""
+    if (folder / SINGLE).is_file():
+        return [folder / SINGLE]
+    index = folder / INDEX
+    if not index.is_file():
+        raise MdlmError(f"{folder} has a config.json but no {SINGLE} nor {INDEX}")
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise MdlmError(f"{index} is not a valid safetensors index ({type(e).__name__})") from None
+    for shard in shards:
+        if not (folder / shard).is_file():
+            raise MdlmError(f"{folder} lacks the shard {shard} that {INDEX} names; the download "
+                            "is incomplete (fetch the folder again)")
+    return [folder / s for s in shards]
+
+
+def weight_bytes(shards: list[Path], dtype: torch.dtype | None = None) -> int:
+    """The bytes the shards' tensors take in memory, as stored or cast to `dtype` (from the
+    safetensors headers: nothing is read but them)."""
+    from safetensors import safe_open
+
+    total = 0
+    for shard in shards:
+        try:
+            with safe_open(shard, framework="pt") as f:
+                for key in f.keys():
+                    piece = f.get_slice(key)
+                    size = dtype.itemsize if dtype is not None else STORED_BYTES.get(
+                        piece.get_dtype(), 4)
+                    total += math.prod(piece.get_shape()) * size
+        except (SafetensorError, OSError) as e:
+            raise MdlmError(f"{shard} is not a readable safetensors file ({e}); the checkpoint "
+                            "is corrupted") from None
+    return total
+
+
+def read_shards(shards: list[Path]) -> dict[str, torch.Tensor]:
+    """Every tensor of the shards, memory-mapped on the CPU (pages are read as they are used)."""
+    weights: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        try:
+            weights.update(load_file(shard))
+        except (SafetensorError, OSError) as e:
+            raise MdlmError(f"{shard} is not a readable safetensors file ({e}); the checkpoint is "
+                            "corrupted") from None
+    return weights
+
+
+def assign_weights(model: nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
+    """Make `weights` the parameters of a meta-built `model`, key for key and shape for shape,
+    or one line naming the first mismatch."""
+    target = model.state_dict()
+    missing = sorted(set(target) - set(weights))
+    unexpected = sorted(set(weights) - set(target))
+    if missing or unexpected:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise MdlmError(f"{source} does not fit its config.json ({what}; {len(missing)} missing, "
+                        f"{len(unexpected)} unexpected tensors)")
+    for key, value in target.items():
+        if tuple(value.shape) != tuple(weights[key].shape):
+            raise MdlmError(f"{source}: {key} has shape {tuple(weights[key].shape)}, its "
+                            f"config.json gives {tuple(value.shape)}")
+    model.load_state_dict(weights, strict=True, assign=True)
+
+
+def fill_released(
+    model: nn.Module,
+    folder: Path,
+    device: torch.device | str = "cpu",
+    *,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Give a meta-built `model` the folder's weights (in their own dtype unless `dtype`) on
+    `device`; refused in one line first when the weights cannot fit there."""
+    shards = shard_files(folder)
+    check_weights_fit(str(folder), weight_bytes(shards, dtype), torch.device(device))
+    assign_weights(model, read_shards(shards), str(folder))
+    if dtype is not None:
+        model.to(dtype)
+    return model.to(device)
+
+
+def materialise(model: nn.Module) -> nn.Module:
+    """A meta-built `model` with uninitialised float32 CPU parameters, to be overwritten by a
+    checkpoint's weights (no time is spent on an initialisation that is thrown away)."""
+    return model.to_empty(device="cpu").float()
+
+
+def refuse(name: str, key: str, value: Any, why: str) -> MdlmError:
+    """The one-line refusal of a config key whose value mdlm does not implement."""
+    return MdlmError(f"{name}: config.json has {key}={value!r}, which mdlm's native backbone does "
+                     f"not implement ({why})")
+
+
+def read_family_config(folder: Path, file: str) -> dict:
+    """The family's config saved beside an mdlm checkpoint's weights, or one line."""
+    path = folder / file
+    if not path.is_file():
+        raise MdlmError(f"{folder} lacks {file}, which rebuilds its model; the checkpoint is "
+                        "incomplete")
+    return read_json_object(path)
+
+
+def write_family_config(path: Path, raw: dict) -> None:
+    path.write_text(json.dumps(raw, indent=2))
+
+
+def validate_folder_config(cfg, family: str) -> None:
+    """A folder backbone's model section: a folder or hub id, and no time input."""
+    if not cfg.model.hf_model:
+        raise MdlmError(f"model.hf_model must name the {family} folder or hub id")
+    if cfg.model.time_conditioning:
+        raise MdlmError(f"the {family} backbone takes no time input; set "
+                        "model.time_conditioning=false")
+
+
+def check_folder_data(cfg, tokenizer, raw: dict, max_length: int) -> None:
+    """Before training: the data's tokeniser is the model's own (its mask id), and rows fit the
+    model's positions."""
+    name = cfg.model.hf_model
+    if cfg.data.length > max_length:
+        raise MdlmError(f"data.length {cfg.data.length} exceeds the {max_length} positions of "
+                        f"{name}")
+    if tokenizer.mask_id != raw.get("mask_token_id"):
+        raise MdlmError(f"data.tokenizer {cfg.data.tokenizer!r} masks with id {tokenizer.mask_id}, "
+                        f"{name} with {raw.get('mask_token_id')}; set data.tokenizer={name}")
+
+
+class ReleasedBackbone(nn.Module, ABC):
+    """What the LLaDA and Dream backbones share: built from a released folder named by
+    `model.hf_model` (float32 weights, for training), from the folder in its own dtype
+    (`from_folder`, for inference) or from an mdlm checkpoint (`from_checkpoint`, the release's
+    config.json saved beside the weights as `config_file`). A family gives its `family` name,
+    `title`, `config_file`, `sampling_defaults` (its own transfer schedule), `read_shape(raw,
+    name)` (the config's shape, refusing what it does not implement), `build_network()` (the
+    release's modules under its own names, called on the meta device) and `blocks`."""
+
+    config_keys = keys_of(FolderModelConfig)
+    requires_causal = False  # bidirectional: neither release masks attention causally
+    causal = False
+    family: ClassVar[str]
+    title: ClassVar[str]
+    config_file: ClassVar[str]
+    sampling_defaults: ClassVar[dict[str, Any]]
+    read_shape: ClassVar[Callable[[dict, str], Any]]
+
+    def __init__(self, cfg, vocab_size: int, causal: bool = False, *, raw: dict | None = None,
+                 load: bool = True):
+        super().__init__()
+        cfg = read_section(FolderModelConfig, cfg)
+        if causal:
+            raise MdlmError(f"the {self.family} backbone is bidirectional; it cannot serve a "
+                            "causal objective")
+        folder = None
+        if raw is None:  # for training: the folder's weights, in float32
+            folder, raw = read_folder_config(cfg.hf_model)
+        self.source, self.raw = cfg.hf_model, raw
+        self.config = self.read_shape(raw, cfg.hf_model or self.family)
+        self.vocab_size = vocab_size
+        if vocab_size > self.config.vocab_rows:
+            raise MdlmError(f"the tokenizer has {vocab_size} tokens but {self.source}'s embedding "
+                            f"only {self.config.vocab_rows} rows: use its own tokenizer")
+        with torch.device("meta"):  # a skeleton: the weights come from the folder or the caller
+            self.build_network()
+        if folder is not None and load:
+            fill_released(self, folder, dtype=torch.float32)
+
+    @abstractmethod
+    def build_network(self) -> None:
+        """The family's modules under the release's names (called on the meta device)."""
+
+    @classmethod
+    def from_folder(cls, cfg, vocab_size: int, folder: Path, raw: dict, device):
+        """For inference: the folder's weights in their own dtype, memory-mapped, on `device`."""
+        return fill_released(cls(cfg, vocab_size, raw=raw, load=False), folder, device)
+
+    @classmethod
+    def validate_config(cls, cfg) -> None:
+        validate_folder_config(cfg, cls.family)
+
+    @classmethod
+    def check_data(cls, cfg, tokenizer) -> None:
+        _, raw = read_folder_config(cfg.model.hf_model)
+        check_folder_data(cfg, tokenizer, raw, cls.read_shape(raw, cfg.model.hf_model).max_length)
+
+    @classmethod
+    def from_checkpoint(cls, cfg, vocab_size: int, folder: Path, *, causal: bool = False):
+        raw = read_family_config(folder, cls.config_file)
+        return materialise(cls(cfg, vocab_size, causal=causal, raw=raw, load=False))
+
+    def save_checkpoint_files(self, folder: Path) -> None:
+        write_family_config(folder / self.config_file, self.raw)
+
+    def describe(self) -> str:
+        return f"{self.title} {self.config.n_layers}x{self.config.hidden_size} ({self.source})"
+
+    def num_parameters(self) -> int:
+        return count_parameters(self)
