@@ -101,6 +101,26 @@ class SamplerContext:
             log_k = self.schedule.log_odds(t.double())[:, None].expand(positions.shape)[positions]
             return subs_log_score(logits, log_k, self.mask_id)
 
+    def refresh_cache(self, z: Tensor, cache: Any, rows: Tensor | None) -> Tensor:
+        """One full pass over the sequences `rows` (all if None; a `BlockCached` denoiser's):
+        logits (R, L, V), their keys and values kept in `cache`."""
+        z = self._count_rows(z, rows)
+        with torch.no_grad():
+            return self.denoiser.block_cache(z, cache, rows)[0]
+
+    def cached_logits(self, z: Tensor, cache: Any, rows: Tensor | None, start: int,
+                      end: int) -> Tensor:
+        """Logits (R, end - start, V) of positions [start, end) of the sequences `rows` (all if
+        None), the other positions read from `cache`."""
+        z = self._count_rows(z, rows)
+        with torch.no_grad():
+            return self.denoiser.from_cache(z[:, start:end], cache, start, rows)
+
+    def _count_rows(self, z: Tensor, rows: Tensor | None) -> Tensor:
+        self.stats.calls += 1
+        self.stats.sequence_evals += len(z) if rows is None else len(rows)
+        return z if rows is None else z[rows]
+
     def _draw_settings(self) -> dict[str, Any]:
         """How every categorical draw of the run is made: its stream, precision and filters."""
         return {

@@ -38,6 +38,20 @@ class ScoreModel(Denoiser, Protocol):
     def log_score(self, z_t: Tensor, t: Tensor, *, output_mask: Tensor) -> Tensor: ...
 
 
+class BlockCached(Denoiser, Protocol):
+    """A time-agnostic denoiser with a block cache (Fast-dLLM's prefix and dual cache):
+    `new_block_cache(batch, length)`; `block_cache(z (R, L), cache, rows) -> (logits (R, L, V),
+    cache)`, one full pass storing every position's keys and values at the cache's rows `rows`;
+    `from_cache(z (R, n), cache, start, rows) -> logits (R, n, V)`, positions [start, start + n)
+    attending to the cached keys and values of the others, theirs replacing their entries."""
+
+    def new_block_cache(self, batch: int, length: int) -> Any: ...
+
+    def block_cache(self, z_t: Tensor, cache: Any, rows: Tensor | None) -> tuple[Tensor, Any]: ...
+
+    def from_cache(self, z_t: Tensor, cache: Any, start: int, rows: Tensor | None) -> Tensor: ...
+
+
 class CausalLM(Protocol):
     """Left-to-right model with a key/value (or state) cache: `bos_id` (the start token put
     before every row), `new_cache(batch, max_len, device)`, and `lm(tokens (B, n), cache) ->
@@ -58,6 +72,11 @@ def is_time_agnostic(denoiser: Denoiser) -> bool:
 def supports_output_mask(denoiser: Denoiser) -> bool:
     """Whether the denoiser declared that it takes `output_mask=` (`supports_output_mask`)."""
     return bool(getattr(denoiser, "supports_output_mask", False))
+
+
+def has_block_cache(denoiser: Denoiser) -> bool:
+    """Whether the denoiser offers a block cache (`BlockCached`) and ignores t."""
+    return is_time_agnostic(denoiser) and hasattr(denoiser, "new_block_cache")
 
 
 def score_method(denoiser: Denoiser) -> Callable[..., Tensor] | None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from ..distributed import unwrap
 from ..engine.schedules import Schedule
+from ..errors import MdlmError
 from .caduceus import Caduceus
 from .dit import DiT, KVCache
 from .dream import Dream
@@ -89,3 +90,29 @@ class DiffusionDenoiser:
         sigma = self.schedule.sigma(t) if self.time_conditioning else None
         with autocast_for(z_t.device, self.autocast_dtype):
             return self.model(z_t, sigma, attention_mask=attention_mask, output_mask=output_mask)
+
+    def new_block_cache(self, batch: int, length: int) -> Any:
+        return self._cached_backbone().new_block_cache(batch, length)
+
+    def block_cache(self, z_t: Tensor, cache: Any, rows: Tensor | None = None
+                    ) -> tuple[Tensor, Any]:
+        """The engine's `BlockCached` (engine/protocols.py): one full pass, logits (R, L, V),
+        filling the backbone's block cache (models/block_cache.py) at `rows`."""
+        with autocast_for(z_t.device, self.autocast_dtype):
+            return self._cached_backbone().block_cache(z_t, cache, rows)
+
+    def from_cache(self, z_t: Tensor, cache: Any, start: int, rows: Tensor | None = None
+                   ) -> Tensor:
+        """Logits (R, n, V) of positions [start, start + n), `z_t` (R, n) theirs, attending to
+        the cache for the other positions."""
+        with autocast_for(z_t.device, self.autocast_dtype):
+            return self._cached_backbone().from_cache(z_t, cache, start, rows)
+
+    def _cached_backbone(self) -> Any:
+        model = unwrap(self.model)
+        if self.time_conditioning:
+            raise MdlmError("a block cache needs a model without time conditioning (its keys "
+                            "depend on t): use --cache none")
+        if not hasattr(model, "block_cache"):
+            raise MdlmError(f"{model.describe()} has no block cache: use --cache none")
+        return model

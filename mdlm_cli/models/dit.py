@@ -23,6 +23,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..errors import MdlmError
+from .block_cache import BlockCache, BlockCall
 from .section import keys_of, read_section
 from .segments import is_segmented, segment_attention
 from .tied import count_parameters
@@ -171,12 +172,16 @@ class DDiTBlock(nn.Module):
 
     def attention(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                   key_mask: torch.Tensor | None,
-                  cache: tuple[KVCache, int] | None = None) -> torch.Tensor:
+                  cache: tuple[KVCache | BlockCall, int] | None = None) -> torch.Tensor:
         B, L, _ = x.shape
         q, k, v = self.attn_qkv(x).view(B, L, 3, self.n_heads, -1).unbind(dim=2)  # (B, L, H, D)
         cos, sin = rotary
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache is not None:
+        if cache is not None and isinstance(cache[0], BlockCall):
+            out = cache[0].attention(cache[1], q, k, v)  # None on a full pass: it fills the cache
+            if out is not None:
+                return out
+        elif cache is not None:
             return self._cached_attention(q, k, v, *cache)
         if (flash_attn_func is not None and key_mask is None and x.is_cuda
                 and q.dtype in (torch.float16, torch.bfloat16)):
@@ -214,7 +219,7 @@ class DDiTBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary, c: torch.Tensor,
                 key_mask: torch.Tensor | None = None,
-                cache: tuple[KVCache, int] | None = None) -> torch.Tensor:
+                cache: tuple[KVCache | BlockCall, int] | None = None) -> torch.Tensor:
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
             self.adaLN_modulation(c)[:, None].chunk(6, dim=2)
         )
@@ -373,6 +378,32 @@ class DiT(nn.Module):
             x = block(x, rotary, c, None, (cache, i))
         cache.length = end
         return self.output_layer(x, c)  # (B, n, V)
+
+    def new_block_cache(self, batch: int, length: int) -> BlockCache:
+        return BlockCache.empty(batch, length, self.config.n_blocks)
+
+    def block_cache(self, tokens: torch.Tensor, cache: BlockCache,
+                    rows: torch.Tensor | None = None) -> tuple[torch.Tensor, BlockCache]:
+        """A full pass (models/block_cache.py): logits (R, L, V), keys/values kept at `rows`."""
+        return self._block_call(tokens, BlockCall(cache, 0, rows, refresh=True)), cache
+
+    def from_cache(self, tokens: torch.Tensor, cache: BlockCache, start: int,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (R, n, V) of `tokens` (R, n), positions [start, start + n) of `rows`."""
+        return self._block_call(tokens, BlockCall(cache, start, rows))
+
+    def _block_call(self, tokens: torch.Tensor, call: BlockCall) -> torch.Tensor:
+        if self.causal or self.config.time_conditioning:
+            raise MdlmError("a block cache needs a bidirectional model without time conditioning "
+                            "(its keys would depend on t): use --cache none")
+        x = self.vocab_embed(tokens)  # (R, n, H)
+        c = F.silu(self.sigma_map(torch.zeros(len(tokens), device=tokens.device)))  # (R, C)
+        cos, sin = self.rotary_emb(call.cache.length, tokens.device)
+        end = call.start + tokens.shape[1]  # the slice's absolute positions
+        rotary = (cos[call.start:end], sin[call.start:end])
+        for i, block in enumerate(self.blocks):
+            x = block(x, rotary, c, None, (call, i))
+        return self.output_layer(x, c)  # (R, n, V)
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         tables = [self.vocab_embed.embedding, self.output_layer.linear.weight]

@@ -13,6 +13,10 @@ Optional members, each read where it is needed and absent on most backbones:
   given segment ids as its attention mask (models/segments.py; data.packing=sft-pack);
 - `notes: list[str]`: what a user should know about how it was built (an encoder's fresh
   MLM head), printed by training and sampling;
+- `block_cache(tokens, cache=None, rows=None) -> (logits, cache)` and `from_cache(tokens,
+  cache, start, rows=None) -> logits`: Fast-dLLM's block cache (models/block_cache.py: one
+  full pass stores every position's keys and values; a call on positions [start, start + n)
+  attends to them, its own replacing theirs), on bidirectional time-agnostic models (the DiT);
 - `blocks`: the modules FSDP2 shards one by one;
 - `features(tokens)` -> hidden states (B, L, H) and `rcps` (DNA encoders): what
   `mdlm classify` fine-tunes.

@@ -39,8 +39,8 @@ class TimedDenoiser:
     # supports_output_mask, time_agnostic, schedule, bos_id, new_cache, ...
     def __getattr__(self, name: str):
         attribute = getattr(self.inner, name)
-        if name == "log_score":  # a score model's network call
-            return self._timed(attribute)
+        if name in ("log_score", "block_cache", "from_cache"):  # network calls: a score
+            return self._timed(attribute)  # model's, a block cache's full pass and sliced call
         return attribute
 
     def _sync(self) -> None:

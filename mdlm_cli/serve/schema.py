@@ -237,6 +237,8 @@ def sampler_settings(body: dict, served: Served, limits: Limits) -> SamplingSett
     name = _choice(body, "sampler", [s.name for s in objective.samplers], None)
     steps = get_int(body, "steps", 1, limits.max_steps, None)
     options = {key: body[key] for key in option_names() if body.get(key) is not None}
+    if options.get("cache", "none") != "none":  # the worker batches plain calls only (issue 42)
+        raise invalid("the server does not use a block cache yet: cache must be none", "cache")
     choice = objective.choose_sampler(name, steps, options)
     for key in choice.ignored:
         raise invalid(f"{key} does not apply to the {choice.spec.name} sampler", key)

@@ -91,7 +91,7 @@ def test_an_instance_and_keywords_draw_the_same(den):
         (
             "first-hitting",
             {"etta": 0.1},
-            "unknown sampler option 'etta'; the options are: block_length, eta, final_denoise",
+            "unknown sampler option 'etta'; the options are: block_length, cache, eta, final_denoise",
         ),
         ("threshold", {"threshold": 1.5}, r"threshold must be in \[0, 1\] \(got 1.5\)"),
         ("remdm", {"steps": 3, "eta": float("nan")}, r"eta must be a finite number in \[0, 1\] \(got nan\)"),
