@@ -25,6 +25,8 @@ from mdlm_cli.engine.settings import SamplingSettings
 from mdlm_cli.models import DiffusionDenoiser, DiT
 from mdlm_cli.models.block_cache import BlockCache
 
+from .test_generation_schedules import get_num_transfer_tokens
+
 V, MASK = 12, 12  # 12 real tokens, the mask after them
 
 
@@ -73,16 +75,7 @@ def truncated(cache: BlockCache, end: int) -> BlockCache:
 
 
 # ------------------------------------------------------------------ Fast-dLLM, transcribed
-
-def get_num_transfer_tokens(mask_index, steps):
-    mask_num = mask_index.sum(dim=1, keepdim=True)
-    base = mask_num // steps
-    remainder = mask_num % steps
-    num_transfer_tokens = torch.zeros(mask_num.size(0), steps, dtype=torch.int64) + base
-    for i in range(mask_num.size(0)):
-        num_transfer_tokens[i, : remainder[i]] += 1
-    return num_transfer_tokens
-
+# (its get_num_transfer_tokens is LLaDA's: test_generation_schedules has the transcription)
 
 def get_transfer_index(logits, mask_index, x, num_transfer_tokens, threshold=None):
     x0 = torch.argmax(logits, dim=-1)  # temperature 0: no Gumbel noise
