@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..errors import MdlmError
 from .app import app
 from .console import note, say, user_errors, warn
 from .flag_checks import check_positive
@@ -15,10 +16,15 @@ from .options import float_in
 
 HostOpt = Annotated[str, typer.Option(help="Address to bind (a non-loopback one wants --api-key).")]
 PortOpt = Annotated[int, typer.Option(help="TCP port.", min=0, max=65535)]
-MaxBatchOpt = Annotated[int | None, typer.Option(
-    help="Rows per network call: concurrent requests are sampled together up to this many rows; "
-         "every call has this shape, padded (1 = no batching). Default: 8 on a GPU, 1 on a CPU, "
-         "where a padded call costs all its rows.")]
+MaxBatchOpt = Annotated[int, typer.Option(
+    help="Rows per network call at most: concurrent requests are sampled together up to this "
+         "many rows (1 = no batching).")]
+PaddingOpt = Annotated[str, typer.Option(
+    help="Shapes of the batched calls: auto = the sizes a probe at start finds give every row "
+         "the same bits as a full call (seeded answers stay batch-invariant, a lone request "
+         "pays for its own rows); always = every call padded to --max-batch rows (invariant by "
+         "construction); never = the rows a call has (fastest; rare draws may then depend on "
+         "the batch).")]
 MaxWaitOpt = Annotated[float, typer.Option(
     help="How long a network call waits for the calls of the other running requests (ms).",
     callback=float_in(0))]
@@ -37,7 +43,8 @@ def serve_cmd(
     ctx: typer.Context,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8000,
-    max_batch: MaxBatchOpt = None,
+    max_batch: MaxBatchOpt = 8,
+    batch_padding: PaddingOpt = "auto",
     max_wait_ms: MaxWaitOpt = 20.0,
     queue_size: QueueOpt = 64,
     api_key: ApiKeyOpt = None,
@@ -49,17 +56,21 @@ def serve_cmd(
 
     [dim]Examples:[/]
       mdlm serve                                     # runs/demo on http://127.0.0.1:8000
-      mdlm serve --max-batch 8                       # batch concurrent requests on a CPU too
+      mdlm serve --max-batch 1                       # one request's rows per network call
       mdlm serve -c runs/owt --device cuda --max-batch 16
       mdlm serve --host 0.0.0.0 --api-key $KEY       # reachable from other machines
     """
     from ..serve.launch import ServeOptions, serve_checkpoint
+    from ..serve.shapes import PADDINGS
 
     loading = loading_from(ctx)
     with user_errors():
         check_positive(max_batch=max_batch, queue_size=queue_size)
+        if batch_padding not in PADDINGS:
+            raise MdlmError(f"--batch-padding must be one of: {', '.join(PADDINGS)}")
         options = ServeOptions(
-            host=host, port=port, max_batch=max_batch, max_wait_ms=max_wait_ms,
+            host=host, port=port, max_batch=max_batch, batch_padding=batch_padding,
+            max_wait_ms=max_wait_ms,
             queue_size=queue_size, api_key=api_key, timeout_s=timeout, model_name=model_name,
             device=loading.device, raw_weights=loading.raw_weights, threads=loading.threads,
             precision=loading.net_precision)

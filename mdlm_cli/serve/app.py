@@ -41,6 +41,7 @@ class Settings:
     api_key: str | None = None
     max_batch: int = 8
     max_wait_ms: float = 20.0
+    batch_padding: str = "auto"  # serve/shapes.py: auto (probe) | always | never
     queue_size: int = 64
     timeout_s: float = 300.0  # a request's time limit, queueing included (then 504)
     max_body_bytes: int = 1 << 20  # larger bodies: 413
@@ -54,6 +55,7 @@ class State:
     served: Served | None = None
     worker: Worker | None = None
     load_error: str | None = None
+    batching: str | None = None  # the shapes network calls run at, in words (/health)
 
 
 def error_response(e: ApiError) -> JSONResponse:
@@ -321,7 +323,8 @@ async def health(request: Request) -> Response:
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
     queued, running = state.worker.depth()
     return JSONResponse({"status": "ok", "model": state.served.name, "queued": queued,
-                         "running": running, "auth": state.settings.api_key is not None})
+                         "running": running, "auth": state.settings.api_key is not None,
+                         "batching": state.batching})
 
 
 async def metrics(request: Request) -> Response:
@@ -349,14 +352,22 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
                                    f"{exc.detail}", code=code))
 
 
-def _load(state: State, load: Callable[[], Served], on_error: Callable[[str], None] | None) -> None:
+def _load(state: State, load: Callable[[], Served], on_error: Callable[[str], None] | None,
+          note: Callable[[str], None] | None = None) -> None:
     try:
         served = load()
         settings = state.settings
-        state.worker = Worker(served.denoiser, mask_id=served.loaded.mask_id,
-                              max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000,
-                              queue_size=settings.queue_size, exclusive=served.causal,
-                              metrics=state.metrics)
+        worker = Worker(served.denoiser, mask_id=served.loaded.mask_id,
+                        max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000,
+                        queue_size=settings.queue_size, exclusive=served.causal,
+                        metrics=state.metrics, padding=settings.batch_padding,
+                        device=served.device)
+        state.worker = worker
+        if not served.causal and settings.max_batch > 1:  # probed now, not at the first request
+            kind = "log_score" if hasattr(served.denoiser, "log_score") else "logits"
+            state.batching = worker.shapes(kind, served.loaded.length).why
+            if note is not None:
+                note(f"batching: {state.batching}")
         state.served = served
     except Exception as e:  # the server says why on /health, and the command exits with it
         state.load_error = str(e) or type(e).__name__
@@ -365,13 +376,15 @@ def _load(state: State, load: Callable[[], Served], on_error: Callable[[str], No
 
 
 def create_app(load: Callable[[], Served], settings: Settings | None = None,
-               on_load_error: Callable[[str], None] | None = None) -> Starlette:
-    """The app; `load()` builds the served model in a thread once the app starts."""
+               on_load_error: Callable[[str], None] | None = None,
+               note: Callable[[str], None] | None = None) -> Starlette:
+    """The app; `load()` builds the served model in a thread once the app starts (`note`
+    hears how its network calls are batched)."""
     state = State(settings or Settings())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        thread = threading.Thread(target=_load, args=(state, load, on_load_error),
+        thread = threading.Thread(target=_load, args=(state, load, on_load_error, note),
                                   name="mdlm-load", daemon=True)
         thread.start()
         yield

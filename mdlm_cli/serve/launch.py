@@ -18,8 +18,9 @@ class ServeOptions:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    max_batch: int | None = None  # rows per network call; None: 8 on a GPU, 1 on a CPU
+    max_batch: int = 8  # rows per network call at most (1: no batching)
     max_wait_ms: float = 20.0
+    batch_padding: str = "auto"  # serve/shapes.py: auto | always | never
     queue_size: int = 64
     api_key: str | None = None
     timeout_s: float = 300.0
@@ -65,16 +66,14 @@ def serve_checkpoint(
     on_ready: Callable[[str], None],
 ) -> None:
     """Serve the checkpoint until the server stops: `warn` for an open address without an API
-    key, `note` for the checkpoint's notes, `on_ready` with the line that says where it is
-    served. A model that fails to load stops the server and raises here."""
+    key, `note` for the checkpoint's notes and how calls are batched, `on_ready` with the line
+    that says where it is served. A model that fails to load stops the server and raises here."""
     uvicorn = require_serve_extra()  # before app.py, which imports starlette
     from ..checkpoints.load import load_on_device
     from ..runtime import pick_device
     from .app import Settings, create_app
 
-    max_batch = options.max_batch
-    if max_batch is None:  # (an unknown device fails here, before the server starts)
-        max_batch = 1 if pick_device(options.device or "auto").type == "cpu" else 8
+    pick_device(options.device or "auto")  # an unknown device fails here, before the server starts
     host, port = options.host, options.port
     if not is_loopback(host) and not options.api_key:
         warn(f"binding {host} without --api-key: anyone who reaches it can use the model")
@@ -93,10 +92,11 @@ def serve_checkpoint(
     def failed(message: str) -> None:
         server.should_exit = True
 
-    settings = Settings(api_key=options.api_key, max_batch=max_batch,
+    settings = Settings(api_key=options.api_key, max_batch=options.max_batch,
                         max_wait_ms=options.max_wait_ms, queue_size=options.queue_size,
+                        batch_padding=options.batch_padding,
                         timeout_s=options.timeout_s)
-    application = create_app(load, settings, on_load_error=failed)
+    application = create_app(load, settings, on_load_error=failed, note=note)
     server = uvicorn.Server(uvicorn.Config(application, host=host, port=port, log_level="info",
                                            timeout_graceful_shutdown=5))
     server.run()

@@ -4,11 +4,10 @@ running requests into one call of the model.
 
 Why answers do not change with batching: a request's random draws come only from its own
 generator, in the order its sampler makes them, whoever else is running; and the network
-always runs at one shape, `max_batch` rows (unused rows are padding), because a matrix
-product's rounding depends on the number of rows it multiplies (a row's float32 logits
-differ in the last bits between a call of 1 row and of 8), not on what the other rows hold.
-So a row's logits are the same bits in every batch, and a seeded request the same tokens.
-`max_batch = 1` turns batching off (every call one row, no padding).
+runs only at the shapes where a row's logits are the same bits whatever its batch
+(serve/shapes.py: found by a probe at start, or every call padded to `max_batch` rows), not
+depending on what the other rows hold. So a seeded request gets the same tokens in every
+batch. `max_batch = 1` turns batching off (every call one row).
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..engine.protocols import is_time_agnostic
+from ..engine.protocols import is_time_agnostic, supports_output_mask
+from .shapes import Shapes, fixed_shapes, probe
 
 
 class QueueFull(Exception):
@@ -72,6 +72,7 @@ class _Call:
     kind: str  # logits | log_score
     z: Tensor  # (B, L)
     t: Tensor  # (B,)
+    wanted: Tensor | None = None  # (B, L) bool: the positions whose logits it needs (None: all)
     made: float = field(default_factory=time.monotonic)
     result: Tensor | None = None
     error: BaseException | None = None
@@ -92,19 +93,19 @@ class JobDenoiser:
             self.log_score = self._log_score
 
     def __call__(self, z_t: Tensor, t: Tensor, *, output_mask: Tensor | None = None) -> Tensor:
-        logits = self._call("logits", z_t, t)  # (B, L, V)
-        return logits if output_mask is None else logits[output_mask]
+        """Logits (B, L, V), or (N, V) at the N True positions of `output_mask`."""
+        return self._call("logits", z_t, t, output_mask)
 
     def _log_score(self, z_t: Tensor, t: Tensor, *, output_mask: Tensor,
                    attention_mask: Tensor | None = None) -> Tensor:
         if attention_mask is not None:  # score rows are never padded (score.py)
             raise ValueError("the batching worker's calls take no attention mask")
-        return self._call("log_score", z_t, t)[output_mask]
+        return self._call("log_score", z_t, t, output_mask)
 
-    def _call(self, kind: str, z_t: Tensor, t: Tensor) -> Tensor:
+    def _call(self, kind: str, z_t: Tensor, t: Tensor, wanted: Tensor | None = None) -> Tensor:
         self.calls += 1
         self.sequence_evals += len(z_t)
-        return self._worker.call(self._job, kind, z_t, t)
+        return self._worker.call(self._job, kind, z_t, t, wanted)
 
 
 class Worker:
@@ -123,8 +124,13 @@ class Worker:
         queue_size: int = 64,
         exclusive: bool = False,
         metrics=None,
+        padding: str = "auto",
+        device: torch.device | str = "cpu",
     ):
         self.denoiser, self.mask_id = denoiser, mask_id
+        self.padding, self.device = padding, torch.device(device)
+        self._shapes: dict[tuple[str, int], Shapes] = {}
+        self._probe_lock = threading.Lock()
         self.max_batch, self.max_wait_s, self.queue_size = max_batch, max_wait_s, queue_size
         self.exclusive, self.metrics = exclusive, metrics
         self._cond = threading.Condition()
@@ -149,12 +155,14 @@ class Worker:
         with self._cond:
             return len(self._queue), len(self._running)
 
-    def call(self, job: Job, kind: str, z: Tensor, t: Tensor) -> Tensor:
-        """One network call of `job` (from its thread): waits for the batch it runs in."""
+    def call(self, job: Job, kind: str, z: Tensor, t: Tensor,
+             wanted: Tensor | None = None) -> Tensor:
+        """One network call of `job` (from its thread): waits for the batch it runs in.
+        Logits (B, L, V), or (N, V) at the N True positions of `wanted`."""
         job.check()
         if job.on_call is not None:
             job.on_call(z)
-        call = _Call(job, kind, z, t.expand(len(z)) if t.dim() == 0 else t)
+        call = _Call(job, kind, z, t.expand(len(z)) if t.dim() == 0 else t, wanted)
         with self._cond:
             if self._stopped:
                 raise Cancelled("shutdown")
@@ -254,55 +262,83 @@ class Worker:
             job = self._queue.popleft()
             job.done(None, Cancelled("shutdown"))
 
+    def shapes(self, kind: str, length: int) -> Shapes:
+        """The shapes calls of this kind and length run at (probed once: serve/shapes.py)."""
+        key = (kind, length)
+        with self._probe_lock:
+            if key not in self._shapes:
+                masks = kind == "log_score" or supports_output_mask(self.denoiser)
+                self._shapes[key] = fixed_shapes(self.padding, self.max_batch, masks) or probe(
+                    lambda z, t, wanted: self._forward(kind, z, t, wanted),
+                    max_batch=self.max_batch, length=length, mask_id=self.mask_id,
+                    masks=masks, device=self.device)
+            return self._shapes[key]
+
     def _run(self, calls: list[_Call]) -> None:
-        """The calls' rows through the network in chunks of exactly `max_batch` rows."""
+        """The calls' rows through the network in chunks of at most `max_batch` rows, each at
+        a shape of `shapes`; with output masks, only the positions the calls want."""
+        first = calls[0]
         try:
+            shapes = self.shapes(first.kind, first.z.shape[1])
+            masked = shapes.masked and any(c.wanted is not None for c in calls)
             z = torch.cat([c.z for c in calls])
             t = torch.cat([c.t.to(z.device, torch.float32) for c in calls])
-            outputs = [
-                self._network(calls[0].kind, z[i : i + self.max_batch], t[i : i + self.max_batch])
+            wanted = torch.cat([_all(c) if c.wanted is None else c.wanted for c in calls]
+                               ) if masked else None
+            out = torch.cat([
+                self._network(first.kind, z[i : i + self.max_batch], t[i : i + self.max_batch],
+                              None if wanted is None else wanted[i : i + self.max_batch], shapes)
                 for i in range(0, len(z), self.max_batch)
-            ]
-            out = torch.cat(outputs)
+            ])
         except BaseException as e:  # every caller gets the failure; the worker goes on
             for call in calls:
                 call.error = e
                 call.ready.set()
             return
-        start = 0
+        start = 0  # rows of `out` (positions where masked) handed out so far
         for call in calls:
-            call.result = out[start : start + len(call.z)]
-            start += len(call.z)
+            if masked:
+                n = int(_all(call).sum() if call.wanted is None else call.wanted.sum())
+                piece = out[start : start + n]
+                call.result = piece.view(*call.z.shape, -1) if call.wanted is None else piece
+            else:
+                n = len(call.z)
+                piece = out[start : start + n]
+                call.result = piece if call.wanted is None else piece[call.wanted]
+            start += n
             call.ready.set()
 
-    def _network(self, kind: str, z: Tensor, t: Tensor) -> Tensor:
-        """One call of the model at the fixed shape (max_batch, L): logits or log-scores
-        (n, L, V)."""
-        n = len(z)
-        if n < self.max_batch:  # padding rows: all masks at t = 1
-            z = torch.cat(
-                [
-                    z,
-                    torch.full(
-                        (self.max_batch - n, z.shape[1]),
-                        self.mask_id,
-                        dtype=z.dtype,
-                        device=z.device,
-                    ),
-                ]
-            )
-            t = torch.cat([t, torch.ones(self.max_batch - n, dtype=t.dtype, device=t.device)])
+    def _network(self, kind: str, z: Tensor, t: Tensor, wanted: Tensor | None,
+                 shapes: Shapes) -> Tensor:
+        """One call of the model, its n rows padded (all masks at t = 1, no position wanted)
+        to the shape `shapes` gives n: logits (n, L, V), or (N, V) at `wanted`."""
+        n, size = len(z), shapes.size_for(len(z))
+        if size > n:
+            z = torch.cat([z, z.new_full((size - n, z.shape[1]), self.mask_id)])
+            t = torch.cat([t, t.new_ones(size - n)])
+            if wanted is not None:
+                wanted = torch.cat([wanted, wanted.new_zeros((size - n, z.shape[1]))])
         t0 = time.perf_counter()
-        with torch.no_grad():
-            if kind == "log_score":
-                every = torch.ones_like(z, dtype=torch.bool)
-                out = self.denoiser.log_score(z, t, output_mask=every).view(*z.shape, -1)
-            else:
-                out = self.denoiser(z, t)
+        out = self._forward(kind, z, t, wanted)
         if self.metrics is not None:
             self.metrics.network_call(n, time.perf_counter() - t0)
-        return out[:n]
+        return out if wanted is not None else out[:n]
+
+    def _forward(self, kind: str, z: Tensor, t: Tensor, wanted: Tensor | None) -> Tensor:
+        """The model on (B, L) rows: logits or log-scores (B, L, V), or (N, V) at `wanted`."""
+        with torch.no_grad():
+            if kind == "log_score":
+                mask = torch.ones_like(z, dtype=torch.bool) if wanted is None else wanted
+                out = self.denoiser.log_score(z, t, output_mask=mask)
+                return out.view(*z.shape, -1) if wanted is None else out
+            if wanted is None:
+                return self.denoiser(z, t)
+            return self.denoiser(z, t, output_mask=wanted)
 
     def _gauge(self) -> None:
         if self.metrics is not None:
             self.metrics.queue_depth(len(self._queue))
+
+
+def _all(call: _Call) -> Tensor:
+    return torch.ones_like(call.z, dtype=torch.bool)

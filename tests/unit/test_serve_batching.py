@@ -248,22 +248,86 @@ def test_semi_ar_allows_more_than_the_window_and_infill_takes_templates():
     assert infill.max_tokens == 32 - len("the  of ")
 
 
-def test_a_rows_logits_are_the_same_bits_in_every_batch():
-    """The network runs at one shape: a row's logits do not depend on how many rows share the call
-    (a matrix product's rounding does depend on the number of rows it multiplies)."""
+@pytest.mark.parametrize("padding", ["auto", "always"])
+def test_a_rows_logits_are_the_same_bits_in_every_batch(padding):
+    """Whatever shape the worker runs a call at (the probe's sizes, or always max_batch), a
+    row's logits do not depend on how many rows share the call or where the row sits."""
     served = served_model("mdlm")
-    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=8)
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=8, padding=padding)
     try:
         g = torch.Generator().manual_seed(0)
         z = torch.randint(8, 35, (8, 32), generator=g)
         z[torch.rand(8, 32, generator=g) < 0.5] = served.loaded.mask_id
         t = torch.rand(8, generator=g)
-        alone = worker._network("logits", z[:1], t[:1])
+        shapes = worker.shapes("logits", 32)
+        if padding == "always":
+            assert shapes.sizes == (8,) and not shapes.masked
+        alone = worker._network("logits", z[:1], t[:1], None, shapes)
         for n in (2, 5, 8):
-            assert torch.equal(worker._network("logits", z[:n], t[:n])[:1], alone)
-        assert torch.equal(worker._network("logits", z.flip(0), t.flip(0))[-1:], alone)
+            assert torch.equal(worker._network("logits", z[:n], t[:n], None, shapes)[:1], alone)
+        assert torch.equal(worker._network("logits", z.flip(0), t.flip(0), None, shapes)[-1:],
+                           alone)
+        if shapes.masked:  # logits at some positions only: the same bits as the full call's
+            wanted = torch.rand(8, 32, generator=g) < 0.3
+            full = worker._network("logits", z, t, None, shapes)
+            assert torch.equal(worker._network("logits", z, t, wanted, shapes), full[wanted])
     finally:
         worker.stop()
+
+
+class _Net:
+    """A fake network whose rows change in the last bits at some batch sizes, which counts
+    the rows of its calls."""
+
+    def __init__(self, noisy_sizes=(), vocab=5):
+        self.noisy_sizes, self.vocab, self.rows = set(noisy_sizes), vocab, []
+
+    def __call__(self, z, t, wanted=None):
+        self.rows.append(len(z))
+        out = torch.sin(z[..., None].float() + torch.arange(self.vocab) + t[:, None, None])
+        if len(z) in self.noisy_sizes:  # another rounding at this size
+            out = torch.nextafter(out, torch.full_like(out, 2.0))
+        return out if wanted is None else out[wanted]
+
+
+def test_the_probe_keeps_only_the_sizes_whose_rows_are_bit_identical():
+    from mdlm_cli.serve.shapes import fixed_shapes, probe
+
+    kwargs = dict(max_batch=8, length=6, mask_id=4, device=CPU)
+    clean = probe(_Net(), masks=True, **kwargs)
+    assert clean.sizes == tuple(range(1, 9)) and clean.masked and clean.size_for(3) == 3
+    some = probe(_Net(noisy_sizes={1, 2, 3, 5}), masks=False, **kwargs)
+    assert some.sizes == (4, 6, 7, 8) and some.size_for(1) == 4 and some.size_for(5) == 6
+    assert not some.masked
+    none = probe(_Net(noisy_sizes=set(range(1, 8))), masks=True, **kwargs)
+    assert none.sizes == (8,) and "padded to 8 rows" in none.why
+    assert fixed_shapes("always", 8, True).sizes == (8,)
+    assert fixed_shapes("never", 8, True).sizes == tuple(range(1, 9))
+    assert fixed_shapes("auto", 8, True) is None
+
+
+def test_a_lone_request_runs_at_its_own_rows_and_asks_for_the_masked_logits_only():
+    """No padding of a lone request where the probe found the sizes bit-identical, and the
+    network returns only the logits rows the sampler needs (the masked positions)."""
+    served = served_model("mdlm")
+    calls = []
+    base = served.denoiser
+
+    class Spy:
+        supports_output_mask = True
+        time_agnostic = getattr(base, "time_agnostic", False)
+
+        def __call__(self, z, t, output_mask=None):
+            calls.append((len(z), None if output_mask is None else int(output_mask.sum())))
+            return base(z, t, output_mask=output_mask)
+
+    worker = Worker(Spy(), mask_id=served.loaded.mask_id, max_batch=8, padding="never")
+    try:
+        run(worker, served, [{"prompt": "the ", "seed": 3, "sampler": "ancestral", "steps": 4}])
+    finally:
+        worker.stop()
+    assert calls and all(rows == 1 for rows, _ in calls)
+    assert all(wanted is not None and wanted <= 32 - len("the ") for _, wanted in calls)
 
 
 def test_a_full_queue_refuses_and_a_late_request_times_out():
@@ -327,9 +391,11 @@ def test_health_is_503_until_the_model_is_loaded_and_then_200():
     assert asgi_get(app, "/health") == (503, {"status": "loading"})
     status, body = asgi_get(app, "/v1/models")
     assert status == 503 and body["error"]["code"] == "model_loading"
-    _load(state, lambda: served_model("mdlm"), None)  # what the app's start-up thread runs
+    notes = []
+    _load(state, lambda: served_model("mdlm"), None, notes.append)  # the start-up thread's work
     try:
-        assert asgi_get(app, "/health")[1]["status"] == "ok"
+        health = asgi_get(app, "/health")[1]
+        assert health["status"] == "ok" and notes == [f"batching: {health['batching']}"]
         assert asgi_get(app, "/v1/models")[1]["data"][0]["mdlm"]["length"] == 32
     finally:
         state.worker.stop()
