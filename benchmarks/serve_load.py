@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MALFORMED = [b"{not json", b'{"prompt": "x", "logprobs": 3}', b'{"prompt": "x", "n": 0}',
+MALFORMED = [b"{not json", b'{"prompt": "x", "temperature": -1}', b'{"prompt": "x", "n": 0}',
              b'{"prompt": "x", "max_tokens": 100000}', b"[]"]
 
 
@@ -105,7 +105,7 @@ def start(args, max_batch: int, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "mdlm_cli", "serve", "-c", args.checkpoint, "--port", str(port),
            "--max-batch", str(max_batch), "--threads", str(args.threads),
-           "--max-wait-ms", str(args.max_wait_ms),
+           "--max-wait-ms", str(args.max_wait_ms), "--batch-padding", args.batch_padding,
            "--queue-size", "256", "--timeout", str(args.time_limit)]
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     for _ in range(600):  # bounded: 5 minutes
@@ -202,6 +202,7 @@ def main() -> None:
     ap.add_argument("--stride", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-wait-ms", type=float, default=20.0)
+    ap.add_argument("--batch-padding", default="auto", choices=["auto", "always", "never"])
     ap.add_argument("--time-limit", type=float, default=600.0, help="seconds per loop")
     ap.add_argument("--chaos", action="store_true")
     ap.add_argument("--chaos-rounds", type=int, default=3)
