@@ -33,6 +33,12 @@ class Served:
     def causal(self) -> bool:
         return self.loaded.objective.causal
 
+    @property
+    def chat(self) -> bool:
+        """Whether its tokeniser has a chat template (/v1/chat/completions answers)."""
+        hf = self.loaded.tokenizer.hf
+        return hf is not None and bool(getattr(hf, "chat_template", None))
+
     def card(self) -> dict:
         """`GET /v1/models`'s entry: OpenAI's fields and what a diffusion request may set."""
         objective = self.loaded.objective
@@ -60,6 +66,7 @@ class Served:
                     for s in samplers
                 },
                 "infill": not objective.causal,
+                "chat": self.chat,
                 "semi_ar": not objective.causal,
             },
         }
