@@ -125,13 +125,14 @@ def _submit(state: State, plan: Plan) -> tuple[Job, asyncio.Queue]:
         return lambda z: emit(StateSnapshot(state_pieces(served, z)))
 
     return _enqueue(state, plan.num_rows, lambda d, emit: run_plan(plan, served, d, emit),
-                    states if plan.states else None)
+                    states if plan.states else None, alone=plan.alone)
 
 
-def _enqueue(state: State, rows: int, run: Callable, on_call: Callable | None = None
-             ) -> tuple[Job, asyncio.Queue]:
+def _enqueue(state: State, rows: int, run: Callable, on_call: Callable | None = None, *,
+             alone: bool = False) -> tuple[Job, asyncio.Queue]:
     """`run(denoiser, emit)` as a job of `rows` rows on the worker; its events on the queue.
-    `on_call(emit)`: what sees z_t at each of the job's network calls."""
+    `on_call(emit)`: what sees z_t at each of the job's network calls; `alone`: the job runs
+    by itself on the model (a block cache)."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
     def emit(event: Event) -> None:
@@ -140,7 +141,8 @@ def _enqueue(state: State, rows: int, run: Callable, on_call: Callable | None = 
 
     job = Job(rows=rows, run=lambda d: run(d, emit),
               done=lambda result, error: emit(Done(result, error)),
-              timeout_s=state.settings.timeout_s, on_call=on_call(emit) if on_call else None)
+              timeout_s=state.settings.timeout_s, on_call=on_call(emit) if on_call else None,
+              alone=alone)
     try:
         state.worker.submit(job)
     except QueueFull:

@@ -151,6 +151,11 @@ class Plan:
     def num_rows(self) -> int:
         return self.n * len(self.rows)
 
+    @property
+    def alone(self) -> bool:
+        """Whether it runs by itself on the model: a block cache's calls do not batch."""
+        return self.settings.options.get("cache", "none") != "none"
+
     # what the response's record reads (app.py)
     @property
     def sampler(self) -> SamplerSpec:
@@ -237,8 +242,6 @@ def sampler_settings(body: dict, served: Served, limits: Limits) -> SamplingSett
     name = _choice(body, "sampler", [s.name for s in objective.samplers], None)
     steps = get_int(body, "steps", 1, limits.max_steps, None)
     options = {key: body[key] for key in option_names() if body.get(key) is not None}
-    if options.get("cache", "none") != "none":  # the worker batches plain calls only (issue 42)
-        raise invalid("the server does not use a block cache yet: cache must be none", "cache")
     choice = objective.choose_sampler(name, steps, options)
     for key in choice.ignored:
         raise invalid(f"{key} does not apply to the {choice.spec.name} sampler", key)
@@ -287,6 +290,9 @@ def check_states(plan: Plan) -> Plan:
         raise invalid(
             "stream_states follows one sequence: give one prompt and n = 1", "stream_states"
         )
+    if plan.states and plan.settings.options.get("cache", "none") != "none":
+        raise invalid("stream_states needs cache none: a cached call sees its block only",
+                      "stream_states")
     return plan
 
 

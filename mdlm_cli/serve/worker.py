@@ -48,6 +48,7 @@ class Job:
     done: Callable[[Any, BaseException | None], None]
     timeout_s: float
     on_call: Callable[[Tensor], None] | None = None  # sees z_t at each of its network calls
+    alone: bool = False  # runs by itself on the model (a block cache's calls do not batch)
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
     reason: str | None = None  # why it was cancelled
@@ -108,11 +109,35 @@ class JobDenoiser:
         return self._worker.call(self._job, kind, z_t, t, wanted)
 
 
+class _Direct:
+    """The model itself for a job that runs alone: every method it has (the block cache's
+    too), each call first checking the job's time limit and client."""
+
+    def __init__(self, denoiser, job: Job):
+        self._denoiser, self._job = denoiser, job
+
+    def __call__(self, *args, **kwargs):
+        self._job.check()
+        return self._denoiser(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        value = getattr(self._denoiser, name)
+        if not callable(value):
+            return value
+
+        def checked(*args, **kwargs):
+            self._job.check()
+            return value(*args, **kwargs)
+
+        return checked
+
+
 class Worker:
     """Admits queued jobs while their rows fit in `max_batch` (one job larger than that runs
     alone) and runs their network calls in batches: a batch runs once every running job has a
     call waiting, or the oldest call has waited `max_wait_s`. `exclusive`: one job at a time,
-    calling the model directly (left-to-right models, whose KV-cache calls do not batch)."""
+    calling the model directly (left-to-right models, whose KV-cache calls do not batch); a
+    job marked `alone` (a block cache) runs so too."""
 
     def __init__(
         self,
@@ -201,7 +226,8 @@ class Worker:
         while self._queue:
             job = self._queue[0]
             rows = sum(self._running.values())
-            if self._running and (self.exclusive or rows + job.rows > self.max_batch):
+            alone = self.exclusive or job.alone or any(j.alone for j in self._running)
+            if self._running and (alone or rows + job.rows > self.max_batch):
                 return
             self._queue.popleft()
             self._gauge()
@@ -219,7 +245,10 @@ class Worker:
         result, error = None, None
         try:
             with torch.no_grad():
-                result = job.run(self.denoiser if self.exclusive else JobDenoiser(self, job))
+                if self.exclusive or job.alone:
+                    result = job.run(_Direct(self.denoiser, job))
+                else:
+                    result = job.run(JobDenoiser(self, job))
         except BaseException as e:  # the request's answer, whatever went wrong
             error = e
         with self._cond:

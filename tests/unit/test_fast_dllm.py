@@ -307,18 +307,48 @@ def test_bench_sampler_rows_per_cache(tmp_path):
     assert [r["input_tokens"] for r in rows] == [8 * 32, 4 * 32 + 32 + 24 + 16 + 8, 4 * 40]
 
 
-def test_the_server_refuses_a_block_cache_for_now():
-    """The worker batches plain calls of several requests; a block cache is not one of them."""
-    from mdlm_cli.serve.schema import ApiError, Limits, sampler_settings
+def test_the_server_runs_a_cached_request_alone_with_the_clis_tokens():
+    """`"cache": "dual"` on /v1/completions: the request runs by itself on the model (its
+    cached calls do not batch), concurrently with plain requests, and gives the tokens that
+    the engine gives with the same seed; stream_states with a cache is refused."""
+    from mdlm_cli.serve.completion import parse_completion
+    from mdlm_cli.serve.schema import ApiError, Limits
+    from mdlm_cli.serve.worker import Worker
 
-    from .test_serve_batching import served_model
+    from .test_serve_batching import run, served_model
 
-    body = {"prompt": "x", "sampler": "confidence", "steps": 4, "block_length": 4,
-            "cache": "dual"}
-    with pytest.raises(ApiError, match="does not use a block cache yet"):
-        sampler_settings(body, served_model("mdlm"), Limits())
-    body["cache"] = "none"
-    assert sampler_settings(body, served_model("mdlm"), Limits()).options["cache"] == "none"
+    served = served_model("mdlm")
+    cached = {"prompt": "the ", "sampler": "confidence", "steps": 14, "block_length": 4,
+              "max_tokens": 12, "seed": 5, "temperature": 0, "cache": "dual"}
+    plain = {"prompt": "a", "sampler": "first-hitting", "seed": 1, "max_tokens": 6}
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=4,
+                    max_wait_s=0.05)
+    try:
+        together = run(worker, served, [plain, cached, plain])
+        alone = run(worker, served, [cached])[0]
+    finally:
+        worker.stop()
+    assert together[1].choices[0]["text"] == alone.choices[0]["text"]
+    assert together[1].stats.calls == alone.stats.calls
+    uncached = dict(cached, cache="none")
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=1)
+    try:
+        run_uncached = run(worker, served, [uncached])[0]
+    finally:
+        worker.stop()
+    # the cache ran: a cached call gives (and the sampler draws from) its block's logits only
+    assert alone.stats.calls == run_uncached.stats.calls
+    assert alone.stats.draws < run_uncached.stats.draws
+    plan = parse_completion(cached, served, Limits())  # the engine on the model, as the CLI
+    tokens = engine.sample(served.denoiser, plan.settings, num_samples=1, length=32,
+                           mask_id=served.loaded.mask_id, prompt=plan.rows[0].template[None],
+                           schedule=served.loaded.objective.schedule,
+                           generator=torch.Generator().manual_seed(plan.seed))
+    start = len(plan.rows[0].prefix)
+    expected = served.loaded.tokenizer.decode(tokens[0, start : start + 12].tolist())
+    assert alone.choices[0]["text"] == expected
+    with pytest.raises(ApiError, match="stream_states needs cache none"):
+        parse_completion(dict(cached, stream=True, stream_states=True), served, Limits())
 
 
 @pytest.mark.parametrize("sampler, options", [

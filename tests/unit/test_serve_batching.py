@@ -62,6 +62,7 @@ def run(worker: Worker, served: Served, bodies: list[dict], parse=parse_completi
                 run=lambda d, plan=plan: run_plan(plan, served, d, lambda ev: None),
                 done=finish(i),
                 timeout_s=60,
+                alone=plan.alone,
             )
         )
     for event in done:
