@@ -2,12 +2,18 @@
 LLaDA folder (its tokeniser has a chat template): two turns sent, each answer streamed into
 the conversation, and the model card says chat is there."""
 
-import subprocess
-
 import pytest
 
 from ..open_model_folders import write_llada
-from .test_serve import CHROMIUM, CHROMIUM_ARGS, free_port, request, start_server, wait_healthy
+from .test_serve import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    free_port,
+    request,
+    start_server,
+    stop_server,
+    wait_healthy,
+)
 
 
 def test_the_page_chats_with_a_model_that_has_a_chat_template(tmp_path):
@@ -44,11 +50,7 @@ def test_the_page_chats_with_a_model_that_has_a_chat_template(tmp_path):
             finally:
                 browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     assert [c for c, _ in turns] == ["turn user", "turn assistant"] * 2
     assert turns[0][1] == "hello there" and turns[2][1] == "and again"
     assert "answered in" in status_text, status_text
