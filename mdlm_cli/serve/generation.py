@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import engine
+from ..engine.constraints import ConstrainedDenoiser
 from ..engine.reveals import RevealRecorder
 from .events import Emit, StateSnapshot, TextDelta
-from .json_schema import ConstrainedDenoiser
 from .schema import Plan
 from .served import Served
 

@@ -3,18 +3,12 @@
 A schema becomes a skeleton: its punctuation and keys are fixed tokens and each value is a
 masked span of a fixed number of tokens whose text must lie in a regular language (a small
 character DFA per value: a string's quotes and length, an integer's digits, an enum's options),
-followed by spaces (JSON allows whitespace after a value). A masked diffusion model reveals
-positions in any order, so a left-to-right rule is not enough: at every network call
-`JsonConstraint.allowed` runs a forward and a backward reachability over (position, DFA state)
-of each span, given the tokens already revealed, and allows at a masked position exactly the
-tokens after which some completion of the span is accepted.
-
-Why that guarantees validity: the spans start satisfiable (checked when the skeleton is built);
-the denoiser's logits of every disallowed token are -inf (`ConstrainedDenoiser`), so a draw
-keeps a completion possible; the first-hitting sampler with one token per network call (the
-only sampler these requests run) reveals one position per row between two calls, so each
-draw is made against the state it is checked on and never leaves masked positions unchanged
-tokens revealed; once every position is revealed, each span's text is accepted.
+followed by spaces (JSON allows whitespace after a value). The spans are
+enforced by `engine/constraints.py` (a forward and backward reachability over (position, DFA
+state) at every network call; its docstring states the guarantee and what it needs): the
+requests run the first-hitting sampler with one token per call and fp64 draws, and each span
+is checked satisfiable when the skeleton is built. A value's string holds no quote, backslash
+or control character (no escapes are written), so the text between its quotes is the value.
 Schemas whose outputs this cannot guarantee are refused with a 400 naming the keyword.
 """
 
@@ -25,10 +19,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
-from ..engine.diffusion import call_denoiser
-from ..engine.protocols import is_time_agnostic
+from ..engine.constraints import Span, SpanConstraint, compile_span
 from .schema import Row, invalid
 
 PAD = "pad"  # the state after a value's end: only spaces follow
@@ -106,13 +98,6 @@ class Value:
         if self.kind == "number":
             return state in ("zero", "int", "frac")
         return state != "start" and state in self.options
-
-    def walk(self, state, text: str):
-        for ch in text:
-            state = self.step(state, ch)
-            if state is None:
-                return None
-        return state
 
 
 def _literal(options: list, keyword: str) -> Value:
@@ -211,51 +196,18 @@ def json_schema_of(response_format) -> dict | None:
 
 # ---------------------------------------------------------------------- the constraint
 
-@dataclass
-class Span:
-    """A value slot at positions [start, start + length) of a row: its DFA as tables."""
-
-    value: Value
-    start: int
-    length: int
-    table: Tensor  # (S, V) long: the state after each token's text, -1 where none
-    reach: Tensor  # (S, S) float: 1 where some token leads from s to s'
-    accept: Tensor  # (S,) bool
-
-
-def _compile(value: Value, strings: list[str | None]) -> tuple[Tensor, Tensor, Tensor]:
-    """The value's states reachable through tokens (breadth first) and their tables."""
-    index, states, rows = {value.start: 0}, [value.start], []
-    while len(rows) < len(states):
-        row = []
-        for text in strings:
-            nxt = None if text is None else value.walk(states[len(rows)], text)
-            if nxt is not None and nxt not in index:
-                index[nxt] = len(states)
-                states.append(nxt)
-            row.append(-1 if nxt is None else index[nxt])
-        rows.append(row)
-    table = torch.tensor(rows, dtype=torch.long)
-    reach = torch.zeros(len(states), len(states) + 1)
-    reach.scatter_(1, table + 1, 1.0)
-    accept = torch.tensor([value.accepts(s) for s in states])
-    return table, reach[:, 1:].contiguous(), accept
-
-
-class JsonConstraint:
-    """A schema's skeleton laid on a row from position `offset`: its fixed tokens, its value
-    spans, which tokens each masked position allows, and the JSON text of filled rows."""
+class JsonConstraint(SpanConstraint):
+    """A schema's skeleton laid on a row from position `offset`: its fixed tokens (`ids`,
+    mask_id in the value spans), the spans' DFAs and the JSON text of a filled row."""
 
     def __init__(self, schema: dict, tokenizer, offset: int):
-        self.mask_id, self.offset = tokenizer.mask_id, offset
         specials = {tokenizer.mask_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
         self.strings: list[str | None] = []  # each token's text; None: never in a value
         for i in range(tokenizer.vocab_size):
             text = None if i in specials else tokenizer.decode([i])
             ok = text and "\ufffd" not in text and tokenizer.decode([i, i]) == text * 2
             self.strings.append(text if ok else None)
-        self.pieces: list[str | Span] = []
-        ids: list[int] = []
+        self.offset, self.pieces, ids = offset, [], []
         for part in _merged(skeleton(schema)):
             if isinstance(part, str):
                 piece = tokenizer.encode(part)
@@ -266,70 +218,32 @@ class JsonConstraint:
                 self.pieces.append(part)
                 ids += piece
             else:
-                span = Span(part, offset + len(ids), part.span, *_compile(part, self.strings))
-                self.pieces.append(span)
-                ids += [self.mask_id] * part.span
-        self.ids = ids  # the skeleton's tokens, mask_id in the spans
-        z = torch.tensor([ids], dtype=torch.long)
-        for span in self.spans:
-            first = self._forward(span, z[:, span.start - offset:])[-1]
-            if not (first & span.accept).any():
+                span = compile_span(part, self.strings, offset + len(ids), part.span)
+                self.pieces.append((part, span))
+                ids += [tokenizer.mask_id] * part.span
+        self.ids = ids
+        super().__init__([s for _, s in self.values], tokenizer.mask_id, tokenizer.vocab_size)
+        z = torch.full((1, offset + len(ids)), tokenizer.mask_id)
+        z[0, offset:] = torch.tensor(ids)
+        for value, span in self.values:
+            if not SpanConstraint([span], self.mask_id, self.vocab_size).satisfiable(z).all():
                 raise invalid(f"this model's tokenizer ({tokenizer.name}) cannot write a "
-                              f"{span.value.kind} value in {span.length} tokens",
-                              "response_format")
+                              f"{value.kind} value in {span.length} tokens", "response_format")
 
     @property
-    def spans(self) -> list[Span]:
-        return [p for p in self.pieces if isinstance(p, Span)]
-
-    def _forward(self, span: Span, z: Tensor) -> list[Tensor]:
-        """States reachable before each position of the span (B, S), z's columns from its
-        start: fixed tokens move along the table, masked ones along any token."""
-        B, S = len(z), len(span.accept)
-        states = torch.zeros(B, S, dtype=torch.bool)
-        states[:, 0] = True
-        out = [states]
-        for p in range(span.length):
-            tok = z[:, p]
-            moved = torch.zeros(B, S + 1).scatter_add_(1, span.table[:, tok].T + 1,
-                                                       states.float())[:, 1:] > 0
-            free = (states.float() @ span.reach) > 0
-            states = torch.where((tok == self.mask_id)[:, None], free, moved)
-            out.append(states)
-        return out
-
-    def allowed(self, z: Tensor) -> Tensor:
-        """(B, L, V) bool: at each masked position of a span, the tokens after which the span
-        can still be completed to an accepted text; True elsewhere."""
-        z = z.cpu()
-        B, L = z.shape
-        V = len(self.strings)
-        out = torch.ones(B, L, V, dtype=torch.bool)
-        for span in self.spans:
-            zs = z[:, span.start : span.start + span.length]
-            forward = self._forward(span, zs)
-            back = span.accept.expand(B, -1)
-            for p in reversed(range(span.length)):
-                tok = zs[:, p]
-                masked = tok == self.mask_id
-                padded = torch.cat([torch.zeros(B, 1, dtype=torch.bool), back], 1)  # (B, S + 1)
-                ok = padded[:, span.table + 1] & forward[p][:, :, None]  # (B, S, V)
-                out[:, span.start + p] = torch.where(masked[:, None], ok.any(1), True)
-                free = (back.float() @ span.reach.T) > 0
-                moved = padded.gather(1, span.table[:, tok].T + 1)
-                back = torch.where(masked[:, None], free, moved)
-        return out
+    def values(self) -> list[tuple[Value, Span]]:
+        return [p for p in self.pieces if not isinstance(p, str)]
 
     def text(self, tokens: list[int]) -> str:
         """The JSON of a row's skeleton tokens (from the skeleton's first): the fixed text and
         each value's tokens' texts, the spaces after it dropped."""
-        out, at = [], 0
+        out = []
         for piece in self.pieces:
             if isinstance(piece, str):
                 out.append(piece)
             else:
-                at = piece.start - self.offset
-                ids = tokens[at : at + piece.length]
+                at = piece[1].start - self.offset
+                ids = tokens[at : at + piece[1].length]
                 out.append("".join(self.strings[i] or "" for i in ids).rstrip(" "))
         return "".join(out)
 
@@ -342,30 +256,6 @@ def _merged(parts: list[str | Value]) -> list[str | Value]:
         else:
             out.append(part)
     return out
-
-
-class ConstrainedDenoiser:
-    """A denoiser whose logits are -inf at the tokens `constraint` disallows, given the state
-    z_t it is called on (the rows of one request share the skeleton, so a subset of rows is
-    masked the same way)."""
-
-    supports_output_mask = True
-
-    def __init__(self, base, constraint: JsonConstraint):
-        self.base, self.constraint = base, constraint
-        self.time_agnostic = is_time_agnostic(base)
-
-    def __call__(self, z_t: Tensor, t: Tensor, *, output_mask: Tensor | None = None,
-                 attention_mask: Tensor | None = None) -> Tensor:
-        logits = call_denoiser(self.base, z_t, t, output_mask=output_mask,
-                               attention_mask=attention_mask)
-        ok = self.constraint.allowed(z_t).to(logits.device)
-        if ok.shape[-1] < logits.shape[-1]:  # a vocabulary padded past the tokeniser's
-            pad = ok.new_zeros(*ok.shape[:-1], logits.shape[-1] - ok.shape[-1])
-            ok = torch.cat([ok, pad], -1)
-        if output_mask is not None:
-            ok = ok[output_mask]
-        return logits.masked_fill(~ok, -math.inf)
 
 
 # ---------------------------------------------------------------------- requests
