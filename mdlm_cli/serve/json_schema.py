@@ -25,6 +25,7 @@ from .schema import Row, invalid
 
 PAD = "pad"  # the state after a value's end: only spaces follow
 SPAN_TOKENS = {"integer": 8, "number": 10}  # span lengths of the unbounded types
+MAX_DEPTH = 32  # nesting (deeper schemas would not fit a window anyway)
 IGNORED = ("title", "description", "$schema")
 KEYWORDS = {  # what each type may say besides `type`, `enum` and `const`
     "object": ("properties", "required", "additionalProperties"),
@@ -112,13 +113,15 @@ def _literal(options: list, keyword: str) -> Value:
     return Value("literal", max(len(t) for t in texts), options=tuple(dict.fromkeys(texts)))
 
 
-def skeleton(schema) -> list[str | Value]:
+def skeleton(schema, depth: int = 0) -> list[str | Value]:
     """The schema's JSON as fixed text and value slots (objects' properties all emitted, in
     the schema's order); anything else is refused with a 400 naming the keyword."""
     if not isinstance(schema, dict):
         raise invalid("a json_schema schema must be an object", "response_format")
+    if depth > MAX_DEPTH:
+        raise invalid(f"a json_schema nests at most {MAX_DEPTH} levels", "response_format")
+    kind = schema.get("type") if isinstance(schema.get("type"), str) else None
     for key in schema:
-        kind = schema.get("type")
         if key in IGNORED or key in ("type", "enum", "const"):
             continue
         if key not in KEYWORDS.get(kind, ()):
@@ -129,13 +132,12 @@ def skeleton(schema) -> list[str | Value]:
         if not isinstance(schema["enum"], list):
             raise _unsupported("enum", ": it must be a list")
         return [_literal(schema["enum"], "enum")]
-    kind = schema.get("type")
-    if not isinstance(kind, str) or kind not in KEYWORDS:
-        raise _unsupported("type", f": {kind!r} (supported: {', '.join(KEYWORDS)})")
+    if kind not in KEYWORDS:
+        raise _unsupported("type", f": {schema.get('type')!r} (supported: {', '.join(KEYWORDS)})")
     if kind == "object":
-        return _object(schema)
+        return _object(schema, depth)
     if kind == "array":
-        return _array(schema)
+        return _array(schema, depth)
     if kind == "string":
         top, low = schema.get("maxLength"), schema.get("minLength", 0)
         if not isinstance(top, int) or isinstance(top, bool) or top < 0:
@@ -150,7 +152,7 @@ def skeleton(schema) -> list[str | Value]:
     return [Value(kind, SPAN_TOKENS[kind])]
 
 
-def _object(schema: dict) -> list[str | Value]:
+def _object(schema: dict, depth: int) -> list[str | Value]:
     props = schema.get("properties", {})
     if not isinstance(props, dict) or not props:
         raise _unsupported("properties", ": an object needs at least one property")
@@ -161,16 +163,17 @@ def _object(schema: dict) -> list[str | Value]:
         raise _unsupported("required", ": it must list properties of the object")
     out: list[str | Value] = ["{"]
     for i, (name, sub) in enumerate(props.items()):
-        out += [(", " if i else "") + json.dumps(name, ensure_ascii=False) + ": ", *skeleton(sub)]
+        key = (", " if i else "") + json.dumps(name, ensure_ascii=False) + ": "
+        out += [key, *skeleton(sub, depth + 1)]
     return out + ["}"]
 
 
-def _array(schema: dict) -> list[str | Value]:
+def _array(schema: dict, depth: int) -> list[str | Value]:
     low, top = schema.get("minItems"), schema.get("maxItems")
     if not isinstance(low, int) or isinstance(low, bool) or low != top or low < 0:
         raise _unsupported("maxItems" if isinstance(low, int) else "minItems",
                            ": an array needs minItems = maxItems (a fixed length)")
-    item = skeleton(schema.get("items", None))
+    item = skeleton(schema.get("items", None), depth + 1)
     out: list[str | Value] = ["["]
     for i in range(low):
         out += ([", "] if i else []) + item

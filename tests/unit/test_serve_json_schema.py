@@ -2,6 +2,7 @@
 the span DFAs' reachability masks, 200 seeded answers over several schemas that all parse and
 validate, and the official `openai` client's request through the app."""
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -11,6 +12,8 @@ import torch
 
 from mdlm_cli.build import resolve_config
 from mdlm_cli.checkpoints.folder import LoadedModel
+from mdlm_cli.engine import sample
+from mdlm_cli.engine.constraints import SpanConstraint, compile_span, walk
 from mdlm_cli.models import build_model
 from mdlm_cli.objectives import get_objective
 from mdlm_cli.serve.chat import parse_chat
@@ -129,6 +132,7 @@ def test_a_schema_makes_fixed_text_and_value_spans():
     ({"type": "integer", "minimum": 0}, "minimum"),
     ({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3}, "maxItems"),
     ({"type": ["string", "null"]}, "type"),
+    ({"type": ["string", "null"], "maxLength": 3}, "maxLength"),
 ])
 def test_what_the_server_cannot_guarantee_is_a_400_naming_the_keyword(schema, keyword):
     served = json_served()
@@ -192,6 +196,65 @@ def test_a_masked_position_allows_exactly_the_tokens_a_completion_exists_for():
     z[0, span.start + span.length - 1] = one  # the last position holds a digit: no space before
     assert space not in allowed_at(z, 3)
     assert mask not in allowed_at(ids, 0) and TOK.eos_id not in allowed_at(ids, 0)
+
+
+@pytest.mark.parametrize("kind", ["number", "string"])
+def test_the_allowed_tokens_are_exactly_those_a_completion_exists_for(kind):
+    """Brute force on a 4-token span: a token is allowed at a masked position if and only if
+    some filling of the other masked positions makes an accepted text."""
+    value = Value(kind, 4, 0, 2)
+    strings = [TOK.decode([i]) if i > 3 else None for i in range(TOK.vocab_size)]
+    span = compile_span(value, strings, 0, 4)
+    constraint = SpanConstraint([span], TOK.mask_id, TOK.vocab_size)
+    useful = [i for i, c in enumerate(strings) if c is not None and c in '019-. "a']
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        z = torch.full((1, 4), TOK.mask_id)
+        for p in torch.randperm(4, generator=gen)[: int(torch.randint(0, 4, (1,), generator=gen))]:
+            z[0, p] = useful[int(torch.randint(len(useful), (1,), generator=gen))]
+        allowed = constraint.allowed(z)[0]
+        free = [p for p in range(4) if z[0, p] == TOK.mask_id]
+        for p in free:
+            expected = set()
+            for fill in itertools.product(useful, repeat=len(free)):
+                ids = z[0].tolist()
+                for q, i in zip(free, fill, strict=True):
+                    ids[q] = i
+                end = walk(value, value.start, "".join(strings[i] for i in ids))
+                if end is not None and value.accepts(end):
+                    expected.add(ids[p])
+            got = set(torch.nonzero(allowed[p])[:, 0].tolist())
+            assert got & set(useful) == expected  # the others: digits 2-8, string characters
+            if kind == "number":
+                assert all(strings[i] in "0123456789-. " for i in got)
+
+
+def test_without_the_constraint_the_same_template_rarely_parses():
+    """What makes the answers valid is the constraint, not the skeleton alone."""
+    served = json_served()
+    body = {"messages": [{"role": "user", "content": "x"}], "n": 8, "seed": 0,
+            "response_format": fmt(SCHEMAS["numbers"])}
+    plan = parse_chat(body, served, Limits())
+    tokens = sample(served.denoiser, num_samples=8, length=served.loaded.length,
+                    mask_id=TOK.mask_id, prompt=plan.rows[0].template, sampler="first-hitting",
+                    generator=torch.Generator().manual_seed(0))
+    start = len(plan.rows[0].prefix)
+    parsed = 0
+    for row in tokens.tolist():
+        try:
+            json.loads(plan.constraint.text(row[start:]))
+            parsed += 1
+        except ValueError:
+            pass
+    assert parsed < 8
+
+
+def test_deep_nesting_is_a_400():
+    schema = {"type": "integer"}
+    for _ in range(40):
+        schema = {"type": "object", "properties": {"a": schema}}
+    with pytest.raises(ApiError, match="nests at most"):
+        skeleton(schema)
 
 
 def test_200_seeded_requests_over_several_schemas_all_parse_and_validate():
