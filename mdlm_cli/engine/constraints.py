@@ -115,12 +115,16 @@ class SpanConstraint:
             ok &= (last & span.accept).any(1)
         return ok
 
-    def allowed(self, z: Tensor) -> Tensor:
-        """(B, L, V) bool: at each masked position of a span, the tokens after which the span
-        can still be completed; True elsewhere."""
+    def allowed(self, z: Tensor, positions: Tensor | None = None) -> Tensor:
+        """(N, V) bool at the N True entries of `positions` (B, L) (all positions if None), in
+        row-major order: at a masked position of a span, the tokens after which the span can
+        still be completed; True elsewhere. Only the positions asked are worked out over the
+        vocabulary (a sampler asks for those it draws)."""
         z = z.cpu()
         B, L = z.shape
-        out = torch.ones(B, L, self.vocab_size, dtype=torch.bool)
+        positions = torch.ones(B, L, dtype=torch.bool) if positions is None else positions.cpu()
+        index = positions.flatten().cumsum(0).view(B, L) - 1  # each asked position's row in out
+        out = torch.ones(int(positions.sum()), self.vocab_size, dtype=torch.bool)
         for span in self.spans:
             zs = z[:, span.start : span.start + span.length]
             forward = self._forward(span, zs)
@@ -129,8 +133,10 @@ class SpanConstraint:
                 tok = zs[:, p]
                 masked = (tok == self.mask_id)[:, None]
                 padded = torch.cat([torch.zeros(B, 1, dtype=torch.bool), back], 1)  # (B, S + 1)
-                ok = padded[:, span.table + 1] & forward[p][:, :, None]  # (B, S, V)
-                out[:, span.start + p] = torch.where(masked, ok.any(1), True)
+                rows = torch.nonzero(masked[:, 0] & positions[:, span.start + p])[:, 0]
+                if len(rows):
+                    ok = padded[rows][:, span.table + 1] & forward[p][rows][:, :, None]  # (R, S, V)
+                    out[index[rows, span.start + p]] = ok.any(1)
                 free = (back.float() @ span.reach.T) > 0
                 back = torch.where(masked, free, padded.gather(1, span.table[:, tok].T + 1))
         return out
@@ -151,10 +157,7 @@ class ConstrainedDenoiser:
                  attention_mask: Tensor | None = None) -> Tensor:
         logits = call_denoiser(self.base, z_t, t, output_mask=output_mask,
                                attention_mask=attention_mask)
-        ok = self.constraint.allowed(z_t).to(logits.device)
+        ok = self.constraint.allowed(z_t, output_mask).to(logits.device)  # (N, V)
         if ok.shape[-1] < logits.shape[-1]:  # a vocabulary padded past the tokeniser's
-            pad = ok.new_zeros(*ok.shape[:-1], logits.shape[-1] - ok.shape[-1])
-            ok = torch.cat([ok, pad], -1)
-        if output_mask is not None:
-            ok = ok[output_mask]
-        return logits.masked_fill(~ok, -math.inf)
+            ok = torch.cat([ok, ok.new_zeros(len(ok), logits.shape[-1] - ok.shape[-1])], -1)
+        return logits.masked_fill(~ok.view(logits.shape), -math.inf)

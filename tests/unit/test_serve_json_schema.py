@@ -180,7 +180,7 @@ def test_a_masked_position_allows_exactly_the_tokens_a_completion_exists_for():
     digit = {TOK.encode(d)[0] for d in "0123456789"}
 
     def allowed_at(z, p):
-        return {i for i in torch.nonzero(c.allowed(z)[0, span.start + p])[:, 0].tolist()}
+        return {i for i in torch.nonzero(c.allowed(z).view(1, z.shape[1], -1)[0, span.start + p])[:, 0].tolist()}
 
     minus, one, zero, space = (TOK.encode(s)[0] for s in "-10 ")
     assert allowed_at(ids, 0) == digit | {minus}  # a value cannot start with a space
@@ -212,7 +212,9 @@ def test_the_allowed_tokens_are_exactly_those_a_completion_exists_for(kind):
         z = torch.full((1, 4), TOK.mask_id)
         for p in torch.randperm(4, generator=gen)[: int(torch.randint(0, 4, (1,), generator=gen))]:
             z[0, p] = useful[int(torch.randint(len(useful), (1,), generator=gen))]
-        allowed = constraint.allowed(z)[0]
+        allowed = constraint.allowed(z)  # (4, V): the row's positions
+        some = torch.rand(1, 4, generator=gen) < 0.5  # only some asked: the same answers
+        assert torch.equal(constraint.allowed(z, some), allowed[some[0]])
         free = [p for p in range(4) if z[0, p] == TOK.mask_id]
         for p in free:
             expected = set()
