@@ -65,8 +65,14 @@ class Span:
 
 def compile_span(language: Language, strings: list[str | None], start: int,
                  length: int) -> Span:
+    """A span at [start, start + length) over the language's tables (`language_tables`)."""
+    return Span(start, length, *language_tables(language, strings))
+
+
+def language_tables(language: Language,
+                    strings: list[str | None]) -> tuple[Tensor, Tensor, Tensor]:
     """The language's states reachable through the tokens' texts `strings` (None: a token
-    never allowed), breadth first, and their tables."""
+    never allowed), breadth first, and their tables: next state, reach, accept."""
     index, states, rows = {language.start: 0}, [language.start], []
     while len(rows) < len(states):
         row = []
@@ -80,7 +86,7 @@ def compile_span(language: Language, strings: list[str | None], start: int,
     table = torch.tensor(rows, dtype=torch.long)
     reach = torch.zeros(len(states), len(states) + 1).scatter_(1, table + 1, 1.0)
     accept = torch.tensor([language.accepts(s) for s in states])
-    return Span(start, length, table, reach[:, 1:].contiguous(), accept)
+    return table, reach[:, 1:].contiguous(), accept
 
 
 class SpanConstraint:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 
-from ..engine.constraints import Span, SpanConstraint, compile_span
+from ..engine.constraints import Span, SpanConstraint, language_tables
 from .schema import Row, invalid
 
 PAD = "pad"  # the state after a value's end: only spaces follow
@@ -199,17 +200,31 @@ def json_schema_of(response_format) -> dict | None:
 
 # ---------------------------------------------------------------------- the constraint
 
+# per tokeniser (while it lives): its tokens' texts and the tables of the values seen
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def token_strings(tokenizer) -> list[str | None]:
+    """Each token's text, None for the specials and for tokens whose texts do not simply
+    concatenate (a byte of a split character, an empty text): never part of a value."""
+    specials = {tokenizer.mask_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
+    out: list[str | None] = []
+    for i in range(tokenizer.vocab_size):
+        text = None if i in specials else tokenizer.decode([i])
+        ok = text and "\ufffd" not in text and tokenizer.decode([i, i]) == text * 2
+        out.append(text if ok else None)
+    return out
+
+
 class JsonConstraint(SpanConstraint):
     """A schema's skeleton laid on a row from position `offset`: its fixed tokens (`ids`,
     mask_id in the value spans), the spans' DFAs and the JSON text of a filled row."""
 
     def __init__(self, schema: dict, tokenizer, offset: int):
-        specials = {tokenizer.mask_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
-        self.strings: list[str | None] = []  # each token's text; None: never in a value
-        for i in range(tokenizer.vocab_size):
-            text = None if i in specials else tokenizer.decode([i])
-            ok = text and "\ufffd" not in text and tokenizer.decode([i, i]) == text * 2
-            self.strings.append(text if ok else None)
+        cache = _TABLES.setdefault(tokenizer, {})
+        if "strings" not in cache:
+            cache["strings"] = token_strings(tokenizer)
+        self.strings: list[str | None] = cache["strings"]
         self.offset, self.pieces, ids = offset, [], []
         for part in _merged(skeleton(schema)):
             if isinstance(part, str):
@@ -221,7 +236,12 @@ class JsonConstraint(SpanConstraint):
                 self.pieces.append(part)
                 ids += piece
             else:
-                span = compile_span(part, self.strings, offset + len(ids), part.span)
+                if part not in cache:
+                    if len(cache) > 256:  # many distinct values: start again
+                        cache.clear()
+                        cache["strings"] = self.strings
+                    cache[part] = language_tables(part, self.strings)
+                span = Span(offset + len(ids), part.span, *cache[part])
                 self.pieces.append((part, span))
                 ids += [tokenizer.mask_id] * part.span
         self.ids = ids
