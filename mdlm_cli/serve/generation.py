@@ -150,6 +150,10 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
             recorder=recorder,
             **kwargs,
         )
+        if plan.constraint is not None and not plan.constraint.satisfiable(tokens).all():
+            # only a parallel scan's rounding (a weight-0 token's CDF step of an ulp) could
+            # draw a disallowed token; an answer that might not parse is never sent
+            raise RuntimeError("a json_schema answer left its schema; retry the request")
         if plan.states:  # the last state: every position decided
             emit(StateSnapshot(state_pieces(served, tokens)))
         if plan.endpoint == "infill":
