@@ -14,9 +14,9 @@ reveals one position per row between two network calls and never changes a revea
 weight 0), then after every draw each span can still be completed, so once every position is
 revealed each span's text is accepted. (On CUDA the float64 CDF is a parallel scan, which may
 round a weight-0 token's step an ulp above 0; the server checks every finished row with
-`satisfiable` and never returns one that fails.) Samplers that reveal several positions from one call
-could combine two individually allowed tokens into a pair no completion has; they are not
-guarded here.
+`satisfiable` and never returns one that fails.) Samplers that reveal several positions from
+one call could combine two individually allowed tokens into a pair no completion has; they
+are not guarded here.
 """
 
 from __future__ import annotations
