@@ -5,6 +5,7 @@ the turn; and the chat shapes of choices and stream chunks (`message`, `delta`).
 from __future__ import annotations
 
 from .completion import check_logprobs, prompt_rows, stop_strings
+from .json_schema import json_request, json_rows
 from .schema import (
     SAMPLER_OPTIONS,
     Limits,
@@ -36,6 +37,7 @@ CHAT_FIELDS = (
     "sampler",
     "steps",
     "precision",
+    "response_format",
     *SAMPLER_OPTIONS,
 )
 ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newer name for system
@@ -97,6 +99,7 @@ def parse_chat(body: dict, served: Served, limits: Limits) -> Plan:
     completion of one window that ends at the end of the turn."""
     check_fields(body, CHAT_FIELDS)
     check_model(body, served)
+    schema, body = json_request(body, served)
     tok = served.loaded.tokenizer
     if tok.hf is None or not getattr(tok.hf, "chat_template", None):
         raise invalid(f"this model's tokenizer ({tok.name}) has no chat template; use "
@@ -106,10 +109,15 @@ def parse_chat(body: dict, served: Served, limits: Limits) -> Plan:
     ids, start = tok.encode(text), served.loaded.row_start()
     if start and ids[: len(start)] == start:  # the template's BOS is the row start
         ids = ids[len(start):]
-    rows, max_tokens = prompt_rows([ids], [], _max_tokens(body), None, served, limits,
-                                   semi_ar=False)
+    constraint = None
+    if schema is None:
+        rows, max_tokens = prompt_rows([ids], [], _max_tokens(body), None, served, limits,
+                                       semi_ar=False)
+    else:
+        rows, max_tokens, constraint = json_rows(schema, ids, _max_tokens(body), served)
     plan = Plan(rows=rows, max_tokens=max_tokens, stop=stop_strings(body),
-                end_ids=end_of_turn_ids(tok), **common_fields(body, served, limits, "chat"))
+                end_ids=end_of_turn_ids(tok), constraint=constraint,
+                **common_fields(body, served, limits, "chat"))
     plan.logprobs = _top_logprobs(body, plan, served, limits)
     return plan
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .json_schema import json_request, json_rows
 from .schema import (
     MDLM_FIELDS,
     OPENAI_FIELDS,
@@ -186,9 +187,17 @@ def check_logprobs(plan: Plan, served: Served, top: int) -> int:
 
 def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
     """`POST /v1/completions`: OpenAI's fields and mdlm's diffusion fields, checked."""
-    check_fields(body, OPENAI_FIELDS + MDLM_FIELDS)
+    check_fields(body, OPENAI_FIELDS + MDLM_FIELDS + ("response_format",))
     check_model(body, served)
+    schema, body = json_request(body, served)
     prompts = _prompts(body, served, limits)
+    if schema is not None:
+        if len(prompts) != 1:
+            raise invalid("a json_schema response_format takes one prompt", "prompt")
+        rows, max_tokens, constraint = json_rows(schema, prompts[0], _max_tokens(body), served)
+        plan = Plan(rows=rows, max_tokens=max_tokens, constraint=constraint,
+                    **common_fields(body, served, limits, "completion"))
+        return check_states(plan)
     suffix_text = get_value(body, "suffix", (str,), "", "a string")
     if suffix_text and served.loaded.objective.causal:
         raise invalid(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import engine
+from ..engine.constraints import ConstrainedDenoiser
 from ..engine.reveals import RevealRecorder
 from .events import Emit, StateSnapshot, TextDelta
 from .schema import Plan
@@ -98,11 +99,12 @@ def _texts(plan: Plan, served: Served) -> list[ChoiceText]:
     tok = served.loaded.tokenizer
     eos = tok.eos_id if plan.endpoint == "completion" and served.loaded.row_start() else None
     texts = []
+    decode = tok.decode if plan.constraint is None else plan.constraint.text
     for row in plan.rows:
         for _ in range(plan.n):
             texts.append(
                 ChoiceText(
-                    tok.decode,
+                    decode,
                     plan.max_tokens,
                     plan.stop,
                     eos,
@@ -129,6 +131,8 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
     kwargs = _sample_kwargs(plan, served, generator)
     texts = _texts(plan, served)
     t0 = time.perf_counter()
+    if plan.constraint is not None:  # each draw kept to what the schema allows
+        denoiser = ConstrainedDenoiser(denoiser, plan.constraint)
     recorder = None
     if plan.logprobs is not None:
         recorder = RevealRecorder((plan.num_rows, loaded.length), plan.logprobs, served.device)
@@ -146,6 +150,10 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
             recorder=recorder,
             **kwargs,
         )
+        if plan.constraint is not None and not plan.constraint.satisfiable(tokens).all():
+            # only a parallel scan's rounding (a weight-0 token's CDF step of an ulp) could
+            # draw a disallowed token; an answer that might not parse is never sent
+            raise RuntimeError("a json_schema answer left its schema; retry the request")
         if plan.states:  # the last state: every position decided
             emit(StateSnapshot(state_pieces(served, tokens)))
         if plan.endpoint == "infill":
@@ -158,6 +166,8 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
             _send(emit, i, texts[i].feed(row[start : start + plan.max_tokens].tolist()))
     for i, text in enumerate(texts):
         _send(emit, i, text.finish())
+        if plan.constraint is not None:  # the JSON is complete
+            text.finish_reason = "stop"
     choices = [  # length and ended: as `mdlm sample` reports an answer cut at its EOS
         {"index": i, "text": t.text, "finish_reason": t.finish_reason,
          "logprobs": None if recorder is None else logprobs_object(

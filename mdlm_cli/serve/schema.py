@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ NEUTRAL = {
     "tools": (None, []),
     "tool_choice": (None,),
     "functions": (None, []),
-    "response_format": (None,),
+    "response_format": (None,),  # json_schema: chat and completions (json_schema.py)
 }
 SAMPLER_OPTIONS = tuple(option_names())  # from the samplers' options: a new one is a field too
 MDLM_FIELDS = (
@@ -146,6 +147,7 @@ class Plan:
     include_usage: bool = False
     logprobs: int | None = None  # alternatives per token, None = no log-probabilities
     end_ids: tuple[int, ...] = ()  # chat: the tokens that end the turn (EOS included)
+    constraint: Any = None  # a `JsonConstraint` (json_schema.py): the rows' skeleton
 
     @property
     def num_rows(self) -> int:
