@@ -30,6 +30,7 @@ from .completion import parse_completion
 from .events import Done, Event, StateSnapshot, TextDelta
 from .generation import Outcome, run_plan, state_pieces
 from .metrics import Metrics
+from .responses import mdlm_info, object_name, response_id, sse, usage
 from .schema import ApiError, Limits, Plan, parse_infill
 from .score import parse_score, run_score
 from .served import Served
@@ -151,33 +152,6 @@ def _enqueue(state: State, rows: int, run: Callable, on_call: Callable | None = 
     return job, events
 
 
-def _mdlm_info(plan: Plan, outcome: Outcome, job: Job) -> dict:
-    queued = (job.started or job.submitted) - job.submitted
-    info = {"sampler": plan.sampler.name, "steps": plan.steps, "seed": plan.seed,
-            "precision": plan.precision, "nfe": outcome.stats.nfe, "ncs": outcome.stats.ncs,
-            "network_calls": outcome.stats.calls, "seconds": round(outcome.seconds, 6),
-            "queue_seconds": round(queued, 6), **plan.options}
-    if plan.stride is not None:
-        info["stride"] = plan.stride
-    return info
-
-
-def _usage(outcome: Outcome) -> dict:
-    return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
-            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
-
-
-OBJECTS = {"completion": "text_completion", "infill": "mdlm.infill", "chat": "chat.completion"}
-
-
-def _object(plan: Plan, chunk: bool = False) -> str:
-    return OBJECTS[plan.endpoint] + (".chunk" if chunk and plan.endpoint == "chat" else "")
-
-
-def _id(plan: Plan) -> str:
-    return f"{'chatcmpl' if plan.endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-
-
 async def _done(request: Request, state: State, job: Job, events: asyncio.Queue) -> Done:
     """The job's end (its other events dropped); a client that goes away cancels it."""
     while True:
@@ -203,9 +177,9 @@ async def _answer(request: Request, state: State, plan: Plan, job: Job,
     choices = outcome.choices
     if plan.endpoint == "chat":
         choices = [chat_choice(c) for c in choices]
-    return {"id": _id(plan), "object": _object(plan), "created": int(time.time()),
-            "model": state.served.name, "choices": choices, "usage": _usage(outcome),
-            "mdlm": _mdlm_info(plan, outcome, job)}
+    return {"id": response_id(plan), "object": object_name(plan), "created": int(time.time()),
+            "model": state.served.name, "choices": choices, "usage": usage(outcome),
+            "mdlm": mdlm_info(plan, outcome, job)}
 
 
 async def score(request: Request) -> Response:
@@ -228,16 +202,12 @@ async def score(request: Request) -> Response:
                          "model": state.served.name, **answer})
 
 
-def _sse(data: dict | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
-
-
 async def _stream(state: State, plan: Plan, job: Job, events: asyncio.Queue, endpoint: str,
                   t0: float):
     """Server-sent events in OpenAI's chunk format, then [DONE]; the text of each choice as it
     is decided, denoising states (if asked for) in the `mdlm` extension field only."""
-    head = {"id": _id(plan), "object": _object(plan, chunk=True), "created": int(time.time()),
-            "model": state.served.name}
+    head = {"id": response_id(plan), "object": object_name(plan, chunk=True),
+            "created": int(time.time()), "model": state.served.name}
     finished, started = False, set()  # chat: the choices whose first delta (with the role) went
     try:
         while not finished:
@@ -245,14 +215,14 @@ async def _stream(state: State, plan: Plan, job: Job, events: asyncio.Queue, end
             if isinstance(event, TextDelta) and plan.endpoint == "chat":
                 choice = chat_delta(event.index, event.text, event.index not in started)
                 started.add(event.index)
-                yield _sse({**head, "choices": [choice]})
+                yield sse({**head, "choices": [choice]})
             elif isinstance(event, TextDelta):
                 choice = {"index": event.index, "text": event.text, "logprobs": None,
                           "finish_reason": None}
-                yield _sse({**head, "choices": [choice]})
+                yield sse({**head, "choices": [choice]})
             elif isinstance(event, StateSnapshot):
                 choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": None}
-                yield _sse({**head, "choices": [choice], "mdlm": {"state": event.pieces}})
+                yield sse({**head, "choices": [choice], "mdlm": {"state": event.pieces}})
             else:
                 finished = True
                 for text in _final_chunks(state, plan, job, head, event.outcome, event.error):
@@ -266,17 +236,17 @@ async def _stream(state: State, plan: Plan, job: Job, events: asyncio.Queue, end
 def _final_chunks(state: State, plan: Plan, job: Job, head: dict, outcome: Outcome | None,
                   error: BaseException | None) -> list[str]:
     if error is not None:
-        return [_sse(api_error(error, state.settings.timeout_s).body()), _sse("[DONE]")]
+        return [sse(api_error(error, state.settings.timeout_s).body()), sse("[DONE]")]
     state.metrics.samples.inc(plan.num_rows)
     ends = [{"index": c["index"], "text": "", "logprobs": c.get("logprobs"),
              "finish_reason": c["finish_reason"],
              **{k: c[k] for k in ("length", "ended") if k in c}} for c in outcome.choices]
     if plan.endpoint == "chat":
         ends = [chat_end(c) for c in outcome.choices]
-    out = [_sse({**head, "choices": ends, "mdlm": _mdlm_info(plan, outcome, job)})]
+    out = [sse({**head, "choices": ends, "mdlm": mdlm_info(plan, outcome, job)})]
     if plan.include_usage:
-        out.append(_sse({**head, "choices": [], "usage": _usage(outcome)}))
-    return out + [_sse("[DONE]")]
+        out.append(sse({**head, "choices": [], "usage": usage(outcome)}))
+    return out + [sse("[DONE]")]
 
 
 def _generate_route(endpoint: str, parse: Callable) -> Callable:
