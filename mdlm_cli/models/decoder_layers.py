@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .block_cache import BlockCall
+
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, the normalisation in float32 and the product in the weight's dtype
@@ -71,9 +73,12 @@ def attend(
     full_precision_rotary: bool,
     keys: Tensor | None,
     dropout: float = 0.0,
+    block_call: tuple[BlockCall, int] | None = None,
 ) -> Tensor:
     """Bidirectional grouped-query attention of projected q (B, L, H*d) and k, v (B, L, Hkv*d):
-    rotary on q and k, each key/value head shared by H / Hkv query heads; -> (B, L, H*d)."""
+    rotary on q and k, each key/value head shared by H / Hkv query heads; -> (B, L, H*d).
+    `block_call` (call, layer index): a block cache's full pass (keys and values stored) or a
+    slice attending to the cached keys and values of the others (models/block_cache.py)."""
     B, L, _ = q.shape
     head_dim = q.shape[-1] // n_heads
     q = q.view(B, L, n_heads, head_dim).transpose(1, 2)  # (B, H, L, d)
@@ -85,6 +90,11 @@ def attend(
     if n_kv_heads != n_heads:
         k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
         v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)
+    if block_call is not None:
+        call, index = block_call  # the cache takes (B, L, heads, d)
+        out = call.attention(index, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        if out is not None:
+            return out
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, dropout_p=dropout)
     return out.transpose(1, 2).reshape(B, L, n_heads * head_dim)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ..errors import MdlmError
+from .block_cache import BlockCache, BlockCall
 from .decoder_layers import RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
@@ -106,12 +107,14 @@ class LLaDABlock(nn.Module):
         self.ff_out = nn.Linear(s.mlp_hidden, s.hidden_size, bias=False)
         self.drop = nn.Dropout(s.dropout[2])
 
-    def forward(self, x: Tensor, rotary: tuple[Tensor, Tensor], keys: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, rotary: tuple[Tensor, Tensor], keys: Tensor | None,
+                block_call: tuple[BlockCall, int] | None = None) -> Tensor:
         h = self.attn_norm(x)
         att = attend(self.q_proj(h), self.k_proj(h), self.v_proj(h), n_heads=self.shape.n_heads,
                      n_kv_heads=self.shape.n_kv_heads, rotary=rotary,
                      full_precision_rotary=self.shape.rope_full_precision,
-                     keys=keys, dropout=self.shape.dropout[1] if self.training else 0.0)
+                     keys=keys, dropout=self.shape.dropout[1] if self.training else 0.0,
+                     block_call=block_call)
         x = x + self.drop(self.attn_out(att))
         return x + self.drop(swiglu(self.ff_norm(x), self.ff_proj, self.up_proj, self.ff_out))
 
@@ -148,24 +151,46 @@ class LLaDA(ReleasedBackbone):
     def blocks(self) -> list[nn.Module]:
         return list(self.model.transformer.blocks)
 
-    def hidden_states(self, tokens: Tensor, attention_mask: Tensor | None) -> Tensor:
-        """ln_f of the last block's output, (B, L, H)."""
+    def hidden_states(self, tokens: Tensor, attention_mask: Tensor | None,
+                      call: BlockCall | None = None) -> Tensor:
+        """ln_f of the last block's output, (B, L, H); with a block `call`, of the positions
+        [call.start, call.start + n) that `tokens` (B, n) hold."""
         s, t = self.config, self.model.transformer
         x = t.wte(tokens)
         if s.input_emb_norm:
             x = x * math.sqrt(s.hidden_size)
         x = nn.functional.dropout(x, s.dropout[0], self.training)
-        rotary = rotary_tables(tokens.shape[1], s.hidden_size // s.n_heads, s.rope_theta,
-                               tokens.device)
+        start = 0 if call is None else call.start
+        cos, sin = rotary_tables(start + tokens.shape[1], s.hidden_size // s.n_heads,
+                                 s.rope_theta, tokens.device)
+        rotary = (cos[start:], sin[start:])  # the positions' absolute angles
         keys = key_padding_mask(attention_mask)
-        for block in t.blocks:
-            x = block(x, rotary, keys)
+        for i, block in enumerate(t.blocks):
+            x = block(x, rotary, keys, None if call is None else (call, i))
         return t.ln_f(x)
 
     def forward(self, tokens: Tensor, sigma: Tensor | None = None,
                 attention_mask: Tensor | None = None, output_mask: Tensor | None = None) -> Tensor:
         """Logits (B, L, V) in float32, or (N, V) at the N True positions of `output_mask`."""
-        h = self.hidden_states(tokens, attention_mask)
+        return self._logits(self.hidden_states(tokens, attention_mask), output_mask)
+
+    # Fast-dLLM's block cache (models/block_cache.py): LLaDA predicts each token in place, so a
+    # slice's logits are those of its own positions, as the DiT's.
+    def new_block_cache(self, batch: int, length: int) -> BlockCache:
+        return BlockCache.empty(batch, length, self.config.n_layers)
+
+    def block_cache(self, tokens: Tensor, cache: BlockCache, rows: Tensor | None = None
+                    ) -> tuple[Tensor, BlockCache]:
+        """A full pass: logits (R, L, V), every position's keys and values kept at `rows`."""
+        call = BlockCall(cache, 0, rows, refresh=True)
+        return self._logits(self.hidden_states(tokens, None, call), None), cache
+
+    def from_cache(self, tokens: Tensor, cache: BlockCache, start: int,
+                   rows: Tensor | None = None) -> Tensor:
+        """Logits (R, n, V) of `tokens` (R, n) at positions [start, start + n) of `rows`."""
+        return self._logits(self.hidden_states(tokens, None, BlockCall(cache, start, rows)), None)
+
+    def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:
         h = h if output_mask is None else h[output_mask]
         t = self.model.transformer
         weight = t.wte.weight if self.config.weight_tying else t.ff_out.weight

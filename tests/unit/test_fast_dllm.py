@@ -172,7 +172,7 @@ def fast_dllm(model, prompt, steps, gen_length, block_length, cache, threshold=N
 
 # ------------------------------------------------------------------ mdlm's side
 
-def mdlm_sample(dit, template, steps, cache, block_length, threshold=None):
+def mdlm_sample(dit, template, steps, cache, block_length, threshold=None, mask_id=MASK):
     """mdlm's sampler over `template` (B, L), masks at the free positions: (tokens, NFE)."""
     if threshold is None:
         how = SamplingSettings("confidence", steps, temperature=0.0, options={
@@ -182,12 +182,12 @@ def mdlm_sample(dit, template, steps, cache, block_length, threshold=None):
             "threshold": threshold, "block_length": block_length, "cache": cache})
     tokens, stats = engine.sample(
         DiffusionDenoiser(dit, LogLinear()), how, num_samples=len(template),
-        length=template.shape[1], mask_id=MASK, prompt=template, return_stats=True)
+        length=template.shape[1], mask_id=mask_id, prompt=template, return_stats=True)
     return tokens, stats.nfe
 
 
-def template_of(prompt, gen_length):
-    x = torch.full((len(prompt), prompt.shape[1] + gen_length), MASK, dtype=torch.long)
+def template_of(prompt, gen_length, mask_id=MASK):
+    x = torch.full((len(prompt), prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
     x[:, : prompt.shape[1]] = prompt
     return x
 
@@ -212,6 +212,30 @@ def test_fast_dllm_token_for_token_at_temperature_0(gen_length, block_length, st
                               threshold)
     assert torch.equal(tokens, torch.cat([x for x, _ in expected]))
     assert nfe == sum(n for _, n in expected) / len(expected)
+
+
+@pytest.mark.parametrize("threshold", [None, 0.5])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_llada_caches_token_for_token_at_temperature_0(tmp_path, cache, threshold):
+    """The same equality on a tiny random LLaDA in the released layout (its own block cache,
+    rotary positions of the slice, mask id 85), rows batched."""
+    from mdlm_cli.checkpoints.load import load_checkpoint
+
+    from ..open_model_folders import write_llada
+
+    llada = load_checkpoint(str(write_llada(tmp_path / "llada", n_layers=3))).model.eval()
+    mask = 85
+    model = FastDllmModel(llada, mask_id=mask)
+    prompt = torch.randint(0, 80, (2, 5), generator=torch.Generator().manual_seed(2))
+    for gen_length, block_length, steps in CASES[:2]:
+        expected = [fast_dllm(model, row[None], steps, gen_length, block_length, cache,
+                              threshold) for row in prompt]
+        tokens, nfe = mdlm_sample(llada, template_of(prompt, gen_length, mask), steps, cache,
+                                  block_length, threshold, mask_id=mask)
+        assert torch.equal(tokens, torch.cat([x for x, _ in expected]))
+        assert nfe == sum(n for _, n in expected) / len(expected)
+    none = fast_dllm(model, prompt[:1], 12, 24, 8, "none")[0]
+    assert not torch.equal(none, fast_dllm(model, prompt[:1], 12, 24, 8, cache)[0])
 
 
 def test_the_caches_are_approximations_this_model_tells_apart():
