@@ -1,22 +1,32 @@
-"""Block-by-block sampling of a block diffusion model (BD3-LM, Arriola et al.):
-each block of L' tokens starts fully masked and is denoised by MDLM's ancestral step given
-the finished blocks, then joins them; generation stops once every row has drawn EOS.
+"""Block-by-block sampling of a block diffusion model (BD3-LM, Arriola et al.): each block of
+L' tokens starts masked (but for the prompt's tokens in it) and is denoised given the finished
+blocks by one within-block step, then joins them; generation stops once every row has drawn
+EOS after the prompt.
 
 The model side is a `BlockModel`: `start` a batch, `logits` of a noisy block given the
 finished blocks (nothing kept), `commit` a finished block. Attention is block-causal, so a
 finished block's keys and values never change: a key/value cache of them is exact, and the
 cached and the recomputing models give the same tokens under one generator.
+
+The within-block step is pluggable (`BLOCK_STEPS`, keyed by the engine sampler it mirrors):
+`ancestral`, `first-hitting` and `confidence`; nucleus filtering (`top_p`) and temperature
+apply to every draw, as the reference applies `sampling.nucleus_p` to p_theta before either
+of its updates. The model takes no time (bd3lm refuses time conditioning), so a step's logits
+serve until the block changes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from .categorical import sample_tokens
+from .categorical import sample_tokens, sample_tokens_with_probs
+from .context import SampleStats
 from .schedules import Schedule
 
 
@@ -34,52 +44,144 @@ class BlockModel(Protocol):
 
 @dataclass
 class BlockSamples:
-    tokens: Tensor  # (B, n): the blocks drawn (n a multiple of L')
-    lengths: Tensor  # (B,) tokens up to and including the first EOS; n where none was drawn
-    ended: Tensor  # (B,) bool: the row drew EOS
+    tokens: Tensor  # (B, n): the prompt and the blocks drawn (n a multiple of L')
+    lengths: Tensor  # (B,) tokens up to and including the first EOS after the prompt; else n
+    ended: Tensor  # (B,) bool: the row drew EOS after the prompt
+    stats: SampleStats = field(default_factory=SampleStats)
 
 
-def denoise_block(model: BlockModel, batch: int, block_size: int, *, steps: int, mask_id: int,
-                  schedule: Schedule, generator: torch.Generator | None,
-                  device: torch.device) -> Tensor:
-    """One block (B, L') by `steps` ancestral steps t = k / steps -> (k - 1) / steps: a masked
-    position is revealed with probability (alpha_s - alpha_t) / (1 - alpha_t) (all at the
-    last step), its token drawn from p_theta (float64 draw)."""
-    z = torch.full((batch, block_size), mask_id, dtype=torch.long, device=device)
-    for k in range(steps, 0, -1):
-        masked = z == mask_id
+@dataclass
+class BlockDraw:
+    """What a within-block step reads: its steps, the draw's settings and the work counters."""
+
+    mask_id: int
+    schedule: Schedule
+    generator: torch.Generator | None
+    steps: int = 1000  # per block, for the steps that take steps
+    precision: str = "fp64"
+    temperature: float = 1.0
+    top_p: float = 1.0  # nucleus mass
+    tokens_per_step: int = 1  # first-hitting's k
+    stats: SampleStats = field(default_factory=SampleStats)
+
+    def logits(self, model: BlockModel, z: Tensor) -> Tensor:
+        self.stats.calls += 1
+        self.stats.sequence_evals += z.shape[0]
+        return model.logits(z)
+
+    def draw(self, logits: Tensor) -> Tensor:
+        """Tokens (N,) from logits (N, V): tempered, nucleus-filtered, the mask never drawn."""
+        self.stats.draws += logits.shape[0]
+        return sample_tokens(logits, self.mask_id, generator=self.generator,
+                             precision=self.precision, temperature=self.temperature,
+                             top_p=self.top_p)
+
+    def rand(self, shape, device) -> Tensor:
+        return torch.rand(shape, generator=self.generator, device=device)
+
+
+BlockStep = Callable[[BlockModel, Tensor, BlockDraw], Tensor]  # fills z's masked positions
+
+
+def ancestral_block(model: BlockModel, z: Tensor, d: BlockDraw) -> Tensor:
+    """`steps` ancestral steps t = k / steps -> (k - 1) / steps (MDLM §4.1 within the block):
+    a masked position is revealed with probability (alpha_s - alpha_t) / (1 - alpha_t) (all at
+    the last step), its token drawn from p_theta. The logits are those of the block as it
+    stands, computed again only once it has changed (the model takes no time)."""
+    logits = None
+    for k in range(d.steps, 0, -1):
+        masked = z == d.mask_id
         if not bool(masked.any()):
             break
-        t, s = torch.tensor(k / steps), torch.tensor((k - 1) / steps)
-        u = torch.rand(z.shape, generator=generator, device=device)
-        reveal = masked if k == 1 else masked & (u < float(schedule.unmask_prob(t, s)))
-        logits = model.logits(z)  # (B, L', V)
+        t, s = torch.tensor(k / d.steps), torch.tensor((k - 1) / d.steps)
+        u = d.rand(z.shape, z.device)
+        reveal = masked if k == 1 else masked & (u < float(d.schedule.unmask_prob(t, s)))
         if bool(reveal.any()):
-            drawn = sample_tokens(logits[reveal], mask_id, generator=generator)
-            z = z.masked_scatter(reveal, drawn)
+            logits = d.logits(model, z) if logits is None else logits  # (B, L', V)
+            z = z.masked_scatter(reveal, d.draw(logits[reveal]))
+            logits = None
     return z
 
 
-def sample_blocks(model: BlockModel, *, num_samples: int, length: int, block_size: int,
-                  steps: int, mask_id: int, schedule: Schedule,
-                  generator: torch.Generator | None, device: torch.device,
-                  eos_id: int | None = None) -> BlockSamples:
-    """Up to `length` tokens per row (any length, a multiple of L': the positions go on past
-    the training length), block after block; with `eos_id`, stops after the block in which
-    the last row drew EOS (the rows that ended earlier are cut at their EOS by `lengths`)."""
+def first_hitting_block(model: BlockModel, z: Tensor, d: BlockDraw) -> Tensor:
+    """Zheng et al.'s first-hitting sampler in the block: each call reveals `tokens_per_step`
+    uniformly chosen masked positions per row (one: exact, the model ignores time), their
+    tokens from p_theta. The reference's default within-block update (`first_hitting: True`)."""
+    while True:
+        masked = z == d.mask_id
+        if not bool(masked.any()):
+            return z
+        order = d.rand(z.shape, z.device).masked_fill(~masked, 2.0).argsort(dim=1)
+        k = min(d.tokens_per_step, int(masked.sum(1).max()))
+        chosen = torch.zeros_like(masked).scatter_(1, order[:, :k], True) & masked
+        logits = d.logits(model, z)
+        z = z.masked_scatter(chosen, d.draw(logits[chosen]))
+
+
+def confidence_block(model: BlockModel, z: Tensor, d: BlockDraw) -> Tensor:
+    """MaskGIT-style confidence decoding in the block: each of `steps` steps draws a token at
+    every masked position and keeps the ceil(n / steps left) most likely draws (the top
+    probabilities); inexact, biased to likely tokens."""
+    for left in range(d.steps, 0, -1):
+        masked = z == d.mask_id
+        n = int(masked.sum(1).max())
+        if n == 0:
+            break
+        logits = d.logits(model, z)
+        d.stats.draws += int(masked.sum())
+        tokens, probs = sample_tokens_with_probs(
+            logits[masked], d.mask_id, generator=d.generator, precision=d.precision,
+            temperature=d.temperature, top_p=d.top_p)
+        confidence = torch.full(z.shape, -1.0, dtype=torch.float64, device=z.device)
+        confidence[masked] = probs
+        drawn = z.masked_scatter(masked, tokens)
+        keep = confidence.argsort(dim=1, descending=True)[:, :math.ceil(n / left)]
+        chosen = torch.zeros_like(masked).scatter_(1, keep, True) & masked
+        z = torch.where(chosen, drawn, z)
+    return z
+
+
+BLOCK_STEPS: dict[str, BlockStep] = {
+    "ancestral": ancestral_block,
+    "first-hitting": first_hitting_block,
+    "confidence": confidence_block,
+}
+# the engine sampler options each within-block step reads (the rest do not apply)
+BLOCK_OPTIONS: dict[str, frozenset[str]] = {"first-hitting": frozenset({"tokens_per_step"})}
+
+
+def sample_blocks(model: BlockModel, d: BlockDraw, *, num_samples: int, length: int,
+                  block_size: int, device: torch.device, step: BlockStep = ancestral_block,
+                  eos_id: int | None = None, prompt: Tensor | None = None) -> BlockSamples:
+    """Up to `length` tokens per row (a multiple of L': the positions go on past the training
+    length), block after block, each filled by `step`; `prompt` (P,) fixes the first P tokens
+    (its whole blocks are committed as they are). With `eos_id`, stops after the block in
+    which the last row drew EOS after the prompt (the rows that ended earlier are cut at their
+    EOS by `lengths`)."""
     model.start(num_samples, length, device)
+    P = 0 if prompt is None else len(prompt)
+    fixed = torch.full((length,), d.mask_id, dtype=torch.long, device=device)
+    if prompt is not None:
+        fixed[:P] = prompt.to(device)
     blocks, ended = [], torch.zeros(num_samples, dtype=torch.bool, device=device)
-    for _ in range(length // block_size):
-        block = denoise_block(model, num_samples, block_size, steps=steps, mask_id=mask_id,
-                              schedule=schedule, generator=generator, device=device)
-        model.commit(block)
-        blocks.append(block)
-        if eos_id is not None:
-            ended |= (block == eos_id).any(dim=1)
+    d.stats.num_sequences += num_samples
+    for b in range(length // block_size):
+        start = b * block_size
+        z = fixed[start:start + block_size].expand(num_samples, -1).clone()
+        if bool((z == d.mask_id).any()):
+            z = step(model, z, d)
+        model.commit(z)
+        d.stats.calls += 1
+        d.stats.sequence_evals += num_samples
+        blocks.append(z)
+        if eos_id is not None and start + block_size > P:
+            ended |= (z[:, max(P - start, 0):] == eos_id).any(dim=1)
             if bool(ended.all()):
                 break
     tokens = torch.cat(blocks, dim=1)
     n = tokens.shape[1]
-    is_eos = tokens == eos_id if eos_id is not None else torch.zeros_like(tokens, dtype=torch.bool)
-    first = torch.where(is_eos, torch.arange(n, device=device), n).min(dim=1).values
-    return BlockSamples(tokens, torch.where(ended, first + 1, n), ended)
+    positions = torch.arange(n, device=device)
+    is_eos = (tokens == eos_id) & (positions >= P) if eos_id is not None \
+        else torch.zeros_like(tokens, dtype=torch.bool)
+    first = torch.where(is_eos, positions, n).min(dim=1).values
+    return BlockSamples(tokens, torch.where(ended, first + 1, n), ended, d.stats)

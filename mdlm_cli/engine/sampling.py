@@ -66,6 +66,14 @@ def _run_batch(spec: SamplerSpec, z: Tensor, ctx: SamplerContext) -> Tensor:
 CALL_KEYWORDS = ("schedule", "generator", "device", "batch_size", "time_agnostic")  # semi_ar's
 
 
+def _check_denoiser(denoiser) -> None:
+    """A block diffusion model's denoiser reads [z_t, x0] under the block mask: it is sampled
+    block by block (engine/block_sampling.py), not by these whole-sequence samplers."""
+    if getattr(denoiser, "samples_by_blocks", False):
+        raise EngineError("a bd3lm (block diffusion) model samples block by block: use mdlm "
+                          "sample or gen-ppl --sample-first; this command does not run it")
+
+
 def _check_sizes(num_samples: int, length: int) -> None:
     if num_samples < 1 or length < 1:
         raise EngineError(f"num_samples and length must be positive (got {num_samples}, {length})")
@@ -120,6 +128,7 @@ def sample(denoiser: Denoiser,
     (the steps at which any sequence changed: what benchmarks need for a whole-batch cache).
     `recorder`: a `RevealRecorder` (num_samples, length) for `records_reveals` samplers.
     """
+    _check_denoiser(denoiser)
     settings = _settings(settings, keywords).validate()
     spec = _named_sampler(settings)
     _check_sizes(num_samples, length)
@@ -223,6 +232,7 @@ def semi_ar(denoiser: Denoiser,
     With `stop_token` (EOS) no block is started once every sample holds it after the prompt.
     """
     calls = {k: sample_kwargs.pop(k) for k in CALL_KEYWORDS if k in sample_kwargs}
+    _check_denoiser(denoiser)
     settings = _settings(settings, sample_kwargs)
     rounds = _rounds(window, stride, rounds, target_length)
     stats = SampleStats(num_sequences=num_samples)

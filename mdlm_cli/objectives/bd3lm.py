@@ -21,13 +21,19 @@ import torch
 from torch import Tensor, nn
 
 from ..data.store import TokenSplit
-from ..engine.block_sampling import BlockSamples, sample_blocks
+from ..engine.block_sampling import (
+    BLOCK_OPTIONS,
+    BLOCK_STEPS,
+    BlockDraw,
+    BlockSamples,
+    sample_blocks,
+)
 from ..engine.blocks import block_attention_mask, block_nelbo_tokens, block_times
 from ..engine.diffusion import without_mask
 from ..errors import MdlmError
 from ..models import BACKBONES, KVCache, autocast_for, unwrap
 from ..runtime import derive_seed, generator
-from .base import Objective
+from .base import Objective, SamplerChoice
 from .clipping import candidate_intervals, interval_name, select_interval, variance_table
 
 SEARCH_BATCHES = 100  # validation batches of a search at most (the reference's 100)
@@ -38,6 +44,7 @@ class BlockDenoiser:
     the block attention mask and positions 0..L-1 twice; logits of the z_t half only."""
 
     supports_output_mask = True
+    samples_by_blocks = True  # engine.sample refuses it: BD3LM.sample draws block by block
 
     def __init__(self, model: nn.Module, block_size: int,
                  autocast_dtype: torch.dtype | None = None):
@@ -125,8 +132,11 @@ class RecomputedBlocks:
 
 class BD3LM(Objective):
     name = "bd3lm"
-    default_sampler = ""  # block-by-block sampling is not there yet (docs/bd3lm.md)
-    sampler_names = ()
+    # the within-block steps (engine/block_sampling.py); first-hitting is the reference's
+    # default (`sampling.first_hitting: True` in bd3lms configs/config.yaml)
+    default_sampler = "first-hitting"
+    sampler_names = tuple(BLOCK_STEPS)
+    samples_by_blocks = True  # sampled block by block (`sample`), not by engine.sample
     description = ("block diffusion: autoregressive over blocks, masked diffusion in each "
                    "(a bound; exact NLL at block size 1)")
     own_keys = ("block_size", "clip_min", "clip_max", "clip_search_widths", "clip_search_delta")
@@ -258,20 +268,42 @@ class BD3LM(Objective):
         if "clip" in state:
             self.clip = (float(state["clip"][0]), float(state["clip"][1]))
 
+    def choose_sampler(self, sampler: str | None, steps: int | None,
+                       options: dict | None = None) -> SamplerChoice:
+        """As every objective's, the options that the within-block step does not read
+        (e.g. confidence's --k-schedule) among the ignored ones."""
+        choice = super().choose_sampler(sampler, steps, options)
+        reads = BLOCK_OPTIONS.get(choice.spec.name, frozenset())
+        extra = {k: v for k, v in (options or {}).items()
+                 if k not in reads and k not in choice.ignored}
+        return SamplerChoice(choice.spec, choice.steps, choice.note, {**choice.ignored, **extra})
+
     @torch.no_grad()
-    def sample(self, model: nn.Module, *, num_samples: int, length: int, steps: int,
-               generator: torch.Generator | None, eos_id: int | None = None,
-               cache: bool = True, autocast_dtype: torch.dtype | None = None) -> BlockSamples:
+    def sample(self, model: nn.Module, *, num_samples: int, length: int,
+               generator: torch.Generator | None, steps: int = 1000, sampler: str = "ancestral",
+               eos_id: int | None = None, prompt: Tensor | None = None, cache: bool = True,
+               autocast_dtype: torch.dtype | None = None, precision: str = "fp64",
+               temperature: float = 1.0, top_p: float = 1.0,
+               tokens_per_step: int = 1) -> BlockSamples:
         """Rows of up to `length` tokens (a multiple of L', past the training length if asked),
-        block by block with `steps` ancestral steps per block; with `eos_id`, done once every
-        row has drawn it. `cache=False` recomputes the finished blocks at every call."""
+        block by block, each block filled by the within-block `sampler` (BLOCK_STEPS; `steps`
+        per block for those that take steps), the first tokens fixed to `prompt` (P,); with
+        `eos_id`, done once every row has drawn it after the prompt. `cache=False` recomputes
+        the finished blocks at every call."""
         if length % self.block_size:
             raise MdlmError(f"--length must be a multiple of the block size {self.block_size} "
                             f"(got {length})")
+        if sampler not in BLOCK_STEPS:
+            raise MdlmError(f"sampler {sampler} does not serve bd3lm models; choose one of: "
+                            f"{', '.join(BLOCK_STEPS)}")
+        if prompt is not None and len(prompt) >= length:
+            raise MdlmError(f"the prompt is {len(prompt)} tokens; the length is {length}")
         blocks = (CachedBlocks(model, autocast_dtype) if cache
                   else RecomputedBlocks(model, self.block_size, autocast_dtype))
         device = next(model.parameters()).device
-        return sample_blocks(blocks, num_samples=num_samples, length=length,
-                             block_size=self.block_size, steps=steps, mask_id=self.mask_id,
-                             schedule=self.schedule, generator=generator, device=device,
-                             eos_id=eos_id)
+        draw = BlockDraw(self.mask_id, self.schedule, generator, steps=steps,
+                         precision=precision, temperature=temperature, top_p=top_p,
+                         tokens_per_step=tokens_per_step)
+        return sample_blocks(blocks, draw, num_samples=num_samples, length=length,
+                             block_size=self.block_size, device=device,
+                             step=BLOCK_STEPS[sampler], eos_id=eos_id, prompt=prompt)

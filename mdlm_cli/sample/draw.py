@@ -19,6 +19,7 @@ from ..checkpoints.folder import LoadedModel
 from ..data.chat import end_of_turn_ids
 from ..engine.settings import SamplingSettings as Settings
 from ..errors import MdlmError
+from .blocks import draw_blocks, samples_by_blocks
 from .generate import (
     SampleRecord,
     answer_start,
@@ -51,7 +52,14 @@ def draw(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, batch_size
          seed: int, length: int | None = None, prompt: torch.Tensor | None = None,
          stop_at_eos: bool | None = False, on_batch: Callable[[int], None] | None = None,
          extra: dict[str, Any] | None = None, stop_ids: list[int] | None = None) -> Drawn:
-    """`num_samples` samples in batches (`generate`); `extra` joins each JSONL record."""
+    """`num_samples` samples in batches (`generate`; a bd3lm model's block by block,
+    sample/blocks.py); `extra` joins each JSONL record."""
+    if samples_by_blocks(loaded):  # the template's fixed prefix, else the row's start
+        start = (torch.tensor(loaded.row_start(), dtype=torch.long) if prompt is None
+                 else prompt[: answer_start(prompt, loaded.mask_id)])
+        return draw_blocks(loaded, rt, how, num_samples=num_samples, batch_size=batch_size,
+                           seed=seed, length=length, prompt=start if len(start) else None,
+                           stop_at_eos=stop_at_eos, on_batch=on_batch, extra=extra)
     records, stats, seconds = generate(
         loaded, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
         device=rt.device, dtype=rt.dtype, length=length, prompt=prompt, stop_at_eos=stop_at_eos,
@@ -72,6 +80,11 @@ def sample_window(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, b
     prompt, raw prompt ids, chat question or infill template, then `draw`. A `chat` answer
     ends at the template's end-of-turn token or EOS (unless `stop_at_eos` is False)."""
     length = window_for(loaded, length, prompt, max_new_tokens, prompt_ids, chat)
+    if samples_by_blocks(loaded):
+        return sample_blocks_window(loaded, rt, how, num_samples=num_samples,
+                                    batch_size=batch_size, seed=seed, prompt=prompt,
+                                    infill=infill, length=length, stop_at_eos=stop_at_eos,
+                                    on_batch=on_batch, prompt_ids=prompt_ids, chat=chat)
     length = checked_length(loaded, length, batch_size, num_samples, rt.device, allow_longer)
     fixed = template(loaded, length, prompt=prompt, infill=infill, prompt_ids=prompt_ids,
                      chat=chat)
@@ -85,6 +98,30 @@ def sample_window(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, b
                  extra={"prompt": prompt, "infill": infill, **ids}, stop_ids=stops)
     if prompt is not None or prompt_ids is not None or chat is not None:
         with_responses(loaded, drawn.records, answer_start(fixed, loaded.mask_id))
+    return drawn
+
+
+def sample_blocks_window(loaded: LoadedModel, rt, how: Settings, *, num_samples: int,
+                         batch_size: int, seed: int, prompt: str | None, infill: str | None,
+                         length: int, stop_at_eos: bool | None,
+                         on_batch: Callable[[int], None] | None,
+                         prompt_ids: list[int] | None, chat: str | None) -> Drawn:
+    """`mdlm sample` of a bd3lm model: left to right over blocks, so a prefix only (the
+    prompt or prompt ids; else the row's start, BOS, as the reference's first token)."""
+    for flag, value in (("--infill", infill), ("--chat", chat)):
+        if value is not None:
+            raise MdlmError(f"{flag} does not apply to a bd3lm model (it generates block after "
+                            "block, left to right); give --prompt or --prompt-ids")
+    fixed = template(loaded, length, prompt=prompt, prompt_ids=prompt_ids)
+    start = (torch.tensor(loaded.row_start(), dtype=torch.long) if fixed is None
+             else fixed[: answer_start(fixed, loaded.mask_id)])
+    ids = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
+    drawn = draw_blocks(loaded, rt, how, num_samples=num_samples, batch_size=batch_size,
+                        seed=seed, length=length, prompt=start if len(start) else None,
+                        stop_at_eos=stop_at_eos, on_batch=on_batch,
+                        extra={"prompt": prompt, **ids})
+    if fixed is not None:
+        with_responses(loaded, drawn.records, len(start))
     return drawn
 
 

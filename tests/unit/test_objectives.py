@@ -17,6 +17,7 @@ from mdlm_cli.config import ModelConfig
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.engine.categorical import sample_tokens
+from mdlm_cli.engine.errors import EngineError
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.models import DiT, build_model
 from mdlm_cli.objectives import OBJECTIVES, get_objective, objectives_served_by
@@ -130,6 +131,15 @@ def test_samplers_are_the_objectives_own_and_run(name):
         return
     assert objective.default_sampler in names
     denoiser = objective.denoiser(model.eval())
+    if getattr(objective, "samples_by_blocks", False):  # bd3lm: its own block-by-block loop
+        with pytest.raises(EngineError, match="block by block"):
+            engine.sample(denoiser, sampler=objective.default_sampler, num_samples=2, length=8,
+                          mask_id=TOK.mask_id, steps=5)
+        for spec in objective.samplers:
+            out = objective.sample(model, sampler=spec.name, num_samples=2, steps=5,
+                                   length=cfg.data.length, generator=torch.Generator().manual_seed(0))
+            assert out.tokens.shape == (2, cfg.data.length) and not (out.tokens == TOK.mask_id).any()
+        return
     for spec in objective.samplers:
         tokens = engine.sample(denoiser, sampler=spec.name, num_samples=2, length=cfg.data.length,
                                mask_id=TOK.mask_id, steps=5, schedule=objective.schedule,

@@ -1,0 +1,95 @@
+"""Samples of a block diffusion (bd3lm) model as `mdlm sample`, `gen-ppl --sample-first` and
+`bench`-free callers draw them: block by block with the exact key/value cache of the finished
+blocks (`BD3LM.sample`), any length (a multiple of L'), each sample cut at its first EOS after
+the prompt, its `length` and `ended` in the record."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..checkpoints.folder import LoadedModel
+from ..engine.settings import SamplingSettings
+from ..errors import MdlmError, MdlmWarning
+from .generate import SampleRecord, cut_at_eos
+
+
+def samples_by_blocks(loaded: LoadedModel) -> bool:
+    return bool(getattr(loaded.objective, "samples_by_blocks", False))
+
+
+def block_length(loaded: LoadedModel, length: int | None) -> int:
+    """Tokens per sample: `length` (default the training length) rounded up to a multiple of
+    L', with a note when rounded. No --allow-longer: the blocks go on past the training
+    length (the paper's variable-length generation)."""
+    block = loaded.objective.block_size
+    length = length or loaded.length
+    rounded = -(-length // block) * block
+    if rounded != length:
+        warnings.warn(f"--length {length} rounded up to {rounded}, a multiple of the block "
+                      f"size {block}", MdlmWarning, stacklevel=2)
+    return rounded
+
+
+def draw_blocks(loaded: LoadedModel, rt, how: SamplingSettings, *, num_samples: int,
+                batch_size: int, seed: int, length: int | None = None,
+                prompt: torch.Tensor | None = None, stop_at_eos: bool | None = None,
+                on_batch: Callable[[int], None] | None = None,
+                extra: dict[str, Any] | None = None):
+    """`num_samples` samples in batches of `batch_size`, one generator seeded `seed` for all;
+    `prompt` (P,) the fixed first tokens. Stops at EOS unless `stop_at_eos` is False (the
+    paper's variable-length sampling). Returns a `sample.draw.Drawn`."""
+    from ..memory import check_memory
+    from .draw import Drawn
+
+    length = block_length(loaded, length)
+    batch = min(batch_size, num_samples)
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
+                 length=length, device=rt.device,
+                 what=f"sampling {num_samples} x {length} tokens ({batch} per batch)",
+                 fix="lower --length, --num-samples or --batch-size", rows=num_samples)
+    stop = stop_at_eos is not False
+    eos = loaded.tokenizer.eos_id if stop else None
+    if stop and eos is None:
+        raise MdlmError(f"the tokenizer {loaded.tokenizer.name!r} has no EOS to stop at; add "
+                        "--no-stop-at-eos")
+    gen = torch.Generator(device=rt.device).manual_seed(seed)
+    start = 0 if prompt is None else len(prompt)
+    records, stats, t0 = [], None, time.perf_counter()
+    for first in range(0, num_samples, batch):
+        n = min(batch, num_samples - first)
+        out = loaded.objective.sample(
+            loaded.model, num_samples=n, length=length, generator=gen, steps=how.steps or 1,
+            sampler=how.sampler, eos_id=eos, prompt=prompt, autocast_dtype=rt.dtype,
+            precision=how.precision, temperature=how.temperature, top_p=how.top_p,
+            tokens_per_step=int(how.options.get("tokens_per_step", 1)))
+        for i, row in enumerate(out.tokens.cpu().tolist()):
+            records.append(_record(loaded, first + i, row, start, eos))
+        if stats is None:
+            stats = out.stats
+        else:
+            stats.num_sequences += out.stats.num_sequences
+            stats.merge(out.stats)
+        if on_batch is not None:
+            on_batch(n)
+    if rt.device.type == "cuda":
+        torch.cuda.synchronize(rt.device)
+    seconds = time.perf_counter() - t0
+    fields = {**how.record(), "block_size": loaded.objective.block_size, "max_length": length,
+              "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed, "checkpoint": str(loaded.path),
+              "seconds": seconds / num_samples, **(extra or {})}
+    return Drawn(records, stats, seconds, fields)
+
+
+def _record(loaded: LoadedModel, index: int, row: list[int], start: int,
+            eos: int | None) -> SampleRecord:
+    """A row cut at its first EOS after the prompt (EOS left out, as every cut record), its
+    length the tokens after the prompt; without EOS stopping, the whole row."""
+    if eos is None:
+        return SampleRecord(index, loaded.tokenizer.decode(row), row)
+    kept, length, ended = cut_at_eos(row, start, eos)
+    return SampleRecord(index, loaded.tokenizer.decode(kept), kept, length, ended)
