@@ -15,7 +15,7 @@ import torch
 from ..checkpoints.folder import LoadedModel
 from ..engine.settings import SamplingSettings
 from ..errors import MdlmError, MdlmWarning
-from .generate import SampleRecord, cut_at_eos
+from .generate import Drawn, SampleRecord, cut_at_eos
 
 
 def samples_by_blocks(loaded: LoadedModel) -> bool:
@@ -42,9 +42,8 @@ def draw_blocks(loaded: LoadedModel, rt, how: SamplingSettings, *, num_samples: 
                 extra: dict[str, Any] | None = None):
     """`num_samples` samples in batches of `batch_size`, one generator seeded `seed` for all;
     `prompt` (P,) the fixed first tokens. Stops at EOS unless `stop_at_eos` is False (the
-    paper's variable-length sampling). Returns a `sample.draw.Drawn`."""
+    paper's variable-length sampling). Returns a `Drawn`."""
     from ..memory import check_memory
-    from .draw import Drawn
 
     length = block_length(loaded, length)
     batch = min(batch_size, num_samples)

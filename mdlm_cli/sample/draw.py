@@ -21,7 +21,7 @@ from ..engine.settings import SamplingSettings as Settings
 from ..errors import MdlmError
 from .blocks import draw_blocks, samples_by_blocks
 from .generate import (
-    SampleRecord,
+    Drawn,
     answer_start,
     generate,
     semi_ar_plan,
@@ -31,21 +31,6 @@ from .generate import (
     with_responses,
     write_jsonl,
 )
-
-
-@dataclass
-class Drawn:
-    records: list[SampleRecord]
-    stats: engine.SampleStats
-    seconds: float  # all samples together
-    fields: dict[str, Any]  # what each JSONL record carries beside its sample
-
-    @property
-    def per_sample(self) -> float:
-        return self.seconds / len(self.records)
-
-    def lines(self) -> list[str]:
-        return [r.to_json(**self.fields) for r in self.records]
 
 
 def draw(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, batch_size: int,

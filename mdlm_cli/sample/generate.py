@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -242,3 +243,20 @@ def write_jsonl(path: str | Path, lines: list[str]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, "".join(line + "\n" for line in lines))
+
+
+@dataclass
+class Drawn:
+    """A draw of `mdlm sample`: its records, the engine's counts and the time it took."""
+
+    records: list[SampleRecord]
+    stats: engine.SampleStats
+    seconds: float  # all samples together
+    fields: dict[str, Any]  # what each JSONL record carries beside its sample
+
+    @property
+    def per_sample(self) -> float:
+        return self.seconds / len(self.records)
+
+    def lines(self) -> list[str]:
+        return [r.to_json(**self.fields) for r in self.records]
