@@ -130,3 +130,21 @@ def test_each_backbone_reads_its_own_dataclass_with_the_flat_sections_defaults()
         own = read_section(section, flat)
         assert all(getattr(own, f.name) == getattr(flat, f.name) for f in dataclasses.fields(section))
     assert read_section(DiTConfig, ModelConfig(hidden_size=64, n_heads=2)).hidden_size == 64
+
+
+def test_bd3lm_presets_fine_tune_their_pretraining_run_at_each_block_size():
+    for corpus, length in (("lm1b", 128), ("owt", 1024)):
+        pre = resolve_config(f"bd3lm-{corpus}-pretrain")
+        assert pre.diffusion.block_size == pre.data.length == length and pre.train.max_steps == 850_000
+        for block in (4, 8, 16):
+            cfg = resolve_config(f"bd3lm-{corpus}-{block}")
+            assert cfg.diffusion.objective == "bd3lm" and cfg.diffusion.block_size == block
+            assert cfg.train.init_from == f"runs/bd3lm-{corpus}-pretrain"
+            assert cfg.train.max_steps + pre.train.max_steps == 1_000_000
+            assert cfg.diffusion.clip_search_widths == (0.5, 0.6, 0.7, 0.8, 0.9)
+            assert cfg.data == pre.data and cfg.model == pre.model and cfg.optim == pre.optim
+    demo, bd3 = resolve_config("demo").to_dict(), resolve_config("demo-bd3lm")
+    assert bd3.diffusion.block_size == 16 and bd3.data.packing == "wrap"  # EOS to learn
+    assert bd3.to_dict()["train"] == demo["train"] and bd3.to_dict()["optim"] == demo["optim"]
+    assert {k: v for k, v in demo["data"].items() if k != "packing"} == \
+        {k: v for k, v in bd3.to_dict()["data"].items() if k != "packing"}
