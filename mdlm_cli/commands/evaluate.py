@@ -183,7 +183,7 @@ def _print_footnote(results, objective) -> None:
         return
     if objective.exact:
         console.print(f"[dim]= exact likelihood of the {name} model (every token of each row, "
-                      "the first given BOS)[/]")
+                      f"{objective.first_token_context})[/]")
         return
     T = results[0].T if results else 0
     kind = "continuous-time NELBO" if T == 0 else f"{T}-step discrete-time NELBO"

@@ -45,6 +45,11 @@ class Objective(ABC):
     exact: ClassVar[bool] = (
         False  # evaluation is an exact likelihood, not a bound (one pass is enough)
     )
+    # positions the training pass runs per row token (bd3lm: 2, its input is x_t ⊕ x_0): what
+    # the model FLOPs (MFU) and the memory check count
+    pass_factor: ClassVar[int] = 1
+    # what an exact likelihood conditions a row's first scored token on (eval-ppl's footnote)
+    first_token_context: ClassVar[str] = "the first given BOS"
     uses_time: ClassVar[bool] = True  # training and evaluation draw a diffusion time per sequence
     scores_targets: ClassVar[bool] = (
         True  # loss_terms(..., targets=) is a likelihood of the targets (lm-eval)

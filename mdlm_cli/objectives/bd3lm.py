@@ -174,6 +174,10 @@ class BD3LM(Objective):
         self.block_size = cfg.diffusion.block_size
         self.clip = (cfg.diffusion.clip_min, cfg.diffusion.clip_max)  # the training interval
 
+    pass_factor = 2  # one pass over x_t ⊕ x_0 (2L positions) per row of L tokens
+    # at L' = 1 the first block (the row's first token) has no clean block before it
+    first_token_context = "the first from no context"
+
     @property
     def exact(self) -> bool:  # type: ignore[override]  # per run: block size 1 is exact
         return self.block_size == 1

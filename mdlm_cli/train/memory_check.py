@@ -27,9 +27,10 @@ def check_train_memory(cfg) -> None:
         model = build_model(cfg.model, vocab, causal=OBJECTIVES[cfg.diffusion.objective].causal)
         params = sum(p.numel() for p in model.parameters())
     m, t = cfg.model, cfg.train
+    factor = OBJECTIVES[cfg.diffusion.objective].pass_factor  # bd3lm runs x_t ⊕ x_0: 2L
     need = footprint(params=params, hidden=m.hidden_size, n_blocks=m.n_blocks,
                      mlp_ratio=m.mlp_ratio, vocab=vocab, batch=t.micro_batch_size,
-                     length=cfg.data.length, training=True)
+                     length=factor * cfg.data.length, training=True)
     what = (f"training at data.length={cfg.data.length} with "
             f"train.micro_batch_size={t.micro_batch_size}")
     check_fits(what, need, pick_device(t.device), "lower data.length or train.micro_batch_size")

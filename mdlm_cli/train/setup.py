@@ -117,7 +117,7 @@ def set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *,
     run = Run(cfg, dist, rt, console, data, tokenizer, train_split, valid_split, objective,
               model, net, ema, optimizer, state, accum, dist.batch_shard(tc.global_batch_size),
               DataOrder(len(train_split), tc.seed), objective.denoiser(net, rt.dtype),
-              _speed(cfg, model, rt, dist))
+              _speed(cfg, model, rt, dist, objective.pass_factor))
     if dist.is_main:
         _write_run_folder(run, start)
     _describe(run)
@@ -161,11 +161,13 @@ def _write_run_folder(run: Run, start: ResumePoint) -> None:
         log_config_change(run.run_dir, run.state.step, start.changes, run.console)
 
 
-def _speed(cfg: Config, model: torch.nn.Module, rt: Runtime, dist: Dist) -> Speed:
-    """Model FLOPs per training token at the run's row length, and the device's peak at its
-    precision (a CPU's matmul probe is timed once and cached: perf.py)."""
+def _speed(cfg: Config, model: torch.nn.Module, rt: Runtime, dist: Dist, factor: int) -> Speed:
+    """Model FLOPs per training token at the run's row length (a pass of `factor` positions
+    per token: bd3lm's x_t ⊕ x_0 is 2), and the device's peak at its precision (a CPU's
+    matmul probe is timed once and cached: perf.py)."""
     peak = device_peak(rt.device, rt.dtype)
-    return Speed(model_flops(model).per_token(cfg.data.length), peak, dist.world_size)
+    flops = factor * model_flops(model).per_token(factor * cfg.data.length)
+    return Speed(flops, peak, dist.world_size)
 
 
 def _restore(model, ema: EMA | None, optimizer, console: Console,

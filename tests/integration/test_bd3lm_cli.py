@@ -78,3 +78,15 @@ def test_what_does_not_apply_is_one_line(bd3_run, flags, message):
 
 def test_commands_without_block_sampling_refuse_in_one_line(bd3_run):
     assert "block by block" in one_line_error("semi-ar", "-c", bd3_run, "--length", "64")
+
+
+def test_eval_ppl_of_block_size_1_is_an_exact_nll_whose_first_token_has_no_context(tmp_path):
+    """At L' = 1 eval-ppl reports the exact NLL; its footnote says what the first token is
+    conditioned on (nothing: no clean block before it), not AR's "given BOS"."""
+    out = tmp_path / "run"
+    invoke("train", "--preset", "test", "--no-print-config", "--max-steps", "2", "--set",
+           "diffusion.objective=bd3lm", "--set", "diffusion.block_size=1", "--set",
+           "train.eval_rows=16", "--out", out)
+    report = " ".join(invoke("eval-ppl", "-c", out, "--split", "valid", "--rows", "8").split())
+    assert "exact likelihood of the bd3lm model" in report
+    assert "the first from no context" in report and "given BOS" not in report

@@ -174,3 +174,30 @@ def test_rows_shorter_than_the_model_length_take_their_first_blocks_times():
     with pytest.raises(MdlmError, match="longer than"):
         bd3lm.token_terms(bd3lm.denoiser(model), torch.cat([x0, x0], 1), t, generator=None,
                           attention_mask=None)
+
+
+def test_mfu_and_the_memory_check_count_the_2L_training_pass(monkeypatch):
+    """bd3lm's training pass runs x_t ⊕ x_0 (2L positions per row of L tokens): the model
+    FLOPs per token and the memory check's activations are those of 2L, not L."""
+    from types import SimpleNamespace
+
+    from mdlm_cli import memory
+    from mdlm_cli.models.speed import model_flops
+    from mdlm_cli.objectives import OBJECTIVES
+    from mdlm_cli.train import setup
+    from mdlm_cli.train.memory_check import check_train_memory
+
+    cfg = resolve_config("test", ["diffusion.objective=bd3lm", "diffusion.block_size=8"])
+    assert OBJECTIVES["bd3lm"].pass_factor == 2 and OBJECTIVES["mdlm"].pass_factor == 1
+    model = build_model(cfg.model, 35)
+    rt, dist = SimpleNamespace(device=torch.device("cpu"), dtype=None), SimpleNamespace(
+        world_size=1)
+    L = cfg.data.length
+    speed = setup._speed(cfg, model, rt, dist, OBJECTIVES["bd3lm"].pass_factor)
+    assert speed.flops_per_token == 2 * model_flops(model).per_token(2 * L)
+    lengths = []
+    real = memory.footprint
+    monkeypatch.setattr(memory, "footprint", lambda **kw: lengths.append(kw["length"]) or
+                        real(**kw))
+    check_train_memory(cfg)
+    assert lengths == [2 * L]
