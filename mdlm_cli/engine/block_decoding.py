@@ -68,10 +68,8 @@ def threshold_blocks(z: Tensor, ctx: SamplerContext) -> Tensor:
     masked = (z == ctx.mask_id).cpu()
     lo = [int(m.nonzero()[0]) if m.any() else L for m in masked]
 
-    def at_least(rows: list[int], cand: Tensor, conf: Tensor) -> Tensor:
-        keep = cand & (conf >= ctx.options.threshold)
-        keep[torch.arange(len(keep)), conf.argmax(1)] = True  # not a candidate: dropped after
-        return keep
+    def keep(rows: list[int], cand: Tensor, conf: Tensor) -> Tensor:
+        return at_least(cand, conf, ctx.options.threshold)
 
     while True:
         for b in range(B):
@@ -81,8 +79,16 @@ def threshold_blocks(z: Tensor, ctx: SamplerContext) -> Tensor:
         active = {b: lo[b] for b in range(B) if lo[b] < L}
         if not active:
             return z
-        _block_step(z, ctx, cache, active, blocks, at_least, "maskgit_plus", False)
+        _block_step(z, ctx, cache, active, blocks, keep, "maskgit_plus", False)
         masked = (z == ctx.mask_id).cpu()
+
+
+def at_least(cand: Tensor, conf: Tensor, threshold: float) -> Tensor:
+    """Fast-dLLM's threshold rule in a block: the most confident candidate of each row and
+    every other whose confidence is at least `threshold`."""
+    keep = cand & (conf >= threshold)
+    keep[torch.arange(len(keep)), conf.argmax(1)] = True  # not a candidate: dropped after
+    return keep
 
 
 def _block_step(z: Tensor, ctx: SamplerContext, cache, lo: dict[int, int], blocks: Blocks,
@@ -105,17 +111,19 @@ def _block_step(z: Tensor, ctx: SamplerContext, cache, lo: dict[int, int], block
 
 
 def block_draws(z: Tensor, ctx: SamplerContext, cache, rows: list[int], lo: list[int],
-                 refresh: bool, order: str, untempered: bool) -> tuple[Tensor, Tensor, Tensor]:
+                refresh: bool, order: str, untempered: bool, width: int | None = None
+                ) -> tuple[Tensor, Tensor, Tensor]:
     """A token drawn at every masked position of each row's block [lo, lo + block_length)
-    from one call: a full pass (refreshing the rows' cache, if any), or a cached call on the
-    rows' shared block (dual) or block and suffix (prefix). Returns, for the rows, (candidates,
-    tokens, confidence), each (R, L), as `draw_masked`."""
+    (the first `width` positions of it, if given) from one call: a full pass (refreshing the
+    rows' cache, if any), or a cached call on the rows' shared block (dual) or block and suffix
+    (prefix). Returns, for the rows, (candidates, tokens, confidence), each (R, L), as
+    `draw_masked`."""
     size, idx = ctx.options.block_length, torch.tensor(rows, device=z.device)
     everyone = rows == list(range(len(z)))
     sub = z[idx]
     pos = torch.arange(z.shape[1], device=z.device)[None]
     start = torch.tensor(lo, device=z.device)[:, None]
-    cand = (sub == ctx.mask_id) & (pos >= start) & (pos < start + size)
+    cand = (sub == ctx.mask_id) & (pos >= start) & (pos < start + (width or size))
     if cache is None:
         where = torch.zeros_like(z, dtype=torch.bool).index_copy_(0, idx, cand)
         logits = ctx.logits(z, times_of(z, ctx), where, idx)

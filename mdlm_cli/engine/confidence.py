@@ -30,7 +30,9 @@ from torch import Tensor
 from .block_decoding import cached_confidence, threshold_blocks
 from .confident_draws import ORDERS, draw_masked, reveal, top_k
 from .context import SamplerContext
+from .dream_blocks import dream_cached_confidence, dream_cached_threshold
 from .options import option
+from .protocols import has_shifted_logits
 from .transfer import K_SCHEDULES, TransferPlan, transfer_plan
 
 # Fast-dLLM's block caches (models/block_cache.py): per block one full pass stores every
@@ -100,6 +102,8 @@ def confidence(z: Tensor, ctx: SamplerContext) -> Tensor:
     opts = ctx.options
     plan = transfer_plan(z == ctx.mask_id, ctx.steps, opts.k_schedule, opts.block_length)
     if opts.cache != "none":
+        if has_shifted_logits(ctx.denoiser):  # Dream: Fast-dLLM's Dream loop
+            return dream_cached_confidence(z, ctx)
         return cached_confidence(z, ctx, plan)
     for i in range(ctx.steps):
         k = plan.counts[:, i]
@@ -121,6 +125,8 @@ def threshold(z: Tensor, ctx: SamplerContext) -> Tensor:
     `ctx.options.threshold`, and at least the most confident one. Threshold 0 reveals
     everything in one call, threshold 1 one token per call (a probability never exceeds 1).
     With `block_length`, Fast-dLLM's rule in blocks instead (`threshold_blocks`)."""
+    if ctx.options.cache != "none" and has_shifted_logits(ctx.denoiser):
+        return dream_cached_threshold(z, ctx)  # Dream: Fast-dLLM's Dream loop
     if ctx.options.block_length or ctx.options.cache != "none":
         return threshold_blocks(z, ctx)
     B = len(z)
