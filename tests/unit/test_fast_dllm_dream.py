@@ -310,3 +310,23 @@ def test_mdlm_sample_dream_cache_dual_through_the_cli(dream, tmp_path):
                         "threshold", "--threshold", "0.5", "--block-length", "4", "--cache",
                         "prefix")
     assert record["tokens"] == expected[0].tolist() and record["nfe"] == calls
+
+
+@pytest.mark.parametrize("sampler, options", [
+    ("confidence", {"k_schedule": "dream", "order": "entropy", "order_temperature": 0.5}),
+    ("threshold", {"threshold": 0.5}),
+])
+def test_at_temperature_above_0_a_seed_gives_one_answer_and_no_mask(dream, sampler, options):
+    _, net, mask = dream
+    template = template_of(prompts(3, 4), 16, mask)
+
+    def draw(seed):
+        how = SamplingSettings(sampler, 8, temperature=0.8, top_p=0.95,
+                               options={**options, "block_length": 4, "cache": "dual"})
+        return engine.sample(DiffusionDenoiser(net, LogLinear()), how, num_samples=3,
+                             length=20, mask_id=mask, prompt=template,
+                             generator=torch.Generator().manual_seed(seed))
+
+    a, b, c = draw(0), draw(0), draw(1)
+    assert torch.equal(a, b) and not torch.equal(a, c) and not (a == mask).any()
+    assert torch.equal(a[:, :4], template[:, :4])
