@@ -23,8 +23,8 @@ def new_cache(z: Tensor, ctx: SamplerContext):
         raise EngineError(f"--cache {cache} needs --block-length (its cache is refreshed at "
                           "the start of each block)")
     if not has_block_cache(ctx.denoiser):
-        raise EngineError(f"--cache {cache} needs a time-agnostic model with a block cache (the "
-                          "DiT without time conditioning); use --cache none")
+        raise EngineError(f"--cache {cache} needs a time-agnostic model with a block cache "
+                          "(the DiT without time conditioning, LLaDA, Dream); use --cache none")
     return ctx.denoiser.new_block_cache(*z.shape)
 
 
