@@ -158,7 +158,7 @@ def _tiny(command: str, args: dict) -> dict:
         args["steps"] = "5" if command == "bench-sampler" else min(int(args["steps"]), 10)
     if command == "semi-ar":
         args.update(length=64, stride=16)  # two 32-token windows of the tiny model
-    if command == "sample":  # the tiny model's own L: the paper's lengths are its model's
+    if command == "sample":  # the tiny model's own L (a tiny AR refuses the paper's 1,024)
         args.pop("length", None)
     return args
 
