@@ -111,9 +111,12 @@ def test_messages_go_through_the_chat_template():
         "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
     }
     prompt, response = encode_example(gpt2, chat)
-    assert (
-        gpt2.decode(prompt[1:]) == "<user>2+2?\n<assistant>" and gpt2.decode(response[:-1]) == "4\n"
-    )
+    # the template's rendering exactly, as `sample --chat` feeds it: this one writes no BOS and
+    # no end-of-turn token, so none is added before the prompt and the answer ends at EOS
+    assert prompt == gpt2.encode("<user>2+2?\n<assistant>")
+    assert response == gpt2.encode("4\n") + [gpt2.eos_id]
+    pair = encode_example(gpt2, {"prompt": "2+2?", "response": "4"})
+    assert pair == (prompt, response)  # a prompt/response pair is the same user turn
 
 
 def noisy_half(z, output_mask, length: int):
