@@ -171,3 +171,20 @@ def test_the_chat_template_is_part_of_the_data_cache_key(folders):
     templated = key_packing(data, tokenizer)
     tokenizer.hf.chat_template = None
     assert key_packing(data, tokenizer) == "sft:pad-as-eos" != templated
+
+
+def test_gen_ppl_prompts_from_a_file_are_rendered_as_in_fine_tuning(folders, tmp_path):
+    """`gen-ppl --prompts FILE` on a run fine-tuned through the template: a prompt record is
+    the user turn the run was trained on, one BOS (the template's), none prepended."""
+    from types import SimpleNamespace
+
+    from mdlm_cli.eval.responses import file_prompts
+
+    tokenizer = load_tokenizer(str(folders["llada"]))
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps(PAIR) + "\n" + json.dumps({"messages": [
+        {"role": "user", "content": PAIR["prompt"]}]}) + "\n")
+    run = SimpleNamespace(tokenizer=tokenizer, data_meta={"packing": "sft"}, length=64,
+                          path=tmp_path, row_start=lambda: [tokenizer.bos_id])
+    expected = tokenizer.encode(RENDERED["llada"][0])
+    assert [p.ids for p in file_prompts(path, run, 2)] == [expected, expected]
