@@ -141,6 +141,7 @@ class Dream(ReleasedBackbone):
     """
 
     family, title, config_file = "dream", "Dream", CONFIG_FILE
+    model_type = "Dream"  # config.json's model_type of the released folders
     # what the samplers default to for this family (its own transfer schedule)
     sampling_defaults = {"k_schedule": "dream"}
     read_shape = staticmethod(read_shape)
