@@ -116,6 +116,11 @@ class _Direct:
     def __init__(self, denoiser, job: Job):
         self._denoiser, self._job = denoiser, job
 
+    def check(self) -> None:
+        """The job's time limit and client, for a caller that reaches the network past this
+        wrapper (a bd3lm request's block sampler runs the backbone itself)."""
+        self._job.check()
+
     def __call__(self, *args, **kwargs):
         self._job.check()
         return self._denoiser(*args, **kwargs)
