@@ -214,3 +214,57 @@ def test_a_chat_answer_is_the_completion_of_the_rendered_prompt(bd3_run):
         c["text"] for c in plain["choices"]]
     assert [c["finish_reason"] for c in chat["choices"]] == [
         c["finish_reason"] for c in plain["choices"]]
+
+
+@pytest.mark.slow
+def test_mdlm_serve_of_a_bd3lm_run_streams_to_the_openai_client_and_the_page(bd3_run, tmp_path):
+    """The command itself (a real process): the official client's stream joins to its
+    unstreamed completion past the training length, and the page at / streams a prompt's
+    blocks in (it asks for no denoising states of a bd3lm model)."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    from .test_serve import (
+        CHROMIUM,
+        CHROMIUM_ARGS,
+        free_port,
+        start_server,
+        stop_server,
+        wait_healthy,
+    )
+
+    port, log = free_port(), tmp_path / "server.log"
+    proc = start_server(bd3_run, port, log=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                               timeout=120)
+        body = dict(model=bd3_run.name, prompt="the ", max_tokens=90, n=3, seed=1)
+        whole = client.completions.create(**body).choices
+        chunks = {c.index: [] for c in whole}
+        for chunk in client.completions.create(**body, stream=True):
+            for c in chunk.choices:
+                chunks[c.index].append(c.text)
+        assert ["".join(chunks[c.index]) for c in whole] == [c.text for c in whole]
+        assert max(len(chunks[c.index]) for c in whole) > 90 // BLOCK  # block by block
+        assert "length" in [c.finish_reason for c in whole]  # 90 tokens, past L = 32
+        sync_api = pytest.importorskip("playwright.sync_api")
+        if not CHROMIUM.exists():
+            pytest.skip("no chromium at /usr/bin/chromium (Debian: apt-get install chromium)")
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(60_000)
+                page.goto(url + "/")
+                page.wait_for_function("document.querySelectorAll('#sampler option').length > 0")
+                page.fill("#seed", "2")
+                page.fill("#prompt", "the ")
+                page.click("#go")
+                page.wait_for_function("document.getElementById('status').dataset.done === '1'")
+                status, text = page.inner_text("#status"), page.inner_text("#text")
+            finally:
+                browser.close()
+        assert "first-hitting" in status and "seed 2" in status and text.strip()
+    finally:
+        stop_server(proc)
