@@ -114,6 +114,17 @@ def test_streamed_blocks_join_to_the_unstreamed_text(http):
     assert len(pieces[longest["index"]]) >= 12
 
 
+def test_several_prompts_are_sampled_prompt_after_prompt_under_one_generator(http):
+    """Choice index = prompt * n + j; the first prompt's choices are those it gets alone (its
+    rows draw first from the request's generator), the second's come after them."""
+    both = complete(http, prompt=["the ", "a"], n=2, max_tokens=40, seed=3)["choices"]
+    alone = complete(http, prompt="the ", n=2, max_tokens=40, seed=3)["choices"]
+    second = complete(http, prompt="a", n=2, max_tokens=40, seed=3)["choices"]
+    assert [c["index"] for c in both] == [0, 1, 2, 3]
+    assert [c["text"] for c in both[:2]] == [c["text"] for c in alone]
+    assert [c["text"] for c in both[2:]] != [c["text"] for c in second]
+
+
 @pytest.mark.parametrize("sampler", [{"sampler": "ancestral", "steps": 3},
                                      {"sampler": "confidence", "steps": 2, "top_p": 0.9},
                                      {"tokens_per_step": 2, "temperature": 0.7}])
