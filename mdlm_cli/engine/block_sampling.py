@@ -63,11 +63,18 @@ class BlockDraw:
     top_p: float = 1.0  # nucleus mass
     tokens_per_step: int = 1  # first-hitting's k
     stats: SampleStats = field(default_factory=SampleStats)
+    # runs before each network call: a server stops a request whose client left there
+    before_call: Callable[[], None] | None = None
 
     def logits(self, model: BlockModel, z: Tensor) -> Tensor:
+        self.check()
         self.stats.calls += 1
         self.stats.sequence_evals += z.shape[0]
         return model.logits(z)
+
+    def check(self) -> None:
+        if self.before_call is not None:
+            self.before_call()
 
     def draw(self, logits: Tensor) -> Tensor:
         """Tokens (N,) from logits (N, V): tempered, nucleus-filtered, the mask never drawn."""
@@ -148,16 +155,20 @@ BLOCK_STEPS: dict[str, BlockStep] = {
 }
 # the engine sampler options each within-block step reads (the rest do not apply)
 BLOCK_OPTIONS: dict[str, frozenset[str]] = {"first-hitting": frozenset({"tokens_per_step"})}
+# sees each finished block (start, (B, L')) as it is committed; True: no more blocks are needed
+OnBlock = Callable[[int, Tensor], bool]
 
 
 def sample_blocks(model: BlockModel, d: BlockDraw, *, num_samples: int, length: int,
                   block_size: int, device: torch.device, step: BlockStep = ancestral_block,
-                  eos_id: int | None = None, prompt: Tensor | None = None) -> BlockSamples:
+                  eos_id: int | None = None, prompt: Tensor | None = None,
+                  on_block: OnBlock | None = None) -> BlockSamples:
     """Up to `length` tokens per row (a multiple of L': the positions go on past the training
     length), block after block, each filled by `step`; `prompt` (P,) fixes the first P tokens
     (its whole blocks are committed as they are). With `eos_id`, stops after the block in
     which the last row drew EOS after the prompt (the rows that ended earlier are cut at their
-    EOS by `lengths`)."""
+    EOS by `lengths`). `on_block` sees each block once committed (a block is final then, so a
+    server streams it) and may end the sampling there."""
     model.start(num_samples, length, device)
     P = 0 if prompt is None else len(prompt)
     fixed = torch.full((length,), d.mask_id, dtype=torch.long, device=device)
@@ -170,10 +181,13 @@ def sample_blocks(model: BlockModel, d: BlockDraw, *, num_samples: int, length: 
         z = fixed[start:start + block_size].expand(num_samples, -1).clone()
         if bool((z == d.mask_id).any()):
             z = step(model, z, d)
+        d.check()
         model.commit(z)
         d.stats.calls += 1
         d.stats.sequence_evals += num_samples
         blocks.append(z)
+        if on_block is not None and on_block(start, z):
+            break
         if eos_id is not None and start + block_size > P:
             ended |= (z[:, max(P - start, 0):] == eos_id).any(dim=1)
             if bool(ended.all()):

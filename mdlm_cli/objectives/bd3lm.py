@@ -16,6 +16,8 @@ is set); evaluation always draws it from the whole interval, the bound the paper
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -26,6 +28,7 @@ from ..engine.block_sampling import (
     BLOCK_STEPS,
     BlockDraw,
     BlockSamples,
+    OnBlock,
     sample_blocks,
 )
 from ..engine.blocks import block_attention_mask, block_nelbo_tokens, block_times
@@ -288,12 +291,14 @@ class BD3LM(Objective):
                eos_id: int | None = None, prompt: Tensor | None = None, cache: bool = True,
                autocast_dtype: torch.dtype | None = None, precision: str = "fp64",
                temperature: float = 1.0, top_p: float = 1.0,
-               tokens_per_step: int = 1) -> BlockSamples:
+               tokens_per_step: int = 1, on_block: OnBlock | None = None,
+               before_call: Callable[[], None] | None = None) -> BlockSamples:
         """Rows of up to `length` tokens (a multiple of L', past the training length if asked),
         block by block, each block filled by the within-block `sampler` (BLOCK_STEPS; `steps`
         per block for those that take steps), the first tokens fixed to `prompt` (P,); with
         `eos_id`, done once every row has drawn it after the prompt. `cache=False` recomputes
-        the finished blocks at every call."""
+        the finished blocks at every call. `on_block` and `before_call`: sample_blocks' and
+        BlockDraw's hooks (a server streams each block and checks its client)."""
         if length % self.block_size:
             raise MdlmError(f"--length must be a multiple of the block size {self.block_size} "
                             f"(got {length})")
@@ -307,7 +312,8 @@ class BD3LM(Objective):
         device = next(model.parameters()).device
         draw = BlockDraw(self.mask_id, self.schedule, generator, steps=steps,
                          precision=precision, temperature=temperature, top_p=top_p,
-                         tokens_per_step=tokens_per_step)
+                         tokens_per_step=tokens_per_step, before_call=before_call)
         return sample_blocks(blocks, draw, num_samples=num_samples, length=length,
                              block_size=self.block_size, device=device,
-                             step=BLOCK_STEPS[sampler], eos_id=eos_id, prompt=prompt)
+                             step=BLOCK_STEPS[sampler], eos_id=eos_id, prompt=prompt,
+                             on_block=on_block)

@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from ..engine.errors import EngineError
 from ..errors import MdlmError
+from .blocks import run_blocks
 from .chat import chat_choice, chat_delta, chat_end, parse_chat
 from .completion import parse_completion
 from .events import Done, Event, StateSnapshot, TextDelta
@@ -125,7 +126,8 @@ def _submit(state: State, plan: Plan) -> tuple[Job, asyncio.Queue]:
     def states(emit: Callable) -> Callable:  # each network call's z_t, for stream_states
         return lambda z: emit(StateSnapshot(state_pieces(served, z)))
 
-    return _enqueue(state, plan.num_rows, lambda d, emit: run_plan(plan, served, d, emit),
+    run = run_blocks if plan.block_size else run_plan  # bd3lm: block by block (blocks.py)
+    return _enqueue(state, plan.num_rows, lambda d, emit: run(plan, served, d, emit),
                     states if plan.states else None, alone=plan.alone)
 
 
@@ -331,11 +333,14 @@ def _load(state: State, load: Callable[[], Served], on_error: Callable[[str], No
         settings = state.settings
         worker = Worker(served.denoiser, mask_id=served.loaded.mask_id,
                         max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000,
-                        queue_size=settings.queue_size, exclusive=served.causal,
+                        queue_size=settings.queue_size,
+                        exclusive=served.causal or bool(served.block_size),
                         metrics=state.metrics, padding=settings.batch_padding,
                         device=served.device)
         state.worker = worker
-        if not served.causal and settings.max_batch > 1:  # probed now, not at the first request
+        if served.block_size:  # its own rows' key/value cache: nothing to batch with
+            state.batching = "none: a bd3lm request runs alone, block by block with its cache"
+        elif not served.causal and settings.max_batch > 1:  # probed now, not at the first one
             kind = "log_score" if hasattr(served.denoiser, "log_score") else "logits"
             state.batching = worker.shapes(kind, served.loaded.length).why
             if note is not None:

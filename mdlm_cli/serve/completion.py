@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from .blocks import block_rows
 from .json_schema import json_request, json_rows
 from .schema import (
+    BLOCKS_ONLY,
     MDLM_FIELDS,
     OPENAI_FIELDS,
     Limits,
@@ -88,6 +90,9 @@ def _stride(body: dict, served: Served) -> int | None:
         raise invalid("semi_ar must be true or false", "semi_ar")
     if semi_ar is False and stride is not None:
         raise invalid("stride asks for semi-AR generation; drop semi_ar: false", "stride")
+    if served.block_size and (stride is not None or semi_ar):
+        raise invalid(BLOCKS_ONLY.format(what="takes no stride or semi_ar") + "; max_tokens may "
+                      "pass its length", "stride" if stride is not None else "semi_ar")
     if stride is None and semi_ar:
         stride = window // 2
     if stride is not None and served.loaded.objective.causal:
@@ -111,6 +116,8 @@ def prompt_rows(
 ) -> tuple[list[Row], int]:
     """One `Row` per prompt and the number of new tokens; the lengths checked against the window
     (`semi_ar`: the error suggests it)."""
+    if served.block_size:  # no window: the blocks go on past the training length
+        return block_rows(prompts, max_tokens, served, limits)
     loaded = served.loaded
     window, mask_id, start = loaded.length, loaded.mask_id, loaded.row_start()
     longest = max(len(p) for p in prompts)
@@ -173,6 +180,9 @@ def _logprobs(body: dict, plan: Plan, served: Served, limits: Limits) -> int | N
 def check_logprobs(plan: Plan, served: Served, top: int) -> int:
     """`top`, where the plan's sampler and settings can record log-probabilities (else a 400)."""
     spec = plan.sampler
+    if plan.block_size:
+        raise invalid("logprobs is not offered for a bd3lm model: its block sampler does not "
+                      "record its draws", "logprobs", "unsupported_parameter")
     if not spec.records_reveals:
         recording = [s.name for s in served.loaded.objective.samplers if s.records_reveals]
         raise invalid(f"logprobs needs a sampler that records its draws ({', '.join(recording)}); "
@@ -199,6 +209,8 @@ def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
                     **common_fields(body, served, limits, "completion"))
         return check_states(plan)
     suffix_text = get_value(body, "suffix", (str,), "", "a string")
+    if suffix_text and served.block_size:
+        raise invalid(BLOCKS_ONLY.format(what="cannot infill a suffix"), "suffix")
     if suffix_text and served.loaded.objective.causal:
         raise invalid(
             f"a left-to-right ({served.loaded.objective.name}) model cannot infill a suffix",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.constraints import Span, SpanConstraint, language_tables
-from .schema import Row, invalid
+from .schema import BLOCKS_ONLY, Row, invalid
 
 PAD = "pad"  # the state after a value's end: only spaces follow
 SPAN_TOKENS = {"integer": 8, "number": 10}  # span lengths of the unbounded types
@@ -303,6 +303,9 @@ def json_request(body: dict, served) -> tuple[dict | None, dict]:
     schema = json_schema_of(body.get("response_format"))
     if schema is None:
         return None, body
+    if served.block_size:
+        raise invalid(BLOCKS_ONLY.format(what="cannot fill a json_schema skeleton"),
+                      "response_format")
     for name, why in REFUSED.items():
         if body.get(name) not in (None, False):
             raise invalid(f"{name} does not go with a json_schema response_format ({why})", name)

@@ -75,6 +75,11 @@ INFILL_FIELDS = (
 )
 
 
+# what a bd3lm model refuses (serve/blocks.py), in one line
+BLOCKS_ONLY = ("a bd3lm model {what}: it generates block after block, left to right, from a "
+               "prompt (/v1/completions with prompt and max_tokens)")
+
+
 class ApiError(Exception):
     """A request the server refuses: HTTP status and OpenAI's error object."""
 
@@ -122,7 +127,8 @@ class Limits:
 class Row:
     """One prompt: the fixed tokens around the positions the sampler fills."""
 
-    template: torch.Tensor | None  # (L,) mask_id at free positions; None = semi-AR's prefix only
+    template: torch.Tensor | None  # (L,) mask_id at free positions; None: a prefix only (semi-AR,
+    # bd3lm)
     prefix: list[int]  # row start (BOS) and prompt tokens
     n_prompt: int  # prompt tokens (without the row start)
     n_suffix: int = 0
@@ -148,6 +154,7 @@ class Plan:
     logprobs: int | None = None  # alternatives per token, None = no log-probabilities
     end_ids: tuple[int, ...] = ()  # chat: the tokens that end the turn (EOS included)
     constraint: Any = None  # a `JsonConstraint` (json_schema.py): the rows' skeleton
+    block_size: int = 0  # L' of a bd3lm model: generated block by block (serve/blocks.py)
 
     @property
     def num_rows(self) -> int:
@@ -155,8 +162,9 @@ class Plan:
 
     @property
     def alone(self) -> bool:
-        """Whether it runs by itself on the model: a block cache's calls do not batch."""
-        return self.settings.options.get("cache", "none") != "none"
+        """Whether it runs by itself on the model: a block cache's calls do not batch (a bd3lm
+        model's key/value cache of its finished blocks, or a sampler's `cache`)."""
+        return bool(self.block_size) or self.settings.options.get("cache", "none") != "none"
 
     # what the response's record reads (app.py)
     @property
@@ -282,6 +290,7 @@ def common_fields(body: dict, served: Served, limits: Limits, endpoint: str) -> 
         stream=stream,
         states=get_bool(body, "stream_states"),
         include_usage=get_bool(stream_options, "include_usage"),
+        block_size=served.block_size,
     )
 
 
@@ -292,6 +301,9 @@ def check_states(plan: Plan) -> Plan:
         raise invalid(
             "stream_states follows one sequence: give one prompt and n = 1", "stream_states"
         )
+    if plan.states and plan.block_size:
+        raise invalid("stream_states is not offered for a bd3lm model: its stream is its finished "
+                      "blocks", "stream_states")
     if plan.states and plan.settings.options.get("cache", "none") != "none":
         raise invalid("stream_states needs cache none: a cached call sees its block only",
                       "stream_states")
@@ -305,6 +317,8 @@ def parse_infill(body: dict, served: Served, limits: Limits) -> Plan:
     loaded = served.loaded
     if loaded.objective.causal:
         raise invalid(f"a left-to-right ({loaded.objective.name}) model cannot infill", "template")
+    if served.block_size:
+        raise invalid(BLOCKS_ONLY.format(what="cannot infill a template"), "template")
     text = get_value(body, "template", (str,), None, "a string with <mask> or <mask:N> spans")
     if text is None:
         raise invalid("template is required: text with <mask> or <mask:N> spans", "template")

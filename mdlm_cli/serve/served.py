@@ -9,6 +9,7 @@ from functools import cached_property
 import torch
 
 from ..checkpoints.folder import LoadedModel
+from ..engine.block_sampling import BLOCK_OPTIONS
 from ..engine.protocols import is_time_agnostic
 
 
@@ -30,6 +31,12 @@ class Served:
         return is_time_agnostic(self.denoiser)
 
     @property
+    def block_size(self) -> int:
+        """L' of a model sampled block by block (bd3lm: serve/blocks.py), else 0."""
+        objective = self.loaded.objective
+        return objective.block_size if getattr(objective, "samples_by_blocks", False) else 0
+
+    @property
     def causal(self) -> bool:
         return self.loaded.objective.causal
 
@@ -38,6 +45,13 @@ class Served:
         """Whether its tokeniser has a chat template (/v1/chat/completions answers)."""
         hf = self.loaded.tokenizer.hf
         return hf is not None and bool(getattr(hf, "chat_template", None))
+
+    def options_of(self, spec) -> frozenset[str]:
+        """The options a request may give the sampler: a bd3lm model's within-block step reads
+        only its own (engine/block_sampling.py)."""
+        if self.block_size:
+            return BLOCK_OPTIONS.get(spec.name, frozenset())
+        return spec.option_names
 
     def card(self) -> dict:
         """`GET /v1/models`'s entry: OpenAI's fields and what a diffusion request may set."""
@@ -60,13 +74,14 @@ class Served:
                     s.name: {
                         "exact": s.exact,
                         "steps": objective.sampling_steps(s) if s.uses_steps else None,
-                        "options": sorted(s.option_names),
+                        "options": sorted(self.options_of(s)),
                         "help": s.help,
                     }
                     for s in samplers
                 },
-                "infill": not objective.causal,
+                "infill": not objective.causal and not self.block_size,
                 "chat": self.chat,
-                "semi_ar": not objective.causal,
+                "semi_ar": not objective.causal and not self.block_size,
+                "block_size": self.block_size or None,  # bd3lm: generated block by block
             },
         }

@@ -116,6 +116,11 @@ class _Direct:
     def __init__(self, denoiser, job: Job):
         self._denoiser, self._job = denoiser, job
 
+    def check(self) -> None:
+        """The job's time limit and client, for a caller that reaches the network past this
+        wrapper (a bd3lm request's block sampler runs the backbone itself)."""
+        self._job.check()
+
     def __call__(self, *args, **kwargs):
         self._job.check()
         return self._denoiser(*args, **kwargs)
@@ -136,8 +141,9 @@ class Worker:
     """Admits queued jobs while their rows fit in `max_batch` (one job larger than that runs
     alone) and runs their network calls in batches: a batch runs once every running job has a
     call waiting, or the oldest call has waited `max_wait_s`. `exclusive`: one job at a time,
-    calling the model directly (left-to-right models, whose KV-cache calls do not batch); a
-    job marked `alone` (a block cache) runs so too."""
+    calling the model directly (left-to-right models, whose KV-cache calls do not batch, and
+    bd3lm models, whose requests each hold their blocks' cache); a job marked `alone` (a
+    block cache) runs so too."""
 
     def __init__(
         self,

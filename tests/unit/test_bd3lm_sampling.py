@@ -86,3 +86,24 @@ def test_a_prompt_as_long_as_the_length_and_an_unknown_step_are_refused():
         draw(bd3lm, model, length=8, prompt=torch.arange(9, 17))
     with pytest.raises(MdlmError, match="choose one of: ancestral, first-hitting, confidence"):
         draw(bd3lm, model, sampler="remdm")
+
+
+def test_on_block_sees_each_final_block_and_may_end_the_sampling():
+    """`on_block` gets every committed block as it ends in the samples (the prompt's whole
+    block too), in order; returning True ends the sampling there, the blocks drawn so far
+    those of the whole run (the same draws); `before_call` runs before every network call."""
+    _, bd3lm, model = setup("bd3lm", "diffusion.block_size=4")
+    prompt = torch.tensor([9, 10, 11, 12, 13])
+    seen, calls = [], []
+
+    def keep(start, block):
+        seen.append((start, block.clone()))
+        return False
+
+    whole = draw(bd3lm, model, prompt=prompt, on_block=keep,
+                 before_call=lambda: calls.append(1))
+    assert [s for s, _ in seen] == list(range(0, L + 8, 4))
+    assert torch.equal(torch.cat([b for _, b in seen], dim=1), whole.tokens)
+    assert len(calls) == whole.stats.calls
+    cut = draw(bd3lm, model, prompt=prompt, on_block=lambda start, _: start == 12)
+    assert torch.equal(cut.tokens, whole.tokens[:, :16])

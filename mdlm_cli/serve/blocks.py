@@ -1,0 +1,101 @@
+"""A block diffusion (bd3lm) model behind `mdlm serve`: each prompt's choices are generated block
+by block with the key/value cache of the finished blocks (`BD3LM.sample`, as `mdlm sample`
+draws them), past the training length if `max_tokens` asks, and each block's text is handed
+out as soon as the block is committed: a finished block never changes, so a stream sends it
+once, with no revision.
+
+A bd3lm request runs alone on the model (`Plan.alone`): its cache holds its own rows' keys and
+values, which no other request's calls can share. Its choices end at EOS (`finish_reason`
+"stop"), at a stop string or at `max_tokens` ("length"); the sampling stops after the block in
+which the last of a prompt's choices ended.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .. import engine
+from .events import Emit, TextDelta
+from .generation import ChoiceText, Outcome
+from .schema import Limits, Plan, Row, invalid
+from .served import Served
+
+
+def block_length(prefix: int, max_tokens: int, block_size: int) -> int:
+    """Positions a row needs: its prefix and `max_tokens`, rounded up to whole blocks (as
+    `mdlm sample --length` is rounded)."""
+    return -(-(prefix + max_tokens) // block_size) * block_size
+
+
+def block_rows(prompts: list[list[int]], max_tokens: int | None, served: Served,
+               limits: Limits) -> tuple[list[Row], int]:
+    """One prefix-only `Row` per prompt and the new tokens: `max_tokens`, by default the rest
+    of the training length (one block at least). The blocks go on past that length, up to
+    `max_semi_ar_windows` training lengths (the positions semi-AR may reach)."""
+    loaded = served.loaded
+    start, block = loaded.row_start(), served.block_size
+    longest = len(start) + max(len(p) for p in prompts)
+    if max_tokens is None:
+        max_tokens = max(loaded.length - longest, block)
+    most = limits.max_semi_ar_windows * loaded.length
+    size = block_length(longest, max_tokens, block)
+    if size > most:
+        raise invalid(f"prompt and row start ({longest} tokens) + max_tokens ({max_tokens}) "
+                      f"are {size} positions in blocks of {block}; the server's limit is {most} "
+                      f"({limits.max_semi_ar_windows} training lengths)", "max_tokens",
+                      "context_length_exceeded")
+    rows = [Row(None, start + ids, len(ids), 0, loaded.tokenizer.decode(ids)) for ids in prompts]
+    return rows, max_tokens
+
+
+def _texts(plan: Plan, served: Served) -> list[ChoiceText]:
+    """Each choice's text, ended at EOS whatever the packing (`mdlm sample` on bd3lm stops
+    there too) and at the chat turn's end."""
+    tok = served.loaded.tokenizer
+    return [ChoiceText(tok.decode, plan.max_tokens, plan.stop, tok.eos_id,
+                       prefix=row.echo if plan.echo else "", end_ids=plan.end_ids)
+            for row in plan.rows for _ in range(plan.n)]
+
+
+def run_blocks(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
+    """The plan's rows (prompt-major: choice index = prompt * n + j), each prompt's n choices
+    in one batch of `BD3LM.sample` under the request's one generator, prompt after prompt.
+    `denoiser`: the worker's wrapper of a job that runs alone, whose `check` stops the sampling
+    at its next network call once the client has gone or the time limit has passed."""
+    loaded, how = served.loaded, plan.settings
+    generator = torch.Generator(device=served.device).manual_seed(plan.seed)
+    texts = _texts(plan, served)
+    stats, t0 = engine.SampleStats(), time.perf_counter()
+    for p, row in enumerate(plan.rows):
+        first, prefix = p * plan.n, len(row.prefix)
+        mine = texts[first:first + plan.n]
+
+        def on_block(start: int, block: torch.Tensor, mine=mine, first=first,
+                     prefix=prefix) -> bool:
+            for j, new in enumerate(block[:, max(prefix - start, 0):].cpu().tolist()):
+                _send(emit, first + j, mine[j].feed(new))
+            return all(t.finish_reason is not None for t in mine)
+
+        out = loaded.objective.sample(
+            loaded.model, num_samples=plan.n, generator=generator,
+            length=block_length(prefix, plan.max_tokens, plan.block_size),
+            steps=how.steps or 1, sampler=how.sampler,
+            prompt=torch.tensor(row.prefix, dtype=torch.long) if prefix else None,
+            autocast_dtype=served.dtype, precision=how.precision, temperature=how.temperature,
+            top_p=how.top_p, tokens_per_step=int(how.options.get("tokens_per_step", 1)),
+            on_block=on_block, before_call=denoiser.check)
+        stats.num_sequences += out.stats.num_sequences
+        stats.merge(out.stats)
+    for i, text in enumerate(texts):
+        _send(emit, i, text.finish())
+    choices = [{"index": i, "text": t.text, "finish_reason": t.finish_reason, "logprobs": None,
+                "length": len(t.tokens), "ended": t.ended} for i, t in enumerate(texts)]
+    return Outcome(choices, stats, time.perf_counter() - t0,
+                   plan.n * sum(r.n_prompt for r in plan.rows), sum(len(t.tokens) for t in texts))
+
+
+def _send(emit: Emit, index: int, delta: str) -> None:
+    if delta:
+        emit(TextDelta(index, delta))

@@ -1,0 +1,281 @@
+"""`mdlm serve` of a bd3lm run, in process (the app behind Starlette's test client): completions
+block by block with the cache, past the training length, the same text as `mdlm sample` at the
+same seed, streamed block by block into the unstreamed text, stopped at EOS; chat; and the
+400s for what a block diffusion model cannot serve."""
+
+import copy
+import json
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("starlette")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from mdlm_cli.checkpoints.load import load_checkpoint  # noqa: E402
+from mdlm_cli.serve.app import Settings, create_app  # noqa: E402
+from mdlm_cli.serve.blocks import run_blocks  # noqa: E402
+from mdlm_cli.serve.completion import parse_completion  # noqa: E402
+from mdlm_cli.serve.schema import Limits  # noqa: E402
+from mdlm_cli.serve.served import Served  # noqa: E402
+from mdlm_cli.serve.worker import Cancelled  # noqa: E402
+
+from .conftest import invoke  # noqa: E402
+
+BLOCK = 8  # L' of the run; its training length is 32
+
+
+@pytest.fixture(scope="module")
+def bd3_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bd3serve") / "run"
+    invoke("train", "--preset", "test", "--no-print-config", "--max-steps", "3", "--set",
+           "diffusion.objective=bd3lm", "--set", f"diffusion.block_size={BLOCK}", "--set",
+           "train.eval_rows=16", "--out", out)
+    return out
+
+
+def served_from(run, tokenizer=None) -> Served:
+    loaded = load_checkpoint(run)
+    if tokenizer is not None:
+        loaded.tokenizer = tokenizer
+    return Served(loaded, torch.device("cpu"), None, "bd3")
+
+
+def client(served: Served) -> TestClient:
+    http = TestClient(create_app(lambda: served, Settings(max_batch=4)))
+    http.__enter__()
+    for _ in range(200):  # the model loads in a thread
+        if http.get("/health").status_code == 200:
+            return http
+        time.sleep(0.05)
+    raise AssertionError(http.get("/health").json())
+
+
+@pytest.fixture(scope="module")
+def http(bd3_run):
+    opened = client(served_from(bd3_run))
+    yield opened
+    opened.__exit__(None, None, None)
+
+
+def complete(http, **body) -> dict:
+    response = http.post("/v1/completions", json={"prompt": "the ", **body})
+    assert response.status_code == 200, response.json()
+    return response.json()
+
+
+def streamed(http, **body) -> tuple[dict[int, list[str]], list[dict]]:
+    """Each choice's text chunks, and the chunks that end the choices."""
+    response = http.post("/v1/completions", json={"prompt": "the ", "stream": True, **body})
+    assert response.status_code == 200
+    events = [line[len("data: "):] for line in response.text.splitlines() if line]
+    assert events[-1] == "[DONE]"
+    pieces, ends = {}, []
+    for chunk in map(json.loads, events[:-1]):
+        for choice in chunk["choices"]:
+            if choice["finish_reason"] is None:
+                pieces.setdefault(choice["index"], []).append(choice["text"])
+            else:
+                ends.append(choice)
+    return pieces, ends
+
+
+def test_a_completion_is_what_mdlm_sample_draws_past_the_training_length(http, bd3_run, tmp_path):
+    """4 prompt tokens + 99 new ones: 103 positions, rounded up to 104 (13 blocks of 8) as
+    `mdlm sample --length 103` rounds them; at one seed the server's choices are the CLI's
+    samples, each cut at its first EOS, else at max_tokens."""
+    answer = complete(http, max_tokens=99, n=3, seed=1)
+    out = tmp_path / "s.jsonl"
+    note = invoke("sample", "-c", bd3_run, "--prompt", "the ", "--length", "103", "-n", "3",
+                  "--seed", "1", "--out", out, "--quiet")
+    assert "rounded up to 104" in note
+    samples = [json.loads(line) for line in out.read_text().splitlines()]
+    for choice, sample in zip(answer["choices"], samples, strict=True):
+        assert choice["text"] == sample["response"][:99]
+        assert choice["ended"] == sample["ended"] and choice["length"] == min(sample["length"], 99)
+        assert choice["finish_reason"] == ("stop" if sample["ended"] else "length")
+    assert {c["finish_reason"] for c in answer["choices"]} == {"stop", "length"}  # both ends
+    assert answer["usage"]["completion_tokens"] == sum(c["length"] for c in answer["choices"])
+    assert answer["mdlm"]["sampler"] == "first-hitting"
+
+
+def test_streamed_blocks_join_to_the_unstreamed_text(http):
+    body = {"max_tokens": 99, "n": 3, "seed": 1}
+    whole = complete(http, **body)["choices"]
+    pieces, ends = streamed(http, **body)
+    assert [e["finish_reason"] for e in ends] == [c["finish_reason"] for c in whole]
+    for choice in whole:
+        chunks = pieces.get(choice["index"], [])
+        assert "".join(chunks) == choice["text"]
+        assert all(len(c) <= BLOCK for c in chunks)  # one block's text at most per chunk
+    longest = max(whole, key=lambda c: c["length"])  # 99 tokens: 4 + 8 * 11 + 7, block by block
+    assert len(pieces[longest["index"]]) >= 12
+
+
+def test_several_prompts_are_sampled_prompt_after_prompt_under_one_generator(http):
+    """Choice index = prompt * n + j; the first prompt's choices are those it gets alone (its
+    rows draw first from the request's generator), the second's come after them."""
+    both = complete(http, prompt=["the ", "a"], n=2, max_tokens=40, seed=3)["choices"]
+    alone = complete(http, prompt="the ", n=2, max_tokens=40, seed=3)["choices"]
+    second = complete(http, prompt="a", n=2, max_tokens=40, seed=3)["choices"]
+    assert [c["index"] for c in both] == [0, 1, 2, 3]
+    assert [c["text"] for c in both[:2]] == [c["text"] for c in alone]
+    assert [c["text"] for c in both[2:]] != [c["text"] for c in second]
+
+
+@pytest.mark.parametrize("sampler", [{"sampler": "ancestral", "steps": 3},
+                                     {"sampler": "confidence", "steps": 2, "top_p": 0.9},
+                                     {"tokens_per_step": 2, "temperature": 0.7}])
+def test_every_within_block_sampler_serves_and_a_seed_repeats(http, sampler):
+    first = complete(http, max_tokens=40, n=2, seed=5, **sampler)
+    again = complete(http, max_tokens=40, n=2, seed=5, **sampler)
+    assert [c["text"] for c in first["choices"]] == [c["text"] for c in again["choices"]]
+    assert first["mdlm"]["sampler"] == sampler.get("sampler", "first-hitting")
+
+
+def test_a_choice_ends_at_eos_and_the_sampling_stops_there(bd3_run):
+    """A model whose every draw is EOS: each choice is empty and 'stop', and the sampling ends
+    after the first block (4 first-hitting calls for its 4 free positions, and its commit), not
+    after the 26 blocks max_tokens would take."""
+    served = served_from(bd3_run)
+    served.loaded.model = copy.deepcopy(served.loaded.model)
+    with torch.no_grad():
+        served.loaded.model.output_layer.linear.bias[served.loaded.tokenizer.eos_id] += 50.0
+    http = client(served)
+    try:
+        answer = complete(http, max_tokens=200, n=2, seed=0)
+    finally:
+        http.__exit__(None, None, None)
+    for choice in answer["choices"]:
+        assert choice["text"] == "" and choice["finish_reason"] == "stop" and choice["ended"]
+    assert answer["mdlm"]["network_calls"] == 5
+
+
+class Leaves:
+    """The worker's wrapper of a job whose client leaves at its third network call."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def check(self):
+        self.calls += 1
+        if self.calls == 3:
+            raise Cancelled("disconnect")
+
+
+def test_a_request_whose_client_leaves_stops_at_its_next_network_call(bd3_run):
+    served = served_from(bd3_run)
+    plan = parse_completion({"prompt": "the ", "max_tokens": 200, "seed": 0}, served, Limits())
+    denoiser, sent = Leaves(), []
+    with pytest.raises(Cancelled):
+        run_blocks(plan, served, denoiser, sent.append)
+    assert denoiser.calls == 3 and sent == []
+
+
+def test_the_model_card_says_block_size_and_the_options_that_apply(http):
+    card = http.get("/v1/models").json()["data"][0]["mdlm"]
+    assert card["objective"] == "bd3lm" and card["block_size"] == BLOCK
+    assert not card["infill"] and not card["semi_ar"]
+    assert card["samplers"]["first-hitting"]["options"] == ["tokens_per_step"]
+    assert card["samplers"]["confidence"]["options"] == []
+    assert http.get("/health").json()["batching"].startswith("none: a bd3lm request runs alone")
+
+
+@pytest.mark.parametrize("body, param, says", [
+    ({"sampler": "remdm"}, "sampler", "must be one of: ancestral, first-hitting, confidence"),
+    ({"sampler": "ancestral", "final_denoise": False}, "final_denoise", "does not apply"),
+    ({"sampler": "confidence", "k_schedule": "llada"}, "k_schedule", "does not apply"),
+    ({"suffix": " end"}, "suffix", "cannot infill a suffix"),
+    ({"stride": 8}, "stride", "takes no stride or semi_ar"),
+    ({"logprobs": 2}, "logprobs", "block sampler does not record"),
+    ({"stream": True, "stream_states": True}, "stream_states", "its finished blocks"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "boolean"}}}}, "response_format", "json_schema"),
+    ({"max_tokens": 600}, "max_tokens", "the server's limit is 512"),
+])
+def test_what_a_bd3lm_model_cannot_serve_is_a_400_in_one_line(http, body, param, says):
+    response = http.post("/v1/completions", json={"prompt": "the ", **body})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == param
+    assert says in error["message"] and "\n" not in error["message"]
+    infill = http.post("/v1/mdlm/infill", json={"template": "a <mask:3> b"})
+    assert infill.status_code == 400 and "cannot infill a template" in infill.json()["error"][
+        "message"]
+
+
+def test_a_chat_answer_is_the_completion_of_the_rendered_prompt(bd3_run):
+    """With a chat template, /v1/chat/completions answers block by block too: at one seed, the
+    completion of the prompt the template renders."""
+    pytest.importorskip("transformers")
+    from ..unit.test_serve_chat import MESSAGES, PROMPT, templated
+
+    served = served_from(bd3_run)
+    served.loaded.tokenizer = templated(served.loaded.tokenizer)
+    http = client(served)
+    try:
+        chat = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 50,
+                                                        "n": 2, "seed": 4}).json()
+        plain = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 50, "n": 2,
+                                                    "seed": 4}).json()
+    finally:
+        http.__exit__(None, None, None)
+    assert [c["message"]["content"] for c in chat["choices"]] == [
+        c["text"] for c in plain["choices"]]
+    assert [c["finish_reason"] for c in chat["choices"]] == [
+        c["finish_reason"] for c in plain["choices"]]
+
+
+@pytest.mark.slow
+def test_mdlm_serve_of_a_bd3lm_run_streams_to_the_openai_client_and_the_page(bd3_run, tmp_path):
+    """The command itself (a real process): the official client's stream joins to its
+    unstreamed completion past the training length, and the page at / streams a prompt's
+    blocks in (it asks for no denoising states of a bd3lm model)."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    from .test_serve import (
+        CHROMIUM,
+        CHROMIUM_ARGS,
+        free_port,
+        start_server,
+        stop_server,
+        wait_healthy,
+    )
+
+    port, log = free_port(), tmp_path / "server.log"
+    proc = start_server(bd3_run, port, log=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                               timeout=120)
+        body = dict(model=bd3_run.name, prompt="the ", max_tokens=90, n=3, seed=1)
+        whole = client.completions.create(**body).choices
+        chunks = {c.index: [] for c in whole}
+        for chunk in client.completions.create(**body, stream=True):
+            for c in chunk.choices:
+                chunks[c.index].append(c.text)
+        assert ["".join(chunks[c.index]) for c in whole] == [c.text for c in whole]
+        assert max(len(chunks[c.index]) for c in whole) > 90 // BLOCK  # block by block
+        assert "length" in [c.finish_reason for c in whole]  # 90 tokens, past L = 32
+        sync_api = pytest.importorskip("playwright.sync_api")
+        if not CHROMIUM.exists():
+            pytest.skip("no chromium at /usr/bin/chromium (Debian: apt-get install chromium)")
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(60_000)
+                page.goto(url + "/")
+                page.wait_for_function("document.querySelectorAll('#sampler option').length > 0")
+                page.fill("#seed", "2")
+                page.fill("#prompt", "the ")
+                page.click("#go")
+                page.wait_for_function("document.getElementById('status').dataset.done === '1'")
+                status, text = page.inner_text("#status"), page.inner_text("#text")
+            finally:
+                browser.close()
+        assert "first-hitting" in status and "seed 2" in status and text.strip()
+    finally:
+        stop_server(proc)
