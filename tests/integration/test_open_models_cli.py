@@ -188,3 +188,47 @@ def test_lm_eval_refuses_a_chat_template_the_tokenizer_lacks(tasks, tmp_path):
     error = one_line_error("lm-eval", "-c", folder, "--tasks", "o_generate", "--include-path",
                            tasks[1], "--apply-chat-template", "--device", "cpu")
     assert "--apply-chat-template needs a tokenizer with a chat template" in error
+
+
+@pytest.fixture(scope="module")
+def qa_file(tmp_path_factory):
+    """40 prompt/response examples of the folders' words (data/sft.py's format)."""
+    rng = random.Random(2)
+
+    def words(n):
+        return " ".join(f"w{rng.randint(1, 78)}" for _ in range(n))
+
+    path = tmp_path_factory.mktemp("qa") / "qa.jsonl"
+    path.write_text("".join(json.dumps({"prompt": words(rng.randint(3, 9)),
+                                        "response": words(rng.randint(1, 6))}) + "\n"
+                            for _ in range(40)))
+    return path
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eval_ppl_on_prompt_response_rows_is_conditional(folders, qa_file, tmp_path, family):
+    """The bound of the responses given the prompts (tests/unit/test_conditional_ppl.py checks
+    its value): per response token, fewer tokens than the whole rows, said in the output."""
+    out = tmp_path / "ppl.json"
+    text = invoke("eval-ppl", "-c", folders[family], "--dataset", qa_file, "-k", "2",
+                  "--split", "train", "--json", out)
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["conditional"] is True and result["kind"] == "bound"
+    assert "qa (conditional)" in text and "-log p(response | prompt)" in text
+    examples = [json.loads(line) for line in qa_file.read_text().splitlines()]
+    words = sum(len(e["prompt"].split()) + len(e["response"].split()) for e in examples)
+    assert 0 < result["tokens"] < words  # responses + EOS of the train split only
+    assert math.isfinite(result["nats_per_token"]) and result["nats_per_token"] > 0
+
+
+def test_a_dit_trained_on_prompt_response_rows_reports_its_conditional_bound(tmp_path):
+    """The DiT's own sft data (the embedded corpus' sentence pairs) goes the same way."""
+    run = tmp_path / "sft"
+    invoke("train", "--preset", "test", "--no-print-config", "--max-steps", "2", "--out", run,
+           "--set", "data.dataset=bigtxt-next", "--set", "data.packing=sft",
+           "--set", "train.eval_rows=8", "--set", f"data.cache_dir={tmp_path / 'cache'}")
+    out = tmp_path / "ppl.json"
+    text = invoke("eval-ppl", "-c", run, "--rows", "8", "-k", "2", "--json", out)
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["conditional"] is True and "conditional, -log p(response | prompt)" in text
+    assert math.isfinite(result["nats_per_token"])
