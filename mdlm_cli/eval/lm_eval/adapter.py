@@ -117,6 +117,7 @@ class MdlmLM(LM):
         self._generated = 0
         self._warned: set[str] = set()
         self.chat = False  # set once the harness renders a context with the chat template
+        self.stop_ids: list[int] | None = None  # tokens a generation ends at (None: EOS)
 
     @property
     def mc_samples(self) -> int:
@@ -213,8 +214,7 @@ class MdlmLM(LM):
                     start=self.start,
                 )
                 self._generated += 1
-                stop_ids = self.stop_ids if self.chat else None
-                out.append(cut_generation(tok, tokens, until, stop_ids))
+                out.append(cut_generation(tok, tokens, until, self.stop_ids))
                 advance(1)
         return out
 
