@@ -4,19 +4,23 @@ config.py is a leaf (pure dataclasses and the checks each section can make alone
 the registries lives here, one layer above the backbones (models.BACKBONES), the objectives
 (objectives.OBJECTIVES) and the schedules (engine.SCHEDULES): the names a config gives, which
 model keys its backbone reads, whether the backbone attends the way the objective needs, and
-each backbone's and objective's own checks.
+each backbone's and objective's own checks; and what a released folder named by
+`train.init_from` fixes in the other sections (`adopt_released_folder`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 
 import yaml
 
-from .config import Config, ModelConfig, check_choice, merge_sources, parse_config
+from .config import Config, DataConfig, ModelConfig, check_choice, merge_sources, parse_config
+from .data.open_tokenizers import hub_open_model_folder, open_model_family
 from .engine.schedules import SCHEDULES
 from .errors import MdlmError
+from .io.files import read_json_object
 from .models import BACKBONES
 from .objectives import OBJECTIVES
 
@@ -30,8 +34,9 @@ CAUSAL_ALTERNATIVE = {
 def resolve_config(preset: str | None, overrides: typing.Sequence[str] = (),
                    flags: dict[str, typing.Any] | None = None) -> Config:
     """defaults < preset < --set overrides < explicit flags ({"train.seed": 3, ...}, None = unset),
-    checked as a whole."""
-    return config_from_dict(merge_sources(preset, overrides, flags))
+    checked as a whole; a LLaDA or Dream folder as `train.init_from` fixes its model, tokenizer
+    and objective (`adopt_released_folder`)."""
+    return config_from_dict(adopt_released_folder(merge_sources(preset, overrides, flags)))
 
 
 def config_from_dict(data: dict) -> Config:
@@ -108,3 +113,68 @@ def _check_own_keys(cfg: Config, objective) -> None:
     default, is refused: no switch is silently ignored."""
     others = {key for cls in OBJECTIVES.values() if cls is not objective for key in cls.own_keys}
     objective.refuse_unused(cfg, *sorted(others - set(objective.own_keys)))
+
+
+# what the open diffusion LLMs were trained with, whatever the folder: LLaDA's objective (MDLM's
+# loss under the linear schedule) and no time input (a time-agnostic denoiser)
+RELEASED_FIXES = {("diffusion", "objective"): "mdlm", ("diffusion", "schedule"): "linear",
+                  ("model", "time_conditioning"): False}
+
+
+def released_folder(spec: str) -> tuple[type, dict] | None:
+    """(backbone class, config.json) of a local LLaDA or Dream folder or a hub id of one;
+    None for anything else (an mdlm run, a Caduceus, a hub id the Hub and cache cannot place)."""
+    path = Path(spec)
+    if path.is_dir():
+        folder = path if open_model_family(path) else None
+    else:
+        folder = hub_open_model_folder(spec) if spec.count("/") == 1 else None
+    if folder is None:
+        return None
+    raw = read_json_object(folder / "config.json")
+    cls = next(c for c in BACKBONES.values() if getattr(c, "model_type", None) == raw["model_type"])
+    return cls, raw
+
+
+def adopt_released_folder(data: dict) -> dict:
+    """The merged config with what `train.init_from`'s LLaDA or Dream folder fixes: the backbone,
+    model.hf_model, the tokenizer (the folder's own: its mask id), the objective, the linear
+    schedule, no time input; an unset data.length becomes at most the model's positions. A value
+    given (by the preset or --set) that contradicts the folder is refused in one line naming
+    its key, never silently overridden. Any other init_from leaves `data` as it is."""
+    spec = (data.get("train") or {}).get("init_from")
+    found = released_folder(spec) if isinstance(spec, str) and spec else None
+    if found is None:
+        return data
+    cls, raw = found
+    backbone = next(k for k, c in BACKBONES.items() if c is cls)
+    what = f"train.init_from {spec} (a {cls.title} folder"
+    unread = [k for k in data.get("model") or {} if k not in backbone_keys(backbone)]
+    if unread:
+        key = unread[0]
+        raise MdlmError(f"model.{key}={data['model'][key]!r} contradicts {what}, whose "
+                        f"config.json fixes the model's sizes); remove model.{key}")
+    fixed = {("model", "backbone"): backbone, ("model", "hf_model"): spec,
+             ("data", "tokenizer"): spec, **RELEASED_FIXES}
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for (section, key), value in fixed.items():
+        given = out.setdefault(section, {}).get(key, value)
+        if not _same(given, value):
+            raise MdlmError(f"{section}.{key}={given!r} contradicts {what} fixes "
+                            f"{section}.{key}={value!r}); remove the setting")
+        out[section][key] = value
+    positions = cls.read_shape(raw, spec).max_length
+    length = out["data"].setdefault("length", min(DataConfig.length, positions))
+    if isinstance(length, int) and length > positions:
+        raise MdlmError(f"data.length={length} exceeds the {positions} positions of {spec}; "
+                        f"set data.length={positions} or less")
+    return out
+
+
+def _same(given, value) -> bool:
+    """Equal values, or two names of one local folder."""
+    if given == value:
+        return True
+    if isinstance(given, str) and isinstance(value, str) and Path(given).is_dir():
+        return Path(given).resolve() == Path(value).resolve()
+    return False

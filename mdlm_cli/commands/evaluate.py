@@ -205,6 +205,6 @@ def _print_conditional(results) -> None:
     for r in results:
         if r.conditional:
             console.print(f"[dim]{escape(r.dataset)}: conditional, -log p(response | prompt) "
-                          f"per response token ({r.tokens:,} tokens: each response and its EOS, "
-                          "the only positions masked and scored; the prompt is always clean)[/]",
-                          highlight=False)
+                          f"per response token ({r.tokens:,} tokens: each response and its end "
+                          "token, the only positions masked and scored; the prompt is always "
+                          "clean)[/]", highlight=False)

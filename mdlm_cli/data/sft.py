@@ -7,6 +7,11 @@ becomes one row:
 
     [BOS] prompt response [EOS] fill ...      (L tokens)
 
+With a tokeniser that has a chat template (LLaDA's, Dream's) every example goes through it,
+a prompt/response pair as one user turn and the answer (`encode_example`):
+
+    template(user: prompt, generation prompt) response end-of-turn fill ...
+
 `fill` is EOS with `data.pad_as_eos: true` (LLaDA's SFT convention: the padding is part of
 the answer, attended and scored, so the model learns where the answer ends), else the pad
 token outside the row's length (never attended, masked or scored). The prompt's length
@@ -20,6 +25,7 @@ Sources: a local .jsonl of such records, `hub:ORG/NAME` (a Hugging Face data set
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from abc import abstractmethod
@@ -31,6 +37,7 @@ import numpy as np
 
 from ..errors import MdlmError
 from ..io.packaged import sha256_file
+from .chat import chat_example_ids, has_chat_template
 from .sources import BigTxt, HubDataset, Source, _split_documents, get_source, read_text_file
 from .tokenizers import Tokenizer
 
@@ -198,12 +205,8 @@ def example_source(name_or_path: str) -> ExampleSource:
 
 def render_chat(tokenizer: Tokenizer, messages: list[dict]) -> tuple[str, str]:
     """(prompt text, response text) of a conversation through the tokeniser's chat template."""
+    _need_template(tokenizer)
     hf = tokenizer.hf
-    if hf is None or not getattr(hf, "chat_template", None):
-        raise MdlmError(
-            f"'messages' examples need a tokenizer with a chat template; {tokenizer.name} has "
-            "none: give prompt/response fields instead"
-        )
     prompt = hf.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
     full = hf.apply_chat_template(messages, tokenize=False)
     if not full.startswith(prompt):
@@ -214,14 +217,37 @@ def render_chat(tokenizer: Tokenizer, messages: list[dict]) -> tuple[str, str]:
     return prompt, full[len(prompt) :]
 
 
+def _need_template(tokenizer: Tokenizer) -> None:
+    if not has_chat_template(tokenizer):
+        raise MdlmError(
+            f"'messages' examples need a tokenizer with a chat template; {tokenizer.name} has "
+            "none: give prompt/response fields instead"
+        )
+
+
 def encode_example(tokenizer: Tokenizer, example: dict) -> tuple[list[int], list[int]]:
-    """([BOS] + prompt tokens, response tokens + [EOS])."""
+    """(prompt tokens, response tokens). With a chat template (a LLaDA or Dream tokeniser's) a
+    prompt/response pair is the conversation [user: prompt, assistant: response], and every
+    conversation is the template's rendering (data/chat.py: the prompt as `sample --chat` feeds
+    it, its BOS the template's own; the answer up to its end-of-turn token). Without one:
+    ([BOS] + prompt, response + [EOS])."""
     if "messages" in example:
-        prompt, response = render_chat(tokenizer, example["messages"])
-    else:
-        prompt, response = example["prompt"], example["response"]
-    prompt_ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
-    return prompt_ids, tokenizer.encode(response) + [tokenizer.eos_id]
+        _need_template(tokenizer)
+        return chat_example_ids(tokenizer, example["messages"])
+    if has_chat_template(tokenizer):
+        turns = [{"role": "user", "content": example["prompt"]},
+                 {"role": "assistant", "content": example["response"]}]
+        return chat_example_ids(tokenizer, turns)
+    prompt_ids = [tokenizer.bos_id] + tokenizer.encode(example["prompt"])
+    return prompt_ids, tokenizer.encode(example["response"]) + [tokenizer.eos_id]
+
+
+def row_format(tokenizer: Tokenizer) -> str:
+    """What of the tokeniser besides its vocabulary shapes the rows (for the cache key): its
+    chat template, where it has one."""
+    if not has_chat_template(tokenizer):
+        return ""
+    return ":chat-" + hashlib.sha256(tokenizer.hf.chat_template.encode()).hexdigest()[:16]
 
 
 def sft_rows(

@@ -37,7 +37,7 @@ from ..config import SFT_PACKINGS
 from ..errors import MdlmError
 from ..io.files import pid_alive
 from .packed_split import write_packed_split
-from .sft import example_source, write_sft_split
+from .sft import example_source, row_format, write_sft_split
 from .sft_pack import write_sft_pack_split
 from .sources import Source, get_source
 from .tokenizers import Tokenizer, default_cache_root, load_tokenizer
@@ -250,11 +250,13 @@ def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
     return float(-(valid_counts * log_p).sum() / max(valid_counts.sum(), 1))
 
 
-def key_packing(cfg: DataConfig) -> str:
-    """The packing as the cache key sees it (sft, sft-pack: with the padding convention)."""
+def key_packing(cfg: DataConfig, tokenizer: Tokenizer) -> str:
+    """The packing as the cache key sees it (sft, sft-pack: with the padding convention and the
+    tokeniser's chat template, which renders the examples)."""
     if cfg.packing not in SFT_PACKINGS:
         return cfg.packing
-    return f"{cfg.packing}:pad-as-eos" if cfg.pad_as_eos else f"{cfg.packing}:pad"
+    padding = f"{cfg.packing}:pad-as-eos" if cfg.pad_as_eos else f"{cfg.packing}:pad"
+    return padding + row_format(tokenizer)
 
 
 def prepared_folder(cfg: DataConfig) -> tuple[Path, Source, Tokenizer]:
@@ -262,7 +264,8 @@ def prepared_folder(cfg: DataConfig) -> tuple[Path, Source, Tokenizer]:
     sft = cfg.packing in SFT_PACKINGS
     source = example_source(cfg.dataset) if sft else get_source(cfg.dataset)
     tokenizer = load_tokenizer(cfg.tokenizer, root)
-    key = cache_key(source, tokenizer, cfg.length, key_packing(cfg), row_limits(cfg, source.splits))
+    key = cache_key(source, tokenizer, cfg.length, key_packing(cfg, tokenizer),
+                    row_limits(cfg, source.splits))
     name = f"{source.name}-{tokenizer.name.replace('/', '_')}-{cfg.packing}{cfg.length}-{key[:12]}"
     return root / "data" / name, source, tokenizer
 
@@ -310,7 +313,7 @@ def _meta(cfg: DataConfig, source: Source, tokenizer: Tokenizer, dtype, splits: 
     """meta.json of a prepared data set (before its unigram baseline is known)."""
     return {
         "format": FORMAT_VERSION,
-        "key": cache_key(source, tokenizer, cfg.length, key_packing(cfg), limits),
+        "key": cache_key(source, tokenizer, cfg.length, key_packing(cfg, tokenizer), limits),
         "source": {"name": source.name, "description": source.description,
                    "fingerprint": source.fingerprint},
         "tokenizer": tokenizer.describe(), "length": cfg.length, "packing": cfg.packing,

@@ -3,7 +3,7 @@ language model (left-to-right sampling). Structural types: any object with these
 serves, nothing is subclassed; `models.DiffusionDenoiser` and `objectives.ar.CausalLMAdapter`
 are the package's own.
 
-A `Denoiser` may declare three optional members, read through the helpers below (absent
+A `Denoiser` may declare four optional members, read through the helpers below (absent
 means False / None) so that nothing guesses them:
 - `time_agnostic = True`: its output does not depend on t (a model without time
   conditioning); caching samplers need this;
@@ -11,7 +11,10 @@ means False / None) so that nothing guesses them:
   logits (N, V) only at those positions (the DiT does: the loss needs only masked positions);
   without it the engine never passes `output_mask`;
 - `log_score(z_t, t, *, output_mask) -> (N, V)`: log concrete scores of its own (a score
-  model: SEDD); without it score-based samplers convert the logits (`subs_log_score`).
+  model: SEDD); without it score-based samplers convert the logits (`subs_log_score`);
+- `shifted_logits = True`: its logits at position i are read from the network's output at
+  i - 1 (Dream's shift), in a block cache's sliced calls too (within the slice), so the block
+  samplers decide a block's first position from the full pass (engine/dream_blocks.py).
 """
 
 from __future__ import annotations
@@ -77,6 +80,11 @@ def supports_output_mask(denoiser: Denoiser) -> bool:
 def has_block_cache(denoiser: Denoiser) -> bool:
     """Whether the denoiser offers a block cache (`BlockCached`) and ignores t."""
     return is_time_agnostic(denoiser) and hasattr(denoiser, "new_block_cache")
+
+
+def has_shifted_logits(denoiser: Denoiser) -> bool:
+    """Whether the denoiser declared that position i's logits come from i - 1 (`shifted_logits`)."""
+    return bool(getattr(denoiser, "shifted_logits", False))
 
 
 def score_method(denoiser: Denoiser) -> Callable[..., Tensor] | None:

@@ -115,7 +115,11 @@ def row_examples(rows: TokenSplit, r: int, eos_id: int) -> list[tuple[list[int],
 def file_prompts(path: Path, loaded: LoadedModel, count: int) -> list[Prompt]:
     """The first `count` records of a JSONL file: `prompt` (with an optional `response`, the
     held-out answer) or `messages` through the tokeniser's chat template."""
+    from ..data.chat import has_chat_template
+
     tok, start = loaded.tokenizer, loaded.row_start()
+    # a model fine-tuned on pairs through its chat template reads a prompt as a user turn
+    chat_pairs = loaded.data_meta.get("packing") in SFT_PACKINGS and has_chat_template(tok)
     prompts: list[Prompt] = []
     for n, line in enumerate(read_text_file(path).splitlines(), 1):
         if not line.strip():
@@ -124,12 +128,13 @@ def file_prompts(path: Path, loaded: LoadedModel, count: int) -> list[Prompt]:
             record = json.loads(line)
         except json.JSONDecodeError:
             raise MdlmError(f"{path}:{n} is not JSON") from None
-        text, reference = prompt_of(record, tok, f"{path}:{n}")
-        ids = start + tok.encode(text)
+        text, reference, templated = prompt_of(record, tok, f"{path}:{n}", chat_pairs=chat_pairs)
+        # a template's rendering holds its own BOS (LLaDA's): the row's start is not added again
+        ids = tok.encode(text) if templated else start + tok.encode(text)
         if len(ids) >= loaded.length:
             raise MdlmError(f"{path}:{n}: the prompt is {len(ids)} tokens; {loaded.path} answers "
                             f"in rows of {loaded.length} tokens, prompt and response together")
-        prompts.append(Prompt(ids, tok.decode(ids[len(start):]), reference))
+        prompts.append(Prompt(ids, tok.decode(ids if templated else ids[len(start):]), reference))
         if len(prompts) == count:
             break
     if not prompts:
@@ -137,22 +142,29 @@ def file_prompts(path: Path, loaded: LoadedModel, count: int) -> list[Prompt]:
     return prompts
 
 
-def prompt_of(record, tokenizer: Tokenizer, where: str) -> tuple[str, str | None]:
-    """(prompt text, held-out response or None) of one record."""
+def prompt_of(record, tokenizer: Tokenizer, where: str,
+              chat_pairs: bool = False) -> tuple[str, str | None, bool]:
+    """(prompt text, held-out response or None, whether the text is a chat template's
+    rendering) of one record; with `chat_pairs` a prompt/response record is one user turn."""
     from ..data.sft import check_example, render_chat
 
     if isinstance(record, dict) and isinstance(record.get("messages"), list):
         messages = record["messages"]
         if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
-            return render_chat(tokenizer, check_example(record, where)["messages"])
+            return *render_chat(tokenizer, check_example(record, where)["messages"]), True
         # a conversation awaiting its answer: rendered as if with an empty one, whose prompt
         # (the conversation and the template's generation prompt) is what the model reads
         answer = {"role": "assistant", "content": ""}
         checked = check_example({"messages": [*messages, answer]}, where)
-        return render_chat(tokenizer, checked["messages"])[0], None
+        return render_chat(tokenizer, checked["messages"])[0], None, True
     if isinstance(record, dict) and isinstance(record.get("prompt"), str):
         response = record.get("response")
-        return record["prompt"], response if isinstance(response, str) else None
+        response = response if isinstance(response, str) else None
+        if chat_pairs:
+            turns = [{"role": "user", "content": record["prompt"]},
+                     {"role": "assistant", "content": response or ""}]
+            return render_chat(tokenizer, turns)[0], response, True
+        return record["prompt"], response, False
     raise MdlmError(f"{where}: no 'prompt' string (nor 'messages' list); --prompts reads "
                     "prompt (optionally with response) or messages records")
 

@@ -91,6 +91,11 @@ class DiffusionDenoiser:
         with autocast_for(z_t.device, self.autocast_dtype):
             return self.model(z_t, sigma, attention_mask=attention_mask, output_mask=output_mask)
 
+    @property
+    def shifted_logits(self) -> bool:
+        """Whether the backbone reads position i's logits from its output at i - 1 (Dream)."""
+        return bool(getattr(unwrap(self.model), "shifted_logits", False))
+
     def new_block_cache(self, batch: int, length: int) -> Any:
         return self._cached_backbone().new_block_cache(batch, length)
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import MdlmError
+from .block_cache import BlockCache, BlockCall
 from .decoder_layers import RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
@@ -84,11 +85,13 @@ class DreamAttention(nn.Module):
         self.v_proj = nn.Linear(s.hidden_size, kv, bias=True)
         self.o_proj = nn.Linear(s.hidden_size, s.hidden_size, bias=False)
 
-    def forward(self, h: Tensor, rotary: tuple[Tensor, Tensor], keys: Tensor | None) -> Tensor:
+    def forward(self, h: Tensor, rotary: tuple[Tensor, Tensor], keys: Tensor | None,
+                block_call: tuple[BlockCall, int] | None = None) -> Tensor:
         s = self.shape
         att = attend(self.q_proj(h), self.k_proj(h), self.v_proj(h), n_heads=s.n_heads,
                      n_kv_heads=s.n_kv_heads, rotary=rotary, full_precision_rotary=False,
-                     keys=keys, dropout=s.attention_dropout if self.training else 0.0)
+                     keys=keys, dropout=s.attention_dropout if self.training else 0.0,
+                     block_call=block_call)
         return self.o_proj(att)
 
 
@@ -113,8 +116,9 @@ class DreamLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.eps)
         self.mlp = DreamMLP(s)
 
-    def forward(self, x: Tensor, rotary: tuple[Tensor, Tensor], keys: Tensor | None) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotary, keys)
+    def forward(self, x: Tensor, rotary: tuple[Tensor, Tensor], keys: Tensor | None,
+                block_call: tuple[BlockCall, int] | None = None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rotary, keys, block_call)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -137,9 +141,13 @@ class Dream(ReleasedBackbone):
     """
 
     family, title, config_file = "dream", "Dream", CONFIG_FILE
+    model_type = "Dream"  # config.json's model_type of the released folders
     # what the samplers default to for this family (its own transfer schedule)
     sampling_defaults = {"k_schedule": "dream"}
     read_shape = staticmethod(read_shape)
+    # logits at i read from the output at i - 1 (engine/protocols.py): a block cache's sliced
+    # call cannot give its first position's, so the block samplers follow Fast-dLLM's Dream loop
+    shifted_logits = True
 
     def build_network(self) -> None:
         self.model = DreamDecoder(self.config)  # the release's names: model.*, lm_head.*
@@ -150,19 +158,47 @@ class Dream(ReleasedBackbone):
     def blocks(self) -> list[nn.Module]:
         return list(self.model.layers)
 
+    def hidden_states(self, tokens: Tensor, attention_mask: Tensor | None,
+                      call: BlockCall | None = None) -> Tensor:
+        """The final norm's output (B, L, H), unshifted; with a block `call`, of the positions
+        [call.start, call.start + n) that `tokens` (B, n) hold, at their absolute rotary angles."""
+        s, decoder = self.config, self.model
+        x = decoder.embed_tokens(tokens)
+        start = 0 if call is None else call.start
+        cos, sin = rotary_tables(start + tokens.shape[1], s.hidden_size // s.n_heads,
+                                 s.rope_theta, tokens.device)
+        keys = key_padding_mask(attention_mask)
+        for i, layer in enumerate(decoder.layers):
+            x = layer(x, (cos[start:], sin[start:]), keys, None if call is None else (call, i))
+        return decoder.norm(x)
+
     def forward(self, tokens: Tensor, sigma: Tensor | None = None,
                 attention_mask: Tensor | None = None, output_mask: Tensor | None = None) -> Tensor:
         """Logits (B, L, V) in float32, or (N, V) at the N True positions of `output_mask`."""
-        s, decoder = self.config, self.model
-        x = decoder.embed_tokens(tokens)
-        rotary = rotary_tables(tokens.shape[1], s.hidden_size // s.n_heads, s.rope_theta,
-                               tokens.device)
-        keys = key_padding_mask(attention_mask)
-        for layer in decoder.layers:
-            x = layer(x, rotary, keys)
-        h = decoder.norm(x)
+        return self._logits(self.hidden_states(tokens, attention_mask), output_mask)
+
+    # Fast-dLLM's block cache (models/block_cache.py), as its modeling_dream.py: a sliced call
+    # is shifted within the slice, as its generation loop shifts the call's logits, so the
+    # slice's first position reads its own output (Fast-dLLM's loop decides that position
+    # from the full pass: engine/dream_blocks.py).
+    def new_block_cache(self, batch: int, length: int) -> BlockCache:
+        return BlockCache.empty(batch, length, self.config.n_layers)
+
+    def block_cache(self, tokens: Tensor, cache: BlockCache, rows: Tensor | None = None
+                    ) -> tuple[Tensor, BlockCache]:
+        """A full pass: logits (R, L, V), every position's keys and values kept at `rows`."""
+        call = BlockCall(cache, 0, rows, refresh=True)
+        return self._logits(self.hidden_states(tokens, None, call), None), cache
+
+    def from_cache(self, tokens: Tensor, cache: BlockCache, start: int,
+                   rows: Tensor | None = None) -> Tensor:
+        """Logits (R, n, V) of `tokens` (R, n) at positions [start, start + n) of `rows`, each
+        read from the output one to its left within the slice (the first from its own)."""
+        return self._logits(self.hidden_states(tokens, None, BlockCall(cache, start, rows)), None)
+
+    def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:
         h = torch.cat([h[:, :1], h[:, :-1]], dim=1)  # Dream's shift: i is read from i - 1
         h = h if output_mask is None else h[output_mask]
-        weight = decoder.embed_tokens.weight if s.tied else self.lm_head.weight
+        weight = self.model.embed_tokens.weight if self.config.tied else self.lm_head.weight
         return nn.functional.linear(h, weight)[..., : self.vocab_size].float()
 

@@ -140,6 +140,7 @@ class LLaDA(ReleasedBackbone):
     """
 
     family, title, config_file = "llada", "LLaDA", CONFIG_FILE
+    model_type = "llada"  # config.json's model_type of the released folders
     # what the samplers default to for this family (its own transfer schedule)
     sampling_defaults = {"k_schedule": "llada"}
     read_shape = staticmethod(read_shape)

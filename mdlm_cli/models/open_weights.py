@@ -184,14 +184,16 @@ class ReleasedBackbone(nn.Module, ABC):
     `model.hf_model` (float32 weights, for training), from the folder in its own dtype
     (`from_folder`, for inference) or from an mdlm checkpoint (`from_checkpoint`, the release's
     config.json saved beside the weights as `config_file`). A family gives its `family` name,
-    `title`, `config_file`, `sampling_defaults` (its own transfer schedule), `read_shape(raw,
-    name)` (the config's shape, refusing what it does not implement), `build_network()` (the
-    release's modules under its own names, called on the meta device) and `blocks`."""
+    its config.json's `model_type`, `title`, `config_file`, `sampling_defaults` (its own
+    transfer schedule), `read_shape(raw, name)` (the config's shape, refusing what it does not
+    implement), `build_network()` (the release's modules under its own names, called on the
+    meta device) and `blocks`."""
 
     config_keys = keys_of(FolderModelConfig)
     requires_causal = False  # bidirectional: neither release masks attention causally
     causal = False
     family: ClassVar[str]
+    model_type: ClassVar[str]
     title: ClassVar[str]
     config_file: ClassVar[str]
     sampling_defaults: ClassVar[dict[str, Any]]

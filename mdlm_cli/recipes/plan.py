@@ -62,6 +62,7 @@ class Job:
     output: Path  # exists = done (for training: the run folder, done at its max_steps)
     max_steps: int | None = None
     rows: list[str] = field(default_factory=list)  # the rows this job serves
+    needs: list[str] = field(default_factory=list)  # run folders it starts from (init_from)
 
     def command(self, launcher: str = "mdlm") -> str:
         """The shell command; `launcher` replaces `mdlm` for training (e.g. torchrun on GPUs)."""
@@ -94,7 +95,10 @@ def run_dir(model: Model, runs: Path, scale: str) -> str:
     models."""
     if model.checkpoint is not None:
         return model.checkpoint
-    key = json.dumps([model.preset, model.overrides, model.max_steps, scale])
+    definition = [model.preset, model.overrides, model.max_steps, scale]
+    if model.base is not None:  # a fine-tune is defined by the run it starts from too
+        definition.append(run_dir(model.base, runs, scale))
+    key = json.dumps(definition)
     return str(runs / f"{Path(model.preset).stem}-{hashlib.sha256(key.encode()).hexdigest()[:8]}")
 
 
@@ -106,6 +110,9 @@ def _train_job(model: Model, runs: Path, scale: str, rows: list[str]) -> Job:
         overrides, max_steps = overrides + TINY_MODEL, TINY_STEPS
     elif scale != "paper":
         max_steps = max(1, math.ceil(max_steps * float(scale)))
+    needs = [] if model.base is None else [run_dir(model.base, runs, scale)]
+    # the recipe's own base run, not the preset's init_from path (a run outside --runs)
+    overrides += [f"train.init_from={folder}" for folder in needs]
     out = run_dir(model, runs, scale)
     argv = [
         "train",
@@ -120,7 +127,7 @@ def _train_job(model: Model, runs: Path, scale: str, rows: list[str]) -> Job:
     ]
     for assignment in overrides:
         argv += ["--set", assignment]
-    return Job("train", model.key, argv, Path(out), max_steps, rows)
+    return Job("train", model.key, argv, Path(out), max_steps, rows, needs)
 
 
 def _step_job(row: Row, index: int, step: Step, context: dict, scale: str) -> Job:
@@ -151,6 +158,8 @@ def _tiny(command: str, args: dict) -> dict:
         args["steps"] = "5" if command == "bench-sampler" else min(int(args["steps"]), 10)
     if command == "semi-ar":
         args.update(length=64, stride=16)  # two 32-token windows of the tiny model
+    if command == "sample":  # the tiny model's own L (a tiny AR refuses the paper's 1,024)
+        args.pop("length", None)
     return args
 
 
@@ -179,11 +188,18 @@ def plan(
         raise MdlmError(f"unknown row {sorted(unknown)[0]!r} of {recipe.name}; rows: "
                         f"{', '.join(r.name for r in recipe.rows)}")
     runnable = [r for r in chosen if not r.paper_only]
-    jobs = []
-    for key, model in recipe.models.items():
-        served = [r.name for r in runnable if r.model == key]
-        if served and model.preset is not None:
-            jobs.append(_train_job(model, runs, scale, served))
+    served: dict[str, list[str]] = {}  # model key -> the rows its run serves, bases first
+    for key in recipe.models:
+        rows_of = [r.name for r in runnable if r.model == key]
+        chain, model = [], recipe.models[key]
+        while model is not None and rows_of:  # a fine-tune's base is trained before it
+            chain.insert(0, model.key)
+            model = model.base
+        for k in chain:
+            served.setdefault(k, [])
+            served[k] += [r for r in rows_of if r not in served[k]]
+    jobs = [_train_job(recipe.models[k], runs, scale, served[k]) for k in served
+            if recipe.models[k].preset is not None]
     seen: dict[tuple, Job] = {}
     for row in runnable:
         context = _context(recipe, row, out, runs, scale)

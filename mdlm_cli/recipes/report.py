@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,16 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
     return ppl, ppl_se, ""
 
 
+def _lengths(row: Row, records: list[dict]) -> tuple[float, None, str]:
+    """The row's `reduce` (median, max, mean) of the samples' lengths in tokens: a sample cut at
+    EOS records its `length`, a whole row counts all its tokens."""
+    lengths = [r["length"] if r.get("length") is not None else len(r.get("tokens") or [])
+               for r in records]
+    reduce = {"median": statistics.median, "max": max, "mean": statistics.fmean}[row.reduce]
+    ended = sum(bool(r.get("ended")) for r in records)
+    return float(reduce(lengths)), None, f"{len(lengths)} samples, {ended} ended at EOS"
+
+
 def _pass_spread(record: dict, ppl_se: float | None) -> str:
     """The std over the K passes of each pass's perplexity (a paper's "std over K evaluation
     seeds": one seed is one pass), the standard error of the mean beside it."""
@@ -149,7 +160,8 @@ def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[Re
             continue
         steps, hardware = _training(recipe, row, runs, scale, jobs_log)
         path = result_file(recipe, row, out=out, runs=runs, scale=scale)
-        record = _pick(_records(path), row.pick) if path.is_file() else None
+        records = [r for r in _records(path) if _pick([r], row.pick)] if path.is_file() else []
+        record = records[0] if records else None
         if record is None:
             rows.append(
                 ReportRow(
@@ -157,7 +169,10 @@ def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[Re
                 )
             )
             continue
-        value, se, extra = _value(recipe, row, record)
+        if recipe.metric == "tokens":  # a statistic over every sample, not one record
+            value, se, extra = _lengths(row, records)
+        else:
+            value, se, extra = _value(recipe, row, record)
         if row.paper.get("disagrees"):  # the sources give two values for this measurement
             disagree = f"sources disagree: {row.paper['disagrees']}"
             extra = f"{extra}; {disagree}" if extra else disagree

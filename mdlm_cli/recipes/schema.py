@@ -3,7 +3,8 @@
     title: "Table 8: ..."
     source: "where the paper's numbers come from"
     metric: ppl            # what a row reports: ppl | bpc | nats | gen_ppl | mauve | seconds |
-                           # variance | accuracy
+                           # variance | accuracy | tokens (a statistic of the samples' lengths,
+                           # each row's `reduce`: median | max | mean)
     plot: loss             # optional: loss (training curves) | series (rows' values against `x`)
     statistic: std         # optional: se (default: ± the standard error) | std (the spread over
                            # the K Monte-Carlo passes, as a paper reporting "std over K seeds")
@@ -11,6 +12,8 @@
     models:                # training runs (or published checkpoints) the rows evaluate
       mdlm: {preset: lm1b, set: [diffusion.T=1000], max_steps: 1000000}
       published: {checkpoint: kuleshov-group/mdlm-owt}
+      base: {preset: bd3lm-owt-pretrain}
+      tuned: {preset: bd3lm-owt-4, init_from: base}  # fine-tunes base's run (trained first)
     rows:
       - name: mdlm
         label: "MDLM"
@@ -42,7 +45,8 @@ from ..build import resolve_config
 from ..config import load_preset, preset_dir
 from ..errors import MdlmError
 
-METRICS = ("ppl", "bpc", "nats", "gen_ppl", "mauve", "seconds", "variance", "accuracy")
+METRICS = ("ppl", "bpc", "nats", "gen_ppl", "mauve", "seconds", "variance", "accuracy", "tokens")
+REDUCTIONS = ("median", "max", "mean")  # metric tokens: what a row reports of its samples' lengths
 PLOTS = ("loss", "series")
 STATISTICS = ("se", "std")  # what a row's spread is: standard error of the mean, or the std
 # commands a step may run; the runner adds --checkpoint and the output file where they take one
@@ -57,6 +61,8 @@ class Model:
     overrides: list[str] = field(default_factory=list)
     max_steps: int | None = None
     checkpoint: str | None = None  # a published model instead of a training run
+    init_from: str | None = None  # the key of the table's model whose weights this run starts from
+    base: Model | None = None  # that model, resolved when the recipe loads
 
 
 @dataclass
@@ -76,6 +82,7 @@ class Row:
     paper_only: bool = False
     x: float | None = None  # for `plot: series`
     series: str | None = None
+    reduce: str | None = None  # metric tokens: median | max | mean of the samples' lengths
 
 
 @dataclass
@@ -159,9 +166,14 @@ def _recipe(name: str, data: dict, where: str) -> Recipe:
         )
     models = {key: _model(key, value, f"{where}: models.{key}")
               for key, value in _mapping(data.get("models") or {}, f"{where}: models").items()}
+    _link_bases(models, where)
     rows = [
         _row(value, models, f"{where}: rows[{i}]") for i, value in enumerate(data.get("rows") or [])
     ]
+    for i, row in enumerate(rows):
+        if (metric == "tokens") != (row.reduce is not None) and not row.paper_only:
+            raise MdlmError(f"{where}: rows[{i}] ({row.name}): reduce (one of "
+                            f"{', '.join(REDUCTIONS)}) goes with metric tokens, and only with it")
     if not rows:
         raise MdlmError(f"{where} has no rows")
     if len({r.name for r in rows}) != len(rows):
@@ -181,7 +193,7 @@ def _recipe(name: str, data: dict, where: str) -> Recipe:
 
 
 def _model(key: str, value, where: str) -> Model:
-    value = _mapping(value, where, ("preset", "set", "max_steps", "checkpoint"))
+    value = _mapping(value, where, ("preset", "set", "max_steps", "checkpoint", "init_from"))
     if ("preset" in value) == ("checkpoint" in value):
         raise MdlmError(
             f"{where} needs exactly one of preset (a training run) or checkpoint (a published "
@@ -193,19 +205,44 @@ def _model(key: str, value, where: str) -> Model:
         [str(s) for s in value.get("set") or []],
         value.get("max_steps"),
         value.get("checkpoint"),
+        value.get("init_from"),
     )
+    if model.init_from is not None and model.preset is None:
+        raise MdlmError(f"{where}: init_from needs a preset (a training run to fine-tune)")
     if model.preset is not None:
         load_preset(model.preset)  # unknown presets are errors
         resolve_config(model.preset, model.overrides)  # so are unknown keys and bad values
     return model
 
 
+def _link_bases(models: dict[str, Model], where: str) -> None:
+    """Resolve each `init_from` to its model; an unknown key or a cycle is an error."""
+    for key, model in models.items():
+        if model.init_from is None:
+            continue
+        if model.init_from not in models or model.init_from == key:
+            others = ", ".join(k for k in models if k != key)
+            raise MdlmError(f"{where}: models.{key}.init_from must name another model of the "
+                            f"table (one of: {others})")
+        model.base = models[model.init_from]
+    for key in models:  # follow each chain: a cycle would plan forever
+        seen, model = {key}, models[key]
+        while model.base is not None:
+            if model.init_from in seen:
+                raise MdlmError(f"{where}: models.{key}: init_from goes round in a circle")
+            seen.add(model.init_from)
+            model = model.base
+
+
 def _row(value, models: dict[str, Model], where: str) -> Row:
     value = _mapping(
         value,
         where,
-        ("name", "label", "model", "steps", "paper", "pick", "paper_only", "x", "series"),
+        ("name", "label", "model", "steps", "paper", "pick", "paper_only", "x", "series",
+         "reduce"),
     )
+    if value.get("reduce") not in (None, *REDUCTIONS):
+        raise MdlmError(f"{where}: reduce must be one of {', '.join(REDUCTIONS)}")
     if "name" not in value:
         raise MdlmError(f"{where} needs a name")
     paper = _mapping(value.get("paper") or {}, f"{where}.paper",
@@ -224,6 +261,7 @@ def _row(value, models: dict[str, Model], where: str) -> Row:
         bool(value.get("paper_only", False)),
         value.get("x"),
         value.get("series"),
+        value.get("reduce"),
     )
     if not row.paper_only and (row.model not in models or not row.steps):
         raise MdlmError(

@@ -39,7 +39,8 @@ STEP = """#!/bin/bash
 
 def emit(jobs: list[Job], folder: Path, *, nodes: int = 1, gpus: int = 8) -> Path:
     """Write the scripts under `folder`; returns submit.sh. A training job that reaches its time
-    limit is requeued and resumes (--resume); evaluations wait for their model (afterok)."""
+    limit is requeued and resumes (--resume); fine-tunes wait for their base run and evaluations
+    for their model (afterok)."""
     folder.mkdir(parents=True, exist_ok=True)
     logs = folder / "logs"
     submit = [
@@ -55,8 +56,11 @@ def emit(jobs: list[Job], folder: Path, *, nodes: int = 1, gpus: int = 8) -> Pat
         script.write_text(TRAIN.format(name=job.name, nodes=nodes, gpus=gpus, logs=logs,
                                        args=" ".join(map(shlex.quote, job.argv))))
         var = f"train_{len(trained)}"
+        # a fine-tune waits for the run it starts from (planned before it)
+        after = [trained[run] for run in job.needs if run in trained]
+        dependency = f"--dependency=afterok:{':'.join('$' + v for v in after)} " if after else ""
         trained[str(job.output)] = var
-        submit.append(f"{var}=$(sbatch --parsable {script.name})")
+        submit.append(f"{var}=$(sbatch --parsable {dependency}{script.name})")
     by_row: dict[str, list[Job]] = {}
     for job in (j for j in jobs if j.kind == "step"):
         by_row.setdefault(job.rows[0], []).append(job)

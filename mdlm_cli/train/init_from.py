@@ -6,15 +6,22 @@ weights; a hub id or Hugging Face-style folder, a released Caduceus among them).
 fit the run's backbone key for key and shape for shape; the only keys they may lack are the
 run's zero-initialised time-conditioning layers (a pretrained model without time input then
 starts with its function unchanged). The optimizer, EMA and step start fresh.
+
+A LLaDA or Dream folder fixes the run's model (build.adopt_released_folder: model.hf_model is
+the folder), whose backbone is built from that folder's weights already: they are not read a
+second time.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from torch import nn
 
 from ..checkpoints.folder import weight_mismatch
 from ..data.tokenizers import Tokenizer
 from ..errors import MdlmError
+from ..models.open_weights import ReleasedBackbone
 
 FRESH = (
     "time_modulation",
@@ -26,6 +33,9 @@ def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
     """Load `spec`'s weights into `model` in place; returns a line saying what was loaded."""
     from ..checkpoints.load import load_checkpoint
 
+    if isinstance(model, ReleasedBackbone) and _same_source(model.source, spec):
+        return (f"{spec} (the {model.title} folder's {len(model.state_dict())} tensors, read "
+                "as model.hf_model built the model)")
     loaded = load_checkpoint(spec)
     if (loaded.tokenizer.vocab_size, loaded.tokenizer.mask_id) != (
         tokenizer.vocab_size,
@@ -53,3 +63,9 @@ def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
     fresh = len(set(target) - set(weights))
     return f"{spec} ({loaded.objective.name} model, {len(weights)} tensors" + (
         f"; {fresh} fresh time-conditioning tensors)" if fresh else ")")
+
+
+def _same_source(source: str, spec: str) -> bool:
+    if source == spec:
+        return True
+    return Path(source).is_dir() and Path(source).resolve() == Path(spec).resolve()

@@ -1,7 +1,8 @@
 """`mdlm eval-ppl` on prompt/response examples (a .jsonl of {"prompt", "response"} records):
-the conditional bound of each response (and its EOS) given its prompt, on the tiny LLaDA and
-Dream folders, equal to a direct Monte-Carlo computation on the same draws; only response
-positions are ever masked."""
+the conditional bound of each response (and its end-of-turn token) given its prompt (rendered
+by the folder's chat template, as fine-tuning rows are), on the tiny LLaDA and Dream folders,
+equal to a direct Monte-Carlo computation on the same draws; only response positions are ever
+masked."""
 
 import json
 import random
@@ -17,6 +18,7 @@ from mdlm_cli.runtime import derive_seed, generator
 from tests.open_model_folders import write_dream, write_llada
 
 WRITERS = {"llada": write_llada, "dream": write_dream}
+END_OF_TURN = {"llada": "<|eot_id|>", "dream": "<|im_end|>"}
 
 
 def words(rng, low, high):
@@ -42,13 +44,16 @@ def loaded_for(setup, family, monkeypatch):
 
 
 def response_positions(loaded, examples, split):
-    """Each row's (prompt length, row length), found by matching the row with the encoding
-    [BOS] prompt response [EOS] of one of the examples."""
+    """Each row's (prompt length, row length), found by matching the row with one example as
+    the folder's template renders it: the prompt as a user turn with the generation prompt
+    (its BOS the template's own), then the response and the end-of-turn token."""
     tok = loaded.tokenizer
+    turn_end = tok.hf.convert_tokens_to_ids(END_OF_TURN[loaded.state["family"]])
     spans = {}
     for e in examples:
-        prompt = [tok.bos_id] + tok.encode(e["prompt"])
-        row = prompt + tok.encode(e["response"]) + [tok.eos_id]
+        prompt = tok.encode(tok.hf.apply_chat_template([{"role": "user", "content": e["prompt"]}],
+                                                       tokenize=False, add_generation_prompt=True))
+        row = prompt + tok.encode(e["response"]) + [turn_end]
         spans[tuple(row)] = (len(prompt), len(row))
     return [spans[tuple(split.tokens[i, :split.lengths[i]].tolist())] for i in range(len(split))]
 
@@ -93,7 +98,7 @@ def test_the_conditional_bound_is_the_direct_monte_carlo_value(setup, family, mo
         result = evaluate(loaded, prepared, name=name, split="train", mc_samples=1, seed=seed,
                           batch_size=len(split), device=torch.device("cpu"))
         assert result.conditional and not result.exact
-        assert result.tokens == sum(end - start for start, end in spans)  # responses + EOS
+        assert result.tokens == sum(end - start for start, end in spans)  # + end of turn
         assert result.nats_per_token == pytest.approx(direct_bound(loaded, split, spans, seed),
                                                       rel=1e-6)
 

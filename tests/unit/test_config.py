@@ -139,7 +139,11 @@ def test_bd3lm_presets_fine_tune_their_pretraining_run_at_each_block_size():
         for block in (4, 8, 16):
             cfg = resolve_config(f"bd3lm-{corpus}-{block}")
             assert cfg.diffusion.objective == "bd3lm" and cfg.diffusion.block_size == block
-            assert cfg.train.init_from == f"runs/bd3lm-{corpus}-pretrain"
+            # OWT fine-tunes the released pre-training checkpoint (formats/bd3lm_hf.py), LM1B
+            # a local run (none is released)
+            released = "kuleshov-group/bd3lm-owt-block_size1024-pretrain"
+            assert cfg.train.init_from == (released if corpus == "owt"
+                                           else f"runs/bd3lm-{corpus}-pretrain")
             assert cfg.train.max_steps + pre.train.max_steps == 1_000_000
             assert cfg.diffusion.clip_search_widths == (0.5, 0.6, 0.7, 0.8, 0.9)
             assert cfg.data == pre.data and cfg.model == pre.model and cfg.optim == pre.optim

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from mdlm_cli import engine
 from mdlm_cli.engine.categorical import drawn_probs
-from mdlm_cli.engine.confidence import ORDERS
+from mdlm_cli.engine.confident_draws import ORDERS
 from mdlm_cli.engine.settings import SamplingSettings
 from mdlm_cli.engine.transfer import reveal_counts
 

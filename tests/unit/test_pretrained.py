@@ -277,6 +277,7 @@ def test_safetensors_file_of_a_folder_and_sharded_index(tmp_path):
 @pytest.mark.parametrize("name,config", [
     ("caduceus", {"model_type": "caduceus", "d_model": 8}),
     ("sedd", {"config": {"tokens": 50257, "graph": {"type": "absorb"}, "model": {}}}),
+    ("bd3lm-hf", {"model_type": "bd3lm", "block_size": 4, "vocab_size": 50258}),
     ("hf-mlm", {"model_type": "bert", "vocab_size": 30522}),
     ("hub-mixin", {"config": {"model": {"hidden_size": 32}}}),
     ("reference-hf", {"vocab_size": 35, "model_type": "mdlm"}),

@@ -28,7 +28,8 @@ def list_recipes() -> dict[str, recipes.Recipe]:
     return recipes.list_recipes(command_flags)
 TABLES = ["demo", "table1", "table2", "table3", "table5", "table8", "table9", "table10", "table11", "table12", "table5-speed",
           "mc-samples", "text8", "table6", "table7", "zheng", "mauve", "table4", "table4-glue",
-          "lambada-acc", "ar-speed", "ar-speed-quality", "zheng-speed"]
+          "lambada-acc", "ar-speed", "ar-speed-quality", "zheng-speed",
+          "bd3lm-table3", "bd3lm-table4", "bd3lm-table6", "bd3lm-table7"]
 
 
 def test_every_paper_table_named_by_the_issue_has_a_recipe():
@@ -45,8 +46,13 @@ def test_each_recipe_plans_commands_the_cli_accepts(name, tmp_path):
         flags = {a[2:] for a in args if a.startswith("--")}
         assert flags <= command_flags(command), (name, job.argv)
     trained = {j.name for j in jobs if j.kind == "train"}
-    assert trained == {k for k, m in recipe.models.items() if m.preset is not None
-                       and any(r.model == k and not r.paper_only for r in recipe.rows)}
+    served = {k for k in recipe.models if any(r.model == k and not r.paper_only for r in recipe.rows)}
+    for key in list(served):  # a fine-tune's base run is trained too
+        model = recipe.models[key]
+        while model.base is not None:
+            served.add(model.init_from)
+            model = model.base
+    assert trained == {k for k in served if recipe.models[k].preset is not None}
 
 
 def write(tmp_path, text: str):
@@ -201,8 +207,9 @@ def test_demo_recipe_at_tiny_scale_runs_end_to_end_and_resumes(tmp_path):
 
 # where a paper value may come from (defect 9 of issue 25): a seed file, REFERENCE.md (a named
 # transcription), a file of the reference repository, or "from nowhere"
+# the BD3-LM tables quote that paper's own PDF (arXiv:2503.09573v3, named in each table's source)
 SOURCE_KINDS = ("seeds/00", "REFERENCE.md", "reference README", "scripts/", "configs/",
-                "dataloader.py", "from nowhere")
+                "dataloader.py", "from nowhere", "BD3-LM Tab.")
 
 
 @pytest.mark.parametrize("name", TABLES)
@@ -215,8 +222,9 @@ def test_every_row_names_where_its_paper_value_comes_from(name):
 
 
 def _measurement(recipe, row, tmp_path) -> tuple:
-    """What a row measures, independent of the table: its model's run folder, and each step's
-    command and flags without the output file and the number of Monte-Carlo passes."""
+    """What a row measures, independent of the table: its model's run folder, each step's
+    command and flags without the output file and the number of Monte-Carlo passes, and what it
+    reduces the samples' lengths to."""
     from mdlm_cli.recipes.plan import OUTPUT_FLAG, _context, _step_job
 
     out = tmp_path / "out" / recipe.name
@@ -228,7 +236,8 @@ def _measurement(recipe, row, tmp_path) -> tuple:
         kept = [a for j, a in enumerate(argv)
                 if a not in drop and (j == 0 or argv[j - 1] not in drop)]
         steps.append(tuple(a.replace(str(out), "{out}") for a in kept))
-    return context["run"], tuple(steps), tuple(sorted(row.pick.items()))
+    # the reduction (Table 6's median and max of one set of samples) is part of the quantity
+    return context["run"], tuple(steps), tuple(sorted(row.pick.items())), row.reduce
 
 
 def test_rows_measuring_one_quantity_of_one_model_share_its_paper_value(tmp_path):

@@ -111,9 +111,12 @@ def test_messages_go_through_the_chat_template():
         "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
     }
     prompt, response = encode_example(gpt2, chat)
-    assert (
-        gpt2.decode(prompt[1:]) == "<user>2+2?\n<assistant>" and gpt2.decode(response[:-1]) == "4\n"
-    )
+    # the template's rendering exactly, as `sample --chat` feeds it: this one writes no BOS and
+    # no end-of-turn token, so none is added before the prompt and the answer ends at EOS
+    assert prompt == gpt2.encode("<user>2+2?\n<assistant>")
+    assert response == gpt2.encode("4\n") + [gpt2.eos_id]
+    pair = encode_example(gpt2, {"prompt": "2+2?", "response": "4"})
+    assert pair == (prompt, response)  # a prompt/response pair is the same user turn
 
 
 def noisy_half(z, output_mask, length: int):
@@ -364,8 +367,9 @@ def test_prompt_records_of_gen_ppl_prompts():
     through the chat template, with or without the assistant's answer."""
     from mdlm_cli.eval.responses import prompt_of
 
-    assert prompt_of({"prompt": "why", "response": "because"}, TOK, "f:1") == ("why", "because")
-    assert prompt_of({"prompt": "why"}, TOK, "f:1") == ("why", None)
+    assert prompt_of({"prompt": "why", "response": "because"}, TOK, "f:1") == (
+        "why", "because", False)
+    assert prompt_of({"prompt": "why"}, TOK, "f:1") == ("why", None, False)
     gpt2 = load_tokenizer("gpt2")
     gpt2.hf.chat_template = (
         "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
@@ -373,8 +377,13 @@ def test_prompt_records_of_gen_ppl_prompts():
     )
     asked = [{"role": "user", "content": "2+2?"}]
     answered = {"messages": [*asked, {"role": "assistant", "content": "4"}]}
-    assert prompt_of({"messages": asked}, gpt2, "f:1") == ("<user>2+2?\n<assistant>", None)
-    assert prompt_of(answered, gpt2, "f:1") == ("<user>2+2?\n<assistant>", "4\n")
+    rendered = "<user>2+2?\n<assistant>"  # the template's text: no row start is added to it
+    assert prompt_of({"messages": asked}, gpt2, "f:1") == (rendered, None, True)
+    assert prompt_of(answered, gpt2, "f:1") == (rendered, "4\n", True)
+    # a model fine-tuned on pairs through the template reads a plain prompt as a user turn
+    pair = {"prompt": "2+2?", "response": "4"}
+    assert prompt_of(pair, gpt2, "f:1", chat_pairs=True) == (rendered, "4", True)
+    assert prompt_of(pair, gpt2, "f:1") == ("2+2?", "4", False)
     with pytest.raises(MdlmError, match="chat template; char has none"):
         prompt_of({"messages": asked}, TOK, "f:1")
     with pytest.raises(MdlmError, match="f:2: no 'prompt' string"):

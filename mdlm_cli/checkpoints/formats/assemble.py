@@ -55,11 +55,13 @@ def export_section(config: dict) -> dict:
     return config.get("mdlm") if isinstance(config.get("mdlm"), dict) else {}
 
 
-def load_dit_folder(found: Found, partial: Partial, *, device) -> LoadedModel:
+def load_dit_folder(found: Found, partial: Partial, *, device,
+                    read: tuple[Path, dict[str, torch.Tensor]] | None = None) -> LoadedModel:
     """A Hugging Face-style folder of a DiT format: its weights, tokeniser files and export
-    section around the `partial` its format read from config.json."""
+    section around the `partial` its format read from config.json. `read`: the folder's
+    weights file and tensors where the format has read them already (read_hf_weights)."""
     mdlm_meta = export_section(found.config)
-    weights_file, weights = read_hf_weights(found.path)
+    weights_file, weights = read if read is not None else read_hf_weights(found.path)
     exported_tokenizer = (mdlm_meta.get("tokenizer") or {}).get("name")
     return assemble(DitCheckpoint(
         ref.backbone_state(weights, weights_file), partial, source=f"{weights_file}",

@@ -7,4 +7,4 @@ from __future__ import annotations
 from ...models.dream import Dream
 from .open_models import released_format
 
-FORMAT = released_format(Dream, "Dream", "a Dream folder (model_type Dream)")
+FORMAT = released_format(Dream, "a Dream folder (model_type Dream)")

@@ -7,4 +7,4 @@ from __future__ import annotations
 from ...models.llada import LLaDA
 from .open_models import released_format
 
-FORMAT = released_format(LLaDA, "llada", "a LLaDA folder (model_type llada)")
+FORMAT = released_format(LLaDA, "a LLaDA folder (model_type llada)")

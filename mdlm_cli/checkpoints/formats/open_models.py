@@ -52,11 +52,12 @@ def load_open_model(found: Found, backbone_cls, max_length: int, *, device) -> L
                        data_meta({}, config, tokenizer), state)
 
 
-def released_format(backbone_cls, model_type: str, description: str) -> Format:
+def released_format(backbone_cls, description: str) -> Format:
     """The format of a family's released folders: config.json's model_type names it."""
 
     def detect(found: Found) -> bool:
-        return found.config is not None and found.config.get("model_type") == model_type
+        config = found.config
+        return config is not None and config.get("model_type") == backbone_cls.model_type
 
     def load(found: Found, *, ema: bool, device) -> LoadedModel:
         shape = backbone_cls.read_shape(found.config, str(found.path))

@@ -111,13 +111,11 @@ class MdlmLM(LM):
         how = how.with_defaults(loaded.sampling_defaults).validate()  # e.g. LLaDA's k-schedule
         self.generation = GenerationSettings(how, None if stride is None else int(stride),
                                              int(seed))
-        self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(
-            list
-        )  # task -> (request type, score)
+        # task -> (request type, score)
+        self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(list)
         self._generated = 0
         self._warned: set[str] = set()
-        self.chat = False  # set once the harness renders a context with the chat template
-        self.stop_ids: list[int] | None = None  # tokens a generation ends at (None: EOS)
+        self.chat, self.stop_ids = False, None  # set by apply_chat_template (None: stop at EOS)
 
     @property
     def mc_samples(self) -> int:
