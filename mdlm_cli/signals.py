@@ -10,6 +10,8 @@ import time
 # signals this close to the first are the same request (tools often deliver one twice)
 SAME_REQUEST_S = 1.0
 
+_ACTIVE: list[StopSignals] = []  # the entered instances, undone in a forked child
+
 
 class StopSignals:
     """Two signals, two stops. The first SIGTERM or SIGINT asks for a graceful one; the second
@@ -105,9 +107,12 @@ class StopSignals:
             target=self._watch, args=(read,), name="mdlm-signals", daemon=True
         )
         self._thread.start()
+        _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         if self._pipe is not None:
@@ -117,6 +122,27 @@ class StopSignals:
             for fd in self._pipe:
                 os.close(fd)
             self._pipe = None
+
+
+def _undo_in_child() -> None:
+    """A forked child (lm-eval's bootstrap pool, a data loader worker) gets the handlers that
+    were there before: it shares the parent's wakeup pipe, so each signal sent to it (Pool
+    stops its workers with SIGTERM) was read by the parent's watcher as the parent's own
+    (a 'first' then a 'second' signal: the parent exited), and its SIGTERM raised
+    KeyboardInterrupt in the worker instead of ending it, which could leave the pool waiting
+    on a worker forever."""
+    for stop in reversed(_ACTIVE):
+        for s, handler in stop._previous.items():
+            signal.signal(s, handler)
+        if stop._pipe is not None:
+            signal.set_wakeup_fd(stop._old_fd)
+            for fd in stop._pipe:
+                os.close(fd)
+            stop._pipe, stop._thread = None, None  # the watcher thread is not in the child
+    _ACTIVE.clear()
+
+
+os.register_at_fork(after_in_child=_undo_in_child)
 
 
 def _say(message: str) -> None:

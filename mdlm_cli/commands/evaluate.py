@@ -163,7 +163,8 @@ def _print_ppl_table(results, loaded) -> None:
             else ("n/a" if r.standard_error is None else f"{r.standard_error:.4f}")
         )
         sd = "" if r.exact or r.pass_std is None else f"{r.pass_std:.4f}"
-        row = [r.dataset, r.split, f"{r.tokens:,}", "-" if r.exact else str(len(r.passes)),
+        name = f"{r.dataset} (conditional)" if r.conditional else r.dataset
+        row = [name, r.split, f"{r.tokens:,}", "-" if r.exact else str(len(r.passes)),
                f"{r.nats_per_token:.4f}", se, sd, f"{rel} {r.perplexity:.3f}"]
         if char:
             row.append("" if r.bits_per_char is None else f"{rel} {r.bits_per_char:.4f}")
@@ -184,14 +185,26 @@ def _print_footnote(results, objective) -> None:
     if objective.exact:
         console.print(f"[dim]= exact likelihood of the {name} model (every token of each row, "
                       f"{objective.first_token_context})[/]")
+        _print_conditional(results)
         return
     T = results[0].T if results else 0
     kind = "continuous-time NELBO" if T == 0 else f"{T}-step discrete-time NELBO"
     console.print(f"[dim]≤ upper bound ({name}): {kind}, one antithetic t per sequence per "
                   "pass, K passes; SE = sd of the pass estimates / sqrt(K)[/]")
+    _print_conditional(results)
     for r in results:
         if r.sequence_sd is not None:
             console.print(f"[dim]{escape(r.dataset)}: per-datapoint sd of a one-pass bound "
                           f"{r.sequence_sd:.4f} nats/token (variance {r.sequence_var:.4f}; "
                           "each sequence's spread over the K passes, averaged over sequences: "
                           "Table 9)[/]", highlight=False)
+
+
+def _print_conditional(results) -> None:
+    """The line that says a data set's value is conditional (prompt/response rows)."""
+    for r in results:
+        if r.conditional:
+            console.print(f"[dim]{escape(r.dataset)}: conditional, -log p(response | prompt) "
+                          f"per response token ({r.tokens:,} tokens: each response and its end "
+                          "token, the only positions masked and scored; the prompt is always "
+                          "clean)[/]", highlight=False)

@@ -35,6 +35,10 @@ IncludePathOpt = Annotated[str | None, typer.Option(
 LmEvalStrideOpt = Annotated[int | None, typer.Option(
     help="generate_until past the model length: new tokens per semi-AR block (default: half the "
          "window).")]
+ChatTemplateOpt = Annotated[bool, typer.Option(
+    "--apply-chat-template",
+    help="Render each context with the tokenizer's chat template (lm-eval's "
+         "--apply_chat_template); generations also stop at its end-of-turn token.")]
 BootstrapOpt = Annotated[int, typer.Option(
     help="lm-eval's bootstrap resamples for metric stderrs.")]
 OutFolderOpt = Annotated[str, typer.Option(
@@ -60,6 +64,7 @@ def lm_eval_cmd(
     ctx: typer.Context,
     stride: LmEvalStrideOpt = None,
     bootstrap_iters: BootstrapOpt = 100000,
+    apply_chat_template: ChatTemplateOpt = False,
 ) -> None:
     """Run lm-evaluation-harness tasks: multiple choice, LAMBADA, and the perplexity tasks.
 
@@ -74,6 +79,7 @@ def lm_eval_cmd(
       mdlm lm-eval --checkpoint runs/owt --tasks lambada_openai --mc-samples 8
       mdlm lm-eval --checkpoint runs/owt --tasks wikitext,lambada_openai --json zs.json
       mdlm lm-eval --checkpoint runs/demo --tasks my_task --include-path my_tasks/ --limit 100
+      mdlm lm-eval -c GSAI-ML/LLaDA-8B-Instruct --tasks gsm8k --apply-chat-template --steps 256
     """
     from ..eval.lm_eval.run import LmEvalOptions, check_options, require_lm_eval, run_lm_eval
 
@@ -84,7 +90,7 @@ def lm_eval_cmd(
             [t.strip() for t in tasks.split(",") if t.strip()], mc_samples=mc_samples,
             batch_size=batch_size, limit=limit, num_fewshot=num_fewshot,
             include_path=include_path, seed=seed, sampling=sampling, stride=stride,
-            bootstrap_iters=bootstrap_iters)
+            bootstrap_iters=bootstrap_iters, apply_chat_template=apply_chat_template)
         check_options(options)
         loaded, _ = loading.load()
         run = run_lm_eval(loaded, loading.checkpoint, options, device=loading.device, warn=warn,

@@ -166,6 +166,24 @@ class SentencePairs(ExampleSource):
 EXAMPLE_SOURCES = {"bigtxt-next": SentencePairs()}
 
 
+def holds_examples(name_or_path: str) -> bool:
+    """Whether `name_or_path` is prompt/response data: a named example source, or a local .jsonl
+    whose first record has prompt/response or messages fields (its first line is read)."""
+    if name_or_path in EXAMPLE_SOURCES:
+        return True
+    path = Path(name_or_path)
+    if not (path.is_file() and path.suffix == ".jsonl"):
+        return False
+    with path.open(encoding="utf-8", errors="replace") as f:
+        line = next((line for line in f if line.strip()), "")
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and ("messages" in record
+                                         or {"prompt", "response"} <= set(record))
+
+
 def example_source(name_or_path: str) -> ExampleSource:
     """The source of `data.dataset` under `data.packing: sft` or `sft-pack`."""
     if name_or_path in EXAMPLE_SOURCES:

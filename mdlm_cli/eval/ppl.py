@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..config import SFT_PACKINGS
+from ..data.sft import holds_examples
 from ..data.store import PreparedData, prepare
 from ..errors import MdlmError, MdlmWarning
 from ..objectives.bound import BoundResult
@@ -45,6 +47,9 @@ class PplResult:
     sequence_sd: float | None = None
     sequence_var: float | None = None
     kind: str = ""  # "masked-token" for an MLM (neither exact nor a bound)
+    # prompt/response rows: the bound (or NLL) of the responses given their prompts, per
+    # response token (the prompt clean, never masked or scored)
+    conditional: bool = False
 
     @property
     def nats_per_token(self) -> float:
@@ -89,13 +94,19 @@ def evaluation_data(loaded: LoadedModel, *, dataset: str | None = None, data: st
                     progress: Callable[[str, int, int | None], None] | None = None,
                     load_dataset=None) -> tuple[str, PreparedData]:
     """The prepared data to evaluate on: a prepared folder (`data`), or a data set name or
-    local path tokenised and packed as the checkpoint's own training data (prepared if needed)."""
+    local path tokenised and packed as the checkpoint's own training data (prepared if needed).
+    Prompt/response examples (data/sft.py) are packed as prompt/response rows whatever the
+    model was trained on (a LLaDA or Dream folder, a DiT trained on text), so the bound is the
+    conditional one; a model trained on such rows keeps its own packing (sft or sft-pack)."""
     if data is not None and (Path(data) / "meta.json").is_file():
         prepared = PreparedData(Path(data))
     else:
         cfg = dataclasses.replace(
             loaded.config.data, dataset=data or dataset or loaded.config.data.dataset
         )
+        if cfg.packing not in SFT_PACKINGS and holds_examples(cfg.dataset):
+            # one example a row, [BOS] prompt response [EOS] then padding that is never scored
+            cfg = dataclasses.replace(cfg, packing="sft", pad_as_eos=False)
         prepared = prepare(cfg, progress=progress, load_dataset=load_dataset)
     name = prepared.meta["source"]["name"]  # a registry name, or a local file's stem
     tok, mine = prepared.meta["tokenizer"], loaded.tokenizer
@@ -175,6 +186,7 @@ def evaluate(
         sequence_sd=spread[0],
         sequence_var=spread[1],
         kind=first.kind,
+        conditional=prepared.meta.get("packing") in SFT_PACKINGS,
     )
 
 

@@ -30,12 +30,14 @@ def block_length(prefix: int, max_tokens: int, block_size: int) -> int:
 
 
 def block_rows(prompts: list[list[int]], max_tokens: int | None, served: Served,
-               limits: Limits) -> tuple[list[Row], int]:
+               limits: Limits, start: list[int] | None = None) -> tuple[list[Row], int]:
     """One prefix-only `Row` per prompt and the new tokens: `max_tokens`, by default the rest
     of the training length (one block at least). The blocks go on past that length, up to
-    `max_semi_ar_windows` training lengths (the positions semi-AR may reach)."""
+    `max_semi_ar_windows` training lengths (the positions semi-AR may reach); `start` as
+    `prompt_rows`'s."""
     loaded = served.loaded
-    start, block = loaded.row_start(), served.block_size
+    start = loaded.row_start() if start is None else start
+    block = served.block_size
     longest = len(start) + max(len(p) for p in prompts)
     if max_tokens is None:
         max_tokens = max(loaded.length - longest, block)

@@ -106,15 +106,15 @@ def parse_chat(body: dict, served: Served, limits: Limits) -> Plan:
                       "/v1/completions with a prompt", "messages", "no_chat_template")
     text = tok.hf.apply_chat_template(messages_of(body), tokenize=False,
                                       add_generation_prompt=True)
-    ids, start = tok.encode(text), served.loaded.row_start()
-    if start and ids[: len(start)] == start:  # the template's BOS is the row start
-        ids = ids[len(start):]
+    # nothing before the rendered prompt: the template writes the BOS its model expects (LLaDA's
+    # <|startoftext|>) or none (Dream), as `mdlm sample --chat` and the models' own chat code
+    ids = tok.encode(text)
     constraint = None
     if schema is None:
         rows, max_tokens = prompt_rows([ids], [], _max_tokens(body), None, served, limits,
-                                       semi_ar=False)
+                                       semi_ar=False, start=[])
     else:
-        rows, max_tokens, constraint = json_rows(schema, ids, _max_tokens(body), served)
+        rows, max_tokens, constraint = json_rows(schema, ids, _max_tokens(body), served, start=[])
     plan = Plan(rows=rows, max_tokens=max_tokens, stop=stop_strings(body),
                 end_ids=end_of_turn_ids(tok), constraint=constraint,
                 **common_fields(body, served, limits, "chat"))

@@ -113,13 +113,16 @@ def prompt_rows(
     served: Served,
     limits: Limits,
     semi_ar: bool = True,
+    start: list[int] | None = None,
 ) -> tuple[list[Row], int]:
     """One `Row` per prompt and the number of new tokens; the lengths checked against the window
-    (`semi_ar`: the error suggests it)."""
+    (`semi_ar`: the error suggests it). `start`: the tokens before each prompt (default the
+    row start; none for a chat prompt, whose template writes its own BOS)."""
     if served.block_size:  # no window: the blocks go on past the training length
-        return block_rows(prompts, max_tokens, served, limits)
+        return block_rows(prompts, max_tokens, served, limits, start)
     loaded = served.loaded
-    window, mask_id, start = loaded.length, loaded.mask_id, loaded.row_start()
+    window, mask_id = loaded.length, loaded.mask_id
+    start = loaded.row_start() if start is None else start
     longest = max(len(p) for p in prompts)
     if stride is not None:
         if suffix or len(prompts) > 1:

@@ -324,11 +324,11 @@ def json_request(body: dict, served) -> tuple[dict | None, dict]:
 
 
 def json_rows(schema: dict, ids: list[int], max_tokens: int | None,
-              served) -> tuple[list[Row], int, JsonConstraint]:
-    """The one row of a schema request: row start, prompt, the skeleton, EOS to the end of
-    the window; the new tokens (the skeleton's) and the constraint."""
+              served, start: list[int] | None = None) -> tuple[list[Row], int, JsonConstraint]:
+    """The one row of a schema request: row start (or `start`), prompt, the skeleton, EOS to
+    the end of the window; the new tokens (the skeleton's) and the constraint."""
     loaded = served.loaded
-    prefix = loaded.row_start() + ids
+    prefix = (loaded.row_start() if start is None else start) + ids
     constraint = JsonConstraint(schema, loaded.tokenizer, len(prefix))
     n = len(constraint.ids)
     if len(prefix) + n > loaded.length:

@@ -145,3 +145,31 @@ def test_sample_first_sigterm_stops_as_ctrl_c_does(tmp_path):
         text[-2000:]
     )
     assert "Traceback" not in text
+
+
+def _sleep_in_child(ready) -> None:
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_forked_child_is_stopped_by_sigterm_and_the_parent_hears_nothing():
+    """lm-eval's bootstrap pool forks workers and ends them with SIGTERM: each must die at once
+    (not raise KeyboardInterrupt) and its signal must not reach the parent's watcher, which
+    would take two such workers for a first and a second signal of its own."""
+    import multiprocessing
+
+    from mdlm_cli.signals import StopSignals
+
+    fork = multiprocessing.get_context("fork")
+    with StopSignals(first="stopping") as stop:
+        assert signal.getsignal(signal.SIGTERM) == stop._interrupt
+        for _ in range(2):
+            ready = fork.Event()
+            child = fork.Process(target=_sleep_in_child, args=(ready,))
+            child.start()
+            assert ready.wait(30)
+            child.terminate()  # SIGTERM, as Pool.terminate sends it
+            child.join(30)
+            assert child.exitcode == -signal.SIGTERM
+        time.sleep(0.3)  # the watcher thread would have read the children's bytes by now
+        assert stop.count == 0 and stop.received is None

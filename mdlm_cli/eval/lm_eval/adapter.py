@@ -13,7 +13,11 @@ as `mdlm` with lm-eval's `register_model`. The scoring itself is `lm_scoring.py`
   length (the harness's convention); a bound for diffusion checkpoints, so word and byte
   perplexities are upper bounds.
 - `generate_until`: sampled after the context with the chosen sampler, semi-autoregressively
-  past the model length for diffusion models, cut at the first stop sequence.
+  past the model length for diffusion models, cut at EOS and the first stop sequence.
+- `apply_chat_template` (lm-eval's `apply_chat_template=True`): the harness renders each
+  context with the tokeniser's chat template through it; such contexts get no row start (the
+  template writes its own BOS) and a generation also ends at the template's end-of-turn
+  token (LLaDA's `<|eot_id|>`, Dream's `<|im_end|>`).
 
 Contexts longer than the model length are truncated from the left. Each request's K pass
 values are kept (`scores`), so `mdlm lm-eval` reports K and the Monte-Carlo standard error.
@@ -34,6 +38,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from ...data.chat import end_of_turn_ids
 from ...engine.settings import SamplingSettings
 from ...errors import MdlmError
 from .scoring import (
@@ -106,11 +111,11 @@ class MdlmLM(LM):
         how = how.with_defaults(loaded.sampling_defaults).validate()  # e.g. LLaDA's k-schedule
         self.generation = GenerationSettings(how, None if stride is None else int(stride),
                                              int(seed))
-        self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(
-            list
-        )  # task -> (request type, score)
+        # task -> (request type, score)
+        self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(list)
         self._generated = 0
         self._warned: set[str] = set()
+        self.chat, self.stop_ids = False, None  # set by apply_chat_template (None: stop at EOS)
 
     @property
     def mc_samples(self) -> int:
@@ -119,6 +124,43 @@ class MdlmLM(LM):
     @property
     def max_length(self) -> int:
         return self.loaded.length
+
+    @property
+    def tokenizer_name(self) -> str:
+        """The harness's key for cached chat-rendered requests."""
+        return self.loaded.tokenizer.name.replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The tokeniser's template when the harness asks for one (it has a single one)."""
+        if not chat_template:
+            return None
+        return self._chat_tokenizer().chat_template
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]],
+                            add_generation_prompt: bool = True) -> str:
+        """The conversation as the template renders it (the harness calls this per context)."""
+        self._chat_started()
+        return self._chat_tokenizer().apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def _chat_tokenizer(self):
+        hf = self.loaded.tokenizer.hf
+        if hf is None or not getattr(hf, "chat_template", None):
+            raise MdlmError(f"--apply-chat-template needs a tokenizer with a chat template; "
+                            f"{self.loaded.tokenizer.name}'s has none")
+        return hf
+
+    def _chat_started(self) -> None:
+        """From the first rendered context on, no row start before a context (the template
+        wrote BOS where the model expects it) and generations also stop at end of turn."""
+        if not self.chat:
+            self.chat = True
+            self.scorer.start = []
+            self.stop_ids = end_of_turn_ids(self.loaded.tokenizer)
+
+    @property
+    def start(self) -> list[int]:
+        return [] if self.chat else self.loaded.row_start()
 
     def _record(self, requests, kind: str, scores: list[Scored]) -> None:
         for req, s in zip(requests, scores, strict=True):
@@ -167,9 +209,10 @@ class MdlmLM(LM):
                     index=self._generated,
                     device=self._device,
                     dtype=self.dtype,
+                    start=self.start,
                 )
                 self._generated += 1
-                out.append(cut_generation(tok, tokens, until))
+                out.append(cut_generation(tok, tokens, until, self.stop_ids))
                 advance(1)
         return out
 

@@ -30,6 +30,7 @@ class LmEvalOptions:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)  # generate_until's
     stride: int | None = None  # generate_until past the model length: new tokens per block
     bootstrap_iters: int = 100000
+    apply_chat_template: bool = False  # contexts rendered with the tokeniser's chat template
 
 
 @dataclass
@@ -117,6 +118,8 @@ def run_lm_eval(
     lm = MdlmLM(checkpoint, mc_samples=mc_samples, batch_size=options.batch_size, device=device,
                 seed=options.seed, sampling=options.sampling, stride=options.stride,
                 loaded=loaded, warn=warn)
+    if options.apply_chat_template:
+        lm.chat_template(True)  # a tokeniser without a template is refused here, in one line
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
     manager = task_manager(options.tasks, options.include_path)
     limit = options.limit
@@ -125,7 +128,8 @@ def run_lm_eval(
     try:  # the model's progress bars show the work
         results = simple_evaluate(model=lm, tasks=options.tasks, num_fewshot=options.num_fewshot,
                                   limit=limit, task_manager=manager,
-                                  bootstrap_iters=options.bootstrap_iters, log_samples=False)
+                                  bootstrap_iters=options.bootstrap_iters, log_samples=False,
+                                  apply_chat_template=options.apply_chat_template)
     except (ConnectionError, OSError) as e:
         raise MdlmError(f"lm-eval could not load a task's data ({type(e).__name__}: {e}); the Hub "
                         "data sets need the network the first time, local tasks need their "
@@ -150,6 +154,7 @@ def lm_eval_record(loaded, run: LmEvalRun, options: LmEvalOptions, *, raw_weight
             "exact": objective.exact, "kind": "exact" if objective.exact else "bound",
             "weights": "raw" if raw_weights else "ema", "mc_samples": run.lm.mc_samples,
             "batch_size": options.batch_size, "seed": options.seed,
-            "sampler": run.lm.generation.sampler, "results": results["results"],
+            "sampler": run.lm.generation.sampler, "chat_template": options.apply_chat_template,
+            "results": results["results"],
             "mdlm": run.summary, "n-samples": results.get("n-samples"),
             "versions": results.get("versions"), "lm_eval_version": lm_eval_version()}

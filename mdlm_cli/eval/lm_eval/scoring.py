@@ -285,11 +285,15 @@ def generate_after(
     index: int = 0,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
+    start: list[int] | None = None,
 ) -> list[int]:
     """Tokens sampled after `context` (the harness's `generate_until`): one window when they
     fit the model length, else semi-autoregressive rounds of `stride` new tokens (§4.2).
-    `temperature` / `top_p`: the request's, where it sets them (else the settings')."""
-    start, length, mask_id = loaded.row_start(), loaded.length, loaded.mask_id
+    `temperature` / `top_p`: the request's, where it sets them (else the settings').
+    `start`: the tokens before the context (default the row start; [] for a context rendered
+    by a chat template, which writes its own)."""
+    start = loaded.row_start() if start is None else start
+    length, mask_id = loaded.length, loaded.mask_id
     stride = settings.stride or length // 2
     if not 0 < stride < length - len(start):
         raise MdlmError(f"--stride must be between 1 and {length - len(start) - 1} (got {stride})")
@@ -328,11 +332,14 @@ def generate_after(
     return tokens[len(prompt):].tolist()
 
 
-def cut_generation(tokenizer, tokens: list[int], until: list[str]) -> str:
-    """Text of the generated tokens up to the first end-of-text token and the first stop
-    sequence (not included)."""
-    if tokenizer.eos_id in tokens:
-        tokens = tokens[:tokens.index(tokenizer.eos_id)]
+def cut_generation(tokenizer, tokens: list[int], until: list[str],
+                   stop_ids: list[int] | None = None) -> str:
+    """Text of the generated tokens up to the first stop token (`stop_ids`, default the
+    end-of-text token; a chat model's end-of-turn token too) and the first stop sequence (not
+    included)."""
+    stops = set([tokenizer.eos_id] if stop_ids is None else stop_ids)
+    first = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
+    tokens = tokens[:first]
     text = tokenizer.decode(tokens)
     for stop in until:
         if stop:
