@@ -16,7 +16,7 @@ import yaml
 from .errors import MdlmError
 from .numbers import check_config_float
 
-PACKINGS = ("wrap", "pad", "chunk", "window", "sft", "sft-pack")
+PACKINGS = ("wrap", "pad", "chunk", "chunk-eos", "window", "sft", "sft-pack")
 SFT_PACKINGS = ("sft", "sft-pack")  # prompt/response rows: the loss on the responses only
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -28,7 +28,8 @@ class DataConfig:
     dataset: str = "bigtxt"  # registry name (`mdlm prepare-data --help`) or a local text/jsonl path
     tokenizer: str = "gpt2"  # gpt2 | bert-base-uncased | char | local tokenizer folder | hub id
     length: int = 128  # tokens per row (L)
-    # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | window (DNA)
+    # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | chunk-eos (documents
+    # joined by EOS, nothing added per row: BD3-LM) | window (DNA)
     # | sft (prompt/response examples, one per row, loss on the response: data/sft.py)
     # | sft-pack (several examples per row, attention within each: data/sft_pack.py)
     packing: str = "wrap"

@@ -58,8 +58,11 @@ def _token_ids(docs: list[str], tokenizer: Tokenizer, packing: str, unscored: li
 def _pack(tokenized, tokenizer: Tokenizer, cfg: DataConfig):
     """The rows (and their lengths) of the configured packing over the tokenised batches."""
     packer = PACKERS[cfg.packing]
-    if cfg.packing == "chunk":
-        sep = tokenizer.encode(" ")[0] if tokenizer.is_character_level else tokenizer.eos_id
+    if cfg.packing in ("chunk", "chunk-eos"):
+        # text8's characters join documents with a space; chunk-eos always with EOS, so that a
+        # model learns where documents end, not where rows do (BD3-LM's variable length)
+        char_space = cfg.packing == "chunk" and tokenizer.is_character_level
+        sep = tokenizer.encode(" ")[0] if char_space else tokenizer.eos_id
         return packer(tokenized, cfg.length, pad=tokenizer.pad_id, separator=sep)
     return packer(tokenized, cfg.length, bos=tokenizer.bos_id, eos=tokenizer.eos_id,
                   pad=tokenizer.pad_id)

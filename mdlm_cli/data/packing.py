@@ -2,7 +2,11 @@
 
 - `wrap` (OWT): documents + EOS are concatenated and cut into L-2 token pieces,
   each emitted as [BOS] piece [EOS]. The remainder becomes a last, shorter row.
-- `chunk` (text8): the stream is cut into L-token rows (no specials).
+- `chunk` (text8): the stream is cut into L-token rows (no specials; documents joined by a
+  space for characters, by EOS for other tokenisers).
+- `chunk-eos`: `chunk` with documents always joined by EOS and no BOS/EOS added per row (the
+  BD3-LM reference's `insert_train_special=False`): EOS marks where documents end, at any
+  position, never where a row does.
 - `pad` (LM1B): one document per row, [BOS] doc[:L-2] [EOS], padded to L.
 - `window` (DNA): each document cut into consecutive L-token rows (no specials, never
   across documents); a document's last, shorter row is padded.
@@ -92,4 +96,4 @@ def window_rows(doc_batches: Iterable[list], length: int, *, pad: int, **_) -> I
             yield np.concatenate(rows), np.concatenate(lengths)
 
 
-PACKERS = {"wrap": wrap_rows, "chunk": chunk_rows, "pad": pad_rows, "window": window_rows}
+PACKERS = {"wrap": wrap_rows, "chunk": chunk_rows, "chunk-eos": chunk_rows, "pad": pad_rows, "window": window_rows}

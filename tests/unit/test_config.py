@@ -148,7 +148,7 @@ def test_bd3lm_presets_fine_tune_their_pretraining_run_at_each_block_size():
             assert cfg.diffusion.clip_search_widths == (0.5, 0.6, 0.7, 0.8, 0.9)
             assert cfg.data == pre.data and cfg.model == pre.model and cfg.optim == pre.optim
     demo, bd3 = resolve_config("demo").to_dict(), resolve_config("demo-bd3lm")
-    assert bd3.diffusion.block_size == 16 and bd3.data.packing == "wrap"  # EOS to learn
+    assert bd3.diffusion.block_size == 16 and bd3.data.packing == "chunk-eos"  # EOS at doc ends
     assert bd3.to_dict()["train"] == demo["train"] and bd3.to_dict()["optim"] == demo["optim"]
     assert {k: v for k, v in demo["data"].items() if k != "packing"} == \
         {k: v for k, v in bd3.to_dict()["data"].items() if k != "packing"}

@@ -49,3 +49,23 @@ def test_pad_round_trip_with_truncation(length):
     assert unpack(rows, lengths, "pad", bos=BOS, eos=EOS) == [x[: length - 2] for x in d]
     for r, n in zip(rows, lengths, strict=True):
         assert (r[n:] == PAD).all()
+
+
+@pytest.mark.parametrize("packing", ["chunk", "chunk-eos"])
+def test_chunk_eos_joins_character_documents_with_eos_and_adds_nothing_per_row(packing):
+    """chunk-eos (demo-bd3lm): EOS only where a document ends, at any position of a row, and
+    no BOS/EOS added per row, so a model learns where documents end, not where rows do;
+    text8's chunk joins character documents with a space."""
+    from mdlm_cli.config import DataConfig
+    from mdlm_cli.data.packed_split import _pack
+    from mdlm_cli.data.tokenizers import load_tokenizer
+
+    tok = load_tokenizer("char")
+    texts = ["ab cd", "efg", "h ij kl", "mno"]
+    tokenized = [[tok.encode(t) for t in texts]]
+    rows, lengths = collect(_pack(tokenized, tok, DataConfig(length=4, packing=packing)))
+    sep = [tok.eos_id] if packing == "chunk-eos" else tok.encode(" ")
+    stream = [i for t in texts for i in tok.encode(t) + sep]
+    assert rows.reshape(-1)[: lengths.sum()].tolist() == stream
+    assert (rows == tok.bos_id).sum() == 0
+    assert (rows == tok.eos_id).sum() == (len(texts) if packing == "chunk-eos" else 0)
