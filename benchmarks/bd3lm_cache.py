@@ -28,11 +28,15 @@ def main() -> None:
     p.add_argument("-n", "--num-samples", type=int, default=4)
     p.add_argument("--sampler", default="first-hitting")
     p.add_argument("--steps", type=int, default=16, help="per block (ancestral, confidence)")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32"],
+                   help="the network's: auto (bf16 autocast where the CPU runs it fast) or fp32,"
+                        " where the two paths must draw the same tokens (bf16 rounds the "
+                        "cached and the recomputed attention differently)")
     p.add_argument("--json")
     a = p.parse_args()
     from mdlm_cli.checkpoints.load import load_on_device
 
-    loaded, rt = load_on_device(a.checkpoint)
+    loaded, rt = load_on_device(a.checkpoint, precision=a.precision)
     rows = []
     for length in (int(x) for x in a.lengths.split(",")):
         row = {"length": length}

@@ -7,9 +7,9 @@ One sampler call of each kind, timed on a loaded model (`mdlm_cli.models` `block
 - prefix: the block and the suffix, [s, L), at the middle block (the average slice: over the
   L/B blocks the slices run from L down to B);
 - dual: the block alone, [s, s + B), attending to the L cached keys.
-It then predicts a whole sample's time under each cache for `steps` calls per block from
-those call times (none: NFE full calls; prefix/dual: one full call per block, then cached
-calls), the model that `bench-sampler`'s measured s/sample is compared with in BENCHMARKS.md.
+Calls run on `--batch` rows at once. It then predicts a whole sample's time under each cache
+for `steps` calls per block from those call times (none: NFE full calls; prefix/dual: one
+full call per block, then cached calls), the model that `bench-sampler`'s measured s/sample is compared with in BENCHMARKS.md.
 
 FLOP model (multiply-adds x 2; P = the non-embedding parameters, d = the width, V = the
 output rows, n = the positions a call runs, K = the keys it attends to, N layers):
@@ -80,12 +80,13 @@ def measure(model, autocast, L: int, B: int, batch: int, repeats: int, vocab: in
         }
 
 
-def predict(t: dict, L: int, B: int, steps: int) -> dict:
-    """A sample's seconds with `steps` calls per block: none, prefix, dual (docstring)."""
+def predict(t: dict, L: int, B: int, steps: int, batch: int) -> dict:
+    """A sample's seconds with `steps` calls per block, the calls timed on `batch` rows: none,
+    prefix, dual (docstring)."""
     blocks = L // B
-    none = blocks * steps * t["full"]
+    none = blocks * steps * t["full"] / batch
     # prefix slices shrink from L to B; the measured middle one is their mean
-    cached = {k: blocks * (t["full"] + (steps - 1) * t[k]) for k in ("prefix", "dual")}
+    cached = {k: blocks * (t["full"] + (steps - 1) * t[k]) / batch for k in ("prefix", "dual")}
     return {"none": none, **cached}
 
 
@@ -132,7 +133,7 @@ def main() -> None:
                  "dual": flops(shape, B, L)}
             attn = 4 * shape["layers"] * B * L * shape["width"] / f["dual"]
             row = {"L": L, "seconds": t, "flops": f, "dual_attention_share": round(attn, 3),
-                   "predicted_sample_s": predict(t, L, B, a.steps_per_block)}
+                   "predicted_sample_s": predict(t, L, B, a.steps_per_block, a.batch)}
             rows.append(row)
             print(f"L={L}: full {t['full'] * 1e3:.1f} ms ({f['full'] / t['full'] / 1e12:.2f} "
                   f"TFLOP/s), prefix {t['prefix'] * 1e3:.1f} ms, dual {t['dual'] * 1e3:.1f} ms "

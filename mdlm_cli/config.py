@@ -28,16 +28,15 @@ class DataConfig:
     dataset: str = "bigtxt"  # registry name (`mdlm prepare-data --help`) or a local text/jsonl path
     tokenizer: str = "gpt2"  # gpt2 | bert-base-uncased | char | local tokenizer folder | hub id
     length: int = 128  # tokens per row (L)
-    # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | chunk-eos (documents
-    # joined by EOS, nothing added per row: BD3-LM) | window (DNA)
+    # wrap (BOS/EOS, OWT) | pad (one doc per row, LM1B) | chunk (text8) | chunk-eos (BD3-LM:
+    # documents joined by EOS, nothing per row) | window (DNA)
     # | sft (prompt/response examples, one per row, loss on the response: data/sft.py)
     # | sft-pack (several examples per row, attention within each: data/sft_pack.py)
     packing: str = "wrap"
     pad_as_eos: bool = True  # sft*: fill with EOS, learnt (the model picks the length); false: pad
     cache_dir: str = ""  # "" = $MDLM_CACHE or ~/.cache/mdlm
     rc_augment: bool = False  # DNA: each training row reverse-complemented with probability 1/2
-    # rows of the train split to prepare, 0 = all (a streamed source stops reading there)
-    max_rows: int = 0
+    max_rows: int = 0  # rows of the train split to prepare, 0 = all (a stream stops there)
     max_eval_rows: int = 0  # rows of each evaluation split (valid, test), 0 = all
 
 

@@ -84,6 +84,7 @@ COLUMNS = (
     "tok/s",
     "NFE",
     "NFE whole-batch",
+    "positions/call",
     "NCS",
     "calls/s",
     "MFU",
@@ -233,6 +234,7 @@ def _add_row(table: Table, r, with_quality: bool = False) -> None:
         f"{r.tokens_per_second:,.0f}",
         f"{r.nfe:.1f}",
         "-" if r.nfe_whole_batch is None else f"{r.nfe_whole_batch:.1f}",
+        _positions_per_call(r),
         f"{r.ncs:.1f}",
         f"{r.calls_per_second:,.1f}",
         "-" if r.mfu is None else f"{100 * r.mfu:.1f}%",
@@ -244,6 +246,12 @@ def _add_row(table: Table, r, with_quality: bool = False) -> None:
                 f"{q.entropy:.3f}" + _pm(q.entropy_se), *_extra_cells(q))
     table.add_row(*row)
     err_console.print("  " + "  ".join(row), highlight=False, markup=False)
+
+
+def _positions_per_call(r) -> str:
+    """The positions a call runs the network over, per sequence: L without a cache, the block
+    (and suffix) under a block cache, one under an AR cache; "-" where nothing was counted."""
+    return f"{r.input_tokens / r.nfe:.1f}" if r.nfe and r.input_tokens else "-"
 
 
 def _pm(se: float | None) -> str:

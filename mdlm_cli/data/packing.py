@@ -96,4 +96,7 @@ def window_rows(doc_batches: Iterable[list], length: int, *, pad: int, **_) -> I
             yield np.concatenate(rows), np.concatenate(lengths)
 
 
-PACKERS = {"wrap": wrap_rows, "chunk": chunk_rows, "chunk-eos": chunk_rows, "pad": pad_rows, "window": window_rows}
+PACKERS = {
+    "wrap": wrap_rows, "chunk": chunk_rows, "chunk-eos": chunk_rows,
+    "pad": pad_rows, "window": window_rows,
+}

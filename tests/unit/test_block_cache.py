@@ -33,7 +33,7 @@ def test_the_full_pass_is_the_forward_and_a_cached_slice_matches_it_when_nothing
     logits, cache = model.block_cache(x, model.new_block_cache(3, L))
     assert torch.equal(logits, full)
     for s, e in [(8, 16), (8, L), (0, 4), (20, L)]:  # dual's block, prefix's block + suffix
-        assert torch.allclose(model.from_cache(x[:, s:e], cache, s), full[:, s:e], atol=1e-5)
+        assert torch.allclose(model.from_cache(x[:, s:e], cache, s), full[:, s:e], atol=1e-4)
 
 
 @torch.no_grad()
@@ -44,10 +44,10 @@ def test_a_call_on_some_rows_reads_and_writes_only_theirs():
     _, cache = model.block_cache(y[rows], cache, rows)  # rows 0 and 2 refreshed from y
     before = [k.clone() for k in cache.keys]
     out = model.from_cache(y[rows, 8:16], cache, 8, rows)
-    assert torch.allclose(out, model(y[rows])[:, 8:16], atol=1e-5)
+    assert torch.allclose(out, model(y[rows])[:, 8:16], atol=1e-4)
     assert all(torch.equal(a[1], b[1]) for a, b in zip(before, cache.keys, strict=True))
     assert torch.allclose(model.from_cache(x[1:2, 8:16], cache, 8, torch.tensor([1])),
-                          model(x[1:2])[:, 8:16], atol=1e-5)  # row 1 still holds x's
+                          model(x[1:2])[:, 8:16], atol=1e-4)  # row 1 still holds x's
 
 
 @torch.no_grad()
@@ -68,14 +68,14 @@ def test_the_approximation():
         return model.from_cache(new[:, 8:end], cache, 8)[:, :8], model(new)[:, 8:16]
 
     for end in (16, L):  # dual, prefix
-        assert torch.allclose(*cached(one, block, end), atol=1e-5)
+        assert torch.allclose(*cached(one, block, end), atol=1e-4)
         approx, exact = cached(two, block, end)
         assert not torch.allclose(approx, exact, atol=1e-3)
-    assert torch.allclose(*cached(one, suffix, L), atol=1e-5)  # prefix: the suffix is fresh
+    assert torch.allclose(*cached(one, suffix, L), atol=1e-4)  # prefix: the suffix is fresh
     assert not torch.allclose(*cached(one, suffix, 16), atol=1e-3)  # dual: it is stale
     _, cache = two.block_cache(block, two.new_block_cache(3, L))  # the refresh at the next block's start
     assert torch.allclose(two.from_cache(block[:, 8:16], cache, 8), two(block)[:, 8:16],
-                          atol=1e-5)
+                          atol=1e-4)
 
 
 @torch.no_grad()

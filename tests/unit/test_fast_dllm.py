@@ -329,6 +329,10 @@ def test_bench_sampler_rows_per_cache(tmp_path):
     assert [r["options"]["cache"] for r in rows] == ["none", "prefix", "dual"]
     assert [r["nfe"] for r in rows] == [8.0] * 3
     assert [r["input_tokens"] for r in rows] == [8 * 32, 4 * 32 + 32 + 24 + 16 + 8, 4 * 40]
+    # the table's positions/call column: input_tokens / NFE
+    assert "positions/call" in result.output
+    for cells in (["none", "32.0"], ["prefix", "26.0"], ["dual", "20.0"]):
+        assert any(all(c in line for c in cells) for line in result.output.splitlines())
 
 
 def test_the_server_runs_a_cached_request_alone_with_the_clis_tokens():
