@@ -277,7 +277,8 @@ def _add_reference_row(table: Table, ref):
     if ref is None:
         return None
     q, band = ref.quality, ref.band
-    table.add_row("", f"real text ({ref.split})", f"{ref.groups} x {ref.per_group} rows", *[""] * 8,
+    table.add_row("", f"real text ({ref.split})", f"{ref.groups} x {ref.per_group} rows",
+                  *[""] * (len(COLUMNS) - 3),  # the speed columns: none for real text
                   f"{q.gen_ppl:.2f} [{band['gen_ppl'][0]:.2f}-{band['gen_ppl'][1]:.2f}]",
                   f"{q.nats_per_char:.4f}",
                   f"{q.entropy:.3f} [{band['entropy'][0]:.3f}-{band['entropy'][1]:.3f}]",

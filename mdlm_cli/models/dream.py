@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import MdlmError
-from .block_cache import BlockCache, BlockCall
+from .block_cache import BlockCall
 from .decoder_layers import RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
@@ -172,31 +172,11 @@ class Dream(ReleasedBackbone):
             x = layer(x, (cos[start:], sin[start:]), keys, None if call is None else (call, i))
         return decoder.norm(x)
 
-    def forward(self, tokens: Tensor, sigma: Tensor | None = None,
-                attention_mask: Tensor | None = None, output_mask: Tensor | None = None) -> Tensor:
-        """Logits (B, L, V) in float32, or (N, V) at the N True positions of `output_mask`."""
-        return self._logits(self.hidden_states(tokens, attention_mask), output_mask)
-
-    # Fast-dLLM's block cache (models/block_cache.py), as its modeling_dream.py: a sliced call
-    # is shifted within the slice, as its generation loop shifts the call's logits, so the
-    # slice's first position reads its own output (Fast-dLLM's loop decides that position
-    # from the full pass: engine/dream_blocks.py).
-    def new_block_cache(self, batch: int, length: int) -> BlockCache:
-        return BlockCache.empty(batch, length, self.config.n_layers)
-
-    def block_cache(self, tokens: Tensor, cache: BlockCache, rows: Tensor | None = None
-                    ) -> tuple[Tensor, BlockCache]:
-        """A full pass: logits (R, L, V), every position's keys and values kept at `rows`."""
-        call = BlockCall(cache, 0, rows, refresh=True)
-        return self._logits(self.hidden_states(tokens, None, call), None), cache
-
-    def from_cache(self, tokens: Tensor, cache: BlockCache, start: int,
-                   rows: Tensor | None = None) -> Tensor:
-        """Logits (R, n, V) of `tokens` (R, n) at positions [start, start + n) of `rows`, each
-        read from the output one to its left within the slice (the first from its own)."""
-        return self._logits(self.hidden_states(tokens, None, BlockCall(cache, start, rows)), None)
-
     def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:
+        """Each position's logits from the states one to its left, as Dream's generation reads
+        them. A cached call's slice is shifted within itself, as Fast-dLLM's modeling_dream.py:
+        the slice's first position reads its own output (Fast-dLLM's loop decides that
+        position from the full pass: engine/dream_blocks.py)."""
         h = torch.cat([h[:, :1], h[:, :-1]], dim=1)  # Dream's shift: i is read from i - 1
         h = h if output_mask is None else h[output_mask]
         weight = self.model.embed_tokens.weight if self.config.tied else self.lm_head.weight

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ..errors import MdlmError
-from .block_cache import BlockCache, BlockCall
+from .block_cache import BlockCall
 from .decoder_layers import RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
@@ -169,27 +169,6 @@ class LLaDA(ReleasedBackbone):
         for i, block in enumerate(t.blocks):
             x = block(x, rotary, keys, None if call is None else (call, i))
         return t.ln_f(x)
-
-    def forward(self, tokens: Tensor, sigma: Tensor | None = None,
-                attention_mask: Tensor | None = None, output_mask: Tensor | None = None) -> Tensor:
-        """Logits (B, L, V) in float32, or (N, V) at the N True positions of `output_mask`."""
-        return self._logits(self.hidden_states(tokens, attention_mask), output_mask)
-
-    # Fast-dLLM's block cache (models/block_cache.py): LLaDA predicts each token in place, so a
-    # slice's logits are those of its own positions, as the DiT's.
-    def new_block_cache(self, batch: int, length: int) -> BlockCache:
-        return BlockCache.empty(batch, length, self.config.n_layers)
-
-    def block_cache(self, tokens: Tensor, cache: BlockCache, rows: Tensor | None = None
-                    ) -> tuple[Tensor, BlockCache]:
-        """A full pass: logits (R, L, V), every position's keys and values kept at `rows`."""
-        call = BlockCall(cache, 0, rows, refresh=True)
-        return self._logits(self.hidden_states(tokens, None, call), None), cache
-
-    def from_cache(self, tokens: Tensor, cache: BlockCache, start: int,
-                   rows: Tensor | None = None) -> Tensor:
-        """Logits (R, n, V) of `tokens` (R, n) at positions [start, start + n) of `rows`."""
-        return self._logits(self.hidden_states(tokens, None, BlockCall(cache, start, rows)), None)
 
     def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:
         h = h if output_mask is None else h[output_mask]

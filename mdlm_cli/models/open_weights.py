@@ -18,11 +18,12 @@ from typing import Any, ClassVar
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from torch import nn
+from torch import Tensor, nn
 
 from ..errors import MdlmError
 from ..io.files import read_json_object
 from ..memory import check_weights_fit
+from .block_cache import BlockCache, BlockCall
 from .hf_mlm import model_folder
 from .section import keys_of, read_section
 from .tied import count_parameters
@@ -223,6 +224,37 @@ class ReleasedBackbone(nn.Module, ABC):
     @abstractmethod
     def build_network(self) -> None:
         """The family's modules under the release's names (called on the meta device)."""
+
+    @abstractmethod
+    def hidden_states(self, tokens: Tensor, attention_mask: Tensor | None,
+                      call: BlockCall | None = None) -> Tensor:
+        """The last layer's normed states (B, n, d) of `tokens` (B, n); with a block `call`,
+        at positions [call.start, call.start + n), the other keys read from its cache."""
+
+    @abstractmethod
+    def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:
+        """The family's output layer over states `h`: float32 logits over the tokeniser's rows."""
+
+    def forward(self, tokens: Tensor, sigma: Tensor | None = None,
+                attention_mask: Tensor | None = None, output_mask: Tensor | None = None) -> Tensor:
+        """Logits (B, L, V) in float32, or (N, V) at the N True positions of `output_mask`."""
+        return self._logits(self.hidden_states(tokens, attention_mask), output_mask)
+
+    # Fast-dLLM's block cache (models/block_cache.py); which position's output a slice's
+    # logits read is the family's `_logits` (LLaDA: its own; Dream: the one to its left)
+    def new_block_cache(self, batch: int, length: int) -> BlockCache:
+        return BlockCache.empty(batch, length, self.config.n_layers)
+
+    def block_cache(self, tokens: Tensor, cache: BlockCache, rows: Tensor | None = None
+                    ) -> tuple[Tensor, BlockCache]:
+        """A full pass: logits (R, L, V), every position's keys and values kept at `rows`."""
+        call = BlockCall(cache, 0, rows, refresh=True)
+        return self._logits(self.hidden_states(tokens, None, call), None), cache
+
+    def from_cache(self, tokens: Tensor, cache: BlockCache, start: int,
+                   rows: Tensor | None = None) -> Tensor:
+        """Logits (R, n, V) of `tokens` (R, n) at positions [start, start + n) of `rows`."""
+        return self._logits(self.hidden_states(tokens, None, BlockCall(cache, start, rows)), None)
 
     @classmethod
     def from_folder(cls, cfg, vocab_size: int, folder: Path, raw: dict, device):

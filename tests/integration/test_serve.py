@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -289,35 +290,47 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
-def test_the_page_shows_the_masks_filling_in(server, tmp_path):
-    """The page at / in a headless chromium: a template submitted, its masked positions filled in
-    state by state; screenshots (mid-way and done) in the test's folder."""
+def chromium_api():
+    """playwright's sync API; the test skips where it or /usr/bin/chromium is missing."""
     sync_api = pytest.importorskip("playwright.sync_api")
     if not CHROMIUM.exists():
         pytest.skip("no chromium at /usr/bin/chromium (Debian: apt-get install chromium)")
-    with sync_api.sync_playwright() as p:
+    return sync_api
+
+
+@contextmanager
+def chromium_page(url: str, **page_options):
+    """The page at `url`/ in a headless chromium (skipping without one), closed afterwards."""
+    with chromium_api().sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1000, "height": 520})
+            page = browser.new_page(**page_options)
             page.set_default_timeout(60_000)
-            page.goto(server[0] + "/")
-            page.fill("#key", KEY)
-            page.dispatch_event("#key", "change")
-            page.wait_for_function("document.querySelectorAll('#sampler option').length > 0")
-            page.select_option("#sampler", "first-hitting")
-            page.fill("#seed", "4")
-            page.fill("#prompt", "the <mask:12> of the <mask:8>")
-            page.click("#go")
-            page.wait_for_function("window.mdlmMasked.length > 3 && window.mdlmMasked.at(-1) > 0"
-                                   " && window.mdlmMasked.at(-1) < window.mdlmMasked[0]")
-            page.screenshot(path=str(tmp_path / "serve-page-midway.png"))
-            page.wait_for_function("document.getElementById('status').dataset.done === '1'")
-            page.screenshot(path=str(tmp_path / "serve-page.png"))
-            masked = page.evaluate("window.mdlmMasked")
-            text = page.inner_text("#text")
-            status = page.inner_text("#status")
+            page.goto(url + "/")
+            yield page
         finally:
             browser.close()
+
+
+def test_the_page_shows_the_masks_filling_in(server, tmp_path):
+    """The page at / in a headless chromium: a template submitted, its masked positions filled in
+    state by state; screenshots (mid-way and done) in the test's folder."""
+    with chromium_page(server[0], viewport={"width": 1000, "height": 520}) as page:
+        page.fill("#key", KEY)
+        page.dispatch_event("#key", "change")
+        page.wait_for_function("document.querySelectorAll('#sampler option').length > 0")
+        page.select_option("#sampler", "first-hitting")
+        page.fill("#seed", "4")
+        page.fill("#prompt", "the <mask:12> of the <mask:8>")
+        page.click("#go")
+        page.wait_for_function("window.mdlmMasked.length > 3 && window.mdlmMasked.at(-1) > 0"
+                               " && window.mdlmMasked.at(-1) < window.mdlmMasked[0]")
+        page.screenshot(path=str(tmp_path / "serve-page-midway.png"))
+        page.wait_for_function("document.getElementById('status').dataset.done === '1'")
+        page.screenshot(path=str(tmp_path / "serve-page.png"))
+        masked = page.evaluate("window.mdlmMasked")
+        text = page.inner_text("#text")
+        status = page.inner_text("#status")
     assert masked[0] == 32 - len("the  of the ") and masked[-1] == 0
     assert all(a >= b for a, b in zip(masked, masked[1:], strict=False)) and len(masked) > 3
     assert text.startswith("the ") and " of the " in text and "first-hitting" in status

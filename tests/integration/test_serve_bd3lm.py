@@ -235,8 +235,7 @@ def test_mdlm_serve_of_a_bd3lm_run_streams_to_the_openai_client_and_the_page(bd3
     openai = pytest.importorskip("openai")
     pytest.importorskip("uvicorn")
     from .test_serve import (
-        CHROMIUM,
-        CHROMIUM_ARGS,
+        chromium_page,
         free_port,
         start_server,
         stop_server,
@@ -259,23 +258,13 @@ def test_mdlm_serve_of_a_bd3lm_run_streams_to_the_openai_client_and_the_page(bd3
         assert ["".join(chunks[c.index]) for c in whole] == [c.text for c in whole]
         assert max(len(chunks[c.index]) for c in whole) > 90 // BLOCK  # block by block
         assert "length" in [c.finish_reason for c in whole]  # 90 tokens, past L = 32
-        sync_api = pytest.importorskip("playwright.sync_api")
-        if not CHROMIUM.exists():
-            pytest.skip("no chromium at /usr/bin/chromium (Debian: apt-get install chromium)")
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page()
-                page.set_default_timeout(60_000)
-                page.goto(url + "/")
-                page.wait_for_function("document.querySelectorAll('#sampler option').length > 0")
-                page.fill("#seed", "2")
-                page.fill("#prompt", "the ")
-                page.click("#go")
-                page.wait_for_function("document.getElementById('status').dataset.done === '1'")
-                status, text = page.inner_text("#status"), page.inner_text("#text")
-            finally:
-                browser.close()
+        with chromium_page(url) as page:
+            page.wait_for_function("document.querySelectorAll('#sampler option').length > 0")
+            page.fill("#seed", "2")
+            page.fill("#prompt", "the ")
+            page.click("#go")
+            page.wait_for_function("document.getElementById('status').dataset.done === '1'")
+            status, text = page.inner_text("#status"), page.inner_text("#text")
         assert "first-hitting" in status and "seed 2" in status and text.strip()
     finally:
         stop_server(proc)

@@ -2,12 +2,11 @@
 LLaDA folder (its tokeniser has a chat template): two turns sent, each answer streamed into
 the conversation, and the model card says chat is there."""
 
-import pytest
 
 from ..open_model_folders import write_llada
 from .test_serve import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
+    chromium_api,
+    chromium_page,
     free_port,
     request,
     start_server,
@@ -17,9 +16,7 @@ from .test_serve import (
 
 
 def test_the_page_chats_with_a_model_that_has_a_chat_template(tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not CHROMIUM.exists():
-        pytest.skip("no chromium at /usr/bin/chromium (Debian: apt-get install chromium)")
+    chromium_api()  # skip before starting a server where there is no browser
     folder = write_llada(tmp_path / "llada")
     port, log = free_port(), tmp_path / "server.log"
     proc = start_server(folder, port, "--max-batch", "2", log=log)
@@ -28,27 +25,20 @@ def test_the_page_chats_with_a_model_that_has_a_chat_template(tmp_path):
         wait_healthy(url, proc, log)
         status, models = request(f"{url}/v1/models", key=None)
         assert status == 200 and models["data"][0]["mdlm"]["chat"] is True
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page()
-                page.set_default_timeout(60_000)
-                page.goto(url + "/")
-                page.wait_for_function("!document.getElementById('chatbox').hidden")
-                page.check("#chat")
-                page.dispatch_event("#chat", "change")
-                page.select_option("#sampler", "first-hitting")
-                for question in ("hello there", "and again"):
-                    page.fill("#prompt", question)
-                    page.click("#go")
-                    page.wait_for_function(
-                        "document.getElementById('status').dataset.done === '1'")
-                    page.evaluate("delete document.getElementById('status').dataset.done")
-                turns = page.eval_on_selector_all(
-                    "#chatlog .turn", "els => els.map(e => [e.className, e.textContent])")
-                status_text = page.inner_text("#status")
-            finally:
-                browser.close()
+        with chromium_page(url) as page:
+            page.wait_for_function("!document.getElementById('chatbox').hidden")
+            page.check("#chat")
+            page.dispatch_event("#chat", "change")
+            page.select_option("#sampler", "first-hitting")
+            for question in ("hello there", "and again"):
+                page.fill("#prompt", question)
+                page.click("#go")
+                page.wait_for_function(
+                    "document.getElementById('status').dataset.done === '1'")
+                page.evaluate("delete document.getElementById('status').dataset.done")
+            turns = page.eval_on_selector_all(
+                "#chatlog .turn", "els => els.map(e => [e.className, e.textContent])")
+            status_text = page.inner_text("#status")
     finally:
         stop_server(proc)
     assert [c for c, _ in turns] == ["turn user", "turn assistant"] * 2

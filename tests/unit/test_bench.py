@@ -238,3 +238,24 @@ def test_the_network_precision_is_chosen_as_for_a_checkpoint(tmp_path, monkeypat
                                       "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["meta"]["dtype"] == dtype
+
+
+def test_the_real_text_row_puts_each_value_under_its_own_column():
+    """The reference row leaves every speed column empty, whatever their number, so that its
+    gen PPL sits under "gen PPL" and its MAUVE under "MAUVE"."""
+    from types import SimpleNamespace
+
+    from rich.table import Table
+
+    from mdlm_cli.commands.bench import COLUMNS, QUALITY_COLUMNS, _add_reference_row
+
+    table = Table(*COLUMNS, *QUALITY_COLUMNS)
+    names = ("gen_ppl", "entropy", "dist_2", "self_bleu", "repetition_4", "mauve")
+    q = SimpleNamespace(gen_ppl=3.5, nats_per_char=1.25, entropy=2.75, dist_2=0.875,
+                        self_bleu=0.125, repetition_4=0.0, mauve=0.96875, mauve_sd=None)
+    ref = SimpleNamespace(quality=q, band={n: (0.0, 9.0) for n in names}, split="test",
+                          groups=8, per_group=32)
+    _add_reference_row(table, ref)
+    cell = {c.header: c._cells[0] for c in table.columns}
+    assert cell["gen PPL"].startswith("3.50 [") and cell["nats/char"] == "1.2500"
+    assert cell["MAUVE"].startswith("0.969 [") and cell["positions/call"] == ""

@@ -23,7 +23,7 @@ from mdlm_cli.models import DiffusionDenoiser
 from mdlm_cli.models.decoder_layers import apply_rotary, rotary_tables
 from tests.open_model_folders import write_dream
 
-from .test_generation_schedules import cli_sample
+from .test_generation_schedules import cli_sample, dream_sample_tokens
 
 
 @pytest.fixture(scope="module")
@@ -80,14 +80,9 @@ class FastDllmDream:
 
 # ------------------------------------------------------------------ Fast-dLLM, transcribed
 
-def sample_tokens(logits, neg_entropy=False):  # temperature 0, no top_p / top_k
-    probs = torch.softmax(logits, dim=-1)
-    confidence, x0 = probs.max(dim=-1)
-    if neg_entropy:
-        epsilon = 1e-10
-        log_probs = torch.log(probs + epsilon)
-        confidence = torch.sum(probs * log_probs, dim=-1)
-    return confidence, x0
+# Fast-dLLM's generation_utils_block.py keeps Dream's sample_tokens as it is: the one
+# transcription of test_generation_schedules serves (used at temperature 0 here)
+sample_tokens = dream_sample_tokens
 
 
 @torch.no_grad()
