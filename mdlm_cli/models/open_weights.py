@@ -193,6 +193,10 @@ class ReleasedBackbone(nn.Module, ABC):
     config_keys = keys_of(FolderModelConfig)
     requires_causal = False  # bidirectional: neither release masks attention causally
     causal = False
+    # the releases' generate() denoises prompt + gen_length positions, not a fixed window: a
+    # server request's row ends where its answer does (serve/completion.py), as `mdlm sample
+    # --max-new-tokens` does
+    rows_end_at_answer: ClassVar[bool] = True
     family: ClassVar[str]
     model_type: ClassVar[str]
     title: ClassVar[str]

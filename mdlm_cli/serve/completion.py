@@ -144,14 +144,18 @@ def prompt_rows(
         max_tokens = room if max_tokens is None else max_tokens
     if room < 1 or max_tokens > room:
         parts = f"prompt ({longest} tokens)" + (f" + suffix ({len(suffix)})" if suffix else "")
+        if max_tokens >= 1:  # given, or the room left (none: the prompt alone is too long)
+            parts += f" + max_tokens ({max_tokens})"
         limit = "the semi-AR limit" if stride else "the window"
         hint = "" if stride or suffix or not semi_ar else "; ask for semi-AR generation with stride"
         raise invalid(
-            f"{parts} + max_tokens ({max_tokens}) exceeds {limit} of "
+            f"{parts} exceeds {limit} of "
             f"{room + longest + len(suffix) + len(start)} tokens{hint}",
             "max_tokens",
             "context_length_exceeded",
         )
+    if stride is None and served.rows_end_at_answer:
+        window = len(start) + longest + max_tokens + len(suffix)
     rows = []
     for ids in prompts:
         prefix = start + ids

@@ -133,9 +133,11 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
     t0 = time.perf_counter()
     if plan.constraint is not None:  # each draw kept to what the schema allows
         denoiser = ConstrainedDenoiser(denoiser, plan.constraint)
+    # the window, or the prompt and answer only (`Served.rows_end_at_answer`)
+    length = loaded.length if plan.stride is not None else len(plan.rows[0].template)
     recorder = None
     if plan.logprobs is not None:
-        recorder = RevealRecorder((plan.num_rows, loaded.length), plan.logprobs, served.device)
+        recorder = RevealRecorder((plan.num_rows, length), plan.logprobs, served.device)
     if plan.stride is not None:
         stats = _semi_ar(plan, served, denoiser, kwargs, texts, emit)
     else:
@@ -143,7 +145,7 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
         tokens, stats = engine.sample(
             denoiser,
             num_samples=plan.num_rows,
-            length=loaded.length,
+            length=length,
             mask_id=loaded.mask_id,
             prompt=prompt,
             return_stats=True,

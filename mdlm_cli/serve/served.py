@@ -37,6 +37,12 @@ class Served:
         return objective.block_size if getattr(objective, "samples_by_blocks", False) else 0
 
     @property
+    def rows_end_at_answer(self) -> bool:
+        """A request's row holds its prompt and max_tokens only (LLaDA, Dream: their generate's
+        prompt + gen_length), not the model's whole window (a DiT trained at L)."""
+        return bool(getattr(self.loaded.model, "rows_end_at_answer", False))
+
+    @property
     def causal(self) -> bool:
         return self.loaded.objective.causal
 

@@ -9,6 +9,7 @@ import torch
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
+from mdlm_cli import engine  # noqa: E402
 from mdlm_cli.checkpoints.load import load_checkpoint  # noqa: E402
 from mdlm_cli.serve.app import Settings, create_app  # noqa: E402
 from mdlm_cli.serve.served import Served  # noqa: E402
@@ -71,21 +72,48 @@ def test_completions_run_the_folders_network(folders, family):
     out = first.json()
     assert out["usage"]["prompt_tokens"] == 3
     assert out["choices"][0]["text"] == again["choices"][0]["text"]  # greedy: no draw
-    # the greedy text is the engine's own on serve's row: the row start, the prompt, masks to
-    # the end of the window (a diffusion model fills the whole window; six are returned)
-    from mdlm_cli import engine
-
-    start = loaded.row_start()
-    row = torch.full((loaded.length,), loaded.mask_id)
-    prefix = start + loaded.tokenizer.encode("w1 w2 w3")
-    row[: len(prefix)] = torch.tensor(prefix)
-    how = engine.SamplingSettings("confidence", 6, temperature=0.0)
-    how = how.with_defaults(loaded.sampling_defaults).validate()
-    tokens = engine.sample(loaded.denoiser(), how, num_samples=1, length=len(row), prompt=row,
-                           mask_id=loaded.mask_id, schedule=loaded.objective.schedule,
-                           generator=torch.Generator().manual_seed(0))[0, len(prefix):len(prefix) + 6]
+    # the greedy text is the engine's own on serve's row: the row start, the prompt and six
+    # masks, nothing after them (the family's generate denoises prompt + gen_length, as
+    # `mdlm sample --max-new-tokens 6` does; not the model's whole window)
+    prefix = loaded.row_start() + loaded.tokenizer.encode("w1 w2 w3")
+    tokens = greedy(loaded, prefix, 6, engine.SamplingSettings("confidence", 6, temperature=0.0))
     stop = next((i for i, t in enumerate(tokens.tolist()) if t == loaded.tokenizer.eos_id), 6)
     assert out["choices"][0]["text"] == loaded.tokenizer.decode(tokens[:stop])
+
+
+def greedy(loaded, prefix: list[int], n: int, how) -> torch.Tensor:
+    """The n tokens the engine gives after `prefix` on a row of the prefix and n masks."""
+    row = torch.tensor(prefix + [loaded.mask_id] * n)
+    how = how.with_defaults(loaded.sampling_defaults).validate()
+    return engine.sample(loaded.denoiser(), how, num_samples=1, length=len(row), prompt=row,
+                         mask_id=loaded.mask_id, schedule=loaded.objective.schedule,
+                         generator=torch.Generator().manual_seed(0))[0, len(prefix):]
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_a_cached_chat_request_runs_fast_dllms_blocks_over_its_answer_only(folders, family):
+    """`"cache": "dual"` with blocks of 4 and 8 steps for 8 new tokens: two blocks of the
+    answer (not of the whole window: a request the CLI takes is not refused for the window's
+    block count), the tokens of the engine's run on the rendered prompt and 8 masks, NFE 8."""
+    loaded = load_checkpoint(str(folders[family]))
+    tok = loaded.tokenizer
+    prompt = tok.encode(tok.hf.apply_chat_template(MESSAGES, tokenize=False,
+                                                   add_generation_prompt=True))
+    http = client_of(Served(loaded, torch.device("cpu"), None, family))
+    body = {"model": family, "messages": MESSAGES, "max_tokens": 8, "temperature": 0,
+            "sampler": "confidence", "steps": 8, "block_length": 4, "cache": "dual"}
+    try:
+        out = http.post("/v1/chat/completions", json=body)
+    finally:
+        http.__exit__(None, None, None)
+    assert out.status_code == 200, out.text
+    how = engine.SamplingSettings("confidence", 8, temperature=0.0,
+                                  options={"block_length": 4, "cache": "dual"})
+    tokens = greedy(loaded, prompt, 8, how).tolist()
+    ends = {tok.eos_id, tok.hf.convert_tokens_to_ids(END_OF_TURN[family])}
+    stop = next((i for i, t in enumerate(tokens) if t in ends), 8)
+    assert out.json()["choices"][0]["message"]["content"] == tok.decode(tokens[:stop])
+    assert out.json()["mdlm"]["nfe"] == 8.0
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
@@ -128,3 +156,18 @@ def test_chat_on_the_real_network_answers(folders, family):
     assert choice["finish_reason"] in ("stop", "length")
     assert END_OF_TURN[family] not in choice["message"]["content"]
     assert out.json()["usage"]["completion_tokens"] <= 6
+
+
+def test_a_conversation_past_the_window_is_refused_naming_the_prompt_alone(folders):
+    """No max_tokens and a prompt longer than the window: the error names the prompt's length
+    and the window (no negative max_tokens of the room left)."""
+    loaded = load_checkpoint(str(folders["llada"]))
+    http = client_of(Served(loaded, torch.device("cpu"), None, "llada"))
+    long = [{"role": "user", "content": " ".join(f"w{i % 70 + 1}" for i in range(80))}]
+    try:
+        out = http.post("/v1/chat/completions", json={"model": "llada", "messages": long})
+    finally:
+        http.__exit__(None, None, None)
+    assert out.status_code == 400
+    message = out.json()["error"]["message"]
+    assert "exceeds the window of 64 tokens" in message and "max_tokens" not in message, message
