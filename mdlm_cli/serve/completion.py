@@ -143,17 +143,7 @@ def prompt_rows(
         room = window - len(start) - longest - len(suffix)
         max_tokens = room if max_tokens is None else max_tokens
     if room < 1 or max_tokens > room:
-        parts = f"prompt ({longest} tokens)" + (f" + suffix ({len(suffix)})" if suffix else "")
-        if max_tokens >= 1:  # given, or the room left (none: the prompt alone is too long)
-            parts += f" + max_tokens ({max_tokens})"
-        limit = "the semi-AR limit" if stride else "the window"
-        hint = "" if stride or suffix or not semi_ar else "; ask for semi-AR generation with stride"
-        raise invalid(
-            f"{parts} exceeds {limit} of "
-            f"{room + longest + len(suffix) + len(start)} tokens{hint}",
-            "max_tokens",
-            "context_length_exceeded",
-        )
+        raise _too_long(longest, len(suffix), len(start), max_tokens, room, stride, semi_ar)
     if stride is None and served.rows_end_at_answer:
         window = len(start) + longest + max_tokens + len(suffix)
     rows = []
@@ -167,6 +157,18 @@ def prompt_rows(
             fixed[end : end + len(suffix)] = torch.tensor(suffix, dtype=torch.long)
         rows.append(Row(fixed, prefix, len(ids), len(suffix), loaded.tokenizer.decode(ids)))
     return rows, max_tokens
+
+
+def _too_long(longest: int, suffix: int, start: int, max_tokens: int, room: int,
+              stride: int | None, semi_ar: bool):
+    """The error of a request whose prompt (+ suffix + max_tokens) does not fit."""
+    parts = f"prompt ({longest} tokens)" + (f" + suffix ({suffix})" if suffix else "")
+    if max_tokens >= 1:  # given, or the room left (none: the prompt alone is too long)
+        parts += f" + max_tokens ({max_tokens})"
+    limit = "the semi-AR limit" if stride else "the window"
+    hint = "" if stride or suffix or not semi_ar else "; ask for semi-AR generation with stride"
+    return invalid(f"{parts} exceeds {limit} of {room + longest + suffix + start} tokens{hint}",
+                   "max_tokens", "context_length_exceeded")
 
 
 def _max_tokens(body: dict) -> int | None:
