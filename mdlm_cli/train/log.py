@@ -110,8 +110,9 @@ def progress_bar(run: Logged) -> Progress:
 
 
 def record_eval(state: TrainState, result: BoundResult, step: int, log, console: Console,
-                final: bool = False, char_level: bool = False) -> bool:
-    """The validation record (metrics.jsonl and a line); True when it is the best so far."""
+                final: bool = False, char_level: bool = False, ema: bool = True) -> bool:
+    """The validation record (metrics.jsonl and a line saying which weights: the EMA's, or
+    the trained ones where train.ema is 0); True when it is the best so far."""
     nats = result.nats_per_token
     best = state.record_validation(nats)
     record = {"step": step, "valid_nats": nats, "valid_ppl_bound": result.perplexity,
@@ -122,5 +123,6 @@ def record_eval(state: TrainState, result: BoundResult, step: int, log, console:
     kind, rel = ("exact NLL", "=") if result.exact else (result.kind or "bound", result.relation)
     unit = "characters" if char_level else "tokens"
     console.print(f"step {step}: {label} {kind} {nats_text(nats, char_level)}, "
-                  f"PPL {rel} {result.perplexity:.2f} ({result.tokens} {unit}, EMA weights)")
+                  f"PPL {rel} {result.perplexity:.2f} ({result.tokens} {unit}, "
+                  f"{'EMA' if ema else 'raw'} weights)")
     return best

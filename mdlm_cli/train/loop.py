@@ -288,7 +288,7 @@ def _validate_or_save(run: Run, log, out_of_time: bool) -> None:
     if done % tc.eval_every == 0 and done < tc.max_steps and not out_of_time:
         result = _evaluate(run, tc.eval_rows)
         best = record_eval(run.state, result, done, log, run.console,
-                           char_level=run.tokenizer.is_character_level)
+                           char_level=run.tokenizer.is_character_level, ema=run.ema is not None)
         _after_validation(run, log)
         _checkpoint(run, best=best)
     elif done % tc.save_every == 0:
@@ -334,7 +334,7 @@ def _finish(run: Run, stop: StopSignals, metrics_path: Path, train_seconds: floa
     if final is not None:
         with open(metrics_path, "a") as log:
             best = record_eval(state, final, state.step, log, run.console, final=True,
-                               char_level=char_level)
+                               char_level=char_level, ema=run.ema is not None)
     state.final_step = state.step  # a --resume at max_steps finds nothing left to do
     checkpoint = _checkpoint(run, best=best)
     return _result(state, run.run_dir, checkpoint, train_seconds=train_seconds,

@@ -3,6 +3,8 @@ order, unknown keys kept, so every existing checkpoint resumes and is re-saved u
 
 import json
 
+import pytest
+
 from mdlm_cli.train.state import TrainState
 
 
@@ -36,3 +38,19 @@ def test_an_old_minimal_state_takes_the_defaults():
     defaults = (state.samples_seen, state.tokens_seen, state.best_valid_nats, state.threads)
     assert defaults == (0, 0, None, None)
     assert list(state.to_dict())[0] == "step" and "threads" not in state.to_dict()
+
+
+@pytest.mark.parametrize("ema, weights", [(True, "EMA weights"), (False, "raw weights")])
+def test_the_validation_line_names_the_weights_it_used(ema, weights):
+    """With train.ema 0 there is no EMA: the line says the raw weights were evaluated."""
+    import io
+
+    from rich.console import Console
+
+    from mdlm_cli.objectives.bound import BoundResult
+    from mdlm_cli.train.log import record_eval
+
+    console, log = Console(file=io.StringIO(), width=200), io.StringIO()
+    record_eval(TrainState(), BoundResult(nats=20.0, tokens=10, sequences=1), 5, log, console,
+                ema=ema)
+    assert weights in console.file.getvalue() and '"step": 5' in log.getvalue()
