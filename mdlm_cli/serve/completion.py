@@ -144,7 +144,9 @@ def prompt_rows(
         max_tokens = room if max_tokens is None else max_tokens
     if room < 1 or max_tokens > room:
         raise _too_long(longest, len(suffix), len(start), max_tokens, room, stride, semi_ar)
-    if stride is None and served.rows_end_at_answer:
+    if stride is None and served.rows_end_at_answer and len({len(p) for p in prompts}) == 1:
+        # several prompts of different lengths keep the window: a shorter one's extra masks
+        # would change its block count and reveal schedule
         window = len(start) + longest + max_tokens + len(suffix)
     rows = []
     for ids in prompts:
