@@ -9,7 +9,8 @@ One sampler call of each kind, timed on a loaded model (`mdlm_cli.models` `block
 - dual: the block alone, [s, s + B), attending to the L cached keys.
 Calls run on `--batch` rows at once. It then predicts a whole sample's time under each cache
 for `steps` calls per block from those call times (none: NFE full calls; prefix/dual: one
-full call per block, then cached calls), the model that `bench-sampler`'s measured s/sample is compared with in BENCHMARKS.md.
+full call per block, then cached calls), the model that `bench-sampler`'s measured s/sample
+is compared with in BENCHMARKS.md.
 
 FLOP model (multiply-adds x 2; P = the non-embedding parameters, d = the width, V = the
 output rows, n = the positions a call runs, K = the keys it attends to, N layers):

@@ -1,7 +1,6 @@
 """The page at / in chat mode, in a headless chromium, against `mdlm serve` on a tiny random
-LLaDA folder (its tokeniser has a chat template): two turns sent, each answer streamed into
+LLaDA folder (its tokeniser has a chat template): three turns sent, each answer streamed into
 the conversation, and the model card says chat is there."""
-
 
 from ..open_model_folders import write_llada
 from .test_serve import (
