@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--json")
     a = p.parse_args()
     from mdlm_cli.checkpoints.load import load_on_device
+    from mdlm_cli.engine.settings import SamplingSettings
 
     loaded, rt = load_on_device(a.checkpoint, precision=a.precision)
     rows = []
@@ -45,8 +46,9 @@ def main() -> None:
             start = time.perf_counter()
             with torch.no_grad():
                 outs[cache] = loaded.objective.sample(
-                    loaded.model, num_samples=a.num_samples, length=length, steps=a.steps,
-                    sampler=a.sampler, generator=torch.Generator().manual_seed(0),
+                    loaded.model, SamplingSettings(a.sampler, a.steps),
+                    num_samples=a.num_samples, length=length,
+                    generator=torch.Generator().manual_seed(0),
                     eos_id=loaded.tokenizer.eos_id, cache=cache, autocast_dtype=rt.dtype)
             row["cached_s" if cache else "recomputed_s"] = \
                 (time.perf_counter() - start) / a.num_samples

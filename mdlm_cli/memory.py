@@ -124,16 +124,43 @@ def check_memory(
     """Refuse, before anything large is allocated, a forward pass of `batch` rows of `length`
     tokens through `model` (its ModelConfig `model_cfg`) that the device cannot hold: one
     line with the estimate and the memory available. `rows`: sequences whose ids are all held."""
-    m = model_cfg
-    # a backbone read from a released folder (LLaDA, Dream) has its own shape, not model.*'s
-    own = getattr(model, "config", None) if getattr(model, "family", None) else None
     params = sum(p.numel() for p in model.parameters())
-    need = footprint(params=params, hidden=getattr(own, "hidden_size", m.hidden_size),
-                     n_blocks=getattr(own, "n_layers", m.n_blocks),
-                     mlp_ratio=getattr(own, "mlp_ratio", m.mlp_ratio), vocab=vocab, batch=batch,
+    need = footprint(params=params, **_shape_of(model, model_cfg), vocab=vocab, batch=batch,
                      length=length)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())  # bf16: 2 bytes
     check_fits(what, replace(need, weights=weights, token_ids=8 * rows * length), device, fix)
+
+
+def _shape_of(model, model_cfg) -> dict:
+    """The shape `footprint` reads: a released backbone's own (LLaDA, Dream), else model.*'s."""
+    own = getattr(model, "config", None) if getattr(model, "family", None) else None
+    return {"hidden": getattr(own, "hidden_size", model_cfg.hidden_size),
+            "n_blocks": getattr(own, "n_layers", model_cfg.n_blocks),
+            "mlp_ratio": getattr(own, "mlp_ratio", model_cfg.mlp_ratio)}
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """The memory of one inference forward pass per row position beyond the weights (one
+    block's activations, the logits and their softmax): what a server admits requests by,
+    the weights being held once for all of them."""
+
+    per_position: int  # bytes
+
+    @classmethod
+    def of(cls, model, model_cfg, vocab: int) -> ForwardCost:
+        need = footprint(params=0, **_shape_of(model, model_cfg), vocab=vocab, batch=1, length=1)
+        return cls(need.activations + need.logits)
+
+    def bytes(self, rows: int, length: int) -> int:
+        return self.per_position * rows * length
+
+    def rows_within(self, budget: int | None, length: int, most: int) -> int:
+        """The most rows (1 to `most`) of `length` positions whose pass fits in `budget` bytes
+        (`most` where there is no budget; 0 where not even one row fits)."""
+        if budget is None:
+            return most
+        return max(0, min(most, budget // max(1, self.bytes(1, length))))
 
 
 GIB = 1024**3

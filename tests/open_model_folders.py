@@ -30,7 +30,8 @@ DREAM_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['con
 
 
 def llada_config(dtype: str = "float32", d_model: int = 32, n_layers: int = 2,
-                 rows: int = ROWS, n_heads: int = 4, mlp_hidden: int | None = None) -> dict:
+                 rows: int = ROWS, n_heads: int = 4, mlp_hidden: int | None = None,
+                 window: int = 64) -> dict:
     """LLaDA-8B-Instruct's config.json key for key, at a tiny size."""
     return {
         "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0,
@@ -45,7 +46,7 @@ def llada_config(dtype: str = "float32", d_model: int = 32, n_layers: int = 2,
         "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta",
         "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False,
         "layer_norm_type": "rms", "layer_norm_with_affine": True, "mask_token_id": 85,
-        "max_sequence_length": 64, "mlp_hidden_size": mlp_hidden or d_model * 3 // 2,
+        "max_sequence_length": window, "mlp_hidden_size": mlp_hidden or d_model * 3 // 2,
         "mlp_ratio": 4, "model_type": "llada", "multi_query_attention": None,
         "n_heads": n_heads, "n_kv_heads": n_heads,
         "n_layers": n_layers, "pad_token_id": 81, "precision": "amp_bf16",

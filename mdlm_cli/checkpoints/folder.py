@@ -363,7 +363,9 @@ def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device 
     load_state_into(model, load_weights(weights_file), weights_file)
     if getattr(model, "family", None):  # a fine-tuned LLaDA or Dream keeps its family's defaults
         state.setdefault("family", model.family)
-        state.setdefault("sampling_defaults", dict(model.sampling_defaults))
+        # the family's defaults under what the run saved (a run saved before top_k had none)
+        state["sampling_defaults"] = {**model.sampling_defaults,
+                                      **(state.get("sampling_defaults") or {})}
     return LoadedModel(step_dir, model.to(device).eval(), cfg, tokenizer, data_meta, state)
 
 

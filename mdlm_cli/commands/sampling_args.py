@@ -58,6 +58,10 @@ TemperatureOpt = Annotated[float, typer.Option(
     help="Softmax temperature: a finite number, at least 0 (0: greedy, the argmax at every "
     "draw).")]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")]
+TopKOpt = Annotated[int | None, typer.Option(
+    help="Vocabulary top-k: draw from the k likeliest tokens only (after --top-p), and rank "
+         "confidences over them. Default: the model's own (50 for a Dream folder, as its "
+         "released generation code; none for others); 0 turns it off.")]
 
 
 def dashed(name: str) -> str:
@@ -126,7 +130,7 @@ def resolved(settings: SamplingSettings, loaded) -> SamplingSettings:
 def given(settings: SamplingSettings) -> list[str]:
     """The sampling flags given on the command line (away from their defaults)."""
     default = SamplingSettings()
-    names = ["sampler", "steps", *settings.options, "precision", "temperature", "top_p"]
+    names = ["sampler", "steps", *settings.options, "precision", "temperature", "top_p", "top_k"]
     return [flag(k) for k in names
             if k in settings.options or getattr(settings, k, None) != getattr(default, k, None)]
 
@@ -190,6 +194,7 @@ def parse_sampling(values: dict[str, Any]) -> SamplingSettings:
         values["temperature"],
         values["top_p"],
         _merge(given, opts),
+        top_k=values.get("top_k"),
     )
     return _validated(settings)
 
@@ -220,7 +225,8 @@ def parse_sweep(values: dict[str, Any]) -> SamplingSweep:
         get_sampler(name)
     precisions = [x.strip() for x in values["precision"].split(",") if x.strip()]
     for p in precisions:
-        _validated(SamplingSettings(None, None, p, values["temperature"], values["top_p"]))
+        _validated(SamplingSettings(None, None, p, values["temperature"], values["top_p"],
+                                    top_k=values.get("top_k")))
     steps = int_list(values["steps"] or "100,1000", "--steps")
     given = {}
     for n, flag in flags.items():
@@ -241,6 +247,7 @@ def parse_sweep(values: dict[str, Any]) -> SamplingSweep:
         values["temperature"],
         values["top_p"],
         _merge(given, opts),
+        values.get("top_k"),
     )
 
 
@@ -323,7 +330,8 @@ def _parameters(sweep: bool) -> list[inspect.Parameter]:
             p("precision", DrawPrecisionOpt, "fp64"),
         ]
     )
-    head += [p("temperature", TemperatureOpt, 1.0), p("top_p", TopPOpt, 1.0)]
+    head += [p("temperature", TemperatureOpt, 1.0), p("top_p", TopPOpt, 1.0),
+             p("top_k", TopKOpt, None)]
     options = [_option_parameter(name, flag, sweep) for name, flag in option_flags().items()]
     return head + options + [p("opt", SweepOptOpt if sweep else OptOpt)]
 

@@ -139,7 +139,7 @@ def _ancestral_reference(z: Tensor, ctx: SamplerContext, times: Tensor, *, cache
             logits = cached[masked]
         else:
             logits = ctx.logits(z, times[i], masked, need.nonzero()[:, 0])
-        q = token_weights(logits, ctx.mask_id, temperature=ctx.temperature, top_p=ctx.top_p)
+        q = token_weights(logits, ctx.mask_id, **ctx.filters)
         q.mul_(unmask_probs[i] / q.sum(-1, keepdim=True))
         q[:, ctx.mask_id] = 1.0 - unmask_probs[i]
         ctx.stats.draws += q.shape[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .confident_draws import ORDERS, reveal, times_of, top_k
+from .confident_draws import ORDERS, most_confident, reveal, times_of
 from .context import SamplerContext
 from .errors import EngineError
 from .protocols import has_block_cache
@@ -40,7 +40,7 @@ def cached_confidence(z: Tensor, ctx: SamplerContext, plan: TransferPlan) -> Ten
         k = plan.counts[:, i]
 
         def keep_k(rows: list[int], cand: Tensor, conf: Tensor, k=k) -> Tensor:
-            return top_k(conf, k[rows].to(z.device), ctx)
+            return most_confident(conf, k[rows].to(z.device), ctx)
 
         active = {b: lo[b][i] for b in k.nonzero()[:, 0].tolist()}
         active |= {b: lo[b][i] for b in blocks.pending if blocks.cached_at[b] == lo[b][i]}

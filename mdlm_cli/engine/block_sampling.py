@@ -9,10 +9,10 @@ finished block's keys and values never change: a key/value cache of them is exac
 cached and the recomputing models give the same tokens under one generator.
 
 The within-block step is pluggable (`BLOCK_STEPS`, keyed by the engine sampler it mirrors):
-`ancestral`, `first-hitting` and `confidence`; nucleus filtering (`top_p`) and temperature
-apply to every draw, as the reference applies `sampling.nucleus_p` to p_theta before either
-of its updates. The model takes no time (bd3lm refuses time conditioning), so a step's logits
-serve until the block changes.
+`ancestral`, `first-hitting` and `confidence`; nucleus and vocabulary top-k filtering
+(`top_p`, `top_k`) and temperature apply to every draw, as the reference applies
+`sampling.nucleus_p` to p_theta before either of its updates. The model takes no time (bd3lm
+refuses time conditioning), so a step's logits serve until the block changes.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class BlockDraw:
     precision: str = "fp64"
     temperature: float = 1.0
     top_p: float = 1.0  # nucleus mass
+    top_k: int = 0  # vocabulary top-k, after top_p (0: every token)
     tokens_per_step: int = 1  # first-hitting's k
     stats: SampleStats = field(default_factory=SampleStats)
     # runs before each network call: a server stops a request whose client left there
@@ -81,7 +82,7 @@ class BlockDraw:
         self.stats.draws += logits.shape[0]
         return sample_tokens(logits, self.mask_id, generator=self.generator,
                              precision=self.precision, temperature=self.temperature,
-                             top_p=self.top_p)
+                             top_p=self.top_p, top_k=self.top_k)
 
     def rand(self, shape, device) -> Tensor:
         return torch.rand(shape, generator=self.generator, device=device)
@@ -138,7 +139,7 @@ def confidence_block(model: BlockModel, z: Tensor, d: BlockDraw) -> Tensor:
         d.stats.draws += int(masked.sum())
         tokens, probs = sample_tokens_with_probs(
             logits[masked], d.mask_id, generator=d.generator, precision=d.precision,
-            temperature=d.temperature, top_p=d.top_p)
+            temperature=d.temperature, top_p=d.top_p, top_k=d.top_k)
         confidence = torch.full(z.shape, -1.0, dtype=torch.float64, device=z.device)
         confidence[masked] = probs
         drawn = z.masked_scatter(masked, tokens)
@@ -157,6 +158,16 @@ BLOCK_STEPS: dict[str, BlockStep] = {
 BLOCK_OPTIONS: dict[str, frozenset[str]] = {"first-hitting": frozenset({"tokens_per_step"})}
 # sees each finished block (start, (B, L')) as it is committed; True: no more blocks are needed
 OnBlock = Callable[[int, Tensor], bool]
+
+
+@dataclass(frozen=True)
+class BlockHooks:
+    """What a caller sees of block sampling: `on_block(start, block)` after each committed
+    block (True ends the sampling), `before_call()` before each network call (a server stops
+    a request whose client left there)."""
+
+    on_block: OnBlock | None = None
+    before_call: Callable[[], None] | None = None
 
 
 def sample_blocks(model: BlockModel, d: BlockDraw, *, num_samples: int, length: int,

@@ -21,9 +21,13 @@ float32) for comparison.
 
 Temperature 0 is greedy: the most likely real token (argmax of the logits, the mask
 excluded), no uniform drawn; its probability is that of the untempered softmax, what
-LLaDA's and Dream's generation code read as its confidence. Where a draw mixes the
-token's weights with another class ("stay masked"), the weights are the one-hot limit of
-softmax(logits / T) as T -> 0.
+LLaDA's and Dream's generation code read as its confidence (Dream's after its top-p and
+vocabulary top-k filters, which it applies before the softmax whatever the temperature).
+Where a draw mixes the token's weights with another class ("stay masked"), the weights are
+the one-hot limit of softmax(logits / T) as T -> 0.
+
+Vocabulary `top_k` (keep the k likeliest tokens; 0 = all) is not the positional top-k of the
+confidence samplers (`confident_draws.most_confident`: which positions to reveal).
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from .errors import EngineError, ProbabilityError
 PRECISIONS = ("fp64", "fp32")
 
 
-def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
-    """Temperature, then nucleus filtering: keep the smallest set of classes whose
-    probability reaches top_p (the most likely class is always kept)."""
+def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_p: float = 1.0,
+                  top_k: int = 0) -> Tensor:
+    """Temperature, then nucleus filtering (keep the smallest set of classes whose
+    probability reaches top_p; the most likely class is always kept), then vocabulary top-k
+    (keep the k most likely classes; 0 keeps all): Dream's `sample_tokens` order."""
     if temperature != 1.0:
         logits = logits / temperature
     if top_p < 1.0:
@@ -49,28 +55,32 @@ def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_p: float = 1.
         )  # mass before this class already enough
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
+    if 0 < top_k < logits.shape[-1]:  # ties at the k-th value are kept, as Dream's top_k_logits
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
     return logits
 
 
 def token_weights(
-    logits: Tensor, mask_id: int, *, temperature: float = 1.0, top_p: float = 1.0
+    logits: Tensor, mask_id: int, *, temperature: float = 1.0, top_p: float = 1.0,
+    top_k: int = 0,
 ) -> Tensor:
     """Weights (N, V) proportional to p_theta under SUBS, the mask's weight 0: float32, or
     float64 for float64 logits (normalised in the logits' own precision, so nothing of a
     float64 logit is lost to a cast first). Not normalised after the mask is dropped: both
     draws are scale-free, and skipping the pass matters at V = 50k. Temperature 0: one-hot
-    at the greedy token."""
+    at the greedy token. `top_k` counts real tokens (the mask is never one of the k)."""
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     if temperature == 0:
         one_hot = torch.zeros(logits.shape, dtype=dtype, device=logits.device)
         return one_hot.scatter_(-1, greedy_tokens(logits, mask_id)[:, None], 1.0)
-    if temperature == 1.0 and top_p == 1.0:  # one fused softmax, then the mask's share dropped
+    if temperature == 1.0 and top_p == 1.0 and top_k <= 0:  # one fused softmax, mask dropped
         weights = torch.softmax(logits, dim=-1, dtype=dtype)
         weights[:, mask_id] = 0.0
         return weights
     logits = logits.to(dtype, copy=True)
     logits[:, mask_id] = float("-inf")
-    return filter_logits(logits, temperature=temperature, top_p=top_p).softmax(-1)
+    return filter_logits(logits, temperature=temperature, top_p=top_p, top_k=top_k).softmax(-1)
 
 
 def greedy_tokens(logits: Tensor, mask_id: int) -> Tensor:
@@ -143,7 +153,8 @@ def inverse_cdf_draw(
 
 
 def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | None,
-                  precision: str = "fp64", temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
+                  precision: str = "fp64", temperature: float = 1.0, top_p: float = 1.0,
+                  top_k: int = 0) -> Tensor:
     """Tokens from p_theta (SUBS: the mask is never drawn) at N positions: logits (N, V) -> (N,).
 
     fp64: inverse CDF with a float64 running sum (exact, one uniform per row). fp32: the
@@ -151,19 +162,20 @@ def sample_tokens(logits: Tensor, mask_id: int, *, generator: torch.Generator | 
     """
     if temperature == 0:
         return greedy_tokens(logits, mask_id)
-    return _draw(token_weights(logits, mask_id, temperature=temperature, top_p=top_p), mask_id,
-                 generator=generator, precision=precision)
+    weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p, top_k=top_k)
+    return _draw(weights, mask_id, generator=generator, precision=precision)
 
 
 def sample_tokens_with_probs(logits: Tensor, mask_id: int, *, generator: torch.Generator | None,
                              precision: str = "fp64", temperature: float = 1.0,
-                             top_p: float = 1.0) -> tuple[Tensor, Tensor]:
+                             top_p: float = 1.0, top_k: int = 0) -> tuple[Tensor, Tensor]:
     """`sample_tokens` (the same draws), and the probability of each drawn token (N,) float64
     under the distribution it was drawn from: the confidence of the confidence-ordered samplers.
-    Temperature 0: the argmax and its probability under the untempered softmax."""
+    Temperature 0: the argmax and its probability under the untempered softmax (renormalised
+    over the top-p / top-k classes where those filters are on, as Dream's `sample_tokens`)."""
     tokens, weights = sample_tokens_with_weights(
         logits, mask_id, generator=generator, precision=precision, temperature=temperature,
-        top_p=top_p)
+        top_p=top_p, top_k=top_k)
     return tokens, drawn_probs(weights, tokens)
 
 
@@ -174,17 +186,21 @@ def drawn_probs(weights: Tensor, tokens: Tensor) -> Tensor:
 
 def sample_tokens_with_weights(logits: Tensor, mask_id: int, *,
                                generator: torch.Generator | None, precision: str = "fp64",
-                               temperature: float = 1.0, top_p: float = 1.0,
+                               temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                                untempered: bool = False) -> tuple[Tensor, Tensor]:
     """`sample_tokens` (the same draws), and the unnormalised weights (N, V) they were drawn
-    from; with `untempered` (or at temperature 0) the untempered softmax's instead, the mask's
-    weight 0: what LLaDA reads its confidence from (it draws at temperature T by Gumbel-max,
-    the softmax(logits / T) law, but ranks by softmax(logits))."""
+    from; with `untempered` the untempered, unfiltered softmax's instead, the mask's weight 0:
+    what LLaDA reads its confidence from (it draws at temperature T by Gumbel-max, the
+    softmax(logits / T) law, but ranks by softmax(logits)). At temperature 0: the argmax, and
+    the untempered softmax after the top-p / top-k filters, which is Dream's confidence (its
+    `sample_tokens` filters the logits before any softmax; with top_k 50, its release's
+    default, every order ranks by probabilities renormalised over the 50 likeliest tokens)."""
     if temperature == 0:
-        return greedy_tokens(logits, mask_id), token_weights(logits, mask_id)
-    weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p)
+        filtered = {} if untempered else {"top_p": top_p, "top_k": top_k}
+        return greedy_tokens(logits, mask_id), token_weights(logits, mask_id, **filtered)
+    weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p, top_k=top_k)
     tokens = _draw(weights, mask_id, generator=generator, precision=precision)
-    if untempered and (temperature != 1.0 or top_p != 1.0):
+    if untempered and (temperature != 1.0 or top_p != 1.0 or top_k > 0):
         weights = token_weights(logits, mask_id)
     return tokens, weights
 

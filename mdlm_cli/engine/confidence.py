@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .block_decoding import cached_confidence, threshold_blocks
-from .confident_draws import ORDERS, draw_masked, reveal, top_k
+from .confident_draws import ORDERS, draw_masked, most_confident, reveal
 from .context import SamplerContext
 from .dream_blocks import dream_cached_confidence, dream_cached_threshold
 from .options import option
@@ -116,7 +116,7 @@ def confidence(z: Tensor, ctx: SamplerContext) -> Tensor:
         if inside is not None:
             masked = masked & inside
             conf = conf.masked_fill(~inside, float("-inf"))
-        reveal(z, rows, masked & top_k(conf, k[active].to(z.device), ctx), drawn)
+        reveal(z, rows, masked & most_confident(conf, k[active].to(z.device), ctx), drawn)
     return z
 
 

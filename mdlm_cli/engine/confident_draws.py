@@ -65,7 +65,7 @@ def reveal(z: Tensor, rows: Tensor | None, chosen: Tensor, drawn: Tensor) -> Non
         z[rows] = sub
 
 
-def top_k(conf: Tensor, k: Tensor, ctx: SamplerContext) -> Tensor:
+def most_confident(conf: Tensor, k: Tensor, ctx: SamplerContext) -> Tensor:
     """(R, L) bool: the k[r] positions of row r kept, the most confident, or at order
     temperature tau > 0 k positions drawn without replacement from softmax(conf / tau)
     (Dream's multinomial), by the Gumbel top-k trick: the same law, one uniform per position."""

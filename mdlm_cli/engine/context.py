@@ -53,6 +53,7 @@ class SamplerContext:
     precision: str = "fp64"
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # vocabulary top-k (0: every token), after top_p (categorical.py)
     # the sampler's own options: an instance of its spec's options dataclass (None where it
     # has none), checked before the run (engine/options.py), e.g. `ctx.options.final_denoise`
     options: Any = None
@@ -121,13 +122,17 @@ class SamplerContext:
         self.stats.sequence_evals += len(z) if rows is None else len(rows)
         return z if rows is None else z[rows]
 
+    @property
+    def filters(self) -> dict[str, Any]:
+        """The temperature and the top-p / top-k filters every draw of the run applies."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
     def _draw_settings(self) -> dict[str, Any]:
         """How every categorical draw of the run is made: its stream, precision and filters."""
         return {
             "generator": self.generator,
             "precision": self.precision,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
+            **self.filters,
         }
 
     def draw(self, logits: Tensor, where: Any = None) -> Tensor:
@@ -141,8 +146,7 @@ class SamplerContext:
     def record(self, where: Any, logits: Tensor, tokens: Tensor) -> None:
         """Tell the recorder (if any) the tokens chosen at `where` from these logits."""
         if self.recorder is not None and where is not None:
-            self.recorder.record(where, logits, tokens, mask_id=self.mask_id,
-                                 temperature=self.temperature, top_p=self.top_p)
+            self.recorder.record(where, logits, tokens, mask_id=self.mask_id, **self.filters)
 
     def draw_with_probs(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """`draw`, and the probability of each drawn token (float64) under the distribution

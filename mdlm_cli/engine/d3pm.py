@@ -115,7 +115,7 @@ def d3pm_ancestral(z: Tensor, ctx: SamplerContext) -> Tensor:
         to_tokens = (alpha[i + 1] - alpha[i]) * (1.0 - x_m)
         stays = rate[i + 1] + alpha[i + 1] * x_m
         if ctx.precision == "fp32":
-            q = token_weights(logits, ctx.mask_id, temperature=ctx.temperature, top_p=ctx.top_p)
+            q = token_weights(logits, ctx.mask_id, **ctx.filters)
             q = q * (to_tokens / q.double().sum(-1)).float()[:, None]
             q[:, ctx.mask_id] = stays.float()
             ctx.stats.draws += q.shape[0]

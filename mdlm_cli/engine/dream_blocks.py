@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .block_decoding import at_least, block_draws, new_cache
-from .confident_draws import reveal, top_k
+from .confident_draws import most_confident, reveal
 from .context import SamplerContext
 from .errors import EngineError
 from .transfer import DREAM_EPS, transfer_plan
@@ -60,7 +60,7 @@ def dream_cached_confidence(z: Tensor, ctx: SamplerContext) -> Tensor:
     def counts(rows: list[int], calls: list[int], cand: Tensor, conf: Tensor) -> Tensor:
         m = cand.sum(1).tolist()
         k = [_grid_count(m[r], calls[r], per[b]) for r, b in enumerate(rows)]
-        return top_k(conf, torch.tensor(k, device=z.device), ctx)
+        return most_confident(conf, torch.tensor(k, device=z.device), ctx)
 
     return _blocks(z, ctx, cache, counts, opts.order)
 

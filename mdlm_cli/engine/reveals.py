@@ -30,13 +30,15 @@ class RevealRecorder:
         self.recorded = torch.zeros((B, L), dtype=torch.bool, device=device)
 
     def record(self, where, logits: Tensor, tokens: Tensor, *, mask_id: int,
-               temperature: float, top_p: float) -> None:
+               temperature: float, top_p: float, top_k: int = 0) -> None:
         """`logits` (N, V) of the N positions `where` indexes in (B, L) (a bool mask, in row
         order, or an index such as `(slice(None), l)`), `tokens` (N,) drawn there. A greedy
-        draw (temperature 0) reports the model's own distribution (temperature 1, no top-p)."""
+        draw (temperature 0) reports the model's own distribution (temperature 1, no top-p or
+        top-k)."""
         if temperature <= 0:
-            temperature, top_p = 1.0, 1.0
-        weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p).double()
+            temperature, top_p, top_k = 1.0, 1.0, 0
+        weights = token_weights(logits, mask_id, temperature=temperature, top_p=top_p,
+                                top_k=top_k).double()
         log_p = (weights / weights.sum(-1, keepdim=True)).log()  # (N, V); the mask's is -inf
         self.logprob[where] = log_p.gather(-1, tokens[:, None])[:, 0]
         if self.top:

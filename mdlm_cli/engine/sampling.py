@@ -142,6 +142,7 @@ def sample(denoiser: Denoiser,
     ctx = SamplerContext(denoiser, get_schedule(schedule), mask_id, generator, stats,
                          steps=settings.steps or 0, precision=settings.precision,
                          temperature=settings.temperature, top_p=settings.top_p,
+                         top_k=settings.top_k or 0,
                          options=convert_options(checked, spec.options), on_changes=on_changes,
                          recorder=recorder)
     tokens = _run_batches(spec, z_all, ctx, batch_size, on_batch)

@@ -95,7 +95,7 @@ def _leap(z: Tensor, ctx: SamplerContext, t: Tensor, rate: Tensor, rows: Tensor 
     if (
         ctx.precision == "fp32"
     ):  # the reference's single float32 draw over V real tokens + "stay masked"
-        probs = token_weights(log_score, ctx.mask_id, temperature=ctx.temperature, top_p=ctx.top_p)
+        probs = token_weights(log_score, ctx.mask_id, **ctx.filters)
         total = rate * log_score.index_fill(-1, mask, float("-inf")).logsumexp(-1).double().exp()
         probs = probs * (total / probs.double().sum(-1)).float()[:, None]
         probs[:, ctx.mask_id] = (1.0 - total).float()
@@ -123,9 +123,7 @@ def _denoise(z: Tensor, ctx: SamplerContext, t: Tensor) -> None:
     log_score = ctx.log_score(z, t, masked, rows)
     if ctx.precision == "fp32":
         ctx.stats.draws += log_score.shape[0]
-        weights = token_weights(
-            log_score, ctx.mask_id, temperature=ctx.temperature, top_p=ctx.top_p
-        )
+        weights = token_weights(log_score, ctx.mask_id, **ctx.filters)
         z[masked] = reference_draw(weights, generator=ctx.generator)
     else:
         z[masked] = ctx.draw(log_score)

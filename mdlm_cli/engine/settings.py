@@ -1,7 +1,8 @@
 """`SamplingSettings`: how to draw, the one type every surface passes to `sample`.
 
-The sampler, its steps, the categorical draw's precision, temperature, nucleus mass and the
-sampler options given (by name, and/or as an instance of the sampler's options dataclass).
+The sampler, its steps, the categorical draw's precision, temperature, nucleus mass,
+vocabulary top-k (None: the model's own default, Dream's 50; 0: off) and the sampler options
+given (by name, and/or as an instance of the sampler's options dataclass).
 The CLI flags, the Python API, `bench-sampler`'s rows, the server's request fields and
 `lm-eval` all build one and call `validate()`, the one check of these values: its messages
 name each value as the caller spells it (`--top-p` on the command line, `top_p` in a request).
@@ -48,6 +49,7 @@ class SamplingSettings:
     top_p: float = 1.0
     options: Mapping[str, Any] = field(default_factory=dict)  # option name -> value, as given
     instance: Any = None  # an instance of the sampler's options dataclass: the base `options` edit
+    top_k: int | None = None  # the k likeliest tokens kept; None: the model's default; 0: all
 
     def validate(self, spell: Callable[[str], str] = _as_is) -> SamplingSettings:
         """These settings, checked; else a SettingsError whose message names the value as
@@ -67,6 +69,10 @@ class SamplingSettings:
         if not 0 < self.top_p <= 1:  # NaN fails too
             raise SettingsError("top_p", f"{spell('top_p')} must be a finite number in (0, 1] "
                                 f"(got {self.top_p})")
+        if self.top_k is not None and (isinstance(self.top_k, bool)
+                                       or not isinstance(self.top_k, int) or self.top_k < 0):
+            raise SettingsError("top_k", f"{spell('top_k')} must be an integer at least 0 "
+                                f"(0: every token) (got {self.top_k})")
         declared = {f.name: f for spec in SAMPLERS.values() if spec.options
                     for f in fields(spec.options)}
         for name, value in self.options.items():
@@ -83,9 +89,10 @@ class SamplingSettings:
         return replace(self, **changes)
 
     def with_defaults(self, defaults: Mapping[str, Any] | None) -> SamplingSettings:
-        """A copy with a model's own option defaults (e.g. {"k_schedule": "llada"} for LLaDA)
-        for the options its sampler (named) reads and that were not given: a given option, or
-        one of the options instance, wins; others' options are not added (nothing to warn)."""
+        """A copy with a model's own generation defaults (e.g. {"k_schedule": "llada"} for
+        LLaDA, {"top_k": 50, ...} for Dream): `top_k` where none was given, and the options its
+        sampler (named) reads that were not given: a given option, or one of the options
+        instance, wins; others' options are not added (nothing to warn)."""
         from .registry import get_sampler
 
         if not defaults:
@@ -93,7 +100,8 @@ class SamplingSettings:
         spec, base = get_sampler(self.sampler), self.instance
         added = {k: v for k, v in defaults.items() if k in spec.option_names
                  and k not in self.options and (base is None or k not in _edited(base))}
-        return replace(self, options={**added, **self.options}) if added else self
+        top_k = self.top_k if self.top_k is not None else defaults.get("top_k")
+        return replace(self, options={**added, **self.options}, top_k=top_k)
 
     def read_by(self, spec) -> dict[str, Any]:
         """The options given that the sampler `spec` (a SamplerSpec) reads."""
@@ -111,7 +119,8 @@ class SamplingSettings:
 
         spec = get_sampler(self.sampler)
         return {"sampler": spec.name, "steps": self.steps, "precision": self.precision,
-                "temperature": self.temperature, "top_p": self.top_p, **self.read_by(spec)}
+                "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k or 0,
+                **self.read_by(spec)}
 
 
 def _edited(instance: Any) -> set[str]:
@@ -121,8 +130,8 @@ def _edited(instance: Any) -> set[str]:
 
 def settings_of(values: Mapping[str, Any]) -> SamplingSettings:
     """Settings from engine.sample's keywords: sampler, steps, precision, temperature, top_p,
-    `options=` (an options instance) and the option keywords (any other name)."""
-    own = {"sampler", "steps", "precision", "temperature", "top_p"}
+    top_k, `options=` (an options instance) and the option keywords (any other name)."""
+    own = {"sampler", "steps", "precision", "temperature", "top_p", "top_k"}
     kept = {k: v for k, v in values.items() if k in own}
     named = {k: v for k, v in values.items() if k not in own | {"options"}}
     return SamplingSettings(**kept, options=named, instance=values.get("options"))

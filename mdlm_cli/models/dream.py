@@ -143,7 +143,10 @@ class Dream(ReleasedBackbone):
     family, title, config_file = "dream", "Dream", CONFIG_FILE
     model_type = "Dream"  # config.json's model_type of the released folders
     # what the samplers default to for this family (its own transfer schedule)
-    sampling_defaults = {"k_schedule": "dream"}
+    # top_k 50: Dream's diffusion_generate, under the transformers 4.46 it pins, builds its
+    # generation config from the model config, whose inherited default top_k is 50, and its
+    # sample_tokens applies it before any confidence is computed
+    sampling_defaults = {"k_schedule": "dream", "top_k": 50}
     read_shape = staticmethod(read_shape)
     # logits at i read from the output at i - 1 (engine/protocols.py): a block cache's sliced
     # call cannot give its first position's, so the block samplers follow Fast-dLLM's Dream loop

@@ -16,8 +16,6 @@ is set); evaluation always draws it from the whole interval, the bound the paper
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -27,12 +25,13 @@ from ..engine.block_sampling import (
     BLOCK_OPTIONS,
     BLOCK_STEPS,
     BlockDraw,
+    BlockHooks,
     BlockSamples,
-    OnBlock,
     sample_blocks,
 )
 from ..engine.blocks import block_attention_mask, block_nelbo_tokens, block_times
 from ..engine.diffusion import without_mask
+from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
 from ..models import BACKBONES, KVCache, autocast_for, unwrap
 from ..runtime import derive_seed, generator
@@ -286,19 +285,18 @@ class BD3LM(Objective):
         return SamplerChoice(choice.spec, choice.steps, choice.note, {**choice.ignored, **extra})
 
     @torch.no_grad()
-    def sample(self, model: nn.Module, *, num_samples: int, length: int,
-               generator: torch.Generator | None, steps: int = 1000, sampler: str = "ancestral",
-               eos_id: int | None = None, prompt: Tensor | None = None, cache: bool = True,
-               autocast_dtype: torch.dtype | None = None, precision: str = "fp64",
-               temperature: float = 1.0, top_p: float = 1.0,
-               tokens_per_step: int = 1, on_block: OnBlock | None = None,
-               before_call: Callable[[], None] | None = None) -> BlockSamples:
+    def sample(self, model: nn.Module, how: SamplingSettings, *, num_samples: int, length: int,
+               generator: torch.Generator | None, eos_id: int | None = None,
+               prompt: Tensor | None = None, cache: bool = True,
+               autocast_dtype: torch.dtype | None = None,
+               hooks: BlockHooks | None = None) -> BlockSamples:
         """Rows of up to `length` tokens (a multiple of L', past the training length if asked),
-        block by block, each block filled by the within-block `sampler` (BLOCK_STEPS; `steps`
-        per block for those that take steps), the first tokens fixed to `prompt` (P,); with
-        `eos_id`, done once every row has drawn it after the prompt. `cache=False` recomputes
-        the finished blocks at every call. `on_block` and `before_call`: sample_blocks' and
-        BlockDraw's hooks (a server streams each block and checks its client)."""
+        block by block, each block filled by the within-block sampler `how` names (BLOCK_STEPS,
+        ancestral if none; its steps per block, 1000 if none, its draw settings and
+        `tokens_per_step`), the first tokens fixed to `prompt` (P,); with `eos_id`, done once
+        every row has drawn it after the prompt. `cache=False` recomputes the finished blocks
+        at every call. `hooks`: a server streams each block and checks its client."""
+        sampler, hooks = how.sampler or "ancestral", hooks or BlockHooks()
         if length % self.block_size:
             raise MdlmError(f"--length must be a multiple of the block size {self.block_size} "
                             f"(got {length})")
@@ -310,10 +308,12 @@ class BD3LM(Objective):
         blocks = (CachedBlocks(model, autocast_dtype) if cache
                   else RecomputedBlocks(model, self.block_size, autocast_dtype))
         device = next(model.parameters()).device
-        draw = BlockDraw(self.mask_id, self.schedule, generator, steps=steps,
-                         precision=precision, temperature=temperature, top_p=top_p,
-                         tokens_per_step=tokens_per_step, before_call=before_call)
+        draw = BlockDraw(self.mask_id, self.schedule, generator, steps=how.steps or 1000,
+                         precision=how.precision, temperature=how.temperature, top_p=how.top_p,
+                         top_k=how.top_k or 0,
+                         tokens_per_step=int(how.options.get("tokens_per_step", 1)),
+                         before_call=hooks.before_call)
         return sample_blocks(blocks, draw, num_samples=num_samples, length=length,
                              block_size=self.block_size, device=device,
                              step=BLOCK_STEPS[sampler], eos_id=eos_id, prompt=prompt,
-                             on_block=on_block)
+                             on_block=hooks.on_block)

@@ -253,7 +253,7 @@ def option_grid(sampler: str, options: dict[str, list] | None) -> list[dict]:
 
 def sweep(samplers: list[str], steps: list[int], precisions: list[str],
           options: dict[str, list] | None = None, *, temperature: float = 1.0,
-          top_p: float = 1.0) -> list[engine.SamplingSettings]:
+          top_p: float = 1.0, top_k: int | None = None) -> list[engine.SamplingSettings]:
     """The settings to benchmark: for each precision and sampler, every combination of the
     option values it reads, and every step count if it takes steps (one row else)."""
     out = []
@@ -262,7 +262,7 @@ def sweep(samplers: list[str], steps: list[int], precisions: list[str],
             for opts in option_grid(sampler, options):
                 for s in (steps if engine.get_sampler(sampler).uses_steps else [None]):
                     out.append(engine.SamplingSettings(sampler, s, precision, temperature, top_p,
-                                                       opts))
+                                                       opts, top_k=top_k))
     return out
 
 

@@ -30,15 +30,16 @@ class SamplingSweep:
     temperature: float
     top_p: float
     options: dict[str, list]  # option name -> its values, from the flags and --opt
+    top_k: int | None = None  # vocabulary top-k (None: the model's default)
 
     def settings(self, samplers: list[str]) -> list:
         """The SamplingSettings of every row (bench.sweep), for these samplers."""
         return sweep(samplers, self.steps, self.precisions, self.options,
-                     temperature=self.temperature, top_p=self.top_p)
+                     temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
 
-    def drawing(self) -> dict[str, float]:
-        """The temperature and nucleus mass every row draws with."""
-        return {"temperature": self.temperature, "top_p": self.top_p}
+    def drawing(self) -> dict[str, float | int | None]:
+        """The temperature, nucleus mass and vocabulary top-k every row draws with."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
 
 
 @dataclass

@@ -62,10 +62,8 @@ def draw_blocks(loaded: LoadedModel, rt, how: SamplingSettings, *, num_samples: 
     for first in range(0, num_samples, batch):
         n = min(batch, num_samples - first)
         out = loaded.objective.sample(
-            loaded.model, num_samples=n, length=length, generator=gen, steps=how.steps or 1,
-            sampler=how.sampler, eos_id=eos, prompt=prompt, autocast_dtype=rt.dtype,
-            precision=how.precision, temperature=how.temperature, top_p=how.top_p,
-            tokens_per_step=int(how.options.get("tokens_per_step", 1)))
+            loaded.model, how.with_(steps=how.steps or 1), num_samples=n, length=length,
+            generator=gen, eos_id=eos, prompt=prompt, autocast_dtype=rt.dtype)
         for i, row in enumerate(out.tokens.cpu().tolist()):
             records.append(_record(loaded, first + i, row, start, eos))
         if stats is None:

@@ -7,11 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
-import sys
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,19 +20,22 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..engine.errors import EngineError
-from ..errors import MdlmError
+from ..memory import available, size_text
+from .admission import Memory, memory_need, row_length
 from .blocks import run_blocks
 from .chat import chat_choice, chat_delta, chat_end, parse_chat
 from .completion import parse_completion
 from .events import Done, Event, StateSnapshot, TextDelta
 from .generation import Outcome, run_plan, state_pieces
+from .http_io import api_error, error_response, json_body
 from .metrics import Metrics
 from .responses import mdlm_info, object_name, response_id, sse, usage
 from .schema import ApiError, Limits, Plan, parse_infill
 from .score import parse_score, run_score
 from .served import Served
 from .worker import Cancelled, Job, QueueFull, Worker
+
+MEMORY_SHARE = 0.8  # of the memory free once the model is loaded: what requests may hold
 
 
 @dataclass(frozen=True)
@@ -60,27 +60,6 @@ class State:
     batching: str | None = None  # the shapes network calls run at, in words (/health)
 
 
-def error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
-def api_error(exc: BaseException, timeout_s: float) -> ApiError:
-    """A failed job's answer: the time limit (504), a client gone (499), a user mistake the engine
-    caught (400), anything else a 500 whose traceback goes to the server's log."""
-    if isinstance(exc, Cancelled):
-        if exc.reason == "timeout":
-            return ApiError(504, f"the request ran past the server's time limit of {timeout_s:g} s",
-                            code="timeout", kind="timeout_error")
-        if exc.reason == "disconnect":
-            return ApiError(499, "the client disconnected", code="client_closed_request")
-        return ApiError(503, "the server is shutting down", code="unavailable", kind="server_error")
-    if isinstance(exc, MdlmError | EngineError):
-        return ApiError(400, str(exc))
-    traceback.print_exception(exc, file=sys.stderr)
-    return ApiError(500, f"internal error ({type(exc).__name__}): {exc}", kind="server_error",
-                    code="internal_error")
-
-
 def _ready(request: Request) -> State:
     """The app's state once the caller is authorised and the model loaded."""
     state: State = request.app.state.mdlm
@@ -98,27 +77,6 @@ def _ready(request: Request) -> State:
     return state
 
 
-async def _json_body(request: Request, limit: int) -> dict:
-    too_large = ApiError(413, f"the body is larger than the server's limit of {limit} bytes",
-                         code="request_too_large")
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    try:
-        body = json.loads(b"".join(chunks))
-    except (ValueError, RecursionError) as e:
-        raise ApiError(400, f"the body is not valid JSON ({e})", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
-    return body
-
-
 def _submit(state: State, plan: Plan) -> tuple[Job, asyncio.Queue]:
     """The plan as a job on the worker; its events (text, states, done) arrive on the queue."""
     served = state.served
@@ -127,15 +85,17 @@ def _submit(state: State, plan: Plan) -> tuple[Job, asyncio.Queue]:
         return lambda z: emit(StateSnapshot(state_pieces(served, z)))
 
     run = run_blocks if plan.block_size else run_plan  # bd3lm: block by block (blocks.py)
+    need = memory_need(state.worker.memory, plan.num_rows, row_length(plan, served),
+                       state.settings.max_batch)
     return _enqueue(state, plan.num_rows, lambda d, emit: run(plan, served, d, emit),
-                    states if plan.states else None, alone=plan.alone)
+                    states if plan.states else None, alone=plan.alone, need=need)
 
 
 def _enqueue(state: State, rows: int, run: Callable, on_call: Callable | None = None, *,
-             alone: bool = False) -> tuple[Job, asyncio.Queue]:
+             alone: bool = False, need: int = 0) -> tuple[Job, asyncio.Queue]:
     """`run(denoiser, emit)` as a job of `rows` rows on the worker; its events on the queue.
     `on_call(emit)`: what sees z_t at each of the job's network calls; `alone`: the job runs
-    by itself on the model (a block cache)."""
+    by itself on the model (a block cache); `need`: the bytes its calls hold."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
     def emit(event: Event) -> None:
@@ -145,7 +105,7 @@ def _enqueue(state: State, rows: int, run: Callable, on_call: Callable | None = 
     job = Job(rows=rows, run=lambda d: run(d, emit),
               done=lambda result, error: emit(Done(result, error)),
               timeout_s=state.settings.timeout_s, on_call=on_call(emit) if on_call else None,
-              alone=alone)
+              alone=alone, bytes=need)
     try:
         state.worker.submit(job)
     except QueueFull:
@@ -190,11 +150,13 @@ async def score(request: Request) -> Response:
     state: State = request.app.state.mdlm
     try:
         state = _ready(request)
-        body = await _json_body(request, state.settings.max_body_bytes)
+        body = await json_body(request, state.settings.max_body_bytes)
         scoring = parse_score(body, state.served, state.settings.limits)
         served = state.served
+        need = memory_need(state.worker.memory, scoring.num_rows, scoring.length,
+                           state.settings.max_batch)
         job, events = _enqueue(state, scoring.num_rows,
-                               lambda d, _emit: run_score(scoring, served, d))
+                               lambda d, _emit: run_score(scoring, served, d), need=need)
         answer = (await _done(request, state, job, events)).outcome
     except ApiError as e:
         state.metrics.answered("score", e.status, time.monotonic() - t0)
@@ -257,7 +219,7 @@ def _generate_route(endpoint: str, parse: Callable) -> Callable:
         state: State = request.app.state.mdlm
         try:
             state = _ready(request)
-            body = await _json_body(request, state.settings.max_body_bytes)
+            body = await json_body(request, state.settings.max_body_bytes)
             plan = parse(body, state.served, state.settings.limits)
             job, events = _submit(state, plan)
             if plan.stream:
@@ -296,9 +258,10 @@ async def health(request: Request) -> Response:
     if state.served is None or state.worker is None:
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
     queued, running = state.worker.depth()
+    batching = state.worker.batching() if state.batching == "auto" else state.batching
     return JSONResponse({"status": "ok", "model": state.served.name, "queued": queued,
                          "running": running, "auth": state.settings.api_key is not None,
-                         "batching": state.batching})
+                         "batching": batching})
 
 
 async def metrics(request: Request) -> Response:
@@ -331,20 +294,26 @@ def _load(state: State, load: Callable[[], Served], on_error: Callable[[str], No
     try:
         served = load()
         settings = state.settings
+        free, _ = available(served.device)  # what the weights left: a share of it for requests
+        memory = Memory(served.cost, None if free is None else int(free * MEMORY_SHARE))
         worker = Worker(served.denoiser, mask_id=served.loaded.mask_id,
                         max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000,
                         queue_size=settings.queue_size,
                         exclusive=served.causal or bool(served.block_size),
                         metrics=state.metrics, padding=settings.batch_padding,
-                        device=served.device)
+                        device=served.device, memory=memory)
         state.worker = worker
         if served.block_size:  # its own rows' key/value cache: nothing to batch with
             state.batching = "none: a bd3lm request runs alone, block by block with its cache"
-        elif not served.causal and settings.max_batch > 1:  # probed now, not at the first one
-            kind = "log_score" if hasattr(served.denoiser, "log_score") else "logits"
-            state.batching = worker.shapes(kind, served.loaded.length).why
+        elif not served.causal and settings.max_batch > 1:
+            # probed at the first request of each row length (shapes.py), not here: a probe at
+            # the whole window would cost a LLaDA-8B layout gigabytes before any request
+            state.batching = "auto"
             if note is not None:
-                note(f"batching: {state.batching}")
+                note("batching: probed at each row length when its first request comes "
+                     f"(--batch-padding {settings.batch_padding}); "
+                     f"{size_text(memory.budget) if memory.budget else 'unknown memory'} "
+                     "for requests")
         state.served = served
     except Exception as e:  # the server says why on /health, and the command exits with it
         state.load_error = str(e) or type(e).__name__

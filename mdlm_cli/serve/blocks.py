@@ -17,6 +17,7 @@ import time
 import torch
 
 from .. import engine
+from ..engine.block_sampling import BlockHooks
 from .events import Emit, TextDelta
 from .generation import ChoiceText, Outcome
 from .schema import Limits, Plan, Row, invalid
@@ -81,13 +82,11 @@ def run_blocks(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
             return all(t.finish_reason is not None for t in mine)
 
         out = loaded.objective.sample(
-            loaded.model, num_samples=plan.n, generator=generator,
-            length=block_length(prefix, plan.max_tokens, plan.block_size),
-            steps=how.steps or 1, sampler=how.sampler,
+            loaded.model, how.with_(steps=how.steps or 1), num_samples=plan.n,
+            generator=generator, length=block_length(prefix, plan.max_tokens, plan.block_size),
             prompt=torch.tensor(row.prefix, dtype=torch.long) if prefix else None,
-            autocast_dtype=served.dtype, precision=how.precision, temperature=how.temperature,
-            top_p=how.top_p, tokens_per_step=int(how.options.get("tokens_per_step", 1)),
-            on_block=on_block, before_call=denoiser.check)
+            autocast_dtype=served.dtype,
+            hooks=BlockHooks(on_block=on_block, before_call=denoiser.check))
         stats.num_sequences += out.stats.num_sequences
         stats.merge(out.stats)
     for i, text in enumerate(texts):

@@ -1,9 +1,12 @@
 """`POST /v1/chat/completions`: OpenAI's chat body, the messages rendered by the tokeniser's
 chat template (the generation prompt added) into one prompt, and the answer cut at the end of
-the turn; and the chat shapes of choices and stream chunks (`message`, `delta`)."""
+the turn (EOS and the token the template writes after an assistant turn, read off the
+template by `data.chat.end_of_turn_ids` as `mdlm sample --chat` reads it: no list of token
+names); and the chat shapes of choices and stream chunks (`message`, `delta`)."""
 
 from __future__ import annotations
 
+from ..data.chat import end_of_turn_ids
 from .completion import check_logprobs, prompt_rows, stop_strings
 from .json_schema import json_request, json_rows
 from .schema import (
@@ -27,6 +30,7 @@ CHAT_FIELDS = (
     "n",
     "temperature",
     "top_p",
+    "top_k",
     "seed",
     "stop",
     "stream",
@@ -41,9 +45,6 @@ CHAT_FIELDS = (
     *SAMPLER_OPTIONS,
 )
 ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's newer name for system
-# tokens that end a turn in the chat templates of common models, where the vocabulary has them
-END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-               "<|eot|>", "</s>")
 
 
 def _content(value, i: int) -> str:
@@ -77,16 +78,6 @@ def messages_of(body: dict) -> list[dict]:
     return out
 
 
-def end_of_turn_ids(tokenizer) -> tuple[int, ...]:
-    """The ids that end an answer: the model's EOS, the HF tokeniser's, and its end-of-turn."""
-    hf, ids = tokenizer.hf, {tokenizer.eos_id}
-    vocab = hf.get_vocab()
-    ids.update(vocab[name] for name in END_OF_TURN if name in vocab)
-    if getattr(hf, "eos_token_id", None) is not None:
-        ids.add(hf.eos_token_id)
-    return tuple(sorted(ids))
-
-
 def _max_tokens(body: dict) -> int | None:
     given = [n for n in ("max_completion_tokens", "max_tokens") if body.get(n) is not None]
     if len(given) == 2 and body[given[0]] != body[given[1]]:
@@ -116,7 +107,7 @@ def parse_chat(body: dict, served: Served, limits: Limits) -> Plan:
     else:
         rows, max_tokens, constraint = json_rows(schema, ids, _max_tokens(body), served, start=[])
     plan = Plan(rows=rows, max_tokens=max_tokens, stop=stop_strings(body),
-                end_ids=end_of_turn_ids(tok), constraint=constraint,
+                end_ids=tuple(end_of_turn_ids(tok)), constraint=constraint,
                 **common_fields(body, served, limits, "chat"))
     plan.logprobs = _top_logprobs(body, plan, served, limits)
     return plan

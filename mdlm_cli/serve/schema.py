@@ -49,6 +49,7 @@ NEUTRAL = {
 SAMPLER_OPTIONS = tuple(option_names())  # from the samplers' options: a new one is a field too
 MDLM_FIELDS = (
     "max_new_tokens",  # `mdlm sample`'s name for max_tokens
+    "top_k",  # vocabulary top-k, as vLLM's extra field (-1 or 0: off; absent: the model's)
     "sampler",
     "steps",
     "precision",
@@ -63,6 +64,7 @@ INFILL_FIELDS = (
     "n",
     "temperature",
     "top_p",
+    "top_k",
     "seed",
     "stream",
     "stream_options",
@@ -265,11 +267,18 @@ def sampler_settings(body: dict, served: Served, limits: Limits) -> SamplingSett
         float(get_value(body, "temperature", (int, float), 1.0, "a number")),
         float(get_value(body, "top_p", (int, float), 1.0, "a number")),
         options,
+        top_k=_top_k(body),
     )
     try:  # the model family's own option defaults for the options not given
         return settings.validate().with_defaults(served.loaded.sampling_defaults).validate()
     except SettingsError as e:
         raise invalid(str(e), e.name) from None
+
+
+def _top_k(body: dict) -> int | None:
+    """`top_k`: None (absent: the model's own default), else k >= 0; vLLM's -1 means off (0)."""
+    value = get_int(body, "top_k", -1, 2**31 - 1, None)
+    return 0 if value == -1 else value
 
 
 def common_fields(body: dict, served: Served, limits: Limits, endpoint: str) -> dict:

@@ -41,6 +41,11 @@ class ScoreRequest:
     def num_rows(self) -> int:
         return self.mc_samples
 
+    @property
+    def length(self) -> int:
+        """The positions of its longest row (what its calls' memory grows with)."""
+        return max(map(len, self.rows))
+
 
 def _texts(body: dict, name: str) -> list[str]:
     value = body.get(name)

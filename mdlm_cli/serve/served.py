@@ -11,6 +11,7 @@ import torch
 from ..checkpoints.folder import LoadedModel
 from ..engine.block_sampling import BLOCK_OPTIONS
 from ..engine.protocols import is_time_agnostic
+from ..memory import ForwardCost
 
 
 @dataclass
@@ -25,6 +26,12 @@ class Served:
     def denoiser(self):
         """The engine-facing callable (a denoiser, or a causal LM)."""
         return self.loaded.denoiser(self.dtype)
+
+    @cached_property
+    def cost(self) -> ForwardCost:
+        """The memory of a forward pass per row position (what requests are admitted by)."""
+        loaded = self.loaded
+        return ForwardCost.of(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size)
 
     @property
     def time_agnostic(self) -> bool:

@@ -5,7 +5,8 @@ running requests into one call of the model.
 Why answers do not change with batching: a request's random draws come only from its own
 generator, in the order its sampler makes them, whoever else is running; and the network
 runs only at the shapes where a row's logits are the same bits whatever its batch
-(serve/shapes.py: found by a probe at start, or every call padded to `max_batch` rows), not
+(serve/shapes.py: found by a probe at the first call of each row length, or every call
+padded to `max_batch` rows), not
 depending on what the other rows hold. So a seeded request gets the same tokens in every
 batch. `max_batch = 1` turns batching off (every call one row).
 """
@@ -15,56 +16,20 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from ..engine.protocols import is_time_agnostic, supports_output_mask
+from .jobs import Cancelled, Job, QueueFull
 from .shapes import Shapes, fixed_shapes, probe
 
+if TYPE_CHECKING:
+    from .admission import Memory
 
-class QueueFull(Exception):
-    """The waiting queue holds `queue_size` requests."""
-
-
-class Cancelled(Exception):
-    """A request's work stopped: its client went away ("disconnect"), its time ran out
-    ("timeout") or the server stops ("shutdown")."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass(eq=False, kw_only=True)  # by keyword: four of its fields are callables or floats
-class Job:
-    """A request's work: `run(denoiser)` in its own thread, then `done(result, error)`."""
-
-    rows: int
-    run: Callable[[Any], Any]
-    done: Callable[[Any, BaseException | None], None]
-    timeout_s: float
-    on_call: Callable[[Tensor], None] | None = None  # sees z_t at each of its network calls
-    alone: bool = False  # runs by itself on the model (a block cache's calls do not batch)
-    submitted: float = field(default_factory=time.monotonic)
-    started: float | None = None
-    reason: str | None = None  # why it was cancelled
-
-    @property
-    def deadline(self) -> float:
-        return self.submitted + self.timeout_s
-
-    def cancel(self, reason: str) -> None:
-        self.reason = self.reason or reason
-
-    def check(self) -> None:
-        if self.reason is None and time.monotonic() > self.deadline:
-            self.reason = "timeout"
-        if self.reason is not None:
-            raise Cancelled(self.reason)
+__all__ = ["Cancelled", "Job", "QueueFull", "Worker"]  # the jobs' types, where callers look
 
 
 @dataclass(eq=False)
@@ -157,8 +122,10 @@ class Worker:
         metrics=None,
         padding: str = "auto",
         device: torch.device | str = "cpu",
+        memory: Memory | None = None,
     ):
         self.denoiser, self.mask_id = denoiser, mask_id
+        self.memory = memory
         self.padding, self.device = padding, torch.device(device)
         self._shapes: dict[tuple[str, int], Shapes] = {}
         self._probe_lock = threading.Lock()
@@ -233,7 +200,10 @@ class Worker:
             job = self._queue[0]
             rows = sum(self._running.values())
             alone = self.exclusive or job.alone or any(j.alone for j in self._running)
-            if self._running and (alone or rows + job.rows > self.max_batch):
+            held = sum(j.bytes for j in self._running)
+            if self._running and (alone or rows + job.rows > self.max_batch
+                                  or self.memory is not None and not self.memory.fits(
+                                      held + job.bytes)):
                 return
             self._queue.popleft()
             self._gauge()
@@ -298,16 +268,27 @@ class Worker:
             job.done(None, Cancelled("shutdown"))
 
     def shapes(self, kind: str, length: int) -> Shapes:
-        """The shapes calls of this kind and length run at (probed once: serve/shapes.py)."""
+        """The shapes calls of this kind and length run at, probed at the first call of that
+        length (serve/shapes.py), with at most the rows whose pass fits in memory."""
         key = (kind, length)
         with self._probe_lock:
             if key not in self._shapes:
                 masks = kind == "log_score" or supports_output_mask(self.denoiser)
-                self._shapes[key] = fixed_shapes(self.padding, self.max_batch, masks) or probe(
+                most = self.max_batch if self.memory is None else max(
+                    1, self.memory.rows_at(length, self.max_batch))
+                self._shapes[key] = fixed_shapes(self.padding, most, masks) or probe(
                     lambda z, t, wanted: self._forward(kind, z, t, wanted),
-                    max_batch=self.max_batch, length=length, mask_id=self.mask_id,
+                    max_batch=most, length=length, mask_id=self.mask_id,
                     masks=masks, device=self.device)
             return self._shapes[key]
+
+    def batching(self) -> str:
+        """How calls are batched, in words, at each row length probed so far (/health)."""
+        with self._probe_lock:
+            probed = sorted(self._shapes.items(), key=lambda item: item[0][1])
+        if not probed:
+            return "probed at each row length when its first request comes"
+        return "; ".join(f"{length} positions: {shapes.why}" for (_, length), shapes in probed)
 
     def _run(self, calls: list[_Call]) -> None:
         """The calls' rows through the network in chunks of at most `max_batch` rows, each at
@@ -315,15 +296,18 @@ class Worker:
         first = calls[0]
         try:
             shapes = self.shapes(first.kind, first.z.shape[1])
-            masked = shapes.masked and any(c.wanted is not None for c in calls)
+            # with output masks every call asks for its positions (all of them where it gave
+            # none): a row takes the same path whatever its batch, which the probe checked
+            masked = shapes.masked
             z = torch.cat([c.z for c in calls])
             t = torch.cat([c.t.to(z.device, torch.float32) for c in calls])
             wanted = torch.cat([_all(c) if c.wanted is None else c.wanted for c in calls]
                                ) if masked else None
+            most = shapes.sizes[-1]  # max_batch, or fewer where that many rows do not fit
             out = torch.cat([
-                self._network(first.kind, z[i : i + self.max_batch], t[i : i + self.max_batch],
-                              None if wanted is None else wanted[i : i + self.max_batch], shapes)
-                for i in range(0, len(z), self.max_batch)
+                self._network(first.kind, z[i : i + most], t[i : i + most],
+                              None if wanted is None else wanted[i : i + most], shapes)
+                for i in range(0, len(z), most)
             ])
         except BaseException as e:  # every caller gets the failure; the worker goes on
             for call in calls:

@@ -9,6 +9,7 @@ from mdlm_cli.build import resolve_config
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.engine.blocks import block_attention_mask, block_rates
 from mdlm_cli.engine.diffusion import without_mask
+from mdlm_cli.engine.settings import SamplingSettings
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.models import build_model
 from mdlm_cli.objectives import get_objective
@@ -138,8 +139,8 @@ def test_cached_and_recomputed_block_sampling_draw_the_same_tokens():
     _, bd3lm, model = setup("bd3lm", "diffusion.block_size=4")
 
     def draw(cache: bool):
-        return bd3lm.sample(model, num_samples=3, length=2 * L + 8, steps=4, cache=cache,
-                            generator=torch.Generator().manual_seed(0))
+        return bd3lm.sample(model, SamplingSettings(steps=4), num_samples=3, length=2 * L + 8,
+                            cache=cache, generator=torch.Generator().manual_seed(0))
 
     cached, recomputed = draw(True), draw(False)
     assert cached.tokens.shape == (3, 2 * L + 8) and not (cached.tokens == TOK.mask_id).any()
@@ -153,7 +154,7 @@ def test_block_sampling_stops_once_every_row_has_drawn_eos():
     eos = TOK.eos_id
     with torch.no_grad():  # EOS likely, not certain: rows end in different blocks
         model.output_layer.linear.bias[eos] += 3.0
-    out = bd3lm.sample(model, num_samples=4, length=4 * L, steps=4,
+    out = bd3lm.sample(model, SamplingSettings(steps=4), num_samples=4, length=4 * L,
                        generator=torch.Generator().manual_seed(1), eos_id=eos)
     assert out.ended.all() and out.tokens.shape[1] < 4 * L and out.tokens.shape[1] % 4 == 0
     for row, n in zip(out.tokens, out.lengths.tolist(), strict=True):

@@ -5,7 +5,8 @@ calls it should, nucleus filtering reaches the draws, and EOS inside the prompt 
 import pytest
 import torch
 
-from mdlm_cli.engine.block_sampling import BLOCK_STEPS
+from mdlm_cli.engine.block_sampling import BLOCK_STEPS, BlockHooks
+from mdlm_cli.engine.settings import SamplingSettings
 from mdlm_cli.errors import MdlmError
 
 from .test_bd3lm import TOK, setup
@@ -13,9 +14,17 @@ from .test_bd3lm import TOK, setup
 L = 32
 
 
+SETTINGS = {"sampler", "steps", "temperature", "top_p", "top_k", "precision"}
+
+
 def draw(bd3lm, model, seed: int = 0, **kw):
+    """`BD3LM.sample` with the settings and hooks among `kw` put in their types."""
     kw = {"num_samples": 3, "length": L + 8, "steps": 4, **kw}
-    return bd3lm.sample(model, generator=torch.Generator().manual_seed(seed), **kw)
+    how = SamplingSettings(**{k: kw.pop(k) for k in SETTINGS & set(kw)},
+                           options={k: kw.pop(k) for k in ("tokens_per_step",) if k in kw})
+    hooks = BlockHooks(on_block=kw.pop("on_block", None), before_call=kw.pop("before_call", None))
+    return bd3lm.sample(model, how, generator=torch.Generator().manual_seed(seed), hooks=hooks,
+                        **kw)
 
 
 @pytest.mark.parametrize("sampler", list(BLOCK_STEPS))

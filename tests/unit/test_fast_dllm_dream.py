@@ -11,6 +11,8 @@ branch without a threshold ranks by negative entropy) and `threshold --cache pre
 (alg="confidence_threshold") must give its tokens and its network calls.
 """
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -87,7 +89,7 @@ sample_tokens = dream_sample_tokens
 
 @torch.no_grad()
 def fast_dllm_dream(model, input_ids, gen_length, steps, block_length, dual_cache, alg,
-                    threshold=0.9):
+                    threshold=0.9, top_k=None):
     """_sample(input_ids, generation_config(max_new_tokens=gen_length, steps, alg,
     temperature=0, alg_temp=None), threshold, block_length, dual_cache): (x, NFE)."""
     mask_token_id, nfe = model.mask_id, 0
@@ -103,7 +105,7 @@ def fast_dllm_dream(model, input_ids, gen_length, steps, block_length, dual_cach
         logits, past_key_values = model(x)
         nfe += 1
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-        confidence, x0 = sample_tokens(logits)
+        confidence, x0 = sample_tokens(logits, top_k=top_k)
         x[:, current_block_start] = x0[:, current_block_start]
         if not dual_cache:
             past_key_values = [tuple(t[:, :current_block_start, :] for t in layer)
@@ -125,7 +127,7 @@ def fast_dllm_dream(model, input_ids, gen_length, steps, block_length, dual_cach
             span = x[:, current_block_start:current_block_end if dual_cache else None]
             if alg == "confidence_threshold":
                 mask_logits = logits[mask_index]
-                confidence, x0 = sample_tokens(mask_logits)
+                confidence, x0 = sample_tokens(mask_logits, top_k=top_k)
                 x_ = torch.zeros_like(span) + mask_token_id
                 full_confidence = torch.full_like(span, -torch.inf, dtype=logits.dtype)
                 x_[mask_index] = x0.clone()
@@ -148,7 +150,7 @@ def fast_dllm_dream(model, input_ids, gen_length, steps, block_length, dual_cach
                 s = timesteps[i + 1]
                 mask_index[:, block_length:] = False
                 mask_logits = logits[mask_index]
-                confidence, x0 = sample_tokens(mask_logits, neg_entropy=True)
+                confidence, x0 = sample_tokens(mask_logits, neg_entropy=True, top_k=top_k)
                 num_mask_token = mask_index.sum() / mask_index.shape[0]
                 number_transfer_tokens = (int(num_mask_token * (1 - s / t))
                                           if i < steps_per_block - 1 else int(num_mask_token))
@@ -290,16 +292,19 @@ def test_mdlm_sample_dream_cache_dual_through_the_cli(dream, tmp_path):
     threshold sampler with --cache prefix, too."""
     folder, net, mask = dream
     model, ids = FastDllmDream(net, mask), [5, 17, 3, 9]
-    expected, calls = fast_dllm_dream(model, torch.tensor([ids]), 16, 8, 4, True, "entropy")
+    # the CLI samples a Dream folder with its release's top_k 50 (the generation config that
+    # Fast-dLLM's Dream loop reads too); the engine-level tests above run without it
+    released = functools.partial(fast_dllm_dream, top_k=50)
+    expected, calls = released(model, torch.tensor([ids]), 16, 8, 4, True, "entropy")
     record = cli_sample(folder, tmp_path, ids, "--max-new-tokens", "16", "--steps", "8",
                         "--block-length", "4", "--cache", "dual")
     assert record["tokens"] == expected[0].tolist() and record["nfe"] == calls == 8
     assert record["k_schedule"] == "dream" and record["cache"] == "dual"
-    expected, calls = fast_dllm_dream(model, torch.tensor([ids]), 16, 16, 4, True, "entropy")
+    expected, calls = released(model, torch.tensor([ids]), 16, 16, 4, True, "entropy")
     record = cli_sample(folder, tmp_path, ids, "--max-new-tokens", "16", "--steps", "16",
                         "--block-length", "4", "--cache", "dual", "--order", "entropy")
     assert record["tokens"] == expected[0].tolist() and record["nfe"] == calls
-    expected, calls = fast_dllm_dream(model, torch.tensor([ids]), 16, 8, 4, False,
+    expected, calls = released(model, torch.tensor([ids]), 16, 8, 4, False,
                                       "confidence_threshold", 0.5)
     record = cli_sample(folder, tmp_path, ids, "--max-new-tokens", "16", "--sampler",
                         "threshold", "--threshold", "0.5", "--block-length", "4", "--cache",
@@ -325,3 +330,4 @@ def test_at_temperature_above_0_a_seed_gives_one_answer_and_no_mask(dream, sampl
     a, b, c = draw(0), draw(0), draw(1)
     assert torch.equal(a, b) and not torch.equal(a, c) and not (a == mask).any()
     assert torch.equal(a[:, :4], template[:, :4])
+

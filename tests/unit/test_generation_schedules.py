@@ -130,12 +130,20 @@ def top_p_logits(logits, top_p=None):
     return logits.masked_fill(mask, torch.finfo(logits.dtype).min)
 
 
+def top_k_logits(logits, top_k):
+    top_k = min(top_k, logits.size(-1))
+    indices_to_remove = logits < torch.topk(logits, top_k)[0][..., -1, None]
+    return logits.masked_fill(indices_to_remove, torch.finfo(logits.dtype).min)
+
+
 def dream_sample_tokens(logits, temperature=0.0, top_p=None, margin_confidence=False,
-                        neg_entropy=False, generator=None):
+                        neg_entropy=False, generator=None, top_k=None):
     if temperature > 0:
         logits = logits / temperature
     if top_p is not None and top_p < 1:
         logits = top_p_logits(logits, top_p)
+    if top_k is not None:
+        logits = top_k_logits(logits, top_k)
     probs = torch.softmax(logits, dim=-1)
     if temperature > 0:
         x0 = torch.multinomial(probs, 1, generator=generator)[:, 0]  # Categorical(probs).sample()
@@ -154,7 +162,7 @@ def dream_sample_tokens(logits, temperature=0.0, top_p=None, margin_confidence=F
 
 @torch.no_grad()
 def dream_sample(model, input_ids, max_length, steps, alg, alg_temp=None, temperature=0.0,
-                 top_p=None, mask_token_id=MASK, eps=1e-3, generator=None):
+                 top_p=None, mask_token_id=MASK, eps=1e-3, generator=None, top_k=None):
     """Dream's _sample (no attention mask, no hooks); returns (x, model calls)."""
     calls = 0
     x = F.pad(input_ids, (0, max_length - input_ids.shape[1]), value=mask_token_id)
@@ -169,7 +177,7 @@ def dream_sample(model, input_ids, max_length, steps, alg, alg_temp=None, temper
         s = timesteps[i + 1]
         confidence, x0 = dream_sample_tokens(
             mask_logits, temperature, top_p=top_p, margin_confidence=alg == "topk_margin",
-            neg_entropy=alg == "entropy", generator=generator)
+            neg_entropy=alg == "entropy", generator=generator, top_k=top_k)
         num_mask_token = mask_index.sum() / mask_index.shape[0]
         number_transfer_tokens = (
             int(num_mask_token * (1 - s / t)) if i < steps - 1 else int(num_mask_token))

@@ -136,7 +136,7 @@ def test_samplers_are_the_objectives_own_and_run(name):
             engine.sample(denoiser, sampler=objective.default_sampler, num_samples=2, length=8,
                           mask_id=TOK.mask_id, steps=5)
         for spec in objective.samplers:
-            out = objective.sample(model, sampler=spec.name, num_samples=2, steps=5,
+            out = objective.sample(model, engine.SamplingSettings(spec.name, 5), num_samples=2,
                                    length=cfg.data.length, generator=torch.Generator().manual_seed(0))
             assert out.tokens.shape == (2, cfg.data.length) and not (out.tokens == TOK.mask_id).any()
         return

@@ -83,16 +83,25 @@ def test_llada_folder_samples_llada_generate_tokens(folders, tmp_path, block_len
 
 @pytest.mark.parametrize("order", ["maskgit_plus", "topk_margin", "entropy"])
 def test_dream_folder_samples_diffusion_generate_tokens(folders, tmp_path, order):
-    """diffusion_generate(alg=order, steps=12, max_new_tokens=24, temperature=0, alg_temp=0)."""
+    """diffusion_generate(alg=order, steps=12, max_new_tokens=24, temperature=0, alg_temp=0)
+    under the transformers 4.46 the release pins: its generation config takes top_k 50 from
+    the model config's inherited defaults, and its sample_tokens ranks every order over the
+    50 likeliest tokens (of this folder's 96). `--top-k 0` turns it off, as top_k=None."""
     model, mask_id = released_dream(folders["dream"])
     ids = [7, 2, 11, 40]
-    expected, calls = dream_sample(model, torch.tensor([ids]), 4 + 24, 12, order,
-                                   mask_token_id=mask_id)
-    record = cli_sample(folders["dream"], tmp_path, ids, "--max-new-tokens", "24", "--steps",
-                        "12", "--order", order)
-    assert record["k_schedule"] == "dream" and record["order"] == order
-    assert record["tokens"] == expected[0].tolist() and record["nfe"] == calls == 12
-    assert len(set(record["tokens"][4:])) > 3
+    answers = {}
+    for top_k, flags in ((50, ()), (None, ("--top-k", "0"))):
+        expected, calls = dream_sample(model, torch.tensor([ids]), 4 + 24, 12, order,
+                                       mask_token_id=mask_id, top_k=top_k)
+        record = cli_sample(folders["dream"], tmp_path, ids, "--max-new-tokens", "24",
+                            "--steps", "12", "--order", order, *flags)
+        assert record["k_schedule"] == "dream" and record["order"] == order
+        assert record["top_k"] == (top_k or 0)
+        assert record["tokens"] == expected[0].tolist() and record["nfe"] == calls == 12
+        assert len(set(record["tokens"][4:])) > 3
+        answers[top_k] = record["tokens"]
+    if order != "topk_margin":  # on this folder top-k changes these two orders' answers
+        assert answers[50] != answers[None]  # (the test can fail)
 
 
 # ------------------------------------------------------------------ mdlm sample --chat

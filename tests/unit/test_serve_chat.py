@@ -120,19 +120,26 @@ def test_the_template_is_transformers_own():
     assert rendered == PROMPT and torch.tensor(TOK.encode(rendered)).numel() == len(PROMPT)
 
 
-def test_the_turn_ends_at_the_vocabularys_end_of_turn_tokens():
-    from types import SimpleNamespace
-
-    from mdlm_cli.serve.chat import end_of_turn_ids
+def test_the_turn_ends_at_the_token_the_template_writes(tmp_path):
+    """The end of a turn is read off the template (what it writes after an assistant's
+    answer), as `mdlm sample --chat` reads it: a token no list of names knows works too."""
+    from mdlm_cli.data.chat import end_of_turn_ids
+    from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.serve.generation import ChoiceText
+    from tests.open_model_folders import write_tokenizer
 
-    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer(
-        tokenizers.models.WordLevel({"[UNK]": 0, "<|im_end|>": 1, "hi": 2}, unk_token="[UNK]")))
-    ends = end_of_turn_ids(SimpleNamespace(hf=hf, eos_id=TOK.eos_id))
-    assert ends == tuple(sorted({1, TOK.eos_id}))
-    text = ChoiceText(TOK.decode, 10, [], None, end_ids=ends)
-    text.feed(TOK.encode("ab") + [1] + TOK.encode("cd"))
-    assert text.finish() == "" and text.text == "ab" and text.ended
+    specials = ["<|bos|>", "<|eos|>", "<|turn_over|>", "<|mask|>"]  # ids 80..83
+    template = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }}<|turn_over|>"
+                "{% endfor %}{% if add_generation_prompt %}assistant {% endif %}")
+    write_tokenizer(tmp_path, specials, {"bos_token": "<|bos|>", "eos_token": "<|eos|>",
+                                         "mask_token": "<|mask|>", "chat_template": template,
+                                         "tokenizer_class": "PreTrainedTokenizerFast"})
+    tok = load_tokenizer(str(tmp_path))
+    ends = end_of_turn_ids(tok)
+    assert sorted(ends) == [81, 82]  # EOS and the template's end of turn
+    text = ChoiceText(tok.decode, 10, [], None, end_ids=tuple(ends))
+    text.feed(tok.encode("w1 w2") + [82] + tok.encode("w3"))
+    assert text.finish() == "" and text.text == "w1 w2" and text.ended
 
 
 def test_chat_logprobs_come_in_chats_shape(client_for):

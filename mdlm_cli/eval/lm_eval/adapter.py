@@ -196,16 +196,13 @@ class MdlmLM(LM):
         ) as advance:
             for req in requests:
                 context, gen_kwargs = req.args
-                until, max_gen, temperature, top_p = self._generation_options(
-                    dict(gen_kwargs or {})
-                )
+                until, max_gen, drawing = self._generation_options(dict(gen_kwargs or {}))
                 tokens = generate_after(
                     self.loaded,
                     tok.encode(context),
                     max_gen=max_gen,
                     settings=self.generation,
-                    temperature=temperature,
-                    top_p=top_p,
+                    drawing=drawing,
                     index=self._generated,
                     device=self._device,
                     dtype=self.dtype,
@@ -216,11 +213,12 @@ class MdlmLM(LM):
                 advance(1)
         return out
 
-    def _generation_options(self, kwargs: dict) -> tuple[list[str], int, float, float]:
+    def _generation_options(self, kwargs: dict) -> tuple[list[str], int, dict]:
         """The harness's generation kwargs: `until`, `max_gen_toks`, and `do_sample` with
-        `temperature` / `top_p` (where the task does not set them: the settings', 1.0 by
-        default); greedy (do_sample false or temperature 0) keeps only the most likely token
-        at each draw. Others are reported once, not used."""
+        `temperature` / `top_p` / `top_k` (where the task does not set them: the settings',
+        the model's top-k default among them); greedy (do_sample false or temperature 0) keeps
+        only the most likely token at each draw, its confidence still over the top-k tokens
+        (Dream's). Others are reported once, not used."""
         how = self.generation.how
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
@@ -228,15 +226,17 @@ class MdlmLM(LM):
         do_sample = bool(kwargs.pop("do_sample", False))
         temperature = float(kwargs.pop("temperature", how.temperature if do_sample else 0.0))
         top_p = float(kwargs.pop("top_p", how.top_p))
+        top_k = kwargs.pop("top_k", how.top_k)
+        top_k = None if top_k is None else max(0, int(top_k))  # HF's top_k None or 0: off
         unused = sorted(set(kwargs) - self._warned)
         if unused:
             self._warned.update(unused)
             self.warn(
                 f"generation kwargs {', '.join(unused)} do not apply to the mdlm model; ignored"
             )
-        if not do_sample or temperature <= 0:
-            return until, max_gen, 0.0, 1.0  # greedy: the argmax at every draw
-        return until, max_gen, temperature, top_p
+        if not do_sample or temperature <= 0:  # greedy: the argmax at every draw
+            return until, max_gen, {"temperature": 0.0, "top_p": 1.0, "top_k": top_k}
+        return until, max_gen, {"temperature": temperature, "top_p": top_p, "top_k": top_k}
 
     @property
     def device(self) -> torch.device:

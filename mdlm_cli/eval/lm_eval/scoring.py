@@ -280,8 +280,7 @@ def generate_after(
     *,
     max_gen: int,
     settings: GenerationSettings,
-    temperature: float | None = None,
-    top_p: float | None = None,
+    drawing: dict | None = None,
     index: int = 0,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
@@ -289,7 +288,8 @@ def generate_after(
 ) -> list[int]:
     """Tokens sampled after `context` (the harness's `generate_until`): one window when they
     fit the model length, else semi-autoregressive rounds of `stride` new tokens (§4.2).
-    `temperature` / `top_p`: the request's, where it sets them (else the settings').
+    `drawing`: the request's temperature / top_p / top_k, where it sets them (else the
+    settings').
     `start`: the tokens before the context (default the row start; [] for a context rendered
     by a chat template, which writes its own)."""
     start = loaded.row_start() if start is None else start
@@ -301,10 +301,7 @@ def generate_after(
         len(start), len(context), max_gen, length, causal=loaded.objective.causal, stride=stride
     )
     prompt = torch.tensor(start + context[len(context) - keep:], dtype=torch.long)
-    how = settings.how.with_(
-        temperature=settings.how.temperature if temperature is None else temperature,
-        top_p=settings.how.top_p if top_p is None else top_p,
-    )
+    how = settings.how.with_(**(drawing or {}))
     options = {
         "mask_id": mask_id,
         "schedule": loaded.objective.schedule,
