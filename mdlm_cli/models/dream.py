@@ -147,6 +147,7 @@ class Dream(ReleasedBackbone):
     # generation config from the model config, whose inherited default top_k is 50, and its
     # sample_tokens applies it before any confidence is computed
     sampling_defaults = {"k_schedule": "dream", "top_k": 50}
+    answer_tokens = 512  # the max_new_tokens of the release's README and demos
     read_shape = staticmethod(read_shape)
     # logits at i read from the output at i - 1 (engine/protocols.py): a block cache's sliced
     # call cannot give its first position's, so the block samplers follow Fast-dLLM's Dream loop

@@ -143,6 +143,7 @@ class LLaDA(ReleasedBackbone):
     model_type = "llada"  # config.json's model_type of the released folders
     # what the samplers default to for this family (its own transfer schedule)
     sampling_defaults = {"k_schedule": "llada"}
+    answer_tokens = 128  # generate.py's gen_length default
     read_shape = staticmethod(read_shape)
 
     def build_network(self) -> None:

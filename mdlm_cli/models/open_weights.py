@@ -193,10 +193,9 @@ class ReleasedBackbone(nn.Module, ABC):
     config_keys = keys_of(FolderModelConfig)
     requires_causal = False  # bidirectional: neither release masks attention causally
     causal = False
-    # the releases' generate() denoises prompt + gen_length positions, not a fixed window: a
-    # server request's row ends where its answer does (serve/completion.py), as `mdlm sample
-    # --max-new-tokens` does
-    rows_end_at_answer: ClassVar[bool] = True
+    # the answer a request gets when it asks for no length (generation/layout.py): the
+    # release's own default, not the rest of its 4096-position window
+    answer_tokens: ClassVar[int]
     family: ClassVar[str]
     model_type: ClassVar[str]
     title: ClassVar[str]

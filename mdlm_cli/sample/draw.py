@@ -24,6 +24,7 @@ from .generate import (
     Drawn,
     answer_start,
     generate,
+    prompt_parts,
     semi_ar_plan,
     semi_ar_records,
     template,
@@ -64,7 +65,10 @@ def sample_window(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, b
     model's L; refused past L without `allow_longer` or where a batch cannot fit), the
     prompt, raw prompt ids, chat question or infill template, then `draw`. A `chat` answer
     ends at the template's end-of-turn token or EOS (unless `stop_at_eos` is False)."""
-    length = window_for(loaded, length, prompt, max_new_tokens, prompt_ids, chat)
+    if samples_by_blocks(loaded):
+        refuse_in_blocks(infill, chat)
+    parts = None if infill is not None else prompt_parts(loaded, prompt, prompt_ids, chat)
+    length = window_for(loaded, length, max_new_tokens, parts)
     if samples_by_blocks(loaded):
         return sample_blocks_window(loaded, rt, how, num_samples=num_samples,
                                     batch_size=batch_size, seed=seed, prompt=prompt,
@@ -93,10 +97,7 @@ def sample_blocks_window(loaded: LoadedModel, rt, how: Settings, *, num_samples:
                          prompt_ids: list[int] | None, chat: str | None) -> Drawn:
     """`mdlm sample` of a bd3lm model: left to right over blocks, so a prefix only (the
     prompt or prompt ids; else the row's start, BOS, as the reference's first token)."""
-    for flag, value in (("--infill", infill), ("--chat", chat)):
-        if value is not None:
-            raise MdlmError(f"{flag} does not apply to a bd3lm model (it generates block after "
-                            "block, left to right); give --prompt or --prompt-ids")
+    refuse_in_blocks(infill, chat)
     fixed = template(loaded, length, prompt=prompt, prompt_ids=prompt_ids)
     start = (torch.tensor(loaded.row_start(), dtype=torch.long) if fixed is None
              else fixed[: answer_start(fixed, loaded.mask_id)])
@@ -108,6 +109,14 @@ def sample_blocks_window(loaded: LoadedModel, rt, how: Settings, *, num_samples:
     if fixed is not None:
         with_responses(loaded, drawn.records, len(start))
     return drawn
+
+
+def refuse_in_blocks(infill: str | None, chat: str | None) -> None:
+    """What a bd3lm model cannot take: it generates block after block, left to right."""
+    for flag, value in (("--infill", infill), ("--chat", chat)):
+        if value is not None:
+            raise MdlmError(f"{flag} does not apply to a bd3lm model (it generates block after "
+                            "block, left to right); give --prompt or --prompt-ids")
 
 
 def checked_length(loaded: LoadedModel, length: int | None, batch: int, num_samples: int,

@@ -17,6 +17,8 @@ from ..checkpoints.folder import LoadedModel
 from ..config import SFT_PACKINGS
 from ..data.chat import chat_prompt_ids
 from ..errors import MdlmError
+from ..generation.capabilities import capabilities_of
+from ..generation.layout import lay_out
 from ..io.files import write_text_atomic
 
 MASK_SPAN = re.compile(r"<mask(?::(\d+))?>")
@@ -144,23 +146,36 @@ def answer_start(prompt: torch.Tensor | None, mask_id: int) -> int:
     return int(fixed[-1, 0]) + 1 if len(fixed) else 0
 
 
-def window_for(loaded: LoadedModel, length: int | None, prompt: str | None,
-               max_new_tokens: int | None, prompt_ids: list[int] | None = None,
-               chat: str | None = None) -> int:
-    """Tokens per sample: `length`, or the prompt (with the row's start; raw `prompt_ids` and
-    a `chat` question's template without) plus `max_new_tokens`, else the model's L."""
-    if max_new_tokens is None:
-        return length or loaded.length
-    if length is not None:
-        raise MdlmError("give --length or --max-new-tokens, not both")
-    if max_new_tokens < 1:
-        raise MdlmError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+def prompt_parts(loaded: LoadedModel, prompt: str | None = None,
+                 prompt_ids: list[int] | None = None,
+                 chat: str | None = None) -> tuple[list[int], list[int]]:
+    """(the tokens before the prompt, the prompt's ids) as `template` lays them: the row start
+    before a text prompt (and before nothing), none before raw ids or a chat question (whose
+    template writes its own BOS)."""
     if prompt_ids is not None:
-        return len(prompt_ids) + max_new_tokens
+        return [], list(prompt_ids)
     if chat is not None:
-        return len(chat_prompt_ids(loaded.tokenizer, chat)) + max_new_tokens
-    prompt_tokens = len(loaded.tokenizer.encode(prompt)) if prompt else 0
-    return len(loaded.row_start()) + prompt_tokens + max_new_tokens
+        return [], chat_prompt_ids(loaded.tokenizer, chat)
+    return loaded.row_start(), loaded.tokenizer.encode(prompt) if prompt else []
+
+
+def window_for(loaded: LoadedModel, length: int | None, max_new_tokens: int | None,
+               parts: tuple[list[int], list[int]] | None) -> int:
+    """Tokens per sample: `length` as given, else the row generation/layout.py lays out for
+    the prompt `parts` (`prompt_parts`) and `max_new_tokens` (else the model family's default
+    answer, else the rest of the window); `parts` None (an infill template): the window."""
+    if max_new_tokens is not None and length is not None:
+        raise MdlmError("give --length or --max-new-tokens, not both")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise MdlmError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+    if length is not None or parts is None:
+        return length or loaded.length
+    caps = capabilities_of(loaded)
+    if max_new_tokens is None and caps.answer_tokens is None:
+        return loaded.length  # the rest of the window, its length checked by the caller
+    start, ids = parts  # an asked length may pass the window: the caller checks (--allow-longer)
+    return lay_out(caps, ids, answer=max_new_tokens, start=start,
+                   longer=max_new_tokens is not None).length
 
 
 def generate(loaded: LoadedModel,
@@ -222,7 +237,7 @@ def semi_ar_plan(loaded: LoadedModel,
     `max_new_tokens` the blocks run to at least one window, then are cut."""
     if max_new_tokens is None:
         return stops_at_eos(loaded, stop_at_eos), None, length
-    limit = window_for(loaded, length, prompt, max_new_tokens)
+    limit = window_for(loaded, length, max_new_tokens, prompt_parts(loaded, prompt))
     return stops_at_eos(loaded, stop_at_eos), limit, max(limit, loaded.length)
 
 

@@ -3,8 +3,7 @@ infilling, stop strings, echo) and mdlm's semi-AR fields, checked and made into 
 
 from __future__ import annotations
 
-import torch
-
+from ..generation.layout import LayoutError, lay_out
 from .blocks import block_rows
 from .json_schema import json_request, json_rows
 from .schema import (
@@ -115,62 +114,50 @@ def prompt_rows(
     semi_ar: bool = True,
     start: list[int] | None = None,
 ) -> tuple[list[Row], int]:
-    """One `Row` per prompt and the number of new tokens; the lengths checked against the window
-    (`semi_ar`: the error suggests it). `start`: the tokens before each prompt (default the
-    row start; none for a chat prompt, whose template writes its own BOS)."""
+    """One `Row` per prompt and the number of new tokens, each row laid out by the one rule
+    (generation/layout.py: start + prompt + answer + suffix, the answer as asked, else the
+    model's default, else the rest of the window); semi-AR rows are a prefix only. `semi_ar`:
+    a too-long error suggests it. `start`: the tokens before each prompt (default the row
+    start; none for a chat prompt, whose template writes its own BOS)."""
     if served.block_size:  # no window: the blocks go on past the training length
         return block_rows(prompts, max_tokens, served, limits, start)
     loaded = served.loaded
-    window, mask_id = loaded.length, loaded.mask_id
     start = loaded.row_start() if start is None else start
-    longest = max(len(p) for p in prompts)
     if stride is not None:
-        if suffix or len(prompts) > 1:
-            raise invalid(
-                "semi-AR (stride) takes one prompt and no suffix",
-                "stride" if not suffix else "suffix",
-            )
-        if len(start) + longest >= window:
-            raise invalid(
-                f"a semi-AR prompt must be shorter than the window: {len(start) + longest} tokens, "
-                f"window {window}",
-                "prompt",
-                "context_length_exceeded",
-            )
-        room = limits.max_semi_ar_windows * window - len(start) - longest
-        max_tokens = window - len(start) - longest if max_tokens is None else max_tokens
-    else:
-        room = window - len(start) - longest - len(suffix)
-        max_tokens = room if max_tokens is None else max_tokens
-    if room < 1 or max_tokens > room:
-        raise _too_long(longest, len(suffix), len(start), max_tokens, room, stride, semi_ar)
-    if stride is None and served.rows_end_at_answer and len({len(p) for p in prompts}) == 1:
-        # several prompts of different lengths keep the window: a shorter one's extra masks
-        # would change its block count and reveal schedule
-        window = len(start) + longest + max_tokens + len(suffix)
-    rows = []
-    for ids in prompts:
-        prefix = start + ids
-        fixed = None
-        if stride is None:
-            fixed = torch.full((window,), mask_id, dtype=torch.long)
-            fixed[: len(prefix)] = torch.tensor(prefix, dtype=torch.long)
-            end = len(prefix) + max_tokens
-            fixed[end : end + len(suffix)] = torch.tensor(suffix, dtype=torch.long)
-        rows.append(Row(fixed, prefix, len(ids), len(suffix), loaded.tokenizer.decode(ids)))
-    return rows, max_tokens
+        return _semi_ar_rows(prompts, suffix, max_tokens, served, limits, start)
+    caps, longest = served.capabilities, max(prompts, key=len)
+    try:  # one answer length for all: what the longest prompt leaves, where none is asked
+        max_tokens = lay_out(caps, longest, answer=max_tokens, suffix=suffix, start=start).answer
+        layouts = [lay_out(caps, ids, answer=max_tokens, suffix=suffix, start=start)
+                   for ids in prompts]
+    except LayoutError as e:
+        hint = "" if suffix or not semi_ar else "; ask for semi-AR generation with stride"
+        raise invalid(f"{e}{hint}", e.param, "context_length_exceeded") from None
+    decode = loaded.tokenizer.decode
+    return [Row(layout.template(loaded.mask_id), layout.prefix, len(ids), len(suffix),
+                decode(ids)) for layout, ids in zip(layouts, prompts, strict=True)], max_tokens
 
 
-def _too_long(longest: int, suffix: int, start: int, max_tokens: int, room: int,
-              stride: int | None, semi_ar: bool):
-    """The error of a request whose prompt (+ suffix + max_tokens) does not fit."""
-    parts = f"prompt ({longest} tokens)" + (f" + suffix ({suffix})" if suffix else "")
-    if max_tokens >= 1:  # given, or the room left (none: the prompt alone is too long)
-        parts += f" + max_tokens ({max_tokens})"
-    limit = "the semi-AR limit" if stride else "the window"
-    hint = "" if stride or suffix or not semi_ar else "; ask for semi-AR generation with stride"
-    return invalid(f"{parts} exceeds {limit} of {room + longest + suffix + start} tokens{hint}",
-                   "max_tokens", "context_length_exceeded")
+def _semi_ar_rows(prompts: list[list[int]], suffix: list[int], max_tokens: int | None,
+                  served: Served, limits: Limits, start: list[int]) -> tuple[list[Row], int]:
+    """The prefix row of a semi-AR request (MDLM §4.2): one prompt, shorter than the window,
+    up to `max_semi_ar_windows` windows of new tokens (default: one window's worth)."""
+    window, prompt = served.loaded.length, prompts[0]
+    if suffix or len(prompts) > 1:
+        raise invalid("semi-AR (stride) takes one prompt and no suffix",
+                      "stride" if not suffix else "suffix")
+    if len(start) + len(prompt) >= window:
+        raise invalid(f"a semi-AR prompt must be shorter than the window: "
+                      f"{len(start) + len(prompt)} tokens, window {window}", "prompt",
+                      "context_length_exceeded")
+    room = limits.max_semi_ar_windows * window - len(start) - len(prompt)
+    max_tokens = window - len(start) - len(prompt) if max_tokens is None else max_tokens
+    if max_tokens > room:
+        raise invalid(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
+                      f"semi-AR limit of {room + len(prompt) + len(start)} tokens", "max_tokens",
+                      "context_length_exceeded")
+    row = Row(None, start + prompt, len(prompt), 0, served.loaded.tokenizer.decode(prompt))
+    return [row], max_tokens
 
 
 def _max_tokens(body: dict) -> int | None:

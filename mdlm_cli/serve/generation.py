@@ -133,38 +133,24 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
     t0 = time.perf_counter()
     if plan.constraint is not None:  # each draw kept to what the schema allows
         denoiser = ConstrainedDenoiser(denoiser, plan.constraint)
-    # the window, or the prompt and answer only (`Served.rows_end_at_answer`)
-    length = loaded.length if plan.stride is not None else len(plan.rows[0].template)
-    recorder = None
-    if plan.logprobs is not None:
-        recorder = RevealRecorder((plan.num_rows, length), plan.logprobs, served.device)
+    recorders: list[tuple[RevealRecorder, int]] = []  # each choice's recorder and row in it
     if plan.stride is not None:
         stats = _semi_ar(plan, served, denoiser, kwargs, texts, emit)
     else:
-        prompt = torch.stack([row.template for row in plan.rows]).repeat_interleave(plan.n, dim=0)
-        tokens, stats = engine.sample(
-            denoiser,
-            num_samples=plan.num_rows,
-            length=length,
-            mask_id=loaded.mask_id,
-            prompt=prompt,
-            return_stats=True,
-            recorder=recorder,
-            **kwargs,
-        )
-        if plan.constraint is not None and not plan.constraint.satisfiable(tokens).all():
+        tokens, stats, recorders = _sample_rows(plan, served, denoiser, kwargs)
+        constraint = plan.constraint
+        if constraint is not None and not constraint.satisfiable(torch.stack(tokens)).all():
             # only a parallel scan's rounding (a weight-0 token's CDF step of an ulp) could
             # draw a disallowed token; an answer that might not parse is never sent
             raise RuntimeError("a json_schema answer left its schema; retry the request")
         if plan.states:  # the last state: every position decided
-            emit(StateSnapshot(state_pieces(served, tokens)))
+            emit(StateSnapshot(state_pieces(served, tokens[0][None])))
         if plan.endpoint == "infill":
             return _infill_outcome(
-                plan, served, tokens.cpu(), stats, time.perf_counter() - t0, emit
+                plan, served, torch.stack(tokens), stats, time.perf_counter() - t0, emit
             )
-        for i, row in enumerate(tokens.cpu()):
-            fixed = plan.rows[i // plan.n]
-            start = len(fixed.prefix)
+        for i, row in enumerate(tokens):
+            start = len(plan.rows[i // plan.n].prefix)
             _send(emit, i, texts[i].feed(row[start : start + plan.max_tokens].tolist()))
     for i, text in enumerate(texts):
         _send(emit, i, text.finish())
@@ -172,8 +158,9 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
             text.finish_reason = "stop"
     choices = [  # length and ended: as `mdlm sample` reports an answer cut at its EOS
         {"index": i, "text": t.text, "finish_reason": t.finish_reason,
-         "logprobs": None if recorder is None else logprobs_object(
-             loaded.tokenizer.decode, t.tokens, recorder, i, len(plan.rows[i // plan.n].prefix)),
+         "logprobs": None if not recorders else logprobs_object(
+             loaded.tokenizer.decode, t.tokens, *recorders[i],
+             len(plan.rows[i // plan.n].prefix)),
          "length": len(t.tokens), "ended": t.ended}
         for i, t in enumerate(texts)
     ]
@@ -181,6 +168,30 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
     return Outcome(
         choices, stats, time.perf_counter() - t0, prompt_tokens, sum(len(t.tokens) for t in texts)
     )
+
+
+def _sample_rows(plan: Plan, served: Served, denoiser, kwargs: dict
+                 ) -> tuple[list[torch.Tensor], engine.SampleStats, list]:
+    """Every choice's row (prompt-major: choice = prompt * n + j), sampled in groups of one
+    row length (the engine samples a rectangle), in order, from the request's one generator;
+    with log-probabilities, (recorder, row in it) per choice."""
+    lengths = [len(plan.rows[i // plan.n].template) for i in range(plan.num_rows)]
+    tokens: list = [None] * plan.num_rows
+    recorders: list = [None] * plan.num_rows
+    stats = engine.SampleStats(num_sequences=0)
+    for length in dict.fromkeys(lengths):  # first appearance first
+        group = [i for i, n in enumerate(lengths) if n == length]
+        recorder = None if plan.logprobs is None else RevealRecorder(
+            (len(group), length), plan.logprobs, served.device)
+        prompt = torch.stack([plan.rows[i // plan.n].template for i in group])
+        out, done = engine.sample(denoiser, num_samples=len(group), length=length,
+                                  mask_id=served.loaded.mask_id, prompt=prompt,
+                                  return_stats=True, recorder=recorder, **kwargs)
+        stats.num_sequences += done.num_sequences
+        stats.merge(done)
+        for j, i in enumerate(group):
+            tokens[i], recorders[i] = out[j].cpu(), (recorder, j)
+    return tokens, stats, recorders if plan.logprobs is not None else []
 
 
 def logprobs_object(decode: Callable[[list[int]], str], tokens: list[int],

@@ -11,6 +11,7 @@ import torch
 from ..checkpoints.folder import LoadedModel
 from ..engine.block_sampling import BLOCK_OPTIONS
 from ..engine.protocols import is_time_agnostic
+from ..generation.capabilities import Capabilities, capabilities_of
 from ..memory import ForwardCost
 
 
@@ -43,11 +44,10 @@ class Served:
         objective = self.loaded.objective
         return objective.block_size if getattr(objective, "samples_by_blocks", False) else 0
 
-    @property
-    def rows_end_at_answer(self) -> bool:
-        """A request's row holds its prompt and max_tokens only (LLaDA, Dream: their generate's
-        prompt + gen_length), not the model's whole window (a DiT trained at L)."""
-        return bool(getattr(self.loaded.model, "rows_end_at_answer", False))
+    @cached_property
+    def capabilities(self) -> Capabilities:
+        """What the model declares it can do (generation/capabilities.py)."""
+        return capabilities_of(self.loaded, None if self.causal else self.denoiser)
 
     @property
     def causal(self) -> bool:

@@ -346,7 +346,7 @@ def test_the_server_runs_a_cached_request_alone_with_the_clis_tokens():
     from .test_serve_batching import run, served_model
 
     served = served_model("mdlm")
-    cached = {"prompt": "the ", "sampler": "confidence", "steps": 14, "block_length": 4,
+    cached = {"prompt": "the ", "sampler": "confidence", "steps": 12, "block_length": 4,
               "max_tokens": 12, "seed": 5, "temperature": 0, "cache": "dual"}
     plain = {"prompt": "a", "sampler": "first-hitting", "seed": 1, "max_tokens": 6}
     worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=4,
@@ -368,8 +368,9 @@ def test_the_server_runs_a_cached_request_alone_with_the_clis_tokens():
     assert alone.stats.calls == run_uncached.stats.calls
     assert alone.stats.draws < run_uncached.stats.draws
     plan = parse_completion(cached, served, Limits())  # the engine on the model, as the CLI
-    tokens = engine.sample(served.denoiser, plan.settings, num_samples=1, length=32,
-                           mask_id=served.loaded.mask_id, prompt=plan.rows[0].template[None],
+    row = plan.rows[0].template  # the prompt and its 12 tokens (generation/layout.py)
+    tokens = engine.sample(served.denoiser, plan.settings, num_samples=1, length=len(row),
+                           mask_id=served.loaded.mask_id, prompt=row[None],
                            schedule=served.loaded.objective.schedule,
                            generator=torch.Generator().manual_seed(plan.seed))
     start = len(plan.rows[0].prefix)

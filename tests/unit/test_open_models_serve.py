@@ -173,10 +173,10 @@ def test_a_conversation_past_the_window_is_refused_naming_the_prompt_alone(folde
     assert "exceeds the window of 64 tokens" in message and "max_tokens" not in message, message
 
 
-def test_prompts_of_different_lengths_keep_the_whole_window(folders):
-    """Two prompts of 3 and 1 tokens in one request: each row is the model's window (as before
-    rows ended at the answer), so the shorter one is not given the longer one's extra masks;
-    each answer is the engine's greedy one on its own window row."""
+def test_prompts_of_different_lengths_each_get_their_own_row(folders):
+    """Two prompts of 3 and 1 tokens in one request: each row is its own start + prompt +
+    max_tokens (generation/layout.py), so the shorter one is not given the longer one's extra
+    masks; each answer is the engine's greedy one on its own row."""
     loaded = load_checkpoint(str(folders["llada"]))
     http = client_of(Served(loaded, torch.device("cpu"), None, "llada"))
     body = {"model": "llada", "prompt": ["w1 w2 w3", "w4"], "max_tokens": 6, "temperature": 0,
@@ -189,6 +189,6 @@ def test_prompts_of_different_lengths_keep_the_whole_window(folders):
     how = engine.SamplingSettings("confidence", 6, temperature=0.0)
     for choice, text in zip(out.json()["choices"], body["prompt"], strict=True):
         prefix = loaded.row_start() + loaded.tokenizer.encode(text)
-        tokens = greedy(loaded, prefix, loaded.length - len(prefix), how)[:6].tolist()
+        tokens = greedy(loaded, prefix, 6, how).tolist()
         stop = next((i for i, t in enumerate(tokens) if t == loaded.tokenizer.eos_id), 6)
         assert choice["text"] == loaded.tokenizer.decode(tokens[:stop])

@@ -30,7 +30,9 @@ class EndsAt:
     def __call__(self, z_t, t, output_mask=None, attention_mask=None):
         B, L = z_t.shape
         ids = torch.full((L,), TOK.eos_id)
-        ids[: self.end], ids[self.end + 1] = X, Y
+        ids[: self.end] = X
+        if self.end + 1 < L:  # a row that ends at its answer may stop before it
+            ids[self.end + 1] = Y
         logits = torch.full((B, L, TOK.vocab_size), -1e4)
         logits.scatter_(-1, ids.expand(B, L)[..., None], 0.0)
         return logits if output_mask is None else logits[output_mask]

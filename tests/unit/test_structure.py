@@ -95,6 +95,7 @@ LAYERS = (
     ("mdlm_cli.objectives",),
     ("mdlm_cli.build",),
     ("mdlm_cli.checkpoints",),
+    ("mdlm_cli.generation",),
     ("mdlm_cli.eval",),
     ("mdlm_cli.sample",),
     ("mdlm_cli.train",),

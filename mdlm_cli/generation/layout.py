@@ -1,0 +1,88 @@
+"""The one rule that lays a request out in a row, for `mdlm sample`, the server and the
+Python API alike (docs/sampling.md, "How long a row is"):
+
+    row = start + prompt + answer + suffix     (nothing after the suffix)
+
+- `start`: the tokens every training row of the model starts with (BOS of wrap-packed
+  rows), none before a chat prompt (its template writes its own BOS) or raw prompt ids;
+- `answer`: as many positions as asked (`--max-new-tokens`, `max_tokens`); when none is
+  asked, the model family's default (`Capabilities.answer_tokens`: LLaDA 128, Dream 512,
+  as their releases' generate functions), else the rest of the model's window (a DiT or an
+  AR model trained on rows of L tokens), never a silent canvas of the whole window for a
+  model whose release denoises prompt + answer only;
+- the row must fit the window (the trained L), unless the caller allows longer rows or the
+  model generates block by block (bd3lm: rows grow past L).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import MdlmError
+from .capabilities import Capabilities
+
+
+class LayoutError(MdlmError):
+    """A request that does not fit in a row; `param` names the field to change."""
+
+    def __init__(self, message: str, param: str = "max_tokens"):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    start: tuple[int, ...]
+    prompt: tuple[int, ...]
+    answer: int  # positions the sampler fills
+    suffix: tuple[int, ...] = ()
+
+    @property
+    def prefix(self) -> list[int]:
+        """The fixed tokens before the answer: the row start and the prompt."""
+        return [*self.start, *self.prompt]
+
+    @property
+    def answer_start(self) -> int:
+        return len(self.start) + len(self.prompt)
+
+    @property
+    def length(self) -> int:
+        return self.answer_start + self.answer + len(self.suffix)
+
+    def template(self, mask_id: int) -> torch.Tensor:
+        """(length,) the fixed tokens, `mask_id` at the answer's positions."""
+        row = torch.full((self.length,), mask_id, dtype=torch.long)
+        row[: self.answer_start] = torch.tensor(self.prefix, dtype=torch.long)
+        if self.suffix:
+            row[self.answer_start + self.answer :] = torch.tensor(self.suffix, dtype=torch.long)
+        return row
+
+
+def lay_out(caps: Capabilities, prompt: Sequence[int], *, answer: int | None = None,
+            suffix: Sequence[int] = (), start: Sequence[int] | None = None,
+            longer: bool = False) -> RowLayout:
+    """The row of one prompt (the module's rule). `start`: the tokens before the prompt
+    (default the model's row start); `longer`: a row may pass the window (`--allow-longer`)."""
+    start = caps.row_start if start is None else tuple(start)
+    fixed = len(start) + len(prompt) + len(suffix)
+    room = None if caps.block_size or longer else caps.window - fixed
+    if answer is None:
+        answer = caps.answer_tokens if caps.answer_tokens is not None else room
+        answer = answer if room is None or answer is None else min(answer, room)
+    if answer is None:  # no window and no default: nothing says how long
+        raise LayoutError("say how many tokens to generate (max_tokens / --max-new-tokens)")
+    if answer < 1 or room is not None and answer > room:
+        raise LayoutError(_too_long(len(prompt), len(suffix), len(start), answer, caps.window))
+    return RowLayout(start, tuple(prompt), answer, tuple(suffix))
+
+
+def _too_long(prompt: int, suffix: int, start: int, answer: int, window: int) -> str:
+    parts = f"prompt ({prompt} tokens" + (f", {start} of row start)" if start else ")")
+    parts += f" + suffix ({suffix})" if suffix else ""
+    if answer >= 1:
+        parts += f" + answer ({answer})"
+    return f"{parts} exceeds the window of {window} tokens"

@@ -1,0 +1,66 @@
+"""The one rule of a row (generation/layout.py) and the capabilities it reads
+(generation/capabilities.py), on hand-made records and on the tiny LLaDA and Dream folders."""
+
+import pytest
+import torch
+
+from mdlm_cli.checkpoints.load import load_checkpoint
+from mdlm_cli.generation.capabilities import Capabilities, capabilities_of
+from mdlm_cli.generation.layout import LayoutError, lay_out
+from tests.open_model_folders import write_dream, write_llada
+
+DIT = Capabilities(mask_id=9, attention="bidirectional", window=32, row_start=(1,),
+                   answer_tokens=None)
+LLADA = Capabilities(mask_id=9, attention="bidirectional", window=4096, row_start=(1,),
+                     answer_tokens=128)
+
+
+def test_a_row_is_start_prompt_answer_suffix_and_nothing_after():
+    row = lay_out(DIT, [5, 6], answer=4, suffix=[7])
+    assert row.length == 1 + 2 + 4 + 1 and row.answer_start == 3
+    assert row.template(9).tolist() == [1, 5, 6, 9, 9, 9, 9, 7]
+    assert lay_out(DIT, [5, 6], answer=4, start=[]).template(9).tolist() == [5, 6, 9, 9, 9, 9]
+
+
+def test_an_answer_not_asked_for_is_the_familys_default_else_the_rest_of_the_window():
+    assert lay_out(DIT, [5, 6]).answer == 32 - 3  # a DiT trained at L: the window
+    assert lay_out(LLADA, [5] * 10).length == 1 + 10 + 128  # LLaDA: gen_length 128, not 4096
+    near_the_end = lay_out(LLADA, [5] * 4000)
+    assert near_the_end.answer == 4096 - 4001 and near_the_end.length == 4096
+
+
+@pytest.mark.parametrize("caps, prompt, answer", [(DIT, [5] * 20, 12), (DIT, [5] * 32, None),
+                                                  (LLADA, [5] * 4096, None)])
+def test_a_row_past_the_window_is_refused_with_its_parts(caps, prompt, answer):
+    with pytest.raises(LayoutError, match=f"exceeds the window of {caps.window} tokens"):
+        lay_out(caps, prompt, answer=answer)
+
+
+def test_block_by_block_and_allowed_longer_rows_pass_the_window():
+    blocks = Capabilities(mask_id=9, attention="block-causal", window=32, row_start=(1,),
+                          answer_tokens=None, block_size=4)
+    assert lay_out(blocks, [5] * 30, answer=40).length == 71
+    assert lay_out(DIT, [5] * 30, answer=40, longer=True).length == 71
+    with pytest.raises(LayoutError, match="how many tokens"):
+        lay_out(blocks, [5])
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    base = tmp_path_factory.mktemp("caps")
+    return {"llada": load_checkpoint(str(write_llada(base / "llada"))),
+            "dream": load_checkpoint(str(write_dream(base / "dream")))}
+
+
+def test_the_released_folders_declare_what_their_releases_do(folders):
+    llada, dream = (capabilities_of(folders[name]) for name in ("llada", "dream"))
+    assert llada.answer_tokens == 128 and dream.answer_tokens == 512
+    assert llada.attention == dream.attention == "bidirectional"
+    assert llada.caches == dream.caches == ("prefix", "dual")
+    assert not llada.shifted_logits and dream.shifted_logits
+    assert llada.chat and set(llada.end_of_turn) == {81, 84}  # <|endoftext|>, <|eot_id|>
+    assert dream.chat and set(dream.end_of_turn) == {80, 82}  # <|endoftext|>, <|im_end|>
+    assert dream.generation_defaults["top_k"] == 50
+    assert "top_k" not in llada.generation_defaults
+    assert llada.window == 64 and torch.equal(
+        lay_out(llada, [5, 6]).template(llada.mask_id)[:3], torch.tensor([80, 5, 6]))
