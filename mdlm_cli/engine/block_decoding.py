@@ -17,11 +17,9 @@ from .transfer import TransferPlan
 
 
 def new_cache(z: Tensor, ctx: SamplerContext):
-    """The denoiser's empty block cache for the batch; refused (one line) where there is none."""
+    """The denoiser's empty block cache for the batch; refused (one line) where there is none
+    (that a cache needs a block length is checked with the settings: `cache_rules`)."""
     cache = ctx.options.cache
-    if not ctx.options.block_length:
-        raise EngineError(f"--cache {cache} needs --block-length (its cache is refreshed at "
-                          "the start of each block)")
     if not has_block_cache(ctx.denoiser):
         raise EngineError(f"--cache {cache} needs a time-agnostic model with a block cache "
                           "(the DiT without time conditioning, LLaDA, Dream); use --cache none")

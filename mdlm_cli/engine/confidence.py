@@ -47,6 +47,16 @@ def _block_length() -> int:
                   "over them.", low=0)
 
 
+def cache_rules(options) -> list[tuple[str, str]]:
+    """The rule across fields of the options that take a cache: a block cache is refreshed at
+    the start of each block, so it needs blocks. (field, what is wrong; `{}` marks where each
+    caller spells a setting's name, `{cache}` / `{block_length}`)."""
+    if options.cache != "none" and not options.block_length:
+        return [("cache", f"{{cache}} {options.cache} needs {{block_length}} (its cache is "
+                          "refreshed at the start of each block)")]
+    return []
+
+
 def _cache() -> str:
     return option("none", "with --block-length: none (exact), or Fast-dLLM's block cache, "
                   "refreshed by a full pass at each block: prefix (later calls run the block and "
@@ -70,6 +80,8 @@ class ConfidenceOptions:
         "softmax(confidence / this) (Dream's alg_temp).", low=0.0)
     cache: str = _cache()
 
+    rules = cache_rules
+
 
 @dataclass(frozen=True)
 class ThresholdOptions:
@@ -79,6 +91,7 @@ class ThresholdOptions:
     block_length: int = _block_length()
     cache: str = _cache()
 
+    rules = cache_rules
 
 
 def _in_block(plan: TransferPlan, active: Tensor, i: int, L: int, device) -> Tensor | None:

@@ -82,7 +82,21 @@ class SamplingSettings:
             wrong = problem(declared[name], value)
             if wrong is not None:
                 raise SettingsError(name, f"{spell(name)} {wrong}")
+        self._check_rules(spell)
         return self
+
+    def _check_rules(self, spell: Callable[[str], str]) -> None:
+        """The named sampler's rules across its options (e.g. a cache needs a block length),
+        checked here rather than mid-run: its options dataclass's `rules(options)`."""
+        from .registry import get_sampler
+
+        spec = get_sampler(self.sampler) if self.sampler is not None else None
+        rules = getattr(spec.options, "rules", None) if spec is not None and spec.options else None
+        if rules is None:
+            return
+        spelled = {f.name: spell(f.name) for f in fields(spec.options)}
+        for name, message in rules(self.options_for(spec)):
+            raise SettingsError(name, message.format(**spelled))
 
     def with_(self, **changes: Any) -> SamplingSettings:
         """A copy with `changes` (e.g. the sampler and steps an objective chose)."""

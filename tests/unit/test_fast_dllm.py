@@ -274,7 +274,7 @@ def test_rows_progress_independently(cache, threshold):
 
 def test_a_cache_without_blocks_or_on_a_time_conditioned_model_is_refused():
     template = template_of(prompts(1, 4), 8)
-    with pytest.raises(engine.EngineError, match="--cache dual needs --block-length"):
+    with pytest.raises(engine.EngineError, match="cache dual needs block_length"):
         mdlm_sample(tiny_dit(), template, 4, "dual", 0)
     timed = DiT(ModelConfig(hidden_size=32, n_blocks=1, n_heads=4, cond_dim=16,
                             time_conditioning=True), V + 1)

@@ -273,7 +273,7 @@ def test_rows_progress_independently(dream):
     ({"k_schedule": "llada"}, "--cache dual on Dream follows Fast-dLLM's Dream loop and its "
                               "timestep grid: use --k-schedule dream"),
     ({"steps": 4}, "--cache dual on Dream needs at least 2 steps per block"),
-    ({"block_length": 0}, "--cache dual needs --block-length"),
+    ({"block_length": 0}, "cache dual needs block_length"),
 ])
 def test_what_the_dream_loop_cannot_run_is_refused(dream, options, message):
     _, net, mask = dream

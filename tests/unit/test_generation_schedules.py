@@ -429,6 +429,9 @@ def test_mdlm_sample_prompt_ids_gives_dream_tokens(dit, tmp_path):
     (["--prompt-ids", "5", "--prompt", "a"], "give --prompt or --prompt-ids, not both"),
     (["--prompt-ids", "5", "--steps", "10", "--sampler", "confidence", "--k-schedule", "llada",
       "--block-length", "8", "--max-new-tokens", "24"], "steps (10) must be a multiple"),
+    # a rule across settings, checked with them (SamplingSettings.validate), before any call
+    (["--prompt-ids", "5", "--sampler", "confidence", "--cache", "dual"],
+     "--cache dual needs --block-length"),
 ])
 def test_prompt_ids_mistakes_are_one_line(dit, flags, message):
     from typer.testing import CliRunner
