@@ -1,10 +1,12 @@
 """One response per prompt (`mdlm gen-ppl --sample-first --prompts`): each prompt fixed at the
-start of a row of the model's length, the rest drawn, the row cut at its first EOS after the
-prompt (the model's own choice of length; nothing from the EOS on is kept).
+start of its row (generation/layout.py: the window of a model trained at L, the prompt and
+the release's answer length for LLaDA / Dream), the rest drawn, the row cut at its first
+EOS after the prompt (the model's own choice of length; nothing from the EOS on is kept).
 
-Prompts of different lengths share a batch, except for a left-to-right model, which can only
-continue a prefix of one length: its batches hold prompts of equal length. Batch b is drawn
-with seed `seed + the index of its first prompt`.
+Prompts of different lengths share a batch (their rows all the window's length), except for
+a left-to-right model, which can only continue a prefix of one length, and a model whose
+rows end at its answer (LLaDA, Dream): their batches hold prompts of equal length. Batch b
+is drawn with seed `seed + the index of its first prompt`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import torch
 
 from ..checkpoints.folder import LoadedModel
 from ..engine.settings import SamplingSettings as Settings
+from ..errors import MdlmError
 from ..eval.responses import Prompt, ToScore
+from ..generation.capabilities import capabilities_of
+from ..generation.layout import LayoutError, lay_out
 from .draw import checked_length
 from .generate import cut_at_eos, generate, write_jsonl
 
@@ -77,15 +82,24 @@ def batches_of(prompts: list[Prompt], batch_size: int, same_length: bool) -> lis
 def draw_responses(loaded: LoadedModel, rt, how: Settings, prompts: list[Prompt], *, seed: int,
                    batch_size: int = 16,
                    on_batch: Callable[[int], None] | None = None) -> DrawnResponses:
-    """A response to each prompt, in rows of the model's length (checked to fit in memory)."""
-    L, mask_id, eos_id = loaded.length, loaded.mask_id, loaded.tokenizer.eos_id
-    checked_length(loaded, L, batch_size, len(prompts), rt.device, allow_longer=False)
+    """A response to each prompt, in the row generation/layout.py lays out for it: the prompt
+    (its row start included), then the model's default answer, the rest of the window for a
+    model trained at L, its release's answer length for LLaDA (128) or Dream (512); checked
+    to fit in memory. Rows of their own lengths are batched by prompt length."""
+    mask_id, eos_id = loaded.mask_id, loaded.tokenizer.eos_id
+    caps = capabilities_of(loaded)
+    try:
+        rows = [lay_out(caps, p.ids, start=[]) for p in prompts]
+    except LayoutError as e:
+        raise MdlmError(f"a prompt does not fit: {e}") from None
+    checked_length(loaded, max(r.length for r in rows), batch_size, len(prompts), rt.device,
+                   allow_longer=False)
     found: dict[int, Response] = {}
     seconds, evaluations = 0.0, 0
-    for batch in batches_of(prompts, batch_size, same_length=loaded.objective.causal):
-        template = torch.full((len(batch), L), mask_id, dtype=torch.long)
-        for row, i in enumerate(batch):
-            template[row, :len(prompts[i].ids)] = torch.tensor(prompts[i].ids)
+    by_length = loaded.objective.causal or caps.answer_tokens is not None
+    for batch in batches_of(prompts, batch_size, same_length=by_length):
+        L = rows[batch[0]].length
+        template = torch.stack([rows[i].template(mask_id) for i in batch])
         records, stats, spent = generate(
             loaded, how, num_samples=len(batch), batch_size=len(batch), seed=seed + batch[0],
             device=rt.device, dtype=rt.dtype, length=L, prompt=template, stop_at_eos=False,
