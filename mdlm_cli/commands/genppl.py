@@ -326,15 +326,16 @@ def _print_gen_ppl(result) -> None:
 def _sample_for_judging(draw: _Draw, out: str | None):
     """--sample-first: the samples drawn as mdlm sample draws them (batches of 16 at most),
     written to --samples where given; their texts and token ids."""
-    from ..sample.draw import draw as draw_samples
-    from ..sample.draw import write_samples
+    from ..generation.request import GenerationRequest
+    from ..sample.draw import sample_window, write_samples
     from .sample import sampling_progress
 
     loaded, rt = draw.loading.load()
     how, n = resolved(draw.sampling, loaded), draw.num_samples
+    request = GenerationRequest(how, num_samples=n, batch_size=min(n, 16), seed=draw.seed,
+                                stop_at_eos=False)  # the whole row is scored
     with sampling_progress(how.sampler, n) as advance:
-        drawn = draw_samples(loaded, rt, how, num_samples=n, seed=draw.seed,
-                             batch_size=min(n, 16), on_batch=advance)
+        drawn = sample_window(loaded, rt, request, on_batch=advance)
     err_console.print(f"{how.sampler}: {n} samples, {drawn.per_sample:.2f} s/sample, "
                       f"NFE {drawn.stats.nfe:.1f}")
     if out:

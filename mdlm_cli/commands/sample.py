@@ -101,6 +101,7 @@ def sample_cmd(
     stop_at_eos: StopAtEosOpt = None,
 ) -> None:
     sampling = sampling_from(ctx)
+    from ..generation.request import GenerationRequest
     from ..io.files import check_all_writable
     from ..sample.draw import sample_window
 
@@ -111,11 +112,12 @@ def sample_cmd(
         loaded, rt = loading_from(ctx).load()
         how = resolved(sampling, loaded)
         with sampling_progress(how.sampler, num_samples) as advance:
-            drawn = sample_window(
-                loaded, rt, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
-                prompt=prompt, infill=infill, length=length, max_new_tokens=max_new_tokens,
-                stop_at_eos=stop_at_eos, allow_longer=allow_longer, on_batch=advance,
-                prompt_ids=ids, chat=chat)
+            request = GenerationRequest(
+                how, num_samples=num_samples, batch_size=batch_size, seed=seed, prompt=prompt,
+                prompt_ids=None if ids is None else tuple(ids), chat=chat, infill=infill,
+                max_new_tokens=max_new_tokens, length=length, stop_at_eos=stop_at_eos,
+                allow_longer=allow_longer)
+            drawn = sample_window(loaded, rt, request, on_batch=advance)
         _write_and_show(drawn, out, quiet, _summary(how.sampler, drawn, sampling.precision))
 
 
@@ -163,6 +165,7 @@ def semi_ar_cmd(
     stop_at_eos: StopAtEosOpt = None,
 ) -> None:
     sampling = sampling_from(ctx)
+    from ..generation.request import GenerationRequest
     from ..io.files import check_all_writable
     from ..sample.draw import semi_ar_blocks, write_samples
 
@@ -171,11 +174,11 @@ def semi_ar_cmd(
         check_all_writable(out)
         loading = loading_from(ctx)
         loaded, rt = loading.load()
-        drawn = semi_ar_blocks(
-            loaded, rt, resolved(sampling, loaded), num_samples=num_samples, seed=seed,
-            length=length, stride=stride, prompt=prompt, max_new_tokens=max_new_tokens,
-            stop_at_eos=stop_at_eos, source=loading.checkpoint,
-            on_text=_write if stream else None)
+        request = GenerationRequest(resolved(sampling, loaded), num_samples=num_samples,
+                                    seed=seed, prompt=prompt, length=length,
+                                    max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
+        drawn = semi_ar_blocks(loaded, rt, request, stride=stride, source=loading.checkpoint,
+                               on_text=_write if stream else None)
         if out:  # before anything is printed
             write_samples(out, drawn)
         _show(drawn.records, streamed=drawn.streamed)

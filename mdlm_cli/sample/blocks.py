@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from ..checkpoints.folder import LoadedModel
-from ..engine.settings import SamplingSettings
 from ..errors import MdlmError, MdlmWarning
+from ..generation.request import GenerationRequest
 from .generate import Drawn, SampleRecord, cut_at_eos
 
 
@@ -35,23 +35,24 @@ def block_length(loaded: LoadedModel, length: int | None) -> int:
     return rounded
 
 
-def draw_blocks(loaded: LoadedModel, rt, how: SamplingSettings, *, num_samples: int,
-                batch_size: int, seed: int, length: int | None = None,
-                prompt: torch.Tensor | None = None, stop_at_eos: bool | None = None,
+def draw_blocks(loaded: LoadedModel, rt, request: GenerationRequest, *,
+                length: int | None = None, prompt: torch.Tensor | None = None,
                 on_batch: Callable[[int], None] | None = None,
                 extra: dict[str, Any] | None = None):
-    """`num_samples` samples in batches of `batch_size`, one generator seeded `seed` for all;
-    `prompt` (P,) the fixed first tokens. Stops at EOS unless `stop_at_eos` is False (the
-    paper's variable-length sampling). Returns a `Drawn`."""
+    """The request's samples in batches, one generator seeded with its seed for all; `prompt`
+    (P,) the fixed first tokens, rows of up to `length` (a multiple of L'). Stops at EOS unless
+    the request's `stop_at_eos` is False (the paper's variable-length sampling). Returns a
+    `Drawn`."""
     from ..memory import check_memory
 
+    how, num_samples, seed = request.settings, request.num_samples, request.seed
     length = block_length(loaded, length)
-    batch = min(batch_size, num_samples)
+    batch = request.rows_per_call
     check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
                  length=length, device=rt.device,
                  what=f"sampling {num_samples} x {length} tokens ({batch} per batch)",
                  fix="lower --length, --num-samples or --batch-size", rows=num_samples)
-    stop = stop_at_eos is not False
+    stop = request.stop_at_eos is not False
     eos = loaded.tokenizer.eos_id if stop else None
     if stop and eos is None:
         raise MdlmError(f"the tokenizer {loaded.tokenizer.name!r} has no EOS to stop at; add "

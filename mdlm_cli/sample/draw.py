@@ -17,8 +17,8 @@ import torch
 from .. import engine
 from ..checkpoints.folder import LoadedModel
 from ..data.chat import end_of_turn_ids
-from ..engine.settings import SamplingSettings as Settings
 from ..errors import MdlmError
+from ..generation.request import GenerationRequest
 from .blocks import draw_blocks, samples_by_blocks
 from .generate import (
     Drawn,
@@ -27,6 +27,7 @@ from .generate import (
     prompt_parts,
     semi_ar_plan,
     semi_ar_records,
+    stops_at_eos,
     template,
     window_for,
     with_responses,
@@ -34,78 +35,65 @@ from .generate import (
 )
 
 
-def draw(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, batch_size: int,
-         seed: int, length: int | None = None, prompt: torch.Tensor | None = None,
-         stop_at_eos: bool | None = False, on_batch: Callable[[int], None] | None = None,
+def draw(loaded: LoadedModel, rt, request: GenerationRequest, *, length: int | None = None,
+         prompt: torch.Tensor | None = None, on_batch: Callable[[int], None] | None = None,
          extra: dict[str, Any] | None = None, stop_ids: list[int] | None = None) -> Drawn:
-    """`num_samples` samples in batches (`generate`; a bd3lm model's block by block,
-    sample/blocks.py); `extra` joins each JSONL record."""
+    """The request's samples in batches (`generate`; a bd3lm model's block by block,
+    sample/blocks.py), rows of `length` with the template `prompt`; `extra` joins each JSONL
+    record; its `stop_at_eos` None: as the model was trained (`stops_at_eos`)."""
     if samples_by_blocks(loaded):  # the template's fixed prefix, else the row's start
         start = (torch.tensor(loaded.row_start(), dtype=torch.long) if prompt is None
                  else prompt[: answer_start(prompt, loaded.mask_id)])
-        return draw_blocks(loaded, rt, how, num_samples=num_samples, batch_size=batch_size,
-                           seed=seed, length=length, prompt=start if len(start) else None,
-                           stop_at_eos=stop_at_eos, on_batch=on_batch, extra=extra)
-    records, stats, seconds = generate(
-        loaded, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
-        device=rt.device, dtype=rt.dtype, length=length, prompt=prompt, stop_at_eos=stop_at_eos,
-        on_batch=on_batch, stop_ids=stop_ids)
-    fields = {**how.record(), "nfe": stats.nfe, "ncs": stats.ncs, "seed": seed,
-              "checkpoint": str(loaded.path), "seconds": seconds / num_samples, **(extra or {})}
+        return draw_blocks(loaded, rt, request, length=length,
+                           prompt=start if len(start) else None, on_batch=on_batch, extra=extra)
+    records, stats, seconds = generate(loaded, rt, request, length=length, prompt=prompt,
+                                       on_batch=on_batch, stop_ids=stop_ids)
+    fields = {**request.settings.record(), "nfe": stats.nfe, "ncs": stats.ncs,
+              "seed": request.seed, "checkpoint": str(loaded.path),
+              "seconds": seconds / request.num_samples, **(extra or {})}
     return Drawn(records, stats, seconds, fields)
 
 
-def sample_window(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, batch_size: int,
-                  seed: int, prompt: str | None = None, infill: str | None = None,
-                  length: int | None = None, max_new_tokens: int | None = None,
-                  stop_at_eos: bool | None = None, allow_longer: bool = False,
-                  on_batch: Callable[[int], None] | None = None,
-                  prompt_ids: list[int] | None = None, chat: str | None = None) -> Drawn:
-    """`mdlm sample`: the length (`length`, or the prompt plus `max_new_tokens`, else the
-    model's L; refused past L without `allow_longer` or where a batch cannot fit), the
-    prompt, raw prompt ids, chat question or infill template, then `draw`. A `chat` answer
+def sample_window(loaded: LoadedModel, rt, request: GenerationRequest,
+                  on_batch: Callable[[int], None] | None = None) -> Drawn:
+    """`mdlm sample`: the row (its length as asked, else generation/layout.py's for the prompt
+    and `max_new_tokens`; refused past L without `allow_longer` or where a batch cannot fit),
+    the prompt, raw prompt ids, chat question or infill template, then `draw`. A chat answer
     ends at the template's end-of-turn token or EOS (unless `stop_at_eos` is False)."""
+    r = request.validate()
     if samples_by_blocks(loaded):
-        refuse_in_blocks(infill, chat)
-    parts = None if infill is not None else prompt_parts(loaded, prompt, prompt_ids, chat)
-    length = window_for(loaded, length, max_new_tokens, parts)
+        refuse_in_blocks(r.infill, r.chat)
+    ids = None if r.prompt_ids is None else list(r.prompt_ids)
+    parts = None if r.infill is not None else prompt_parts(loaded, r.prompt, ids, r.chat)
+    length = window_for(loaded, r.length, r.max_new_tokens, parts)
     if samples_by_blocks(loaded):
-        return sample_blocks_window(loaded, rt, how, num_samples=num_samples,
-                                    batch_size=batch_size, seed=seed, prompt=prompt,
-                                    infill=infill, length=length, stop_at_eos=stop_at_eos,
-                                    on_batch=on_batch, prompt_ids=prompt_ids, chat=chat)
-    length = checked_length(loaded, length, batch_size, num_samples, rt.device, allow_longer)
-    fixed = template(loaded, length, prompt=prompt, infill=infill, prompt_ids=prompt_ids,
-                     chat=chat)
-    ids = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
-    stops = None
-    if chat is not None:
-        ids, stops = {"chat": chat}, end_of_turn_ids(loaded.tokenizer)
-        stop_at_eos = stop_at_eos is not False
-    drawn = draw(loaded, rt, how, num_samples=num_samples, batch_size=batch_size, seed=seed,
-                 length=length, prompt=fixed, stop_at_eos=stop_at_eos, on_batch=on_batch,
-                 extra={"prompt": prompt, "infill": infill, **ids}, stop_ids=stops)
-    if prompt is not None or prompt_ids is not None or chat is not None:
+        return sample_blocks_window(loaded, rt, r, length, on_batch)
+    length = checked_length(loaded, length, r.rows_per_call, r.num_samples, rt.device,
+                            r.allow_longer)
+    fixed = template(loaded, length, prompt=r.prompt, infill=r.infill, prompt_ids=ids,
+                     chat=r.chat)
+    stops = end_of_turn_ids(loaded.tokenizer) if r.chat is not None else None
+    stop = stops_at_eos(loaded, r.stop_at_eos) if r.chat is None else r.stop_at_eos is not False
+    drawn = draw(loaded, rt, r.with_(stop_at_eos=stop), length=length, prompt=fixed,
+                 on_batch=on_batch, extra=r.record(), stop_ids=stops)
+    if r.conditioned:
         with_responses(loaded, drawn.records, answer_start(fixed, loaded.mask_id))
     return drawn
 
 
-def sample_blocks_window(loaded: LoadedModel, rt, how: Settings, *, num_samples: int,
-                         batch_size: int, seed: int, prompt: str | None, infill: str | None,
-                         length: int, stop_at_eos: bool | None,
-                         on_batch: Callable[[int], None] | None,
-                         prompt_ids: list[int] | None, chat: str | None) -> Drawn:
+def sample_blocks_window(loaded: LoadedModel, rt, request: GenerationRequest, length: int,
+                         on_batch: Callable[[int], None] | None) -> Drawn:
     """`mdlm sample` of a bd3lm model: left to right over blocks, so a prefix only (the
     prompt or prompt ids; else the row's start, BOS, as the reference's first token)."""
-    refuse_in_blocks(infill, chat)
-    fixed = template(loaded, length, prompt=prompt, prompt_ids=prompt_ids)
+    r = request
+    refuse_in_blocks(r.infill, r.chat)
+    ids = None if r.prompt_ids is None else list(r.prompt_ids)
+    fixed = template(loaded, length, prompt=r.prompt, prompt_ids=ids)
     start = (torch.tensor(loaded.row_start(), dtype=torch.long) if fixed is None
              else fixed[: answer_start(fixed, loaded.mask_id)])
-    ids = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
-    drawn = draw_blocks(loaded, rt, how, num_samples=num_samples, batch_size=batch_size,
-                        seed=seed, length=length, prompt=start if len(start) else None,
-                        stop_at_eos=stop_at_eos, on_batch=on_batch,
-                        extra={"prompt": prompt, **ids})
+    extra = {k: v for k, v in r.record().items() if k != "infill"}
+    drawn = draw_blocks(loaded, rt, r, length=length, prompt=start if len(start) else None,
+                        on_batch=on_batch, extra=extra)
     if fixed is not None:
         with_responses(loaded, drawn.records, len(start))
     return drawn
@@ -143,40 +131,40 @@ class SemiArDrawn(Drawn):
     streamed: bool = False  # the text went to `on_text` as it came
 
 
-def semi_ar_blocks(loaded: LoadedModel, rt, how: Settings, *, num_samples: int, seed: int,
-                   length: int | None = None, stride: int | None = None,
-                   prompt: str | None = None, max_new_tokens: int | None = None,
-                   stop_at_eos: bool | None = None, source: str | None = None,
+def semi_ar_blocks(loaded: LoadedModel, rt, request: GenerationRequest, *,
+                   stride: int | None = None, source: str | None = None,
                    on_text: Callable[[str], None] | None = None) -> SemiArDrawn:
     """`mdlm semi-ar` (MDLM §4.2): each round keeps the last L - L' tokens as a clean prefix
-    and samples L' = `stride` new ones, up to `length` tokens. With one sample, no EOS stop
-    and `on_text`, the text is handed to `on_text` block by block. `source`: what an error
-    calls the model (default: its path)."""
-    window, tok = loaded.length, loaded.tokenizer
-    stop, limit, length = semi_ar_plan(loaded, length, prompt, max_new_tokens, stop_at_eos)
-    stride, length = semi_ar_lengths(loaded, stride, length, num_samples, rt.device, source)
-    start = prompt_prefix(loaded, prompt)
-    streaming = on_text is not None and num_samples == 1 and not stop
+    and samples L' = `stride` new ones, up to the request's `length` tokens (its prompt: the
+    first window's prefix). With one sample, no EOS stop and `on_text`, the text is handed to
+    `on_text` block by block. `source`: what an error calls the model (default: its path)."""
+    r = request.validate()
+    window, tok, how = loaded.length, loaded.tokenizer, r.settings
+    stop, limit, length = semi_ar_plan(loaded, r.length, r.prompt, r.max_new_tokens,
+                                       r.stop_at_eos)
+    stride, length = semi_ar_lengths(loaded, stride, length, r.num_samples, rt.device, source)
+    start = prompt_prefix(loaded, r.prompt)
+    streaming = on_text is not None and r.num_samples == 1 and not stop
     if streaming and start is not None:
         on_text(tok.decode(start.tolist()))
 
-    def on_block(r, new) -> None:
+    def on_block(_round, new) -> None:
         if streaming:
             on_text(tok.decode(new[0].tolist()))
 
     t0 = time.perf_counter()
     result = engine.semi_ar(
-        loaded.denoiser(rt.dtype), how, num_samples=num_samples, window=window,
+        loaded.denoiser(rt.dtype), how, num_samples=r.num_samples, window=window,
         stride=stride, target_length=length, mask_id=loaded.mask_id, prompt=start,
         on_block=on_block,
         schedule=loaded.objective.schedule,
-        generator=torch.Generator(device=rt.device).manual_seed(seed), device=rt.device,
+        generator=torch.Generator(device=rt.device).manual_seed(r.seed), device=rt.device,
         stop_token=tok.eos_id if stop else None)
     seconds = time.perf_counter() - t0
     tokens = result.tokens[:, :limit]
-    fields = {**how.record(), "window": window, "stride": stride, "seed": seed,
+    fields = {**how.record(), "window": window, "stride": stride, "seed": r.seed,
               "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
-              "ncs": result.stats.ncs, "seconds": seconds / num_samples}
+              "ncs": result.stats.ncs, "seconds": seconds / r.num_samples}
     records = semi_ar_records(loaded, tokens, start, stop)
     if start is not None:
         with_responses(loaded, records, len(start))

@@ -19,6 +19,7 @@ from ..data.chat import chat_prompt_ids
 from ..errors import MdlmError
 from ..generation.capabilities import capabilities_of
 from ..generation.layout import lay_out
+from ..generation.request import GenerationRequest
 from ..io.files import write_text_atomic
 
 MASK_SPAN = re.compile(r"<mask(?::(\d+))?>")
@@ -178,49 +179,30 @@ def window_for(loaded: LoadedModel, length: int | None, max_new_tokens: int | No
                    longer=max_new_tokens is not None).length
 
 
-def generate(loaded: LoadedModel,
-             how: engine.SamplingSettings,
-             *,
-             num_samples: int,
-             batch_size: int,
-             seed: int,
-             device: torch.device,
-             dtype: torch.dtype | None,
-             length: int | None = None,
-             prompt: torch.Tensor | None = None,
-             stop_at_eos: bool | None = False,
-             on_batch: Callable[[int], None] | None = None,
+def generate(loaded: LoadedModel, rt, request: GenerationRequest, *, length: int | None = None,
+             prompt: torch.Tensor | None = None, on_batch: Callable[[int], None] | None = None,
              stop_ids: Collection[int] | None = None,
              ) -> tuple[list[SampleRecord], engine.SampleStats, float]:
-    """Sample in batches with `how` (its sampler one of the objective's); returns the decoded
-    records, the work counters and the seconds.
-    `stop_at_eos`: each sample cut at its first EOS (any of `stop_ids` when given) after the
-    template's last fixed token, its answer's length in the record (None: as `stops_at_eos`
-    decides for the model)."""
-    length = length or loaded.length
+    """The request's samples in batches, rows of `length` (default the model's L) with the
+    template `prompt`, on `rt`'s device and precision; returns the decoded records, the work
+    counters and the seconds. Each sample is cut at its first EOS (any of `stop_ids` when
+    given) after the template's last fixed token where the request's `stop_at_eos` says so
+    (None: as `stops_at_eos` decides for the model), its answer's length in the record."""
+    length, device = length or loaded.length, rt.device
     if loaded.objective.causal and length > loaded.length:
         raise MdlmError(f"a left-to-right model generates at most its training length "
                         f"({loaded.length} tokens); got --length {length}")
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(request.seed)
     t0 = time.perf_counter()
     tokens, stats = engine.sample(
-        loaded.denoiser(dtype),
-        how,
-        num_samples=num_samples,
-        length=length,
-        mask_id=loaded.mask_id,
-        schedule=loaded.objective.schedule,
-        generator=gen,
-        prompt=prompt,
-        batch_size=batch_size,
-        device=device,
-        return_stats=True,
-        on_batch=on_batch,
-    )
+        loaded.denoiser(rt.dtype), request.settings, num_samples=request.num_samples,
+        length=length, mask_id=loaded.mask_id, schedule=loaded.objective.schedule,
+        generator=gen, prompt=prompt, batch_size=request.rows_per_call, device=device,
+        return_stats=True, on_batch=on_batch)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
-    if stops_at_eos(loaded, stop_at_eos):
+    if stops_at_eos(loaded, request.stop_at_eos):
         start = answer_start(prompt, loaded.mask_id)
         return records_at_eos(loaded, tokens, start, stop_ids), stats, seconds
     records = [SampleRecord(i, loaded.tokenizer.decode(row.tolist()), row.tolist())

@@ -24,6 +24,7 @@ from ..errors import MdlmError
 from ..eval.responses import Prompt, ToScore
 from ..generation.capabilities import capabilities_of
 from ..generation.layout import LayoutError, lay_out
+from ..generation.request import GenerationRequest
 from .draw import checked_length
 from .generate import cut_at_eos, generate, write_jsonl
 
@@ -100,10 +101,10 @@ def draw_responses(loaded: LoadedModel, rt, how: Settings, prompts: list[Prompt]
     for batch in batches_of(prompts, batch_size, same_length=by_length):
         L = rows[batch[0]].length
         template = torch.stack([rows[i].template(mask_id) for i in batch])
-        records, stats, spent = generate(
-            loaded, how, num_samples=len(batch), batch_size=len(batch), seed=seed + batch[0],
-            device=rt.device, dtype=rt.dtype, length=L, prompt=template, stop_at_eos=False,
-            on_batch=on_batch)
+        request = GenerationRequest(how, num_samples=len(batch), seed=seed + batch[0],
+                                    stop_at_eos=False)
+        records, stats, spent = generate(loaded, rt, request, length=L, prompt=template,
+                                         on_batch=on_batch)
         seconds, evaluations = seconds + spent, evaluations + stats.sequence_evals
         for i, record in zip(batch, records, strict=True):
             kept, length, ended = cut_at_eos(record.tokens, len(prompts[i].ids), eos_id)

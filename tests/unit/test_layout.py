@@ -64,3 +64,20 @@ def test_the_released_folders_declare_what_their_releases_do(folders):
     assert "top_k" not in llada.generation_defaults
     assert llada.window == 64 and torch.equal(
         lay_out(llada, [5, 6]).template(llada.mask_id)[:3], torch.tensor([80, 5, 6]))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"prompt": "a", "chat": "b"}, "give --prompt or --chat, not both"),
+    ({"prompt_ids": (1,), "infill": "<mask>"}, "give --prompt-ids or --infill, not both"),
+    ({"length": 8, "max_new_tokens": 4}, "give --length or --max-new-tokens, not both"),
+    ({"max_new_tokens": 0}, "--max-new-tokens must be at least 1"),
+    ({"num_samples": 0}, "--num-samples must be at least 1"),
+])
+def test_a_request_is_checked_once_across_its_fields(fields, message):
+    from mdlm_cli.errors import MdlmError
+    from mdlm_cli.generation.request import GenerationRequest
+
+    with pytest.raises(MdlmError, match=message):
+        GenerationRequest(**fields).validate()
+    ok = GenerationRequest(num_samples=5, batch_size=2, prompt_ids=(3, 4), chat=None).validate()
+    assert ok.rows_per_call == 2 and ok.conditioned and ok.record()["prompt_ids"] == [3, 4]

@@ -3,6 +3,7 @@ length depends on the prompt (prompt letter i, answer i + 1 copies of "a") ends 
 `mdlm sample`, `semi-ar` and `eval-ppl` on it."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from mdlm_cli.checkpoints.folder import load_run_folder
 from mdlm_cli.cli import app
 from mdlm_cli.data.store import prepare
 from mdlm_cli.engine import SamplingSettings
+from mdlm_cli.generation.request import GenerationRequest
 from mdlm_cli.sample.generate import generate, stops_at_eos, template
 from mdlm_cli.train.loop import train
 
@@ -47,9 +49,9 @@ def test_pad_as_eos_model_learns_where_the_answer_ends(toy_run):
     assert stops_at_eos(loaded)  # trained with padding as EOS: samples end at their EOS by default
     right = 0
     for i, p in enumerate(PROMPTS):
-        records, _, _ = generate(loaded, SamplingSettings("first-hitting"), num_samples=4,
-                                 batch_size=4, seed=i, device=torch.device("cpu"), dtype=None,
-                                 prompt=template(loaded, 10, prompt=p), stop_at_eos=None)
+        request = GenerationRequest(SamplingSettings("first-hitting"), num_samples=4, seed=i)
+        rt = SimpleNamespace(device=torch.device("cpu"), dtype=None)
+        records, _, _ = generate(loaded, rt, request, prompt=template(loaded, 10, prompt=p))
         for r in records:
             assert loaded.tokenizer.eos_id not in r.tokens  # nothing from the EOS on is returned
             right += r.ended and r.length == i + 1 and r.text == p + "a" * (i + 1)
