@@ -27,7 +27,7 @@ from ..distributed import StopSignals, clip_grad_norm, session, set_gradient_syn
 from ..errors import MdlmError
 from ..objectives.bound import BoundResult
 from ..runtime import derive_seed, generator
-from .budget import WARM_STEPS, BudgetFit, apply_fitted_steps, check_time_budget
+from .budget import WARM_STEPS, BudgetFit, Cadence, Pause, apply_fitted_steps, check_time_budget
 from .log import Window, log_window, progress_bar, record_eval
 from .optim import lr_at
 from .run_folder import ResumePoint, finished, locked, resume_point
@@ -67,11 +67,11 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
         if console is None or not dist.is_main:
             console = Console(stderr=True, quiet=not dist.is_main)
         start = resume_point(cfg, dist, console, resume, override_resume_config)
-        apply_fitted_steps(cfg, start.state)
+        cap = apply_fitted_steps(cfg, start.state)
         if finished(cfg, start):
             return _already_done(cfg, start)
         run = set_up(cfg, dist, console, start, load_dataset=load_dataset)
-        return _loop(run, stop, time_limit_s)
+        return _loop(run, stop, time_limit_s, cap)
 
 
 def _already_done(cfg: Config, start: ResumePoint) -> TrainResult:
@@ -202,17 +202,17 @@ class _Clock:
         return self.base_seconds + self.elapsed()
 
 
-def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
+def _loop(run: Run, stop: StopSignals, time_limit_s: float, cap: int) -> TrainResult:
     """Steps until max_steps (or a signal, or the time limit), with periodic logging,
-    validation and checkpoints; then the final validation and checkpoint."""
+    validation and checkpoints; then the final validation and checkpoint. `cap`: the
+    configured max_steps, which a time budget's fits never exceed."""
     tc, state = run.cfg.train, run.state
     # files: rank 0 only
     metrics_path = run.run_dir / "metrics.jsonl" if run.dist.is_main else Path(os.devnull)
     window, progress = Window(), progress_bar(run)
     start_step, start_tokens = state.step, state.tokens_seen
     clock = _Clock(state.train_seconds)
-    fit = BudgetFit(tc.time_budget * 60, tc.max_steps, start_step,
-                    done=state.budget_steps is not None)
+    fit = BudgetFit(tc.time_budget * 60, cap, start_step, _cadence(run))
     preempted = 0.0  # > 0 once any rank has received SIGTERM
     try:
         with progress, open(metrics_path, "a") as log:
@@ -225,8 +225,11 @@ def _loop(run: Run, stop: StopSignals, time_limit_s: float) -> TrainResult:
                 if preempted:
                     break
                 state.train_seconds = clock.total()
+                fit.step_done(state.step, clock.total())
                 _fit_budget(run, fit, clock, log, lambda n: progress.update(task, total=n))
-                _validate_or_save(run, log, out_of_time)
+                pause = _validate_or_save(run, log, out_of_time, fit.cadence)
+                if pause is not None:
+                    fit.paused(pause)
                 if out_of_time:
                     run.console.print(f"Time limit reached at step {state.step}")
                     break
@@ -264,35 +267,61 @@ def _advance(run: Run, stop: StopSignals, clock: _Clock, time_limit_s: float, *,
     return out_of_time, preempted
 
 
+def _cadence(run: Run) -> Cadence:
+    """The pauses of the run and the rows its validations read, for the budget's projection."""
+    tc, valid_rows = run.cfg.train, len(run.valid_split)
+    eval_rows = min(tc.eval_rows, valid_rows) if tc.eval_rows > 0 else valid_rows
+    return Cadence(tc.eval_every, tc.save_every, eval_rows, valid_rows, tc.global_batch_size)
+
+
 def _fit_budget(run: Run, fit: BudgetFit, clock: _Clock, log, set_total) -> None:
-    """Once, after the probe steps: max_steps becomes what train.time_budget holds (the ranks
-    agree on their mean), on the record in metrics.jsonl and the run's state."""
-    steps = fit.steps(run.state.step, clock.in_steps, clock.total())
+    """When a fit is due (after the probe, then every few steps and after each pause):
+    max_steps becomes what the rest of train.time_budget holds (the ranks agree on their mean,
+    so all stop at the same step), on the record in metrics.jsonl and the run's state."""
+    tc, step, old = run.cfg.train, run.state.step, run.cfg.train.max_steps
+    steps = fit.refit(step, clock.total(), old)
     if steps is None:
         return
     steps = math.floor(run.dist.all_sum(steps)[0] / run.dist.world_size)
-    run.cfg.train.max_steps = run.state.budget_steps = steps
+    tc.max_steps = run.state.budget_steps = steps
     set_total(steps)
-    tc, step = run.cfg.train, run.state.step
-    log.write(json.dumps({"step": step, "time_budget_min": tc.time_budget,
-                          "budget_steps": steps}) + "\n")
-    probe = f"{fit.start_step + WARM_STEPS}-{step}"
-    run.console.print(f"Time budget {tc.time_budget:g} min: {steps} steps at the speed of "
-                      f"steps {probe} (cap {fit.cap})", highlight=False)
+    log.write(json.dumps({"step": step, "time_budget_min": tc.time_budget, "budget_steps": steps,
+                          "spent_s": clock.total(), "step_s": fit.step_s(),
+                          "final_s": fit.final_cost()}) + "\n")
+    if fit.fits == 1:
+        probe = f"{fit.start_step + WARM_STEPS}-{step}"
+        run.console.print(f"Time budget {tc.time_budget:g} min: {steps} steps at the speed of "
+                          f"steps {probe} (cap {fit.cap}; re-fitted as the run goes)",
+                          highlight=False)
+    elif abs(steps - old) > 0.05 * old:  # the small moves are in metrics.jsonl only
+        run.console.print(f"Time budget: {steps} steps, re-fitted at step {step} "
+                          f"({fit.step_s():.3f} s/step, {clock.total() / 60:.1f} min spent)",
+                          highlight=False)
 
 
-def _validate_or_save(run: Run, log, out_of_time: bool) -> None:
+def _validate_or_save(run: Run, log, out_of_time: bool, cadence: Cadence) -> Pause | None:
     """The periodic validation (with a checkpoint that records whether it is the best so far),
-    else the periodic checkpoint, after the step just done."""
-    tc, done = run.cfg.train, run.state.step
-    if done % tc.eval_every == 0 and done < tc.max_steps and not out_of_time:
+    else the periodic checkpoint, after the step just done: what it took (the budget counts
+    it)."""
+    tc, done, t0 = run.cfg.train, run.state.step, time.perf_counter()
+    kind = cadence.pause_after(done, tc.max_steps)
+    if kind == "valid" and out_of_time:  # the run stops here: the final validation follows
+        kind = "save" if done % tc.save_every == 0 else None
+    if kind == "valid":
         result = _evaluate(run, tc.eval_rows)
+        eval_s = time.perf_counter() - t0
         best = record_eval(run.state, result, done, log, run.console,
                            char_level=run.tokenizer.is_character_level, ema=run.ema is not None)
         _after_validation(run, log)
+        t1 = time.perf_counter()
         _checkpoint(run, best=best)
-    elif done % tc.save_every == 0:
+        end = time.perf_counter()
+        return Pause("valid", end - t0, eval_s=eval_s, save_s=end - t1)
+    if kind == "save":
         _checkpoint(run)
+        seconds = time.perf_counter() - t0
+        return Pause("save", seconds, save_s=seconds)
+    return None
 
 
 def _after_validation(run: Run, log) -> None:

@@ -1,46 +1,61 @@
 """`train.time_budget` / `--time-budget`: the schedule fitted to minutes of training
-(train/budget.py), kept by --resume, and its bad values refused."""
+(train/budget.py; the fit itself on a fake clock in tests/unit/test_demo_budget.py), re-fitted
+as the run goes, kept by --resume, the same on every rank, and its bad values refused."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-from mdlm_cli.train.budget import PROBE_STEPS, WARM_STEPS, BudgetFit, fitted_steps
+import pytest
+
+from mdlm_cli.train.budget import PROBE_STEPS
 
 from .conftest import invoke, one_line_error
 
 WARMUP = ["--set", f"optim.warmup_steps={PROBE_STEPS}", "--set", "optim.schedule=cosine"]
 
 
-def test_the_fit_waits_for_the_probe_then_fits_once():
-    fit = BudgetFit(budget_s=60.0, cap=10_000, start_step=100)
-    assert fit.steps(100 + WARM_STEPS - 1, 5.0, 5.0) is None
-    assert fit.steps(100 + WARM_STEPS, 6.0, 6.0) is None  # the warm-up ends at 6 s
-    assert fit.steps(100 + PROBE_STEPS - 1, 7.9, 8.0) is None
-    # 20 steps in 2 s: 10 steps/s, and 60 - 10 s left: 500 steps more
-    assert fit.steps(100 + PROBE_STEPS, 8.0, 10.0) == 100 + PROBE_STEPS + 500
-    assert fit.steps(100 + PROBE_STEPS + 1, 8.1, 10.1) is None  # once
+def fits(out) -> list[dict]:
+    return [r for r in map(json.loads, open(out / "metrics.jsonl")) if "budget_steps" in r]
 
 
-def test_the_fit_is_capped_and_never_ends_the_run_at_once():
-    assert fitted_steps(30, 10.0, 1e6, cap=640) == 640
-    assert fitted_steps(30, 10.0, -5.0, cap=640) == 31  # over budget already: one more step
-    assert BudgetFit(budget_s=0.0, cap=9, start_step=0).steps(PROBE_STEPS, 1.0, 1.0) is None
+def last_state(out) -> dict:
+    return json.loads((sorted((out / "checkpoints").iterdir())[-1] / "state.json").read_text())
 
 
-def test_a_budget_run_ends_where_it_fitted_and_resumes_at_nothing(train_args, tmp_path):
+def test_a_budget_run_ends_where_it_last_fitted_and_resumes_at_nothing(train_args, tmp_path):
     out = tmp_path / "run"
     output = invoke(*train_args, *WARMUP, "--out", out, "--max-steps", "500",
                     "--time-budget", "0.02")
-    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    fitted = [r for r in records if "budget_steps" in r]
-    assert len(fitted) == 1 and fitted[0]["step"] == PROBE_STEPS
-    steps = fitted[0]["budget_steps"]
-    assert PROBE_STEPS < steps <= 500 and f"{steps} steps" in output
-    last = sorted((out / "checkpoints").iterdir())[-1]
-    state = json.loads((last / "state.json").read_text())
-    assert state["step"] == steps and state["budget_steps"] == steps
+    fitted = fits(out)
+    assert fitted[0]["step"] == PROBE_STEPS and f"{fitted[0]['budget_steps']} steps" in output
+    assert len(fitted) > 1  # a checkpoint every 2 steps: a fit after each
+    assert all(r["spent_s"] > 0 and r["step_s"] > 0 and r["final_s"] > 0 for r in fitted)
+    steps = fitted[-1]["budget_steps"]
+    state = last_state(out)
+    assert PROBE_STEPS <= steps <= 500 and state["step"] == state["budget_steps"] == steps
     again = invoke(*train_args, *WARMUP, "--out", out, "--max-steps", "500",
                    "--time-budget", "0.02", "--resume")
     assert "Already trained" in again and "--time-budget 0 --max-steps N" in again
+
+
+def test_a_resumed_budget_run_goes_on_fitting_to_what_is_left(train_args, tmp_path):
+    """Stopped by --time-limit, then resumed: the schedule of the last fit until the resumed
+    process's own probe, then fits to the rest of the budget; both sessions' time counts."""
+    out = tmp_path / "run"
+    args = [*train_args, *WARMUP, "--out", out, "--max-steps", "5000", "--time-budget", "0.1"]
+    invoke(*args, "--time-limit", "0.01")
+    stopped = last_state(out)
+    invoke(*args, "--resume")
+    fitted, state = fits(out), last_state(out)
+    later = [r for r in fitted if r["step"] > stopped["step"]]
+    assert state["step"] == state["budget_steps"] == fitted[-1]["budget_steps"] > stopped["step"]
+    assert state["train_seconds"] > stopped["train_seconds"]
+    if later:  # (none if the first session left fewer steps than a probe)
+        assert later[0]["step"] == stopped["step"] + PROBE_STEPS
+        assert later[0]["spent_s"] > stopped["train_seconds"]
 
 
 def test_a_large_budget_is_capped_by_max_steps(train_args, tmp_path):
@@ -48,7 +63,7 @@ def test_a_large_budget_is_capped_by_max_steps(train_args, tmp_path):
     invoke(*train_args, *WARMUP, "--out", out, "--max-steps", str(PROBE_STEPS + 4),
            "--time-budget", "60")
     records = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    assert [r["budget_steps"] for r in records if "budget_steps" in r] == [PROBE_STEPS + 4]
+    assert {r["budget_steps"] for r in records if "budget_steps" in r} == {PROBE_STEPS + 4}
     assert max(r["step"] for r in records) == PROBE_STEPS + 4
 
 
@@ -59,3 +74,24 @@ def test_bad_budgets_are_one_line_errors(train_args, tmp_path):
                            "--set", "optim.schedule=cosine", "--set", "optim.warmup_steps=5")
     assert "optim.warmup_steps" in error
     assert not out.exists()  # refused before anything was written
+
+
+@pytest.mark.slow
+def test_two_ranks_fit_the_same_steps_and_stop_together(train_args, tmp_path):
+    """torchrun, 2 CPU processes (gloo): each rank fits from its own clock and they take the
+    mean, so both stop at the same step (else one would wait in a collective for ever)."""
+    import torch.distributed as tdist
+
+    if not tdist.is_available() or not tdist.is_gloo_available():
+        pytest.skip("this torch build has no torch.distributed / gloo")
+    out = tmp_path / "run"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "mdlm_cli", *train_args, *WARMUP, "--out", str(out), "--max-steps", "2000",
+           "--time-budget", "0.1"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fitted, state = fits(out), last_state(out)
+    assert len(fitted) > 1 and state["step"] == state["budget_steps"] == fitted[-1]["budget_steps"]
