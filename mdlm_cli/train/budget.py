@@ -7,11 +7,12 @@ on it. `--time-limit` is different: it stops a run, its schedule unfinished.
 The first fit comes after PROBE_STEPS steps of the process, at the speed of the steps after the
 first WARM_STEPS (which hold the allocations and any compilation). That fit alone overran
 (`make demo`'s 8 minutes took 9.3 on an EPYC): the steps after the probe ran slower than it
-(the steady state, a loaded machine), and the validations and checkpoints were not counted. So the fit is redone every REFIT_EVERY steps and after every
-pause, from what the run has actually spent (pauses included) and a projection of the rest:
-the remaining steps at the speed of the last WINDOW steps, the periodic validations and
-checkpoints that fall among them at their measured cost, and the final validation and
-checkpoint. The run then ends at the budget, the final validation included.
+(the steady state, a loaded machine), and the validations and checkpoints were not counted.
+So the fit is redone every REFIT_EVERY steps and after every pause, from what the run has
+actually spent (pauses included) and a projection of the rest: the remaining steps at the
+speed of the last WINDOW steps, the periodic validations and checkpoints that fall among them
+at their measured cost, and the final validation and checkpoint. The run then ends at the
+budget, the final validation included.
 
 Before the first fit the learning rate must not depend on the total: a cosine schedule needs a
 warm-up of at least PROBE_STEPS steps (`check_time_budget` refuses a shorter one). The latest
