@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .canvas import Canvas, SampleHooks, SemiArPlan, split_keywords
 from .context import SamplerContext, SampleStats
 from .errors import EngineError, ProbabilityError
 from .options import convert_options
@@ -38,13 +39,12 @@ def _initial_state(prompt: Tensor | None, num_samples: int, length: int, mask_id
     return prompt.clone()
 
 
-def _resolve(spec: SamplerSpec, denoiser: Denoiser, time_agnostic: bool | None) -> SamplerSpec:
+def _resolve(spec: SamplerSpec, denoiser: Denoiser) -> SamplerSpec:
     """The sampler that will run: a caching sampler falls back where the denoiser may depend
     on t."""
     if not spec.needs_time_agnostic:
         return spec
-    agnostic = is_time_agnostic(denoiser) if time_agnostic is None else time_agnostic
-    if agnostic:
+    if is_time_agnostic(denoiser):
         return spec
     warnings.warn(
         f"{spec.name} needs a denoiser that ignores t (time_agnostic=True; a model without "
@@ -63,20 +63,12 @@ def _run_batch(spec: SamplerSpec, z: Tensor, ctx: SamplerContext) -> Tensor:
         raise ProbabilityError(f"{where}: {e}") from None
 
 
-CALL_KEYWORDS = ("schedule", "generator", "device", "batch_size", "time_agnostic")  # semi_ar's
-
-
 def _check_denoiser(denoiser) -> None:
     """A block diffusion model's denoiser reads [z_t, x0] under the block mask: it is sampled
     block by block (engine/block_sampling.py), not by these whole-sequence samplers."""
     if getattr(denoiser, "samples_by_blocks", False):
         raise EngineError("a bd3lm (block diffusion) model samples block by block: use mdlm "
                           "sample or gen-ppl --sample-first; this command does not run it")
-
-
-def _check_sizes(num_samples: int, length: int) -> None:
-    if num_samples < 1 or length < 1:
-        raise EngineError(f"num_samples and length must be positive (got {num_samples}, {length})")
 
 
 def _settings(settings: SamplingSettings | None, keywords: dict[str, Any]) -> SamplingSettings:
@@ -89,64 +81,49 @@ def _settings(settings: SamplingSettings | None, keywords: dict[str, Any]) -> Sa
     return settings
 
 
-def sample(denoiser: Denoiser,
-           settings: SamplingSettings | None = None,
-           *,
-           num_samples: int,
-           length: int,
-           mask_id: int,
-           schedule: str | Schedule = "loglinear",
-           generator: torch.Generator | None = None,
-           prompt: Tensor | None = None,
-           batch_size: int | None = None,
-           time_agnostic: bool | None = None,
-           device: torch.device | str | None = None,
-           return_stats: bool = False,
-           on_batch: Callable[[int], None] | None = None,
-           on_changes: Callable[[list[int], int], None] | None = None,
-           recorder: Any = None,
-           **keywords: Any):
-    """Draw `num_samples` sequences of `length` tokens: LongTensor (num_samples, length).
+def sample(denoiser: Denoiser, settings: SamplingSettings | None = None,
+           canvas: Canvas | None = None, *, schedule: str | Schedule = "loglinear",
+           generator: torch.Generator | None = None, hooks: SampleHooks | None = None,
+           return_stats: bool = False, **keywords: Any):
+    """Fill the `canvas` (canvas.py: `num_samples` rows of `length` tokens, the `prompt`'s
+    fixed tokens kept): LongTensor (num_samples, length), no mask token left.
 
-    `settings` (a `SamplingSettings`: sampler, steps, precision, temperature, top_p and the
-    sampler's options) says how to draw; or give its fields as keywords instead:
-    `sample(d, sampler="remdm", steps=100, eta=0.02, ...)`, with `options=` an instance of the
-    sampler's dataclass (`SAMPLERS[name].options`, e.g. AncestralOptions(final_denoise=False))
-    and/or keywords replacing its fields: `final_denoise` (ancestral, ancestral-cache,
-    d3pm-ancestral, remdm), `tokens_per_step` (first-hitting), `k_schedule`, `block_length`,
-    `order` and `order_temperature` (confidence), `threshold` (threshold), `eta` and
-    `remdm_schedule` (remdm). Another sampler's option is
-    not read; an unknown name, or a value out of its range or choices, is an EngineError.
+    `settings` (a `SamplingSettings`: sampler, steps, precision, temperature, top_p, top_k and
+    the sampler's options) says how to draw. The keyword form gives the fields of both as
+    keywords instead: `sample(d, sampler="remdm", steps=100, eta=0.02, num_samples=4,
+    length=128, mask_id=m)`, with `options=` an instance of the sampler's dataclass
+    (`SAMPLERS[name].options`, e.g. AncestralOptions(final_denoise=False)) and/or keywords
+    replacing its fields: `final_denoise` (ancestral, ancestral-cache, d3pm-ancestral, remdm),
+    `tokens_per_step` (first-hitting), `k_schedule`, `block_length`, `order`,
+    `order_temperature` and `cache` (confidence), `threshold` (threshold), `eta` and
+    `remdm_schedule` (remdm). Another sampler's option is not read; an unknown name, or a
+    value out of its range or choices, is an EngineError.
 
-    `prompt` (length,) or (num_samples, length) holds mask_id at free positions; every
-    other position is kept fixed and conditions the rest (prefix, suffix, infilling).
-    `time_agnostic` declares that the denoiser ignores t (default: its `time_agnostic`
-    attribute, else False); caching samplers need it. The result holds no mask token.
-    With `return_stats=True`, returns (tokens, SampleStats) with NFE (network
-    evaluations per sequence) and NCS (categorical draws per sequence). `on_batch(n)` is
-    called after each batch; `on_changes(steps, n_steps)` by caching samplers, per batch
-    (the steps at which any sequence changed: what benchmarks need for a whole-batch cache).
-    `recorder`: a `RevealRecorder` (num_samples, length) for `records_reveals` samplers.
+    A caching sampler needs a denoiser that declares `time_agnostic = True` (engine/
+    protocols.py; a plain function may carry the attribute); elsewhere it falls back. With
+    `return_stats=True`, returns (tokens, SampleStats) with NFE (network evaluations per
+    sequence) and NCS (categorical draws per sequence). `hooks` (or their fields as keywords):
+    `on_batch`, `on_changes`, `recorder` (canvas.py).
     """
     _check_denoiser(denoiser)
+    canvas, hooks, keywords = split_keywords(Canvas, canvas, hooks, keywords)
     settings = _settings(settings, keywords).validate()
     spec = _named_sampler(settings)
-    _check_sizes(num_samples, length)
+    canvas.validate()
     checked = settings.options_for(spec)
-    spec = _resolve(spec, denoiser, time_agnostic)
-    device = torch.device(device) if device is not None else (
-        prompt.device if prompt is not None else torch.device("cpu"))
-    z_all = _initial_state(prompt, num_samples, length, mask_id, device)
-    batch_size = batch_size or num_samples
-    stats = SampleStats(num_sequences=num_samples)
-    ctx = SamplerContext(denoiser, get_schedule(schedule), mask_id, generator, stats,
+    spec = _resolve(spec, denoiser)
+    z_all = _initial_state(canvas.prompt, canvas.num_samples, canvas.length, canvas.mask_id,
+                           canvas.where)
+    stats = SampleStats(num_sequences=canvas.num_samples)
+    ctx = SamplerContext(denoiser, get_schedule(schedule), canvas.mask_id, generator, stats,
                          steps=settings.steps or 0, precision=settings.precision,
                          temperature=settings.temperature, top_p=settings.top_p,
                          top_k=settings.top_k or 0,
-                         options=convert_options(checked, spec.options), on_changes=on_changes,
-                         recorder=recorder)
-    tokens = _run_batches(spec, z_all, ctx, batch_size, on_batch)
-    assert not (tokens == mask_id).any(), "a sampler left a mask token"
+                         options=convert_options(checked, spec.options),
+                         on_changes=hooks.on_changes, recorder=hooks.recorder)
+    tokens = _run_batches(spec, z_all, ctx, canvas.batch_size or canvas.num_samples,
+                          hooks.on_batch)
+    assert not (tokens == canvas.mask_id).any(), "a sampler left a mask token"
     return (tokens, stats) if return_stats else tokens
 
 
@@ -208,57 +185,52 @@ class SemiARResult:
     stats: SampleStats = field(default_factory=SampleStats)
 
 
-def semi_ar(denoiser: Denoiser,
-            settings: SamplingSettings | None = None,
-            *,
-            num_samples: int,
-            window: int,
-            stride: int,
-            mask_id: int,
-            rounds: int | None = None,
-            target_length: int | None = None,
-            prompt: Tensor | None = None,
-            on_block: Callable[[int, Tensor], None] | None = None,
-            stop_token: int | None = None,
-            **sample_kwargs) -> SemiARResult:
-    """Semi-autoregressive generation (§4.2): text longer than the window L.
+def semi_ar(denoiser: Denoiser, settings: SamplingSettings | None = None,
+            plan: SemiArPlan | None = None, *, schedule: str | Schedule = "loglinear",
+            generator: torch.Generator | None = None, hooks: SampleHooks | None = None,
+            **keywords: Any) -> SemiARResult:
+    """Semi-autoregressive generation (§4.2): text longer than the window L (`plan`,
+    canvas.py, or its fields as keywords, as `sample`'s keyword form).
 
-    A first window of L tokens is sampled (starting with the optional `prompt`, (P,) or
-    (num_samples, P) tokens, P < L); then each round keeps the last L - L' tokens as a clean
-    prefix, fills L' fresh masks with the inner sampler and appends them. Output
-    length L + R * L' (or `target_length`, rounded up to whole blocks then cut).
-    `on_block(round, new_tokens)` is called as each block completes (for streaming).
-    Every block is drawn with `settings` (or `sample`'s keywords that make them) and
-    `sample_kwargs`' schedule, generator, device, batch_size and time_agnostic.
-    With `stop_token` (EOS) no block is started once every sample holds it after the prompt.
+    A first window of L tokens is sampled (starting with the plan's optional `prompt`); then
+    each round keeps the last L - L' tokens as a clean prefix, fills L' fresh masks with the
+    inner sampler and appends them. Output length L + R * L' (or `target_length`, rounded up
+    to whole blocks then cut). `hooks.on_block(round, new_tokens)` is called as each block
+    completes (for streaming). Every block is drawn with `settings` (or the keywords that
+    make them). With the plan's `stop_token` (EOS) no block is started once every sample
+    holds it after the prompt.
     """
-    calls = {k: sample_kwargs.pop(k) for k in CALL_KEYWORDS if k in sample_kwargs}
     _check_denoiser(denoiser)
-    settings = _settings(settings, sample_kwargs)
-    rounds = _rounds(window, stride, rounds, target_length)
-    stats = SampleStats(num_sequences=num_samples)
-    keep = window - stride
+    plan, hooks, keywords = split_keywords(SemiArPlan, plan, hooks, keywords)
+    settings = _settings(settings, keywords)
+    p = plan
+    rounds = _rounds(p.window, p.stride, p.rounds, p.target_length)
+    stats = SampleStats(num_sequences=p.num_samples)
+    keep = p.window - p.stride
 
     def run(block_prompt: Tensor) -> Tensor:
-        tokens, s = sample(denoiser, settings, num_samples=num_samples, length=window,
-                           mask_id=mask_id, prompt=block_prompt, return_stats=True, **calls)
+        canvas = Canvas(p.num_samples, p.window, p.mask_id, block_prompt, p.batch_size, p.device)
+        tokens, s = sample(denoiser, settings, canvas, schedule=schedule, generator=generator,
+                           return_stats=True)
         stats.merge(s)
         return tokens
 
-    device = calls.get("device") or (prompt.device if prompt is not None else "cpu")
-    first, n_prompt = _first_window(prompt, num_samples, window, mask_id, device)
+    device = p.device or (p.prompt.device if p.prompt is not None else "cpu")
+    first, n_prompt = _first_window(p.prompt, p.num_samples, p.window, p.mask_id, device)
     output = run(first)
-    if on_block is not None:
-        on_block(0, output[:, n_prompt:])
+    if hooks.on_block is not None:
+        hooks.on_block(0, output[:, n_prompt:])
     for r in range(1, rounds + 1):
-        if stop_token is not None and bool((output[:, n_prompt:] == stop_token).any(dim=1).all()):
+        if p.stop_token is not None and bool(
+                (output[:, n_prompt:] == p.stop_token).any(dim=1).all()):
             break
-        block = torch.full((num_samples, window), mask_id, dtype=torch.long, device=output.device)
+        block = torch.full((p.num_samples, p.window), p.mask_id, dtype=torch.long,
+                           device=output.device)
         block[:, :keep] = output[:, -keep:]
         new = run(block)[:, keep:]
         output = torch.cat([output, new], dim=1)
-        if on_block is not None:
-            on_block(r, new)
-    if target_length is not None:
-        output = output[:, :target_length]
+        if hooks.on_block is not None:
+            hooks.on_block(r, new)
+    if p.target_length is not None:
+        output = output[:, :p.target_length]
     return SemiARResult(output, stats)

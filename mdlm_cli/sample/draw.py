@@ -153,13 +153,13 @@ def semi_ar_blocks(loaded: LoadedModel, rt, request: GenerationRequest, *,
             on_text(tok.decode(new[0].tolist()))
 
     t0 = time.perf_counter()
+    plan = engine.SemiArPlan(r.num_samples, window, stride, loaded.mask_id,
+                             target_length=length, prompt=start,
+                             stop_token=tok.eos_id if stop else None, device=rt.device)
     result = engine.semi_ar(
-        loaded.denoiser(rt.dtype), how, num_samples=r.num_samples, window=window,
-        stride=stride, target_length=length, mask_id=loaded.mask_id, prompt=start,
-        on_block=on_block,
-        schedule=loaded.objective.schedule,
-        generator=torch.Generator(device=rt.device).manual_seed(r.seed), device=rt.device,
-        stop_token=tok.eos_id if stop else None)
+        loaded.denoiser(rt.dtype), how, plan, schedule=loaded.objective.schedule,
+        generator=torch.Generator(device=rt.device).manual_seed(r.seed),
+        hooks=engine.SampleHooks(on_block=on_block))
     seconds = time.perf_counter() - t0
     tokens = result.tokens[:, :limit]
     fields = {**how.record(), "window": window, "stride": stride, "seed": r.seed,

@@ -194,11 +194,11 @@ def generate(loaded: LoadedModel, rt, request: GenerationRequest, *, length: int
                         f"({loaded.length} tokens); got --length {length}")
     gen = torch.Generator(device=device).manual_seed(request.seed)
     t0 = time.perf_counter()
+    canvas = engine.Canvas(request.num_samples, length, loaded.mask_id, prompt,
+                           request.rows_per_call, device)
     tokens, stats = engine.sample(
-        loaded.denoiser(rt.dtype), request.settings, num_samples=request.num_samples,
-        length=length, mask_id=loaded.mask_id, schedule=loaded.objective.schedule,
-        generator=gen, prompt=prompt, batch_size=request.rows_per_call, device=device,
-        return_stats=True, on_batch=on_batch)
+        loaded.denoiser(rt.dtype), request.settings, canvas, schedule=loaded.objective.schedule,
+        generator=gen, hooks=engine.SampleHooks(on_batch=on_batch), return_stats=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0

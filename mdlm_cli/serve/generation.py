@@ -116,12 +116,9 @@ def _texts(plan: Plan, served: Served) -> list[ChoiceText]:
 
 
 def _sample_kwargs(plan: Plan, served: Served, generator: torch.Generator) -> dict:
-    return dict(
-        settings=plan.settings,
-        schedule=served.loaded.objective.schedule,
-        generator=generator,
-        device=served.device,
-    )
+    """How every network call of the plan draws: its settings, schedule and generator."""
+    return dict(settings=plan.settings, schedule=served.loaded.objective.schedule,
+                generator=generator)
 
 
 def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
@@ -184,9 +181,10 @@ def _sample_rows(plan: Plan, served: Served, denoiser, kwargs: dict
         recorder = None if plan.logprobs is None else RevealRecorder(
             (len(group), length), plan.logprobs, served.device)
         prompt = torch.stack([plan.rows[i // plan.n].template for i in group])
-        out, done = engine.sample(denoiser, num_samples=len(group), length=length,
-                                  mask_id=served.loaded.mask_id, prompt=prompt,
-                                  return_stats=True, recorder=recorder, **kwargs)
+        canvas = engine.Canvas(len(group), length, served.loaded.mask_id, prompt,
+                               device=served.device)
+        out, done = engine.sample(denoiser, canvas=canvas, return_stats=True,
+                                  hooks=engine.SampleHooks(recorder=recorder), **kwargs)
         stats.num_sequences += done.num_sequences
         stats.merge(done)
         for j, i in enumerate(group):
@@ -232,17 +230,13 @@ def _semi_ar(
             raise _AllFinished
 
     try:
-        return engine.semi_ar(
-            denoiser,
-            num_samples=plan.num_rows,
-            window=loaded.length,
-            stride=plan.stride,
-            mask_id=loaded.mask_id,
+        semi = engine.SemiArPlan(
+            plan.num_rows, loaded.length, plan.stride, loaded.mask_id,
             target_length=len(prefix) + plan.max_tokens,
             prompt=torch.tensor(prefix, dtype=torch.long) if prefix else None,
-            on_block=on_block,
-            **kwargs,
-        ).stats
+            device=served.device)
+        return engine.semi_ar(denoiser, plan=semi, hooks=engine.SampleHooks(on_block=on_block),
+                              **kwargs).stats
     except _AllFinished:  # the work done so far, as the request's denoiser counted it
         return engine.SampleStats(
             num_sequences=plan.num_rows,
