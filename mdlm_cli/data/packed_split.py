@@ -5,7 +5,6 @@ has unscored characters; the layout is data/store.py's)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,32 +13,30 @@ from .packing import PACKERS
 
 if TYPE_CHECKING:
     from ..config import DataConfig
+    from .source import SplitWrite
     from .sources import Source
     from .tokenizers import Tokenizer
 
 
-def write_packed_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
-                       cfg: DataConfig, *, dtype, progress, limit: int | None,
-                       load_dataset) -> dict:
-    """The split's files and its meta.json entry (rows, tokens, documents read); with `limit`,
-    the source is read no further once that many rows are written."""
-    batches, total_docs = source.documents(split, load_dataset)
+def write_packed_split(out: SplitWrite, source: Source, tokenizer: Tokenizer,
+                       cfg: DataConfig) -> dict:
+    """The split's files and its meta.json entry (rows, tokens, documents read); with
+    `out.limit`, the source is read no further once that many rows are written."""
+    batches, total_docs = source.documents(out.split, out.load_dataset)
     counts = {"docs": 0}
     unscored = [tokenizer.encode(c)[0] for c in source.unscored]
 
     def tokenized():
         for docs in batches:
             counts["docs"] += len(docs)
-            if progress is not None:
-                progress(split, len(docs), total_docs)
+            out.read(len(docs), total_docs)
             yield _token_ids(docs, tokenizer, cfg.packing, unscored)
 
     rows_iter = _pack(tokenized(), tokenizer, cfg)
-    n_rows, n_tokens = _write_rows(folder, split, rows_iter, dtype, limit,
-                                   scored=bool(unscored), pad_id=tokenizer.pad_id)
+    n_rows, n_tokens = _write_rows(out, rows_iter, scored=bool(unscored), pad_id=tokenizer.pad_id)
     info = {"rows": n_rows, "tokens": n_tokens, "docs": counts["docs"]}
-    if limit is not None:  # docs = documents read up to the limit
-        info.update(row_limit=limit, stopped_at_limit=n_rows >= limit)
+    if out.limit is not None:  # docs = documents read up to the limit
+        info.update(row_limit=out.limit, stopped_at_limit=n_rows >= out.limit)
     return info
 
 
@@ -68,18 +65,18 @@ def _pack(tokenized, tokenizer: Tokenizer, cfg: DataConfig):
                   pad=tokenizer.pad_id)
 
 
-def _write_rows(folder: Path, split: str, rows_iter, dtype, limit: int | None, *,
-                scored: bool, pad_id: int | None) -> tuple[int, int]:
+def _write_rows(out: SplitWrite, rows_iter, *, scored: bool,
+                pad_id: int | None) -> tuple[int, int]:
     """The split's token and length files (and, if `scored`, each row's tokens that are not
-    the pad); (rows, tokens) written, stopping at `limit` rows."""
+    the pad); (rows, tokens) written, stopping at `out.limit` rows."""
     n_rows = n_tokens = 0
-    scored_file = open(folder / f"{split}.scored.bin", "wb") if scored else None
-    tokens_path, lengths_path = folder / f"{split}.tokens.bin", folder / f"{split}.lengths.bin"
-    with open(tokens_path, "wb") as ft, open(lengths_path, "wb") as fl:
+    limit = out.limit
+    scored_file = open(out.path("scored"), "wb") if scored else None
+    with open(out.path("tokens"), "wb") as ft, open(out.path("lengths"), "wb") as fl:
         for rows, lengths in rows_iter:
             if limit is not None:
                 rows, lengths = rows[: limit - n_rows], lengths[: limit - n_rows]
-            ft.write(rows.astype(dtype).tobytes())
+            ft.write(rows.astype(out.dtype).tobytes())
             fl.write(lengths.astype(np.int32).tobytes())
             n_rows += len(rows)
             if scored_file is not None:

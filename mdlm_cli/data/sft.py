@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import MdlmError
 from ..io.packaged import sha256_file
 from .chat import chat_example_ids, has_chat_template
+from .source import SplitWrite
 from .sources import BigTxt, HubDataset, Source, _split_documents, get_source, read_text_file
 from .tokenizers import Tokenizer
 
@@ -269,30 +270,19 @@ def sft_rows(
         yield rows, lengths, prompts, len(encoded) - len(kept)
 
 
-def write_sft_split(
-    folder: Path,
-    split: str,
-    source: ExampleSource,
-    tokenizer: Tokenizer,
-    *,
-    length: int,
-    pad_as_eos: bool,
-    dtype,
-    progress=None,
-    limit: int | None = None,
-    load_dataset=None,
-) -> dict:
+def write_sft_split(out: SplitWrite, source: ExampleSource, tokenizer: Tokenizer, *,
+                    length: int, pad_as_eos: bool) -> dict:
     """Tokens, lengths and prompt lengths of one split; the split's entry of meta.json."""
-    batches, total = source.examples(split, load_dataset)
+    batches, total = source.examples(out.split, out.load_dataset)
     info = {"rows": 0, "tokens": 0, "docs": 0, "dropped": 0, "target_tokens": 0}
+    limit = out.limit
     with (
-        open(folder / f"{split}.tokens.bin", "wb") as ft,
-        open(folder / f"{split}.lengths.bin", "wb") as fl,
-        open(folder / f"{split}.prompt.bin", "wb") as fp,
+        open(out.path("tokens"), "wb") as ft,
+        open(out.path("lengths"), "wb") as fl,
+        open(out.path("prompt"), "wb") as fp,
     ):
         for batch in batches:
-            if progress is not None:
-                progress(split, len(batch), total)
+            out.read(len(batch), total)
             for rows, lengths, prompts, dropped in sft_rows(
                 [batch], length, tokenizer, pad_as_eos=pad_as_eos
             ):
@@ -300,7 +290,7 @@ def write_sft_split(
                     rows, lengths, prompts = (
                         a[: limit - info["rows"]] for a in (rows, lengths, prompts)
                     )
-                ft.write(rows.astype(dtype).tobytes())
+                ft.write(rows.astype(out.dtype).tobytes())
                 fl.write(lengths.tobytes())
                 fp.write(prompts.tobytes())
                 info["rows"] += len(rows)

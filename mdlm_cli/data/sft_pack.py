@@ -20,12 +20,12 @@ loss covers: responses, their EOS and the EOS fill). A prompt is clean, attended
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import MdlmError
 from .sft import ExampleSource, encode_example
+from .source import SplitWrite
 from .tokenizers import Tokenizer
 
 MAX_SEGMENT_ID = np.iinfo(np.uint16).max
@@ -101,29 +101,28 @@ def sft_pack_rows(example_batches: Iterable[list[dict]], length: int, tokenizer:
         yield (*packer.arrays(rows), len(encoded) - len(kept))
 
 
-def write_sft_pack_split(folder: Path, split: str, source: ExampleSource, tokenizer: Tokenizer,
-                         *, length: int, pad_as_eos: bool, dtype, progress=None,
-                         limit: int | None = None, load_dataset=None) -> dict:
+def write_sft_pack_split(out: SplitWrite, source: ExampleSource, tokenizer: Tokenizer, *,
+                         length: int, pad_as_eos: bool) -> dict:
     """Tokens, lengths, segments and targets of one split; the split's entry of meta.json."""
-    batches, total = source.examples(split, load_dataset)
+    batches, total = source.examples(out.split, out.load_dataset)
     info = {"rows": 0, "tokens": 0, "docs": 0, "dropped": 0, "target_tokens": 0, "examples": 0}
+    limit = out.limit
 
     def counted():
         for batch in batches:
-            if progress is not None:
-                progress(split, len(batch), total)
+            out.read(len(batch), total)
             info["docs"] += len(batch)
             yield batch
 
     names = ("tokens", "lengths", "segments", "targets")
-    files = {name: open(folder / f"{split}.{name}.bin", "wb") for name in names}
+    files = {name: open(out.path(name), "wb") for name in names}
     try:
         for tokens, lengths, segments, targets, dropped in sft_pack_rows(
                 counted(), length, tokenizer, pad_as_eos=pad_as_eos):
             if limit is not None:
                 tokens, lengths, segments, targets = (
                     a[: limit - info["rows"]] for a in (tokens, lengths, segments, targets))
-            files["tokens"].write(tokens.astype(dtype).tobytes())
+            files["tokens"].write(tokens.astype(out.dtype).tobytes())
             files["lengths"].write(lengths.tobytes())
             files["segments"].write(segments.tobytes())
             files["targets"].write(targets.astype(np.uint8).tobytes())

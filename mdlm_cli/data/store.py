@@ -39,6 +39,7 @@ from ..io.files import pid_alive
 from .packed_split import write_packed_split
 from .sft import example_source, row_format, write_sft_split
 from .sft_pack import write_sft_pack_split
+from .source import SplitWrite
 from .sources import Source, get_source
 from .tokenizers import Tokenizer, default_cache_root, load_tokenizer
 
@@ -207,17 +208,13 @@ class PreparedData:
         return load_tokenizer(str(self.folder / "tokenizer"))
 
 
-def _write_split(folder: Path, split: str, source: Source, tokenizer: Tokenizer,
-                 cfg: DataConfig, dtype, load_dataset, progress, limit: int | None = None) -> dict:
-    """Tokenise and pack one split; with `limit`, stop reading the source once that many rows
-    are written."""
+def _write_split(out: SplitWrite, source: Source, tokenizer: Tokenizer, cfg: DataConfig) -> dict:
+    """Tokenise and pack one split; with `out.limit`, stop reading the source once that many
+    rows are written."""
     if cfg.packing in SFT_PACKINGS:
         write = write_sft_pack_split if cfg.packing == "sft-pack" else write_sft_split
-        return write(folder, split, source, tokenizer, length=cfg.length,
-                     pad_as_eos=cfg.pad_as_eos, dtype=dtype, progress=progress,
-                     limit=limit, load_dataset=load_dataset)
-    return write_packed_split(folder, split, source, tokenizer, cfg, dtype=dtype,
-                              progress=progress, limit=limit, load_dataset=load_dataset)
+        return write(out, source, tokenizer, length=cfg.length, pad_as_eos=cfg.pad_as_eos)
+    return write_packed_split(out, source, tokenizer, cfg)
 
 
 def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
@@ -290,8 +287,8 @@ def prepare(cfg: DataConfig, *, load_dataset=None, progress=None,
         tokenizer.save(tmp / "tokenizer")
         splits, limits = {}, row_limits(cfg, source.splits)
         for split in source.splits:
-            splits[split] = _write_split(tmp, split, source, tokenizer, cfg, dtype,
-                                         load_dataset, progress, limits.get(split))
+            out = SplitWrite(tmp, split, dtype, limits.get(split), load_dataset, progress)
+            splits[split] = _write_split(out, source, tokenizer, cfg)
         meta = _meta(cfg, source, tokenizer, dtype, splits, limits)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         meta["unigram_valid_nats"] = unigram_baseline(PreparedData(tmp), tokenizer.vocab_size)
