@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--json")
     a = p.parse_args()
     from mdlm_cli.checkpoints.load import load_on_device
+    from mdlm_cli.engine.block_sampling import BlockRows
     from mdlm_cli.engine.settings import SamplingSettings
 
     loaded, rt = load_on_device(a.checkpoint, precision=a.precision)
@@ -45,11 +46,11 @@ def main() -> None:
         for cache in (True, False):
             start = time.perf_counter()
             with torch.no_grad():
+                rows = BlockRows(a.num_samples, length, eos_id=loaded.tokenizer.eos_id)
                 outs[cache] = loaded.objective.sample(
-                    loaded.model, SamplingSettings(a.sampler, a.steps),
-                    num_samples=a.num_samples, length=length,
-                    generator=torch.Generator().manual_seed(0),
-                    eos_id=loaded.tokenizer.eos_id, cache=cache, autocast_dtype=rt.dtype)
+                    loaded.model, SamplingSettings(a.sampler, a.steps), rows,
+                    generator=torch.Generator().manual_seed(0), cache=cache,
+                    autocast_dtype=rt.dtype)
             row["cached_s" if cache else "recomputed_s"] = \
                 (time.perf_counter() - start) / a.num_samples
         same = torch.equal(outs[True].tokens, outs[False].tokens)

@@ -6,6 +6,8 @@ are read one position to the left, is dream_blocks.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -103,19 +105,31 @@ def _block_step(z: Tensor, ctx: SamplerContext, cache, lo: dict[int, int], block
     for b in fresh:
         blocks.cached_at[b] = lo[b]
     for rows, refresh in groups:
-        cand, drawn, conf = block_draws(z, ctx, cache, rows, [lo[b] for b in rows], refresh,
-                                         order, untempered)
+        call = BlockCall(rows, [lo[b] for b in rows], refresh)
+        cand, drawn, conf = block_draws(z, ctx, cache, call, order, untempered)
         reveal(z, torch.tensor(rows, device=z.device), cand & choose(rows, cand, conf), drawn)
 
 
-def block_draws(z: Tensor, ctx: SamplerContext, cache, rows: list[int], lo: list[int],
-                refresh: bool, order: str, untempered: bool, width: int | None = None
-                ) -> tuple[Tensor, Tensor, Tensor]:
+@dataclass(frozen=True)
+class BlockCall:
+    """What one network call of block decoding covers: the `rows`, each one's block starting
+    at `lo` (one per row), a full pass that refreshes their cache or a cached call, and only
+    the first `width` positions of each block where given."""
+
+    rows: list[int]
+    lo: list[int]
+    refresh: bool
+    width: int | None = None
+
+
+def block_draws(z: Tensor, ctx: SamplerContext, cache, call: BlockCall, order: str,
+                untempered: bool) -> tuple[Tensor, Tensor, Tensor]:
     """A token drawn at every masked position of each row's block [lo, lo + block_length)
     (the first `width` positions of it, if given) from one call: a full pass (refreshing the
     rows' cache, if any), or a cached call on the rows' shared block (dual) or block and suffix
     (prefix). Returns, for the rows, (candidates, tokens, confidence), each (R, L), as
     `draw_masked`."""
+    rows, lo, refresh, width = call.rows, call.lo, call.refresh, call.width
     size, idx = ctx.options.block_length, torch.tensor(rows, device=z.device)
     everyone = rows == list(range(len(z)))
     sub = z[idx]

@@ -161,6 +161,19 @@ OnBlock = Callable[[int, Tensor], bool]
 
 
 @dataclass(frozen=True)
+class BlockRows:
+    """What block sampling fills: `num_samples` rows of up to `length` tokens (a multiple of
+    L': the positions go on past the training length), their first P tokens fixed to
+    `prompt` (P,) (its whole blocks committed as they are); with `eos_id`, done once every row
+    has drawn it after the prompt."""
+
+    num_samples: int
+    length: int
+    prompt: Tensor | None = None
+    eos_id: int | None = None
+
+
+@dataclass(frozen=True)
 class BlockHooks:
     """What a caller sees of block sampling: `on_block(start, block)` after each committed
     block (True ends the sampling), `before_call()` before each network call (a server stops
@@ -170,16 +183,15 @@ class BlockHooks:
     before_call: Callable[[], None] | None = None
 
 
-def sample_blocks(model: BlockModel, d: BlockDraw, *, num_samples: int, length: int,
-                  block_size: int, device: torch.device, step: BlockStep = ancestral_block,
-                  eos_id: int | None = None, prompt: Tensor | None = None,
+def sample_blocks(model: BlockModel, d: BlockDraw, rows: BlockRows, *, block_size: int,
+                  device: torch.device, step: BlockStep = ancestral_block,
                   on_block: OnBlock | None = None) -> BlockSamples:
-    """Up to `length` tokens per row (a multiple of L': the positions go on past the training
-    length), block after block, each filled by `step`; `prompt` (P,) fixes the first P tokens
-    (its whole blocks are committed as they are). With `eos_id`, stops after the block in
-    which the last row drew EOS after the prompt (the rows that ended earlier are cut at their
-    EOS by `lengths`). `on_block` sees each block once committed (a block is final then, so a
-    server streams it) and may end the sampling there."""
+    """The `rows`, block after block of `block_size`, each filled by `step`. With the rows'
+    `eos_id`, stops after the block in which the last row drew EOS after the prompt (the rows
+    that ended earlier are cut at their EOS by `lengths`). `on_block` sees each block once
+    committed (a block is final then, so a server streams it) and may end the sampling
+    there."""
+    num_samples, length, prompt, eos_id = rows.num_samples, rows.length, rows.prompt, rows.eos_id
     model.start(num_samples, length, device)
     P = 0 if prompt is None else len(prompt)
     fixed = torch.full((length,), d.mask_id, dtype=torch.long, device=device)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .block_decoding import at_least, block_draws, new_cache
+from .block_decoding import BlockCall, at_least, block_draws, new_cache
 from .confident_draws import most_confident, reveal
 from .context import SamplerContext
 from .errors import EngineError
@@ -111,8 +111,8 @@ def _blocks(z: Tensor, ctx: SamplerContext, cache, choose: Choose, order: str) -
         for start in sorted({lo[b] for b in active if calls[b]}):
             groups.append(([b for b in active if calls[b] and lo[b] == start], False))
         for rows, refresh in groups:
-            cand, drawn, conf = block_draws(z, ctx, cache, rows, [lo[b] for b in rows], refresh,
-                                            order, False, width=1 if refresh else None)
+            call = BlockCall(rows, [lo[b] for b in rows], refresh, 1 if refresh else None)
+            cand, drawn, conf = block_draws(z, ctx, cache, call, order, False)
             if not refresh:
                 cand = cand & choose(rows, [calls[b] for b in rows], cand, conf)
             reveal(z, torch.tensor(rows, device=z.device), cand, drawn)

@@ -26,6 +26,7 @@ from ..engine.block_sampling import (
     BLOCK_STEPS,
     BlockDraw,
     BlockHooks,
+    BlockRows,
     BlockSamples,
     sample_blocks,
 )
@@ -285,18 +286,18 @@ class BD3LM(Objective):
         return SamplerChoice(choice.spec, choice.steps, choice.note, {**choice.ignored, **extra})
 
     @torch.no_grad()
-    def sample(self, model: nn.Module, how: SamplingSettings, *, num_samples: int, length: int,
-               generator: torch.Generator | None, eos_id: int | None = None,
-               prompt: Tensor | None = None, cache: bool = True,
+    def sample(self, model: nn.Module, how: SamplingSettings, rows: BlockRows, *,
+               generator: torch.Generator | None, cache: bool = True,
                autocast_dtype: torch.dtype | None = None,
                hooks: BlockHooks | None = None) -> BlockSamples:
-        """Rows of up to `length` tokens (a multiple of L', past the training length if asked),
-        block by block, each block filled by the within-block sampler `how` names (BLOCK_STEPS,
-        ancestral if none; its steps per block, 1000 if none, its draw settings and
-        `tokens_per_step`), the first tokens fixed to `prompt` (P,); with `eos_id`, done once
-        every row has drawn it after the prompt. `cache=False` recomputes the finished blocks
-        at every call. `hooks`: a server streams each block and checks its client."""
+        """The `rows` (engine/block_sampling.py: up to their length, a multiple of L', past the
+        training length if asked; their prompt fixed; done at their EOS), block by block, each
+        block filled by the within-block sampler `how` names (BLOCK_STEPS, ancestral if none;
+        its steps per block, 1000 if none, its draw settings and `tokens_per_step`).
+        `cache=False` recomputes the finished blocks at every call. `hooks`: a server streams
+        each block and checks its client."""
         sampler, hooks = how.sampler or "ancestral", hooks or BlockHooks()
+        length, prompt = rows.length, rows.prompt
         if length % self.block_size:
             raise MdlmError(f"--length must be a multiple of the block size {self.block_size} "
                             f"(got {length})")
@@ -313,7 +314,5 @@ class BD3LM(Objective):
                          top_k=how.top_k or 0,
                          tokens_per_step=int(how.options.get("tokens_per_step", 1)),
                          before_call=hooks.before_call)
-        return sample_blocks(blocks, draw, num_samples=num_samples, length=length,
-                             block_size=self.block_size, device=device,
-                             step=BLOCK_STEPS[sampler], eos_id=eos_id, prompt=prompt,
-                             on_block=hooks.on_block)
+        return sample_blocks(blocks, draw, rows, block_size=self.block_size, device=device,
+                             step=BLOCK_STEPS[sampler], on_block=hooks.on_block)

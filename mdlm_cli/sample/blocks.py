@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..checkpoints.folder import LoadedModel
+from ..engine.block_sampling import BlockRows
 from ..errors import MdlmError, MdlmWarning
 from ..generation.request import GenerationRequest
 from .generate import Drawn, SampleRecord, cut_at_eos
@@ -63,8 +64,8 @@ def draw_blocks(loaded: LoadedModel, rt, request: GenerationRequest, *,
     for first in range(0, num_samples, batch):
         n = min(batch, num_samples - first)
         out = loaded.objective.sample(
-            loaded.model, how.with_(steps=how.steps or 1), num_samples=n, length=length,
-            generator=gen, eos_id=eos, prompt=prompt, autocast_dtype=rt.dtype)
+            loaded.model, how.with_(steps=how.steps or 1), BlockRows(n, length, prompt, eos),
+            generator=gen, autocast_dtype=rt.dtype)
         for i, row in enumerate(out.tokens.cpu().tolist()):
             records.append(_record(loaded, first + i, row, start, eos))
         if stats is None:

@@ -33,7 +33,7 @@ from .responses import mdlm_info, object_name, response_id, sse, usage
 from .schema import ApiError, Limits, Plan, parse_infill
 from .score import parse_score, run_score
 from .served import Served
-from .worker import Cancelled, Job, QueueFull, Worker
+from .worker import Batching, Cancelled, Job, QueueFull, Worker
 
 MEMORY_SHARE = 0.8  # of the memory free once the model is loaded: what requests may hold
 
@@ -296,12 +296,11 @@ def _load(state: State, load: Callable[[], Served], on_error: Callable[[str], No
         settings = state.settings
         free, _ = available(served.device)  # what the weights left: a share of it for requests
         memory = Memory(served.cost, None if free is None else int(free * MEMORY_SHARE))
-        worker = Worker(served.denoiser, mask_id=served.loaded.mask_id,
-                        max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000,
-                        queue_size=settings.queue_size,
+        batching = Batching(settings.max_batch, settings.max_wait_ms / 1000, settings.queue_size,
+                            settings.batch_padding)
+        worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, batching=batching,
                         exclusive=served.causal or bool(served.block_size),
-                        metrics=state.metrics, padding=settings.batch_padding,
-                        device=served.device, memory=memory)
+                        metrics=state.metrics, device=served.device, memory=memory)
         state.worker = worker
         if served.block_size:  # its own rows' key/value cache: nothing to batch with
             state.batching = "none: a bd3lm request runs alone, block by block with its cache"

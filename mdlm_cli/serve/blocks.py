@@ -17,7 +17,7 @@ import time
 import torch
 
 from .. import engine
-from ..engine.block_sampling import BlockHooks
+from ..engine.block_sampling import BlockHooks, BlockRows
 from .events import Emit, TextDelta
 from .generation import ChoiceText, Outcome
 from .schema import Limits, Plan, Row, invalid
@@ -81,10 +81,10 @@ def run_blocks(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
                 _send(emit, first + j, mine[j].feed(new))
             return all(t.finish_reason is not None for t in mine)
 
+        rows = BlockRows(plan.n, block_length(prefix, plan.max_tokens, plan.block_size),
+                         torch.tensor(row.prefix, dtype=torch.long) if prefix else None)
         out = loaded.objective.sample(
-            loaded.model, how.with_(steps=how.steps or 1), num_samples=plan.n,
-            generator=generator, length=block_length(prefix, plan.max_tokens, plan.block_size),
-            prompt=torch.tensor(row.prefix, dtype=torch.long) if prefix else None,
+            loaded.model, how.with_(steps=how.steps or 1), rows, generator=generator,
             autocast_dtype=served.dtype,
             hooks=BlockHooks(on_block=on_block, before_call=denoiser.check))
         stats.num_sequences += out.stats.num_sequences

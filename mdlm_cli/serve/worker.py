@@ -29,7 +29,20 @@ from .shapes import Shapes, fixed_shapes, probe
 if TYPE_CHECKING:
     from .admission import Memory
 
-__all__ = ["Cancelled", "Job", "QueueFull", "Worker"]  # the jobs' types, where callers look
+# the jobs' types too, where callers look for them
+__all__ = ["Batching", "Cancelled", "Job", "QueueFull", "Worker"]
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How the worker gathers calls: at most `max_batch` rows a call, a call waiting at most
+    `max_wait_s` for the other running requests', `queue_size` requests waiting, and the
+    shapes calls run at (`padding`: serve/shapes.py's auto | always | never)."""
+
+    max_batch: int = 8
+    max_wait_s: float = 0.005
+    queue_size: int = 64
+    padding: str = "auto"
 
 
 @dataclass(eq=False)
@@ -110,26 +123,17 @@ class Worker:
     bd3lm models, whose requests each hold their blocks' cache); a job marked `alone` (a
     block cache) runs so too."""
 
-    def __init__(
-        self,
-        denoiser,
-        *,
-        mask_id: int,
-        max_batch: int = 8,
-        max_wait_s: float = 0.005,
-        queue_size: int = 64,
-        exclusive: bool = False,
-        metrics=None,
-        padding: str = "auto",
-        device: torch.device | str = "cpu",
-        memory: Memory | None = None,
-    ):
+    def __init__(self, denoiser, *, mask_id: int, batching: Batching | None = None,
+                 exclusive: bool = False, metrics=None, device: torch.device | str = "cpu",
+                 memory: Memory | None = None):
+        batching = batching or Batching()
         self.denoiser, self.mask_id = denoiser, mask_id
         self.memory = memory
-        self.padding, self.device = padding, torch.device(device)
+        self.padding, self.device = batching.padding, torch.device(device)
         self._shapes: dict[tuple[str, int], Shapes] = {}
         self._probe_lock = threading.Lock()
-        self.max_batch, self.max_wait_s, self.queue_size = max_batch, max_wait_s, queue_size
+        self.max_batch, self.max_wait_s = batching.max_batch, batching.max_wait_s
+        self.queue_size = batching.queue_size
         self.exclusive, self.metrics = exclusive, metrics
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from mdlm_cli.build import resolve_config
 from mdlm_cli.data.tokenizers import load_tokenizer
+from mdlm_cli.engine.block_sampling import BlockRows
 from mdlm_cli.engine.blocks import block_attention_mask, block_rates
 from mdlm_cli.engine.diffusion import without_mask
 from mdlm_cli.engine.settings import SamplingSettings
@@ -139,7 +140,7 @@ def test_cached_and_recomputed_block_sampling_draw_the_same_tokens():
     _, bd3lm, model = setup("bd3lm", "diffusion.block_size=4")
 
     def draw(cache: bool):
-        return bd3lm.sample(model, SamplingSettings(steps=4), num_samples=3, length=2 * L + 8,
+        return bd3lm.sample(model, SamplingSettings(steps=4), BlockRows(3, 2 * L + 8),
                             cache=cache, generator=torch.Generator().manual_seed(0))
 
     cached, recomputed = draw(True), draw(False)
@@ -154,8 +155,8 @@ def test_block_sampling_stops_once_every_row_has_drawn_eos():
     eos = TOK.eos_id
     with torch.no_grad():  # EOS likely, not certain: rows end in different blocks
         model.output_layer.linear.bias[eos] += 3.0
-    out = bd3lm.sample(model, SamplingSettings(steps=4), num_samples=4, length=4 * L,
-                       generator=torch.Generator().manual_seed(1), eos_id=eos)
+    out = bd3lm.sample(model, SamplingSettings(steps=4), BlockRows(4, 4 * L, eos_id=eos),
+                       generator=torch.Generator().manual_seed(1))
     assert out.ended.all() and out.tokens.shape[1] < 4 * L and out.tokens.shape[1] % 4 == 0
     for row, n in zip(out.tokens, out.lengths.tolist(), strict=True):
         assert row[n - 1] == eos and not (row[: n - 1] == eos).any()

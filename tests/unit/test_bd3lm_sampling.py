@@ -5,7 +5,7 @@ calls it should, nucleus filtering reaches the draws, and EOS inside the prompt 
 import pytest
 import torch
 
-from mdlm_cli.engine.block_sampling import BLOCK_STEPS, BlockHooks
+from mdlm_cli.engine.block_sampling import BLOCK_STEPS, BlockHooks, BlockRows
 from mdlm_cli.engine.settings import SamplingSettings
 from mdlm_cli.errors import MdlmError
 
@@ -23,8 +23,10 @@ def draw(bd3lm, model, seed: int = 0, **kw):
     how = SamplingSettings(**{k: kw.pop(k) for k in SETTINGS & set(kw)},
                            options={k: kw.pop(k) for k in ("tokens_per_step",) if k in kw})
     hooks = BlockHooks(on_block=kw.pop("on_block", None), before_call=kw.pop("before_call", None))
-    return bd3lm.sample(model, how, generator=torch.Generator().manual_seed(seed), hooks=hooks,
-                        **kw)
+    rows = BlockRows(kw.pop("num_samples"), kw.pop("length"), kw.pop("prompt", None),
+                     kw.pop("eos_id", None))
+    return bd3lm.sample(model, how, rows, generator=torch.Generator().manual_seed(seed),
+                        hooks=hooks, **kw)
 
 
 @pytest.mark.parametrize("sampler", list(BLOCK_STEPS))

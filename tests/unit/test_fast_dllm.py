@@ -341,7 +341,7 @@ def test_the_server_runs_a_cached_request_alone_with_the_clis_tokens():
     the engine gives with the same seed; stream_states with a cache is refused."""
     from mdlm_cli.serve.completion import parse_completion
     from mdlm_cli.serve.schema import ApiError, Limits
-    from mdlm_cli.serve.worker import Worker
+    from mdlm_cli.serve.worker import Batching, Worker
 
     from .test_serve_batching import run, served_model
 
@@ -349,8 +349,8 @@ def test_the_server_runs_a_cached_request_alone_with_the_clis_tokens():
     cached = {"prompt": "the ", "sampler": "confidence", "steps": 12, "block_length": 4,
               "max_tokens": 12, "seed": 5, "temperature": 0, "cache": "dual"}
     plain = {"prompt": "a", "sampler": "first-hitting", "seed": 1, "max_tokens": 6}
-    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=4,
-                    max_wait_s=0.05)
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id,
+                    batching=Batching(max_batch=4, max_wait_s=0.05))
     try:
         together = run(worker, served, [plain, cached, plain])
         alone = run(worker, served, [cached])[0]
@@ -359,7 +359,7 @@ def test_the_server_runs_a_cached_request_alone_with_the_clis_tokens():
     assert together[1].choices[0]["text"] == alone.choices[0]["text"]
     assert together[1].stats.calls == alone.stats.calls
     uncached = dict(cached, cache="none")
-    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=1)
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, batching=Batching(max_batch=1))
     try:
         run_uncached = run(worker, served, [uncached])[0]
     finally:

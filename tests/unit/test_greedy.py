@@ -76,12 +76,13 @@ def test_the_greedy_draw_uses_no_noise_and_reports_the_softmax_probability():
 
 
 def test_a_served_request_at_temperature_0_is_the_same_for_any_seed():
-    from mdlm_cli.serve.worker import Worker
+    from mdlm_cli.serve.worker import Batching, Worker
 
     from .test_serve_batching import run, served_model
 
     served = served_model("mdlm")
-    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=8, max_wait_s=0.05)
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id,
+                    batching=Batching(max_batch=8, max_wait_s=0.05))
     body = {"prompt": "the ", "sampler": "confidence", "steps": 8, "temperature": 0}
     try:
         a, b = run(worker, served, [{**body, "seed": 1}, {**body, "seed": 2}])

@@ -16,6 +16,7 @@ from mdlm_cli.checkpoints.folder import load_run_folder, save_checkpoint
 from mdlm_cli.config import ModelConfig
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer
+from mdlm_cli.engine.block_sampling import BlockRows
 from mdlm_cli.engine.categorical import sample_tokens
 from mdlm_cli.engine.errors import EngineError
 from mdlm_cli.errors import MdlmError
@@ -136,8 +137,9 @@ def test_samplers_are_the_objectives_own_and_run(name):
             engine.sample(denoiser, sampler=objective.default_sampler, num_samples=2, length=8,
                           mask_id=TOK.mask_id, steps=5)
         for spec in objective.samplers:
-            out = objective.sample(model, engine.SamplingSettings(spec.name, 5), num_samples=2,
-                                   length=cfg.data.length, generator=torch.Generator().manual_seed(0))
+            rows = BlockRows(2, cfg.data.length)
+            out = objective.sample(model, engine.SamplingSettings(spec.name, 5), rows,
+                                   generator=torch.Generator().manual_seed(0))
             assert out.tokens.shape == (2, cfg.data.length) and not (out.tokens == TOK.mask_id).any()
         return
     for spec in objective.samplers:

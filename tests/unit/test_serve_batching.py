@@ -19,7 +19,7 @@ from mdlm_cli.serve.events import TextDelta
 from mdlm_cli.serve.generation import ChoiceText, run_plan
 from mdlm_cli.serve.schema import ApiError, Limits, parse_infill
 from mdlm_cli.serve.served import Served
-from mdlm_cli.serve.worker import Job, Worker
+from mdlm_cli.serve.worker import Batching, Job, Worker
 
 from ..objective_configs import overrides
 
@@ -100,13 +100,8 @@ def test_a_seeded_request_gets_the_same_tokens_alone_and_batched(sampler):
                 "sampler": sampler,
             }
         )
-    worker = Worker(
-        served.denoiser,
-        mask_id=served.loaded.mask_id,
-        max_batch=8,
-        max_wait_s=0.05,
-        exclusive=served.causal,
-    )
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, exclusive=served.causal,
+                    batching=Batching(max_batch=8, max_wait_s=0.05))
     try:
         alone = run(worker, served, [mine])[0]
         together = run(worker, served, [others[0], mine, *others[1:]])[1]
@@ -132,9 +127,8 @@ def test_batched_calls_hold_the_rows_of_several_requests():
             pass
 
     metrics = Count()
-    worker = Worker(
-        served.denoiser, mask_id=served.loaded.mask_id, max_batch=8, max_wait_s=0.5, metrics=metrics
-    )
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, metrics=metrics,
+                    batching=Batching(max_batch=8, max_wait_s=0.5))
     try:
         run(
             worker,
@@ -162,7 +156,7 @@ def test_a_semi_ar_request_streams_its_blocks_and_stops_at_max_tokens():
         Limits(),
     )
     events = []
-    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=1)
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, batching=Batching(max_batch=1))
     done = threading.Event()
     box = []
     worker.submit(
@@ -254,7 +248,8 @@ def test_a_rows_logits_are_the_same_bits_in_every_batch(padding):
     """Whatever shape the worker runs a call at (the probe's sizes, or always max_batch), a
     row's logits do not depend on how many rows share the call or where the row sits."""
     served = served_model("mdlm")
-    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=8, padding=padding)
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id,
+                    batching=Batching(max_batch=8, padding=padding))
     try:
         g = torch.Generator().manual_seed(0)
         z = torch.randint(8, 35, (8, 32), generator=g)
@@ -322,7 +317,8 @@ def test_a_lone_request_runs_at_its_own_rows_and_asks_for_the_masked_logits_only
             calls.append((len(z), None if output_mask is None else int(output_mask.sum())))
             return base(z, t, output_mask=output_mask)
 
-    worker = Worker(Spy(), mask_id=served.loaded.mask_id, max_batch=8, padding="never")
+    worker = Worker(Spy(), mask_id=served.loaded.mask_id,
+                    batching=Batching(max_batch=8, padding="never"))
     try:
         run(worker, served, [{"prompt": "the ", "seed": 3, "sampler": "ancestral", "steps": 4}])
     finally:
@@ -336,7 +332,8 @@ def test_a_full_queue_refuses_and_a_late_request_times_out():
     from mdlm_cli.serve.worker import Cancelled, QueueFull
 
     served = served_model("mdlm")
-    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=1, queue_size=1)
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id,
+                    batching=Batching(max_batch=1, queue_size=1))
     release, outcomes = threading.Event(), []
     try:
         blocking = Job(rows=1, run=lambda d: release.wait(30), done=lambda r, e: outcomes.append(e),

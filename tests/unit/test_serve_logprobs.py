@@ -15,7 +15,7 @@ from mdlm_cli.engine.reveals import RevealRecorder
 from mdlm_cli.engine.sampling import SAMPLERS
 from mdlm_cli.serve.completion import parse_completion
 from mdlm_cli.serve.schema import ApiError, Limits
-from mdlm_cli.serve.worker import Worker
+from mdlm_cli.serve.worker import Batching, Worker
 
 from .test_serve_batching import TOK, objective_of, run, served_model
 
@@ -94,7 +94,7 @@ def test_ar_values_are_the_left_to_right_conditionals():
 
 
 def answer(served, body: dict) -> list[dict]:
-    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=4)
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, batching=Batching(max_batch=4))
     try:
         outcome, = run(worker, served, [body])
     finally:

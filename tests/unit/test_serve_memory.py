@@ -19,7 +19,7 @@ from mdlm_cli.serve.admission import Memory  # noqa: E402
 from mdlm_cli.serve.app import Settings, create_app  # noqa: E402
 from mdlm_cli.serve.served import Served  # noqa: E402
 from mdlm_cli.serve.shapes import PROBE_POSITIONS, _bits, probe  # noqa: E402
-from mdlm_cli.serve.worker import Job, Worker  # noqa: E402
+from mdlm_cli.serve.worker import Batching, Job, Worker  # noqa: E402
 from tests.open_model_folders import write_llada  # noqa: E402
 
 ROWS, WINDOW = 126_464, 4096  # LLaDA-8B's embedding rows and max_sequence_length
@@ -111,7 +111,8 @@ def test_jobs_beyond_the_memory_budget_wait_for_the_running_one():
         return Job(rows=1, run=run, done=lambda r, e: done.set(), timeout_s=30,
                    bytes=cost.bytes(1, 10)), done
 
-    worker = Worker(lambda z, t: z, mask_id=0, max_batch=8, memory=Memory(cost, 15_000))
+    worker = Worker(lambda z, t: z, mask_id=0, memory=Memory(cost, 15_000),
+                    batching=Batching(max_batch=8))
     try:
         (first, first_done), (second, second_done) = job("a", wait=True), job("b")
         worker.submit(first)
@@ -127,8 +128,11 @@ def test_jobs_beyond_the_memory_budget_wait_for_the_running_one():
 
 def test_a_probe_within_memory_runs_at_fewer_rows_and_calls_are_cut_to_them():
     cost = ForwardCost(per_position=100)
-    worker = Worker(lambda z, t, output_mask=None: torch.zeros(len(z), z.shape[1], 3),
-                    mask_id=2, max_batch=8, padding="always", memory=Memory(cost, 100 * 10 * 3))
+    def net(z, t, output_mask=None):
+        return torch.zeros(len(z), z.shape[1], 3)
+
+    worker = Worker(net, mask_id=2, memory=Memory(cost, 100 * 10 * 3),
+                    batching=Batching(max_batch=8, padding="always"))
     try:
         assert worker.shapes("logits", 10).sizes == (3,)  # three rows of 10 fit, not eight
     finally:

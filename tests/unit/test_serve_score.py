@@ -15,7 +15,7 @@ from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.eval.ppl import evaluate
 from mdlm_cli.serve.schema import ApiError, Limits
 from mdlm_cli.serve.score import parse_score, run_score
-from mdlm_cli.serve.worker import Job, Worker
+from mdlm_cli.serve.worker import Batching, Job, Worker
 
 from .test_serve_batching import CPU, TOK, served_model
 
@@ -103,7 +103,7 @@ def test_continuations_are_ranked_and_only_their_tokens_scored():
 
 def scored_by_worker(served, bodies: list[dict]) -> list[dict]:
     """The requests submitted together to one batching worker (4 rows a call)."""
-    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, max_batch=4)
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, batching=Batching(max_batch=4))
     results, done = [None] * len(bodies), [threading.Event() for _ in bodies]
     try:
         for i, body in enumerate(bodies):
