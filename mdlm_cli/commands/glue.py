@@ -64,7 +64,7 @@ def glue_cmd(
       mdlm glue --checkpoint sentence-transformers/all-MiniLM-L6-v2 --tasks rte --data my-glue/
     """
     from ..runtime import Runtime
-    from ..tasks.glue import GlueRecipe, load_encoder
+    from ..tasks.glue import GlueRecipe, GlueRows, load_encoder
     from ..tasks.glue_data import get_task
 
     with user_errors():
@@ -74,15 +74,15 @@ def glue_cmd(
         rt = Runtime.create(device or "auto", "fp32", threads or 0)
         encoder = load_encoder(checkpoint)
         say(f"Encoder: {encoder.name}; device {rt.describe()}")
-        limits = {"data_dir": data, "max_train_rows": max_train_rows,
-                  "max_eval_rows": max_eval_rows}
-        records = [_run_one(encoder, task, recipe, rt, limits) for task in chosen]
+        rows = GlueRows(data_dir=data, max_train_rows=max_train_rows,
+                        max_eval_rows=max_eval_rows)
+        records = [_run_one(encoder, task, recipe, rt, rows) for task in chosen]
         _print_table(records)
         if json_out:
             _write_json(json_out, checkpoint, encoder, recipe, records)
 
 
-def _run_one(encoder, task, recipe, rt, limits: dict) -> dict:
+def _run_one(encoder, task, recipe, rt, rows) -> dict:
     """One task fine-tuned and evaluated, with a progress bar of its steps and loss."""
     from rich.progress import (
         BarColumn,
@@ -102,7 +102,7 @@ def _run_one(encoder, task, recipe, rt, limits: dict) -> dict:
         def on_step(step: int, total: int, loss: float) -> None:
             progress.update(bar, completed=step, total=total, info=f"loss {loss:.3f}")
 
-        return run_task(encoder, task, recipe, device=rt.device, on_step=on_step, **limits)
+        return run_task(encoder, task, recipe, device=rt.device, rows=rows, on_step=on_step)
 
 
 def _write_json(path: str, checkpoint: str, encoder, recipe, records: list[dict]) -> None:

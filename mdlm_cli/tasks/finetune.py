@@ -33,22 +33,35 @@ def epochs_for(total_steps: int, steps_per_epoch: int) -> int:
     return math.ceil(total_steps / max(steps_per_epoch, 1))
 
 
+@dataclass(frozen=True)
+class FitPlan:
+    """A task's optimisation: `epochs` over its batches, stopped after `total_steps` steps
+    (GLUE's fractional epochs end mid-epoch), `lr_at(step)` the learning rate of step 0, 1,
+    ..., AdamW's `weight_decay`, and the gradient norm clipped to `grad_clip` (0: not
+    clipped)."""
+
+    epochs: int
+    total_steps: int
+    lr_at: Callable[[int], float]
+    weight_decay: float
+    grad_clip: float
+
+
 def fit(model: nn.Module,
         batches: Callable[[], Iterable[Any]],
-        loss_of: Callable[[nn.Module, Any], Tensor], *,
-        epochs: int,
-        total_steps: int,
-        lr_at: Callable[[int], float],
-        weight_decay: float,
-        grad_clip: float,
+        loss_of: Callable[[nn.Module, Any], Tensor],
+        plan: FitPlan, *,
         evaluate: Callable[[nn.Module], float] | None = None,
         on_step: Callable[[int, int, float], None] | None = None) -> FitResult:
-    """Train `model` in place: `batches()` is called once per epoch (an iterable of batches,
-    drawn lazily, so a task's random draws keep their order), `loss_of(model, batch)` is the
-    loss of one, `lr_at(step)` the learning rate of step 0, 1, ... Clipping only where
-    `grad_clip` > 0. With `evaluate(model)` (higher is better) after every epoch, the model
-    ends with the best epoch's weights. `on_step(step, total_steps, loss)` reports progress."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr_at(0), weight_decay=weight_decay)
+    """Train `model` in place as `plan` says: `batches()` is called once per epoch (an iterable
+    of batches, drawn lazily, so a task's random draws keep their order), `loss_of(model,
+    batch)` is the loss of one. With `evaluate(model)` (higher is better) after every epoch,
+    the model ends with the best epoch's weights. `on_step(step, total_steps, loss)` reports
+    progress."""
+    epochs, total_steps, lr_at = plan.epochs, plan.total_steps, plan.lr_at
+    grad_clip = plan.grad_clip
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr_at(0),
+                                  weight_decay=plan.weight_decay)
     step, losses = 0, []
     best_score, best_epoch, best_weights = None, None, None
     for epoch in range(1, epochs + 1):

@@ -38,7 +38,7 @@ from ..data.dna import GenomicTask, encode_left_padded, reverse_complement
 from ..errors import MdlmError
 from ..runtime import derive_seed
 from ..train.optim import warmup_cosine
-from .finetune import fit
+from .finetune import FitPlan, fit
 
 
 @dataclass
@@ -155,12 +155,27 @@ def new_classifier(loaded: LoadedModel, task: GenomicTask, *,
     )
 
 
-def fine_tune(loaded: LoadedModel,
-              task: GenomicTask,
-              x: Tensor,
-              y: Tensor,
-              x_test: Tensor,
-              y_test: Tensor, *,
+@dataclass(frozen=True)
+class EncodedTask:
+    """A task's sequences as token ids: the training rows `x` (N, L) and their labels `y`
+    (N,), the test rows and theirs."""
+
+    task: GenomicTask
+    x: Tensor
+    y: Tensor
+    x_test: Tensor
+    y_test: Tensor
+
+    def validate(self) -> EncodedTask:
+        """One label per row, in both splits."""
+        for name, rows, labels in (("train", self.x, self.y), ("test", self.x_test, self.y_test)):
+            if len(rows) != len(labels):
+                raise MdlmError(f"{self.task.name}: {len(rows)} {name} sequences but "
+                                f"{len(labels)} labels")
+        return self
+
+
+def fine_tune(loaded: LoadedModel, data: EncodedTask, *,
               lr: float,
               batch_size: int,
               seed: int,
@@ -170,6 +185,7 @@ def fine_tune(loaded: LoadedModel,
     """One seed of one sweep setting: split (the seed's random one unless `split` gives the
     (validation, training) indices), fine-tune (the shared loop, tasks/finetune.py), keep the
     epoch of the best validation accuracy, test."""
+    task, x, y = data.task, data.x, data.y
     g = torch.Generator().manual_seed(seed)
     val_idx, train_idx = split or validation_split(len(x), cfg.val_fraction, g)
     rc_aug, conjoin = strand_recipe(loaded.model, cfg)
@@ -193,18 +209,11 @@ def fine_tune(loaded: LoadedModel,
     def lr_at(step: int) -> float:
         return warmup_cosine(step, lr=lr, warmup=warmup, total=total, min_lr_ratio=cfg.min_lr_ratio)
 
-    result = fit(
-        model,
-        batches,
-        lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]),
-        epochs=cfg.epochs,
-        total_steps=total,
-        lr_at=lr_at,
-        weight_decay=cfg.weight_decay,
-        grad_clip=cfg.grad_clip,
-        evaluate=lambda m: accuracy(m, x_val, y_val, cfg.eval_batch_size, device),
-    )
-    test = accuracy(model, x_test, y_test, cfg.eval_batch_size, device)
+    plan = FitPlan(epochs=cfg.epochs, total_steps=total, lr_at=lr_at,
+                   weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
+    result = fit(model, batches, lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]), plan,
+                 evaluate=lambda m: accuracy(m, x_val, y_val, cfg.eval_batch_size, device))
+    test = accuracy(model, data.x_test, data.y_test, cfg.eval_batch_size, device)
     return {
         "seed": seed,
         "val_accuracy": result.best_score,
@@ -240,14 +249,14 @@ def classify(loaded: LoadedModel, task: GenomicTask, cfg: ClassifyConfig, device
         encode_left_padded([s for s, _ in rows], tok, length) for rows in (task.train, task.test)
     )
     y, y_test = (torch.tensor([label for _, label in rows]) for rows in (task.train, task.test))
+    data = EncodedTask(task, x, y, x_test, y_test).validate()
     t0, settings = time.perf_counter(), []
     for lr in cfg.lrs:
         for batch_size in cfg.batch_sizes:
             runs = []
             for seed, split in splits(y, cfg):
-                run = fine_tune(loaded, task, x, y, x_test, y_test, lr=lr,
-                                batch_size=batch_size, seed=seed, cfg=cfg, device=device,
-                                split=split)
+                run = fine_tune(loaded, data, lr=lr, batch_size=batch_size, seed=seed, cfg=cfg,
+                                device=device, split=split)
                 if split is not None:
                     run["fold"] = len(runs)
                 runs.append(run)

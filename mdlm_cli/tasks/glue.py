@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import MdlmError
-from .finetune import epochs_for, fit
+from .finetune import FitPlan, epochs_for, fit
 from .glue_data import GlueTask, load_rows, metrics, subset
 
 
@@ -147,17 +147,10 @@ def fine_tune(model: nn.Module, train: list[dict], task: GlueTask, recipe: GlueR
             rows = [train[i] for i in order[start:start + recipe.batch_size]]
             yield collate(rows, pad_id, device, task.num_labels == 1)
 
-    result = fit(
-        model,
-        batches,
-        lambda m, batch: m(**batch).loss,
-        epochs=epochs_for(total, steps_per_epoch),
-        total_steps=total,
-        lr_at=lambda step: recipe.lr * max(0.0, 1 - step / total),
-        weight_decay=recipe.weight_decay,
-        grad_clip=recipe.grad_clip,
-        on_step=on_step,
-    )
+    plan = FitPlan(epochs=epochs_for(total, steps_per_epoch), total_steps=total,
+                   lr_at=lambda step: recipe.lr * max(0.0, 1 - step / total),
+                   weight_decay=recipe.weight_decay, grad_clip=recipe.grad_clip)
+    result = fit(model, batches, lambda m, batch: m(**batch).loss, plan, on_step=on_step)
     return result.last_epoch_loss
 
 
@@ -178,18 +171,35 @@ def predict(model: nn.Module, rows: list[dict], task: GlueTask, recipe: GlueReci
     return torch.cat(out).numpy()
 
 
+@dataclass(frozen=True)
+class GlueRows:
+    """The rows a task runs on: local files under `data_dir` (None: the built-in or Hub source,
+    read with `load_dataset`), at most `max_train_rows` training rows drawn at random and the
+    first `max_eval_rows` of each evaluation split (0: all of them)."""
+
+    data_dir: str | None = None
+    max_train_rows: int = 0
+    max_eval_rows: int = 0
+    load_dataset: Callable | None = None
+
+    def train(self, task: GlueTask, seed: int) -> list[dict]:
+        rows = load_rows(task, "train", self.data_dir, self.load_dataset)
+        return subset(rows, self.max_train_rows, seed)
+
+    def evaluation(self, task: GlueTask, split: str) -> list[dict]:
+        rows = load_rows(task, split, self.data_dir, self.load_dataset)
+        return rows[:self.max_eval_rows] if self.max_eval_rows > 0 else rows
+
+
 def run_task(encoder: Encoder, task: GlueTask, recipe: GlueRecipe, *,
              device: torch.device,
-             data_dir: str | None = None,
-             max_train_rows: int = 0,
-             max_eval_rows: int = 0,
-             on_step: Callable[[int, int, float], None] | None = None,
-             load_dataset=None) -> dict:
-    """Fine-tune on the task's train split, evaluate on its validation split(s): one JSON
-    record."""
+             rows: GlueRows | None = None,
+             on_step: Callable[[int, int, float], None] | None = None) -> dict:
+    """Fine-tune on the task's train split, evaluate on its validation split(s) (`rows`: which
+    rows; default all of the built-in or Hub source's): one JSON record."""
     t0 = time.perf_counter()
-    tok = encoder.tokenizer
-    train = subset(load_rows(task, "train", data_dir, load_dataset), max_train_rows, recipe.seed)
+    tok, rows = encoder.tokenizer, rows or GlueRows()
+    train = rows.train(task, recipe.seed)
     model = build_classifier(encoder, task, recipe.seed)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     train_examples = encode(tok, task, train, recipe.max_length)
@@ -202,13 +212,12 @@ def run_task(encoder: Encoder, task: GlueTask, recipe: GlueRecipe, *,
         "final_train_loss": loss,
     }
     for split in task.eval_splits:
-        rows = load_rows(task, split, data_dir, load_dataset)
-        rows = rows[:max_eval_rows] if max_eval_rows > 0 else rows
-        examples = encode(tok, task, rows, recipe.max_length)
+        evaluated = rows.evaluation(task, split)
+        examples = encode(tok, task, evaluated, recipe.max_length)
         predictions = predict(model, examples, task, recipe, pad_id=pad_id, device=device)
-        labels = np.array([r["label"] for r in rows])
+        labels = np.array([r["label"] for r in evaluated])
         name = split.replace("validation_", "") if len(task.eval_splits) > 1 else "validation"
-        record[name] = {**metrics(task, predictions, labels), "rows": len(rows)}
+        record[name] = {**metrics(task, predictions, labels), "rows": len(evaluated)}
     first = record["matched" if "matched" in record else "validation"]
     record.update(value=first[task.metric], seconds=time.perf_counter() - t0)
     return record

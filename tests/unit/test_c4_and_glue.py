@@ -12,6 +12,7 @@ from mdlm_cli.data.store import prepare, prepared_folder
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.tasks.glue import (
     GlueRecipe,
+    GlueRows,
     build_classifier,
     encode,
     fine_tune,
@@ -129,7 +130,7 @@ def test_glue_fine_tunes_a_head_on_a_40_row_task_and_reports_its_metric(tmp_path
     write_task(tmp_path / "data", "cola", "validation", rows)  # the rows it trained on: it must fit them
     encoder = load_encoder(str(folder))
     record = run_task(encoder, get_task("cola"), GlueRecipe(epochs=30, lr=2e-3), device=torch.device("cpu"),
-                      data_dir=str(tmp_path / "data"))
+                      rows=GlueRows(data_dir=str(tmp_path / "data")))
     assert record["metric"] == "accuracy" and record["train_rows"] == 40
     assert record["value"] == record["validation"]["accuracy"] >= 0.9  # chance is 0.6 (majority class)
     assert set(record["validation"]) == {"accuracy", "matthews", "rows"}
@@ -142,7 +143,7 @@ def test_mnli_reports_matched_and_mismatched(tmp_path):
     for split in ("train", "validation_matched", "validation_mismatched"):
         write_task(tmp_path / "data", "mnli", split, rows)
     record = run_task(load_encoder(str(folder)), get_task("mnli"), GlueRecipe(epochs=1),
-                      device=torch.device("cpu"), data_dir=str(tmp_path / "data"), max_eval_rows=5)
+                      device=torch.device("cpu"), rows=GlueRows(data_dir=str(tmp_path / "data"), max_eval_rows=5))
     assert record["matched"]["rows"] == record["mismatched"]["rows"] == 5
     assert record["value"] == record["matched"]["accuracy"]
 
