@@ -73,13 +73,29 @@ STEP_FILES = (
 )
 
 
-def save_checkpoint(run_dir: Path, step: int, *, model: nn.Module, ema_model: nn.Module | None,
-                    optimizer: torch.optim.Optimizer | None, cfg: Config, state: dict,
-                    tokenizer: Tokenizer, data_meta: dict, keep_last: int = 2,
-                    best: bool = False) -> Path:
+@dataclass(frozen=True)
+class CheckpointContents:
+    """What a step folder holds: the model (and its EMA copy and optimizer, where the run has
+    them), the resolved config, the training state, the tokeniser and the prepared data's
+    metadata."""
+
+    model: nn.Module
+    cfg: Config
+    state: dict
+    tokenizer: Tokenizer
+    data_meta: dict
+    ema_model: nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+
+
+def save_checkpoint(run_dir: Path, step: int, contents: CheckpointContents, *,
+                    keep_last: int = 2, best: bool = False) -> Path:
     """Write checkpoints/step-N atomically (temp folder + rename), update the
     `latest`/`best` pointers and prune all but the last `keep_last` and the best.
     Collective under torch.distributed: every rank calls it, rank 0 writes."""
+    c = contents
+    model, ema_model, optimizer, cfg = c.model, c.ema_model, c.optimizer, c.cfg
+    state, tokenizer, data_meta = c.state, c.tokenizer, c.data_meta
     ckpt_root = run_dir / "checkpoints"
     final = ckpt_root / f"step-{step:08d}"
     weights = distributed.full_model_state(model)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from ..checkpoints.folder import save_checkpoint
+from ..checkpoints.folder import CheckpointContents, save_checkpoint
 from ..config import Config
 from ..data.dna import rc_augment
 from ..distributed import StopSignals, clip_grad_norm, session, set_gradient_sync
@@ -169,19 +169,12 @@ def _evaluate(run: Run, rows: int) -> BoundResult:
 
 
 def _checkpoint(run: Run, best: bool = False) -> Path:
-    return save_checkpoint(
-        run.run_dir,
-        run.state.step,
-        model=run.model,
-        ema_model=run.ema.model if run.ema else None,
-        optimizer=run.optimizer,
-        cfg=run.cfg,
-        state=run.state.to_dict(),
-        tokenizer=run.tokenizer,
-        data_meta=run.data.meta,
-        keep_last=run.cfg.train.keep_last,
-        best=best,
-    )
+    contents = CheckpointContents(
+        model=run.model, cfg=run.cfg, state=run.state.to_dict(), tokenizer=run.tokenizer,
+        data_meta=run.data.meta, ema_model=run.ema.model if run.ema else None,
+        optimizer=run.optimizer)
+    return save_checkpoint(run.run_dir, run.state.step, contents,
+                           keep_last=run.cfg.train.keep_last, best=best)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mdlm_cli.build import resolve_config
-from mdlm_cli.checkpoints.folder import save_checkpoint
+from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import build_model
 
@@ -37,8 +37,9 @@ def make_run(folder: Path, tokenizer: str = "char", step: int = 4) -> Path:
     model = build_model(cfg.model, tok.vocab_size)
     data_meta = {"length": cfg.data.length, "packing": cfg.data.packing, "tokenizer": tok.describe(),
                  "source": {"name": "bigtxt"}}
-    save_checkpoint(folder, step, model=model, ema_model=None, optimizer=None, cfg=cfg, state={"step": step},
-                    tokenizer=tok, data_meta=data_meta)
+    save_checkpoint(folder, step,
+        CheckpointContents(model=model, ema_model=None, optimizer=None, cfg=cfg,
+                           state={"step": step}, tokenizer=tok, data_meta=data_meta))
     (folder / "metrics.jsonl").write_text(json.dumps({"step": step, "loss": 1.0}) + "\n")
     return folder
 
@@ -126,9 +127,11 @@ def test_a_kill_during_a_re_save_loses_nothing(train_args, tmp_path):
 
 def test_a_pointer_to_a_missing_step_falls_back_with_a_warning(tmp_path):
     run = make_run(tmp_path / "run", step=2)
-    save_checkpoint(run, 4, model=build_model(resolve_config("test").model, 35), ema_model=None, optimizer=None,
-                    cfg=resolve_config("test"), state={"step": 4}, tokenizer=load_tokenizer("char"),
-                    data_meta=json.loads((run / "checkpoints" / "step-00000002" / "data.json").read_text()))
+    save_checkpoint(run, 4,
+        CheckpointContents(model=build_model(resolve_config("test").model, 35), ema_model=None,
+                           optimizer=None, cfg=resolve_config("test"), state={"step": 4},
+                           tokenizer=load_tokenizer("char"),
+                           data_meta=json.loads((run / "checkpoints" / "step-00000002" / "data.json").read_text())))
     shutil.rmtree(run / "checkpoints" / "step-00000004")  # what the old re-save left after a kill
     text = invoke("sample", "-c", run, "-n", "1", "--quiet")
     assert "latest names step-00000004, which is missing" in " ".join(text.split()) and "step-00000002" in text

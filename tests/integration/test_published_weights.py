@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from mdlm_cli.build import resolve_config
-from mdlm_cli.checkpoints.folder import save_checkpoint
+from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
 from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.cli import app
 from mdlm_cli.data.tokenizers import load_tokenizer
@@ -49,8 +49,9 @@ def mdlm_run(tmp_path):
     data_meta = {"length": cfg.data.length, "packing": cfg.data.packing, "tokenizer": tokenizer.describe(),
                  "source": {"name": "bigtxt"}}
     state = {"step": 20, "tokens_seen": 20480, "valid_nats": 2.5, "best_valid_nats": 2.4}
-    save_checkpoint(tmp_path / "run", 20, model=random_dit(cfg, 0), ema_model=random_dit(cfg, 1), optimizer=None,
-                    cfg=cfg, state=state, tokenizer=tokenizer, data_meta=data_meta)
+    save_checkpoint(tmp_path / "run", 20,
+        CheckpointContents(model=random_dit(cfg, 0), ema_model=random_dit(cfg, 1), optimizer=None,
+                           cfg=cfg, state=state, tokenizer=tokenizer, data_meta=data_meta))
     return tmp_path / "run"
 
 

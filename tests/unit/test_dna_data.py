@@ -119,7 +119,7 @@ def write_task(folder, n_train=32, n_test=16, length=30):
 
 def test_classify_fine_tunes_a_tiny_checkpoint_on_a_two_class_folder(tmp_path):
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.checkpoints.folder import save_checkpoint
+    from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
     from mdlm_cli.models import build_model
 
     write_task(tmp_path / "toy_task")
@@ -129,8 +129,9 @@ def test_classify_fine_tunes_a_tiny_checkpoint_on_a_two_class_folder(tmp_path):
     torch.manual_seed(0)
     model = build_model(cfg.model, TOK.vocab_size)
     data_meta = {"length": 64, "packing": "window", "tokenizer": TOK.describe(), "source": {"name": "dna-synthetic"}}
-    save_checkpoint(tmp_path / "run", 1, model=model, ema_model=None, optimizer=None, cfg=cfg, state={"step": 1},
-                    tokenizer=TOK, data_meta=data_meta)
+    save_checkpoint(tmp_path / "run", 1,
+        CheckpointContents(model=model, ema_model=None, optimizer=None, cfg=cfg, state={"step": 1},
+                           tokenizer=TOK, data_meta=data_meta))
     out = tmp_path / "c.json"
     result = CliRunner().invoke(app, ["classify", "-c", str(tmp_path / "run"), "--data", str(tmp_path / "toy_task"),
                                       "--lrs", "2e-2", "--batch-sizes", "8", "--seeds", "1,2", "--epochs", "2",

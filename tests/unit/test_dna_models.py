@@ -240,7 +240,7 @@ def test_backbones_honour_the_denoiser_contract():
 
 def test_init_from_a_checkpoint_without_time_input_keeps_its_function(tmp_path):
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.checkpoints.folder import save_checkpoint
+    from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
     from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.errors import MdlmError
     from mdlm_cli.train.init_from import initialise_from
@@ -250,8 +250,9 @@ def test_init_from_a_checkpoint_without_time_input_keeps_its_function(tmp_path):
     torch.manual_seed(0)
     source = build_model(cfg.model, 16).eval()
     data_meta = {"length": 128, "packing": "window", "tokenizer": tok.describe(), "source": {"name": "dna-synthetic"}}
-    save_checkpoint(tmp_path / "mlm", 1, model=source, ema_model=None, optimizer=None, cfg=cfg, state={"step": 1},
-                    tokenizer=tok, data_meta=data_meta)
+    save_checkpoint(tmp_path / "mlm", 1,
+        CheckpointContents(model=source, ema_model=None, optimizer=None, cfg=cfg,
+                           state={"step": 1}, tokenizer=tok, data_meta=data_meta))
     timed = resolve_config("dna-tiny", ["model.hidden_size=8", "model.n_blocks=1", "model.time_conditioning=true"])
     target = build_model(timed.model, 16).eval()
     assert "mlm model" in initialise_from(target, str(tmp_path / "mlm"), tok)

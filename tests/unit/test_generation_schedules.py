@@ -344,7 +344,7 @@ def save_dit(folder, state: dict | None = None):
     """A random 2-layer DiT without time conditioning (mdlm, char tokenizer, L = 32), its
     weights perturbed so that what it reads changes what it predicts."""
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.checkpoints.folder import save_checkpoint
+    from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
     from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.models import build_model
 
@@ -355,9 +355,10 @@ def save_dit(folder, state: dict | None = None):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-    save_checkpoint(folder, 1, model=model, ema_model=None, optimizer=None, cfg=cfg,
-                    state={"step": 1, **(state or {})}, tokenizer=tok,
-                    data_meta={"length": 32, "packing": "chunk"})
+    save_checkpoint(folder, 1,
+        CheckpointContents(model=model, ema_model=None, optimizer=None, cfg=cfg,
+                           state={"step": 1, **(state or {})}, tokenizer=tok,
+                           data_meta={"length": 32, "packing": "chunk"}))
     return folder
 
 

@@ -132,7 +132,7 @@ def save_ar_judge(folder, length: int = 32):
     """A random 2-layer mdlm AR checkpoint with the char tokenizer (offline, no transformers);
     its weights are perturbed so that what it reads changes what it predicts."""
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.checkpoints.folder import save_checkpoint
+    from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
     from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.models import build_model
 
@@ -144,8 +144,9 @@ def save_ar_judge(folder, length: int = 32):
         for p in model.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     data_meta = {"length": length, "packing": "wrap"}
-    save_checkpoint(folder, 1, model=model, ema_model=None, optimizer=None, cfg=cfg,
-                    state={"step": 1}, tokenizer=tok, data_meta=data_meta)
+    save_checkpoint(folder, 1,
+        CheckpointContents(model=model, ema_model=None, optimizer=None, cfg=cfg, state={"step": 1},
+                           tokenizer=tok, data_meta=data_meta))
     return folder
 
 

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from mdlm_cli import engine
 from mdlm_cli.build import config_dict, config_from_dict, resolve_config
 from mdlm_cli.checkpoints.export import export_folder, verify_export
-from mdlm_cli.checkpoints.folder import load_run_folder, save_checkpoint
+from mdlm_cli.checkpoints.folder import CheckpointContents, load_run_folder, save_checkpoint
 from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.config import ModelConfig
 from mdlm_cli.data.tokenizers import load_tokenizer
@@ -124,8 +124,9 @@ def checkpoint(tmp_path_factory):
     model = build_model(cfg.model, tok.vocab_size)
     with torch.no_grad():  # make the head's tied and untied tensors differ from a fresh model's
         model.hf.cls.predictions.bias.normal_()
-    step = save_checkpoint(root / "run", 5, model=model, ema_model=None, optimizer=None, cfg=cfg, state={"step": 5},
-                           tokenizer=tok, data_meta={"length": 32, "packing": "wrap"})
+    step = save_checkpoint(root / "run", 5,
+        CheckpointContents(model=model, ema_model=None, optimizer=None, cfg=cfg, state={"step": 5},
+                           tokenizer=tok, data_meta={"length": 32, "packing": "wrap"}))
     return root, folder, model, step
 
 

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from mdlm_cli import engine
 from mdlm_cli.build import resolve_config
-from mdlm_cli.checkpoints.folder import load_run_folder, save_checkpoint
+from mdlm_cli.checkpoints.folder import CheckpointContents, load_run_folder, save_checkpoint
 from mdlm_cli.config import ModelConfig
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer
@@ -154,8 +154,9 @@ def test_checkpoint_round_trip_keeps_objective_and_logits(name, tmp_path):
     cfg, objective, model = setup(name)
     data_meta = {"length": cfg.data.length, "packing": cfg.data.packing, "tokenizer": TOK.describe(),
                  "source": {"name": "bigtxt"}}
-    save_checkpoint(tmp_path / "run", 3, model=model, ema_model=None, optimizer=None, cfg=cfg, state={"step": 3},
-                    tokenizer=TOK, data_meta=data_meta)
+    save_checkpoint(tmp_path / "run", 3,
+        CheckpointContents(model=model, ema_model=None, optimizer=None, cfg=cfg, state={"step": 3},
+                           tokenizer=TOK, data_meta=data_meta))
     meta = json.loads(next((tmp_path / "run" / "checkpoints").glob("step-*/model.json")).read_text())
     assert meta["schema_version"] == 2 and meta["causal"] == objective.causal and meta["objective"] == name
     loaded = load_run_folder(tmp_path / "run")

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from mdlm_cli.build import config_from_dict
 from mdlm_cli.checkpoints.export import export_folder
-from mdlm_cli.checkpoints.folder import load_run_folder, save_checkpoint
+from mdlm_cli.checkpoints.folder import CheckpointContents, load_run_folder, save_checkpoint
 from mdlm_cli.data.store import prepare
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import build_model
@@ -45,8 +45,9 @@ def source(tmp_path_factory):
     model = build_model(cfg.model, tok.vocab_size)
     with torch.no_grad():
         model.hf.cls.predictions.bias.normal_()
-    save_checkpoint(root / "run", 5, model=model, ema_model=None, optimizer=None, cfg=cfg,
-                    state={"step": 5}, tokenizer=tok, data_meta={"length": 32, "packing": "wrap"})
+    save_checkpoint(root / "run", 5,
+        CheckpointContents(model=model, ema_model=None, optimizer=None, cfg=cfg, state={"step": 5},
+                           tokenizer=tok, data_meta={"length": 32, "packing": "wrap"}))
     export_folder(load_run_folder(root / "run"), root / "export", weights="raw")
     return root, folder, model.hf.cls.predictions.bias.detach().clone()
 
