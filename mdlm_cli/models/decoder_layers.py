@@ -6,10 +6,13 @@ projections under its release's weight names and calls these.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import MdlmError
 from .block_cache import BlockCall
 
 
@@ -62,15 +65,33 @@ def key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
     return attention_mask.bool()[:, None, None, :]
 
 
+@dataclass(frozen=True)
+class Heads:
+    """The attention heads of a layer: `n_heads` query heads over `n_kv_heads` key/value
+    heads (each shared by n_heads / n_kv_heads of them), the rotary embedding applied in
+    float32 (`full_precision_rotary`, LLaDA's rope_full_precision) or in the activations'
+    dtype (Dream)."""
+
+    n_heads: int
+    n_kv_heads: int
+    full_precision_rotary: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.n_heads < 1 or self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            raise MdlmError(f"{self.n_heads} attention heads cannot share {self.n_kv_heads} "
+                            "key/value heads: the query heads must be a multiple of them")
+
+
 def attend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    heads: Heads,
     *,
-    n_heads: int,
-    n_kv_heads: int,
     rotary: tuple[Tensor, Tensor],
-    full_precision_rotary: bool,
     keys: Tensor | None,
     dropout: float = 0.0,
     block_call: tuple[BlockCall, int] | None = None,
@@ -79,14 +100,15 @@ def attend(
     rotary on q and k, each key/value head shared by H / Hkv query heads; -> (B, L, H*d).
     `block_call` (call, layer index): a block cache's full pass (keys and values stored) or a
     slice attending to the cached keys and values of the others (models/block_cache.py)."""
+    n_heads, n_kv_heads = heads.n_heads, heads.n_kv_heads
     B, L, _ = q.shape
     head_dim = q.shape[-1] // n_heads
     q = q.view(B, L, n_heads, head_dim).transpose(1, 2)  # (B, H, L, d)
     k = k.view(B, L, n_kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, L, d)
     v = v.view(B, L, n_kv_heads, head_dim).transpose(1, 2)
     cos, sin = rotary
-    q = apply_rotary(q, cos, sin, full_precision=full_precision_rotary)
-    k = apply_rotary(k, cos, sin, full_precision=full_precision_rotary)
+    q = apply_rotary(q, cos, sin, full_precision=heads.full_precision_rotary)
+    k = apply_rotary(k, cos, sin, full_precision=heads.full_precision_rotary)
     if n_kv_heads != n_heads:
         k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
         v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ..errors import MdlmError
 from .block_cache import BlockCall
-from .decoder_layers import RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
+from .decoder_layers import Heads, RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
 CONFIG_FILE = "dream_config.json"  # the release's config.json, beside an mdlm checkpoint's weights
@@ -79,6 +79,7 @@ class DreamAttention(nn.Module):
     def __init__(self, s: DreamShape):
         super().__init__()
         self.shape = s
+        self.heads = Heads(s.n_heads, s.n_kv_heads, full_precision_rotary=False)
         kv = s.n_kv_heads * (s.hidden_size // s.n_heads)
         self.q_proj = nn.Linear(s.hidden_size, s.hidden_size, bias=True)
         self.k_proj = nn.Linear(s.hidden_size, kv, bias=True)
@@ -88,8 +89,7 @@ class DreamAttention(nn.Module):
     def forward(self, h: Tensor, rotary: tuple[Tensor, Tensor], keys: Tensor | None,
                 block_call: tuple[BlockCall, int] | None = None) -> Tensor:
         s = self.shape
-        att = attend(self.q_proj(h), self.k_proj(h), self.v_proj(h), n_heads=s.n_heads,
-                     n_kv_heads=s.n_kv_heads, rotary=rotary, full_precision_rotary=False,
+        att = attend(self.q_proj(h), self.k_proj(h), self.v_proj(h), self.heads, rotary=rotary,
                      keys=keys, dropout=s.attention_dropout if self.training else 0.0,
                      block_call=block_call)
         return self.o_proj(att)

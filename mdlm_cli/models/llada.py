@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..errors import MdlmError
 from .block_cache import BlockCall
-from .decoder_layers import RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
+from .decoder_layers import Heads, RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
 CONFIG_FILE = "llada_config.json"  # the release's config.json, beside an mdlm checkpoint's weights
@@ -95,6 +95,7 @@ class LLaDABlock(nn.Module):
     def __init__(self, s: LLaDAShape):
         super().__init__()
         self.shape = s
+        self.heads = Heads(s.n_heads, s.n_kv_heads, full_precision_rotary=s.rope_full_precision)
         kv = s.n_kv_heads * (s.hidden_size // s.n_heads)
         self.attn_norm = RMSNorm(s.hidden_size, s.eps)
         self.q_proj = nn.Linear(s.hidden_size, s.hidden_size, bias=s.qkv_bias)
@@ -110,9 +111,7 @@ class LLaDABlock(nn.Module):
     def forward(self, x: Tensor, rotary: tuple[Tensor, Tensor], keys: Tensor | None,
                 block_call: tuple[BlockCall, int] | None = None) -> Tensor:
         h = self.attn_norm(x)
-        att = attend(self.q_proj(h), self.k_proj(h), self.v_proj(h), n_heads=self.shape.n_heads,
-                     n_kv_heads=self.shape.n_kv_heads, rotary=rotary,
-                     full_precision_rotary=self.shape.rope_full_precision,
+        att = attend(self.q_proj(h), self.k_proj(h), self.v_proj(h), self.heads, rotary=rotary,
                      keys=keys, dropout=self.shape.dropout[1] if self.training else 0.0,
                      block_call=block_call)
         x = x + self.drop(self.attn_out(att))
