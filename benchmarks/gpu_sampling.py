@@ -18,23 +18,20 @@ PRECISIONS = ("fp64", "fp32")
 def bench_rows(part: PartFile, denoiser, sz: Sizes) -> None:
     """One row per (precision, sampler, batch): one batch of samples, timed once after the
     bench's warm-up; network calls per second from the row's batched calls."""
-    from mdlm_cli.sample.bench import run_bench, sweep
+    from mdlm_cli.sample.bench import BenchDraws, run_bench, sweep
 
     def on_row(row) -> None:
         d = asdict(row)
         d["calls_per_s"] = row.calls / (row.seconds_per_sample * row.num_samples)
         part.append("rows", d)
 
+    draws = BenchDraws(num_samples=1, length=sz.length, mask_id=sz.mask_id, repeats=1, seed=0,
+                       device=sz.device)
     run_bench(
         denoiser,
         sweep(list(SAMPLERS), [sz.sample_steps], list(PRECISIONS)),
+        draws,
         batch_sizes=list(sz.sample_batches),
-        num_samples=1,
-        length=sz.length,
-        mask_id=sz.mask_id,
-        repeats=1,
-        seed=0,
-        device=sz.device,
         meta={},
         on_row=on_row,
     )

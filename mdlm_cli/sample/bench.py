@@ -17,7 +17,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -154,35 +154,50 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass(frozen=True)
+class BenchDraws:
+    """What every row draws: `num_samples` samples of `length` tokens (mask id `mask_id`, the
+    `schedule`; None: the denoiser's, else log-linear) on `device`, in `repeats` timed runs
+    seeded `seed`, `seed` + 1, ..., after a warm-up at the same shapes (`warmup`)."""
+
+    num_samples: int
+    length: int
+    mask_id: int
+    repeats: int
+    seed: int
+    device: torch.device
+    schedule: Any = None
+    warmup: bool = True
+
+    def drawing(self, denoiser) -> dict:
+        """`engine.sample`'s keywords of the canvas and the schedule."""
+        schedule = self.schedule if self.schedule is not None else getattr(
+            denoiser, "schedule", "loglinear")
+        return {"length": self.length, "mask_id": self.mask_id, "schedule": schedule,
+                "device": self.device}
+
+
 def run_config(denoiser,
                how: engine.SamplingSettings,
+               draws: BenchDraws,
                *,
                batch_size: int,
-               num_samples: int,
-               length: int,
-               mask_id: int,
-               repeats: int,
-               seed: int,
-               device: torch.device,
-               schedule=None,
-               warmup: bool = True,
                on_tokens: Callable[[torch.Tensor], None] | None = None) -> BenchRow:
-    """One row: `repeats` timed runs of `num_samples` samples drawn `how`, in batches (after a
-    warm-up); `on_tokens` gets the tokens of the first timed run (seed `seed`: what
-    `mdlm sample --seed` draws with the same flags)."""
+    """One row: `draws.repeats` timed runs of `draws.num_samples` samples drawn `how`, in
+    batches (after a warm-up); `on_tokens` gets the tokens of the first timed run (seed
+    `draws.seed`: what `mdlm sample --seed` draws with the same flags)."""
     spec = engine.get_sampler(how.sampler)
     steps, options = how.steps, dict(how.options)
+    num_samples, device = draws.num_samples, draws.device
     timed = TimedDenoiser(denoiser, device)
-    schedule = schedule if schedule is not None else getattr(denoiser, "schedule", "loglinear")
-    drawing = {"length": length, "mask_id": mask_id, "schedule": schedule, "device": device}
-    if warmup:
-        _warm_up(denoiser, how, batch_size=batch_size, length=length,
-                 mask_id=mask_id, seed=seed, device=device, drawing=drawing)
+    drawing = draws.drawing(denoiser)
+    if draws.warmup:
+        _warm_up(denoiser, how, draws, batch_size=batch_size, drawing=drawing)
     walls, shares, last, whole = [], [], None, None
-    for r in range(repeats):
+    for r in range(draws.repeats):
         timed.input_tokens = timed.output_rows = 0  # the last repeat's counts are the row's
         wall, network, last, whole, tokens = _timed_run(
-            timed, how, num_samples, seed + r, batch_size=batch_size,
+            timed, how, num_samples, draws.seed + r, batch_size=batch_size,
             count_whole_batch=spec.needs_time_agnostic, device=device, drawing=drawing)
         walls.append(wall)
         shares.append(network / wall if wall > 0 else 0.0)
@@ -193,11 +208,11 @@ def run_config(denoiser,
     share = statistics.median(shares)
     return BenchRow(
         sampler=how.sampler, steps=steps if spec.uses_steps else None, batch_size=batch_size,
-        precision=how.precision, num_samples=num_samples, repeats=repeats,
+        precision=how.precision, num_samples=num_samples, repeats=draws.repeats,
         seconds_per_sample=median,
         seconds_per_sample_min=min(per_sample),
         seconds_per_sample_max=max(per_sample),
-        tokens_per_second=length / median if median > 0 else float("inf"),
+        tokens_per_second=draws.length / median if median > 0 else float("inf"),
         nfe=last.nfe, ncs=last.ncs, calls=last.calls,
         whole_batch_calls=None if whole is None else whole.calls,
         nfe_whole_batch=None if whole is None else whole.calls * batch_size / num_samples,
@@ -206,19 +221,16 @@ def run_config(denoiser,
     )
 
 
-def _warm_up(denoiser, how: engine.SamplingSettings, *,
+def _warm_up(denoiser, how: engine.SamplingSettings, draws: BenchDraws, *,
              batch_size: int,
-             length: int,
-             mask_id: int,
-             seed: int,
-             device: torch.device,
              drawing: dict) -> None:
     """Allocator, kernels, compilation: one batch at the same shapes, a few calls."""
-    few = torch.full((batch_size, length), mask_id, dtype=torch.long, device=device)
+    length, mask_id = draws.length, draws.mask_id
+    few = torch.full((batch_size, length), mask_id, dtype=torch.long, device=draws.device)
     # a real token everywhere but the last 4 positions: first-hitting makes 4 calls, not L, and
     # a left-to-right model has a prefix to continue
     few[:, :length - 4] = int(mask_id == 0)
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device=draws.device).manual_seed(draws.seed)
     few_steps = how.with_(steps=min(how.steps or 1, 4))
     engine.sample(denoiser, few_steps, num_samples=batch_size, prompt=few,
                   generator=gen, **drawing)
@@ -279,29 +291,26 @@ def grid(settings: list[engine.SamplingSettings],
 
 def run_bench(denoiser,
               settings: list[engine.SamplingSettings],
+              draws: BenchDraws,
               *,
               batch_sizes: list[int],
-              # every row's draws (run_config's)
-              num_samples: int, length: int, mask_id: int, repeats: int, seed: int,
-              device: torch.device, schedule=None,
-              # the report
               meta: dict,
               on_tokens: Callable[[BenchRow, torch.Tensor], None] | None = None,
               on_row: Callable[[BenchRow], None] | None = None,
               speed: tuple[ModelFlops, Peak | None] | None = None) -> BenchReport:
-    """Every row of `grid(settings, batch_sizes)`; `on_tokens(row, tokens)` sees each row's
-    first timed samples before `on_row(row)` (the judge fills `row.quality` there). With
-    `speed` (the model's FLOP counts, the device's peak) the rows get their MFU."""
+    """Every row of `grid(settings, batch_sizes)`, each drawing `draws` (its samples rounded
+    down to whole batches, at least one); `on_tokens(row, tokens)` sees each row's first timed
+    samples before `on_row(row)` (the judge fills `row.quality` there). With `speed` (the
+    model's FLOP counts, the device's peak) the rows get their MFU; `meta` is the report's."""
     report = BenchReport(meta=meta)
     for how, b in grid(settings, batch_sizes):
-        n = max(num_samples - num_samples % b, b)  # whole batches only
+        n = max(draws.num_samples - draws.num_samples % b, b)  # whole batches only
         kept = []
-        row = run_config(denoiser, how, batch_size=b, num_samples=n, length=length,
-                         mask_id=mask_id, repeats=repeats, seed=seed, device=device,
-                         schedule=schedule, on_tokens=kept.append)
+        row = run_config(denoiser, how, replace(draws, num_samples=n), batch_size=b,
+                         on_tokens=kept.append)
         row.calls_per_second = row.calls / max(row.seconds_per_sample * n, 1e-12)
         if speed is not None:  # the positions the calls ran, and those given an output
-            flops = speed[0].sampling_call(row.input_tokens, length, row.output_rows)
+            flops = speed[0].sampling_call(row.input_tokens, draws.length, row.output_rows)
             row.mfu = mfu(flops / max(row.seconds_per_sample, 1e-12), speed[1])
         if on_tokens is not None:
             on_tokens(row, kept[0])

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import MdlmError, MdlmWarning
 from ..models.speed import compile_trunk, model_flops, model_width
 from ..perf import device_peak
-from .bench import BenchReport, BenchRow, environment, run_bench, sweep
+from .bench import BenchDraws, BenchReport, BenchRow, environment, run_bench, sweep
 
 
 @dataclass
@@ -113,10 +113,10 @@ def benchmark(request: BenchRequest, hooks: BenchHooks | None = None) -> BenchRe
     scorer, reference = quality(bm, request, length, hooks.status)
     denoiser = bm.objective.denoiser(bm.model, bm.rt.dtype)
     rows = [how.with_defaults(bm.sampling_defaults) for how in sampling.settings(samplers)]
-    report = run_bench(denoiser, rows, batch_sizes=request.batch_sizes,
-                       num_samples=request.num_samples, length=length, mask_id=bm.mask_id,
+    draws = BenchDraws(num_samples=request.num_samples, length=length, mask_id=bm.mask_id,
                        repeats=request.repeats, seed=request.seed, device=bm.rt.device,
-                       meta=meta, schedule=bm.objective.schedule,
+                       schedule=bm.objective.schedule)
+    report = run_bench(denoiser, rows, draws, batch_sizes=request.batch_sizes, meta=meta,
                        on_tokens=scorer, on_row=hooks.on_row,
                        speed=(model_flops(bm.model), device_peak(bm.rt.device, bm.rt.dtype)))
     report.reference = reference  # None without a reference text
@@ -296,7 +296,7 @@ def _reference(bm: BenchModel, request: BenchRequest, scorer, length: int, seeds
     """Real text of the model's data scored by the judge, and MAUVE's reference set."""
     from ..eval.features import load_featurizer
     from ..eval.mauve import size_warning
-    from .frontier import reference_quality, reference_split
+    from .frontier import ReferenceSets, reference_quality, reference_split
 
     n = request.num_samples
     features = None
@@ -308,5 +308,5 @@ def _reference(bm: BenchModel, request: BenchRequest, scorer, length: int, seeds
         warnings.warn("MAUVE needs at least 2 samples per row: -n 1 rows get no MAUVE",
                       MdlmWarning, stacklevel=2)
     split, name = reference_split(bm.data_cfg, bm.tokenizer, request.reference_text)
-    return reference_quality(scorer, bm.tokenizer, split, split_name=name, length=length,
-                             per_group=n, featurizer=features, seeds=seeds)
+    sets = ReferenceSets(split, split_name=name, length=length, per_group=n)
+    return reference_quality(scorer, bm.tokenizer, sets, featurizer=features, seeds=seeds)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -135,23 +136,28 @@ def reference_rows(split, *, length: int, count: int) -> torch.Tensor:
     return torch.from_numpy(np.asarray(split.tokens[pick, :length]).astype(np.int64))
 
 
-def reference_quality(judge: Judge,
-                      tokenizer,
-                      split,
-                      *,
-                      split_name: str,
-                      length: int,
-                      per_group: int,
-                      max_groups: int = 8,
-                      featurizer=None,
+@dataclass(frozen=True)
+class ReferenceSets:
+    """The real rows a reference scores: up to `max_groups` disjoint sets of `per_group` rows
+    of `length` tokens (as many as the prepared `split`, named `split_name`, holds)."""
+
+    split: Any  # data.store.TokenSplit
+    split_name: str
+    length: int
+    per_group: int
+    max_groups: int = 8
+
+
+def reference_quality(judge: Judge, tokenizer, reference: ReferenceSets, *, featurizer=None,
                       seeds: tuple[int, ...] = (0, 1, 2, 3, 4),
                       ) -> tuple[Reference, MauveSet | None]:
-    """Score up to `max_groups` sets of `per_group` real rows (as many as the split holds).
-    With a featurizer, one more set of `per_group` rows, disjoint from them, is MAUVE's
-    reference (returned): every set gets its MAUVE against it, so the band covers MAUVE."""
+    """Score the `reference` sets of real rows. With a featurizer, one more set of `per_group`
+    rows, disjoint from them, is MAUVE's reference (returned, its MAUVE over `seeds`): every
+    set gets its MAUVE against it, so the band covers MAUVE."""
+    split, length, per_group = reference.split, reference.length, reference.per_group
     available = int((split.lengths >= length).sum())
     spare = 0 if featurizer is None else 1
-    groups = max(min(max_groups, available // per_group - spare), 1)
+    groups = max(min(reference.max_groups, available // per_group - spare), 1)
     rows = reference_rows(split, length=length, count=(groups + spare) * per_group)
     mauve_set = None
     if featurizer is not None:  # every (groups + 1)-th row: spread over the split like the sets
@@ -174,7 +180,7 @@ def reference_quality(judge: Judge,
     if mauve_set is not None:
         means["mauve_sd"] = float(np.mean([q.mauve_sd or 0.0 for q in sets]))
     pooled = dataclasses.replace(Quality.of(result), **means)
-    return Reference(split_name, length, per_group, groups, pooled, band), mauve_set
+    return Reference(reference.split_name, length, per_group, groups, pooled, band), mauve_set
 
 
 def _subset(result: GenPplResult, start: int, end: int) -> GenPplResult:

@@ -10,6 +10,7 @@ from mdlm_cli.config import ModelConfig
 from mdlm_cli.engine.schedules import LogLinear
 from mdlm_cli.models import DiffusionDenoiser, DiT
 from mdlm_cli.sample.bench import (
+    BenchDraws,
     BenchReport,
     BenchRow,
     TimedDenoiser,
@@ -61,8 +62,8 @@ def tiny_denoiser():
 def test_counters_and_timing_of_each_sampler():
     den = tiny_denoiser()
     for sampler, steps in (("ancestral", 30), ("ancestral-cache", 30), ("first-hitting", None)):
-        row = run_config(den, engine.SamplingSettings(sampler, steps), batch_size=2, num_samples=4,
-                         length=L, mask_id=V, repeats=2, seed=0, device=torch.device("cpu"))
+        draws = BenchDraws(num_samples=4, length=L, mask_id=V, repeats=2, seed=0, device=torch.device("cpu"))
+        row = run_config(den, engine.SamplingSettings(sampler, steps), draws, batch_size=2)
         assert isinstance(row, BenchRow)
         assert row.ncs <= L and row.ncs > 0  # draws only where a position unmasks
         assert 0.0 <= row.network_share <= 1.0 and abs(row.overhead_share + row.network_share - 1) < 1e-9
@@ -116,8 +117,8 @@ def test_option_lists_add_rows_to_the_samplers_that_read_them():
 def test_rows_carry_their_options_and_samples():
     kept = []
     how = engine.SamplingSettings("threshold", options={"threshold": 0.0})
-    row = run_config(tiny_denoiser(), how, batch_size=2, num_samples=4,
-                     length=L, mask_id=V, repeats=2, seed=3, device=torch.device("cpu"), on_tokens=kept.append)
+    draws = BenchDraws(num_samples=4, length=L, mask_id=V, repeats=2, seed=3, device=torch.device("cpu"))
+    row = run_config(tiny_denoiser(), how, draws, batch_size=2, on_tokens=kept.append)
     assert row.nfe == 1 and row.options == {"threshold": 0.0} and row.setting == "threshold=0.0"
     assert len(kept) == 1 and kept[0].shape == (4, L)  # the first timed run's samples, seed 3
     again = engine.sample(tiny_denoiser(), sampler="threshold", num_samples=4, length=L, mask_id=V, batch_size=2,
@@ -205,9 +206,9 @@ def test_rows_report_network_calls_per_second_and_their_mfu():
     from mdlm_cli.sample.bench import run_bench
 
     counts = ModelFlops(matmul_params=1000, output_params=100)  # 2,000 FLOPs a token, 200 output
-    report = run_bench(tiny_denoiser(), sweep(["first-hitting"], [L], ["fp64"]), batch_sizes=[2],
-                       num_samples=4, length=L, mask_id=V, repeats=1, seed=0,
-                       device=torch.device("cpu"), meta={}, speed=(counts, Peak(1e9, "test")))
+    draws = BenchDraws(num_samples=4, length=L, mask_id=V, repeats=1, seed=0, device=torch.device("cpu"))
+    report = run_bench(tiny_denoiser(), sweep(["first-hitting"], [L], ["fp64"]), draws, batch_sizes=[2],
+                       meta={}, speed=(counts, Peak(1e9, "test")))
     row = report.results[0]
     assert row.calls_per_second == pytest.approx(row.calls / (row.seconds_per_sample * 4))
     # every call runs all L positions and asks the output layer for the one it draws
