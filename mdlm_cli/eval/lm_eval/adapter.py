@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from lm_eval.api.model import LM
@@ -53,69 +54,95 @@ from .scoring import (
 DEFAULT_MAX_GEN_TOKS = 256  # the harness's HF models' default
 
 
+@dataclass(frozen=True)
+class ModelArgs:
+    """The `mdlm` model's `--model_args` (lm-eval's parsed text values, or what `mdlm lm-eval`
+    gives): the checkpoint (its EMA weights, or the raw ones), K Monte-Carlo passes of a bound,
+    rows per batch, the device, the seed of every draw, and the generations' sampler, steps,
+    semi-AR stride and draw precision. `max_batch_size` is lm-eval's; not used."""
+
+    checkpoint: str = "runs/demo"
+    mc_samples: int = 4
+    batch_size: int | str = 16
+    device: str | None = None
+    seed: int = 0
+    sampler: str | None = None
+    steps: int | None = None
+    stride: int | None = None
+    precision: str = "fp64"
+    raw_weights: bool = False
+    max_batch_size: int | None = None
+
+    def validate(self) -> ModelArgs:
+        if str(self.batch_size).startswith("auto"):
+            raise MdlmError(
+                "batch_size=auto is not supported by the mdlm model; give a number of rows"
+            )
+        return self
+
+
 @register_model("mdlm")
 class MdlmLM(LM):
-    """lm-eval's `LM` over an mdlm checkpoint (`--model_args checkpoint=PATH,mc_samples=K,...`)."""
+    """lm-eval's `LM` over an mdlm checkpoint (`--model_args checkpoint=PATH,mc_samples=K,...`:
+    `ModelArgs`). `mdlm lm-eval` passes the model it loaded (`loaded`), its warnings' printer
+    (`warn`) and its parsed sampling flags (`sampling`, instead of the args' text ones)."""
 
-    def __init__(
-        self,
-        checkpoint: str = "runs/demo",
-        mc_samples: int = 4,
-        batch_size: int | str = 16,
-        device: str | None = None,
-        seed: int = 0,
-        sampler: str | None = None,
-        steps: int | None = None,
-        stride: int | None = None,
-        precision: str = "fp64",
-        raw_weights: bool = False,
-        max_batch_size: int | None = None,
-        loaded=None,
-        warn=None,
-        sampling: SamplingSettings | None = None,
-    ) -> None:
+    def __init__(self, args: ModelArgs | None = None, *, loaded=None, warn=None,
+                 sampling: SamplingSettings | None = None) -> None:
         super().__init__()
         from ...checkpoints.load import load_on_device
         from ...runtime import Runtime
 
-        if str(batch_size).startswith("auto"):
-            raise MdlmError(
-                "batch_size=auto is not supported by the mdlm model; give a number of rows"
-            )
+        args = (args or ModelArgs()).validate()
         self.warn = warn or (lambda message: print(f"warning: {message}"))
         if loaded is None:
-            loaded, rt = load_on_device(checkpoint, device=device, raw_weights=bool(raw_weights))
+            loaded, rt = load_on_device(args.checkpoint, device=args.device,
+                                        raw_weights=bool(args.raw_weights))
             for note in (
                 loaded.state.get("notes") or []
             ):  # e.g. an encoder's freshly initialised MLM head
                 self.warn(note)
         else:
-            rt = Runtime.create(device or str(next(loaded.model.parameters()).device))
+            rt = Runtime.create(args.device or str(next(loaded.model.parameters()).device))
         self.loaded, self._device, self.dtype = loaded, rt.device, rt.dtype
         self.scorer = ConditionalScorer(
             loaded,
-            mc_samples=int(mc_samples),
-            batch_size=int(batch_size),
+            mc_samples=int(args.mc_samples),
+            batch_size=int(args.batch_size),
             device=rt.device,
             dtype=rt.dtype,
-            seed=int(seed),
+            seed=int(args.seed),
         )
         if sampling is None:  # --model_args: text values
-            steps = None if steps is None else int(steps)
-            sampling = SamplingSettings(sampler, steps, precision).validate()
+            steps = None if args.steps is None else int(args.steps)
+            sampling = SamplingSettings(args.sampler, steps, args.precision).validate()
         choice = loaded.objective.choose_sampler(sampling.sampler, sampling.steps,
                                                  sampling.options)
         for name, value in choice.ignored.items():
             self.warn(f"{name}={value} does not apply to {choice.spec.name}; ignored")
         how = sampling.with_(sampler=choice.spec.name, steps=choice.steps)
         how = how.with_defaults(loaded.sampling_defaults).validate()  # e.g. LLaDA's k-schedule
-        self.generation = GenerationSettings(how, None if stride is None else int(stride),
-                                             int(seed))
+        stride = None if args.stride is None else int(args.stride)
+        self.generation = GenerationSettings(how, stride, int(args.seed), rt.device, rt.dtype)
         # task -> (request type, score)
         self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(list)
         self._generated = 0
         self._warned: set[str] = set()
         self.chat, self.stop_ids = False, None  # set by apply_chat_template (None: stop at EOS)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        """lm-eval's constructor from `--model_args` (`key=value,...`) and its own batch_size,
+        max_batch_size and device (where given)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval's constructor from a dict of model args (`simple_evaluate(model_args={...})`)."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(ModelArgs(**arg_dict, **extra))
 
     @property
     def mc_samples(self) -> int:
@@ -204,8 +231,6 @@ class MdlmLM(LM):
                     settings=self.generation,
                     drawing=drawing,
                     index=self._generated,
-                    device=self._device,
-                    dtype=self.dtype,
                     start=self.start,
                 )
                 self._generated += 1

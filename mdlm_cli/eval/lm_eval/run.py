@@ -110,14 +110,14 @@ def run_lm_eval(
 
     from lm_eval import simple_evaluate
 
-    from .adapter import MdlmLM
+    from .adapter import MdlmLM, ModelArgs
 
     for message in unused_flags(loaded.objective, options):
         warn(message)
     mc_samples = DEFAULT_MC_SAMPLES if options.mc_samples is None else options.mc_samples
-    lm = MdlmLM(checkpoint, mc_samples=mc_samples, batch_size=options.batch_size, device=device,
-                seed=options.seed, sampling=options.sampling, stride=options.stride,
-                loaded=loaded, warn=warn)
+    args = ModelArgs(checkpoint, mc_samples=mc_samples, batch_size=options.batch_size,
+                     device=device, seed=options.seed, stride=options.stride)
+    lm = MdlmLM(args, loaded=loaded, warn=warn, sampling=options.sampling)
     if options.apply_chat_template:
         lm.chat_template(True)  # a tokeniser without a template is refused here, in one line
     logging.getLogger("lm_eval").setLevel(logging.WARNING)

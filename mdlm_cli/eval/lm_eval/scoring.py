@@ -251,6 +251,8 @@ class GenerationSettings:
     how: engine.SamplingSettings  # its sampler one that serves the objective, named
     stride: int | None = None  # semi-AR stride L' (default: half the model length)
     seed: int = 0
+    device: torch.device | str = "cpu"  # where the model runs
+    dtype: torch.dtype | None = None  # its autocast dtype (None: fp32)
 
     @property
     def sampler(self) -> str:
@@ -282,16 +284,15 @@ def generate_after(
     settings: GenerationSettings,
     drawing: dict | None = None,
     index: int = 0,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype | None = None,
     start: list[int] | None = None,
 ) -> list[int]:
     """Tokens sampled after `context` (the harness's `generate_until`): one window when they
-    fit the model length, else semi-autoregressive rounds of `stride` new tokens (§4.2).
-    `drawing`: the request's temperature / top_p / top_k, where it sets them (else the
-    settings').
+    fit the model length, else semi-autoregressive rounds of `stride` new tokens (§4.2), on
+    the settings' device and dtype. `drawing`: the request's temperature / top_p / top_k,
+    where it sets them (else the settings'). `index`: the request's number (its seed).
     `start`: the tokens before the context (default the row start; [] for a context rendered
     by a chat template, which writes its own)."""
+    device = settings.device
     start = loaded.row_start() if start is None else start
     length, mask_id = loaded.length, loaded.mask_id
     stride = settings.stride or length // 2
@@ -310,7 +311,7 @@ def generate_after(
             torch.device(device), derive_seed(settings.seed, "lm-eval-generate", index)
         ),
     }
-    denoiser = loaded.denoiser(dtype)
+    denoiser = loaded.denoiser(settings.dtype)
     if len(prompt) + gen <= length:
         row = torch.cat([prompt, torch.full((gen,), mask_id, dtype=torch.long)])
         tokens = engine.sample(denoiser, how, num_samples=1, length=len(row), prompt=row,
