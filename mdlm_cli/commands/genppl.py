@@ -62,12 +62,11 @@ GEN_PPL_HELP = """Gen PPL of samples under a judge LM, with entropy, diversity a
     gen PPL is the token-weighted mean over all samples. The entropy is the mean over
     samples of the entropy of each sample's token frequencies: low gen PPL with low
     entropy means a degenerate sampler. --checkpoint, --raw-weights, --net-precision, -n,
-    --seed and the sampling flags
-    (--sampler, --steps, --precision, --temperature, --top-p, the sampler options, --opt)
-    apply with --sample-first. Responses to prompts (--prompts, or --samples records with
-    prompt and response fields) are scored given their prompts: the judge reads prompt and
-    response, only the response's tokens count; entropy, diversity and MAUVE are the
-    responses'.
+    --seed and the sampling flags (--sampler, --steps, --precision, --temperature, --top-p,
+    --top-k, the sampler options, --opt) apply with --sample-first. Responses to prompts
+    (--prompts, or --samples records with prompt and response fields) are scored given their
+    prompts: the judge reads prompt and response, only the response's tokens count; entropy,
+    diversity and MAUVE are the responses'.
 
     [dim]Examples:[/]
       mdlm sample -n 32 --out s.jsonl && mdlm gen-ppl --samples s.jsonl --judge gpt2-large

@@ -72,8 +72,8 @@ def lm_eval_cmd(
     (continuation masked, context clean; K passes); loglikelihood_rolling is the whole
     document's bound over rolling windows of the model length, so word/byte perplexities
     are upper bounds (≤); generate_until samples after the context with the sampling flags
-    (--sampler, --steps, the sampler's options; a task's own temperature and top-p win).
-    Contexts longer than the model length are truncated from the left.
+    (--sampler, --steps, the sampler's options; a task's own temperature, top-p and top-k
+    win). Contexts longer than the model length are truncated from the left.
 
     [dim]Examples:[/]
       mdlm lm-eval --checkpoint runs/owt --tasks lambada_openai --mc-samples 8

@@ -80,7 +80,9 @@ DatasetOpt = Annotated[str | None, typer.Option(
     help="Data set name or local text path (default: the checkpoint's own data).")]
 
 
-LengthOpt = Annotated[int | None, typer.Option(help="Tokens per sample (default: the model's L).")]
+LengthOpt = Annotated[int | None, typer.Option(
+    help="Tokens per sample (default: the model's L; mdlm sample of a LLaDA or Dream folder: "
+         "the prompt and its family's 128 or 512 new tokens, docs/sampling.md).")]
 
 
 RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]

@@ -20,11 +20,11 @@ MaxBatchOpt = Annotated[int, typer.Option(
     help="Rows per network call at most: concurrent requests are sampled together up to this "
          "many rows (1 = no batching).")]
 PaddingOpt = Annotated[str, typer.Option(
-    help="Shapes of the batched calls: auto = the sizes a probe at start finds give every row "
-         "the same bits as a full call (seeded answers stay batch-invariant, a lone request "
-         "pays for its own rows); always = every call padded to --max-batch rows (invariant by "
-         "construction); never = the rows a call has (fastest; rare draws may then depend on "
-         "the batch).")]
+    help="Shapes of the batched calls: auto = the sizes that a probe at the first request of "
+         "each row length finds give every row the same bits as a full call (seeded answers "
+         "stay batch-invariant, a lone request pays for its own rows); always = every call "
+         "padded to --max-batch rows (invariant by construction); never = the rows a call has "
+         "(fastest; rare draws may then depend on the batch).")]
 MaxWaitOpt = Annotated[float, typer.Option(
     help="How long a network call waits for the calls of the other running requests (ms).",
     callback=float_in(0))]
