@@ -3,7 +3,7 @@
 backbone (an analytic one) or that reduce across ranks."""
 
 from mdlm_cli.engine.diffusion import nelbo_terms
-from mdlm_cli.objectives.bound import BoundResult, diffusion_times, sharded_sum
+from mdlm_cli.objectives.bound import BoundResult, SplitSweep, diffusion_times, sharded_sum
 from mdlm_cli.runtime import derive_seed
 
 
@@ -13,9 +13,8 @@ def nelbo_pass(denoiser, split, *, schedule, mask_id: int, batch_size: int, devi
         return nelbo_terms(denoiser, x0, t, mask_id=mask_id, schedule=schedule, generator=gen,
                            attention_mask=attention_mask, T=T, targets=targets)
 
-    return sharded_sum(terms, split, batch_size=batch_size, device=device, seed=seed,
-                       draw_times=diffusion_times(schedule, T), T=T, rank=rank,
-                       world_size=world_size)
+    sweep = SplitSweep(batch_size, device, rank=rank, world_size=world_size)
+    return sharded_sum(terms, split, sweep, seed=seed, draw_times=diffusion_times(schedule, T), T=T)
 
 
 def nelbo_passes(denoiser, split, *, mc_samples: int, seed: int = 0, **kw) -> list[BoundResult]:

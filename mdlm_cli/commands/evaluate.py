@@ -72,7 +72,7 @@ def eval_ppl_cmd(
 ) -> None:
     from ..distributed import session
     from ..engine.schedules import get_schedule
-    from ..eval.ppl import eval_options
+    from ..eval.ppl import PplOptions, eval_options
     from ..io.files import check_all_writable
 
     loading = loading_from(ctx)
@@ -83,10 +83,9 @@ def eval_ppl_cmd(
         if schedule is not None:
             get_schedule(schedule)  # a misspelt name fails before the model loads
         loaded, rt = loading.load(str(dist.device))
-        options, trained = eval_options(
-            loaded, rt.device, schedule=schedule, split=split, mc_samples=mc_samples, T=T,
-            seed=seed, rows=rows, batch_size=batch_size, rank=dist.rank,
-            world_size=dist.world_size)
+        flags = PplOptions(split=split, mc_samples=mc_samples, T=T, batch_size=batch_size,
+                           seed=seed, rows=rows, rank=dist.rank, world_size=dist.world_size)
+        options, trained = eval_options(loaded, rt.device, flags, schedule=schedule)
         results = [_eval_one(loaded, rt, name, data, options) for name in names]
         if dist.is_main:
             _report_eval(results, loaded, schedule, trained, json_out, loading.raw_weights)
@@ -115,7 +114,7 @@ def _report_eval(results, loaded, schedule: str | None, trained: str, json_out: 
         console.print(f"Wrote {json_out}", markup=False)
 
 
-def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
+def _eval_one(loaded, rt, dataset: str | None, data: str | None, options):
     """Prepare (if needed) and evaluate one data set, with progress bars."""
     from rich.progress import (
         BarColumn,
@@ -139,13 +138,13 @@ def _eval_one(loaded, rt, dataset: str | None, data: str | None, options: dict):
     ) as progress:
         on_docs = split_bars(progress, "preparing ")
         label, prepared = evaluation_data(loaded, dataset=dataset, data=data, progress=on_docs)
-        n_rows = prepared.meta["splits"][pick_split(prepared, options["split"])[0]]["rows"]
-        n_rows = min(options["rows"], n_rows) if options["rows"] > 0 else n_rows
+        n_rows = prepared.meta["splits"][pick_split(prepared, options.split)[0]]["rows"]
+        n_rows = min(options.rows, n_rows) if options.rows > 0 else n_rows
         exact = loaded.objective.exact
         kind = "exact" if exact else loaded.objective.kind or "bound"
-        task = progress.add_task(f"{escape(label)}: {kind}", total=n_rows * options["mc_samples"])
-        result = evaluate(loaded, prepared, name=label, device=rt.device, dtype=rt.dtype,
-                          on_batch=lambda n: progress.advance(task, n), **options)
+        task = progress.add_task(f"{escape(label)}: {kind}", total=n_rows * options.mc_samples)
+        result = evaluate(loaded, prepared, options, name=label, device=rt.device, dtype=rt.dtype,
+                          on_batch=lambda n: progress.advance(task, n))
     for text in result.notes:
         note(text)
     return result

@@ -129,43 +129,63 @@ def pick_split(prepared: PreparedData, split: str) -> tuple[str, str | None]:
     )
 
 
+@dataclass(frozen=True)
+class PplOptions:
+    """What one evaluation runs (`mdlm eval-ppl`'s flags): the split (`valid` where a data set
+    has no test split), K Monte-Carlo passes, the discrete T (None: as trained), rows per
+    batch, the seed of the passes, the first `rows` rows (0: all), and this process's `rank`
+    of `world_size` (torchrun). None for `mc_samples` or `batch_size` is a flag not given:
+    `eval_options` resolves it (4 passes for a bound, 1 for an exact likelihood; the
+    checkpoint's train.micro_batch_size)."""
+
+    split: str = "test"
+    mc_samples: int | None = 4
+    T: int | None = None
+    batch_size: int | None = 16
+    seed: int = 0
+    rows: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+    def validate(self) -> PplOptions:
+        if self.mc_samples is None or self.batch_size is None:
+            raise ValueError("PplOptions: mc_samples and batch_size are not resolved "
+                             "(eval_options resolves them)")
+        if self.mc_samples < 1:
+            raise MdlmError(f"--mc-samples must be at least 1 (got {self.mc_samples})")
+        return self
+
+
 def evaluate(
     loaded: LoadedModel,
     prepared: PreparedData,
+    options: PplOptions,
     *,
     name: str,
-    split: str = "test",
-    mc_samples: int = 4,
-    T: int | None = None,
-    batch_size: int = 16,
     device: torch.device,
     dtype: torch.dtype | None = None,
-    seed: int = 0,
-    rows: int = 0,
     on_batch: Callable[[int], None] | None = None,
-    rank: int = 0,
-    world_size: int = 1,
 ) -> PplResult:
-    """Perplexity (bound or exact, as the checkpoint's objective gives it) on one split."""
-    if mc_samples < 1:
-        raise MdlmError(f"--mc-samples must be at least 1 (got {mc_samples})")
-    split_name, note = pick_split(prepared, split)
+    """Perplexity (bound or exact, as the checkpoint's objective gives it) on one split of
+    the data set `name`, with the model's autocast `dtype`; `on_batch(rows)` as rows finish."""
+    options.validate()
+    split_name, note = pick_split(prepared, options.split)
     token_split = prepared.split(split_name)
     if len(token_split) == 0:
         raise MdlmError(f"split {split_name} of {prepared.folder.name} is empty")
     t0 = time.perf_counter()
-    objective = loaded.objective
+    objective, mc_samples = loaded.objective, options.mc_samples
     results = objective.evaluate(
         loaded.denoiser(dtype),
         token_split,
-        seeds=[derive_seed(seed, "eval-ppl", k) for k in range(mc_samples)],
-        batch_size=batch_size,
+        seeds=[derive_seed(options.seed, "eval-ppl", k) for k in range(mc_samples)],
+        batch_size=options.batch_size,
         device=device,
-        rows=rows,
-        T=T,
+        rows=options.rows,
+        T=options.T,
         on_batch=on_batch,
-        rank=rank,
-        world_size=world_size,
+        rank=options.rank,
+        world_size=options.world_size,
         per_sequence=not objective.exact and mc_samples > 1,
     )
     if device.type == "cuda":
@@ -203,27 +223,24 @@ def sequence_spread(
     return float(np.sqrt(var).mean()), float(var.mean())
 
 
-def eval_options(loaded: LoadedModel, device, *, schedule: str | None = None,
-                 split: str = "test", mc_samples: int | None = None, T: int | None = None,
-                 seed: int = 0, rows: int = 0, batch_size: int | None = None, rank: int = 0,
-                 world_size: int = 1) -> tuple[dict, str]:
-    """`evaluate`'s keywords for `mdlm eval-ppl`'s flags, and the trained schedule's name: the
-    passes (`eval_passes`), the schedule swapped in (`use_schedule`) and a batch refused where
-    it cannot fit (`check_eval_memory`)."""
-    mc_samples, T = eval_passes(loaded.objective, mc_samples, T)
+def eval_options(loaded: LoadedModel, device, flags: PplOptions, *,
+                 schedule: str | None = None) -> tuple[PplOptions, str]:
+    """`evaluate`'s options for `mdlm eval-ppl`'s `flags`, and the trained schedule's name: the
+    passes (`eval_passes`), the batch size (the checkpoint's where not given), the schedule
+    swapped in (`use_schedule`) and a batch refused where it cannot fit (`check_eval_memory`)."""
+    mc_samples, T = eval_passes(loaded.objective, flags.mc_samples, flags.T)
     trained = use_schedule(loaded.objective, schedule)
-    options = {"split": split, "mc_samples": mc_samples, "T": T, "seed": seed, "rows": rows,
-               "batch_size": batch_size or loaded.config.train.micro_batch_size,
-               "rank": rank, "world_size": world_size}
+    batch_size = flags.batch_size or loaded.config.train.micro_batch_size
+    options = dataclasses.replace(flags, mc_samples=mc_samples, T=T, batch_size=batch_size)
     check_eval_memory(loaded, device, options)
     return options, trained
 
 
-def check_eval_memory(loaded: LoadedModel, device, options: dict) -> None:
+def check_eval_memory(loaded: LoadedModel, device, options: PplOptions) -> None:
     """An evaluation batch that cannot fit in memory is refused before any data is read."""
     from ..memory import check_memory
 
-    rows, batch = options["rows"], options["batch_size"]
+    rows, batch = options.rows, options.batch_size
     batch = min(batch, rows) if rows > 0 else batch
     check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
                  length=loaded.length, device=device,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from .ar import Autoregressive
 from .base import Objective
 from .bd3lm import BD3LM
+from .bound import SplitSweep
 from .d3pm import D3PM
 from .mdlm import MDLM
 from .mlm import MaskedLM
@@ -22,7 +23,7 @@ OBJECTIVES: dict[str, type[Objective]] = {
     cls.name: cls for cls in (MDLM, SEDD, D3PM, Autoregressive, MaskedLM, BD3LM)
 }
 
-__all__ = ["OBJECTIVES", "Objective", "get_objective", "objectives_served_by"]
+__all__ = ["OBJECTIVES", "Objective", "SplitSweep", "get_objective", "objectives_served_by"]
 
 
 def objectives_served_by(sampler: str) -> list[str]:

@@ -15,7 +15,7 @@ from ..engine.diffusion import call_denoiser, without_mask
 from ..engine.sampling import SamplerSpec, get_sampler
 from ..engine.schedules import get_schedule
 from ..errors import MdlmError
-from .bound import BoundResult, diffusion_times, sharded_sum
+from .bound import BoundResult, SplitSweep, diffusion_times, sharded_sum
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -240,24 +240,11 @@ class Objective(ABC):
             return self.loss_terms(denoiser, x0, t, generator=gen, attention_mask=attention_mask,
                                    T=T, targets=targets)
 
-        results = [
-            sharded_sum(
-                terms,
-                split,
-                batch_size=batch_size,
-                device=device,
-                seed=seed,
-                rows=rows,
-                draw_times=self.draw_times(T, antithetic),
-                exact=self.exact,
-                T=T,
-                on_batch=on_batch,
-                rank=rank,
-                world_size=world_size,
-                per_sequence=per_sequence,
-            )
-            for seed in (seeds[:1] if self.exact else seeds)
-        ]
+        sweep = SplitSweep(batch_size, device, rows=rows, rank=rank, world_size=world_size,
+                           per_sequence=per_sequence, on_batch=on_batch)
+        results = [sharded_sum(terms, split, sweep, seed=seed,
+                               draw_times=self.draw_times(T, antithetic), exact=self.exact, T=T)
+                   for seed in (seeds[:1] if self.exact else seeds)]
         for r in results:
             r.kind = self.kind or r.kind
         return results

@@ -52,40 +52,58 @@ class BoundResult:
         return math.exp(min(self.nats_per_token, 700.0))
 
 
+@dataclass(frozen=True)
+class SplitSweep:
+    """How a split is swept: batches of `batch_size` rows on `device`, over its first `rows`
+    rows (0 = all, the remainder batch included), as rank `rank` of the `world_size` ranks
+    of an initialised process group (torchrun; 1: one process), each row's value kept where
+    `per_sequence`, and `on_batch(n)` told the rows finished by all ranks after each round."""
+
+    batch_size: int
+    device: torch.device
+    rows: int = 0
+    rank: int = 0
+    world_size: int = 1
+    per_sequence: bool = False
+    on_batch: Callable[[int], None] | None = None
+
+    def validate(self) -> SplitSweep:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not one of {self.world_size} ranks")
+        return self
+
+
 @torch.no_grad()
 def sharded_sum(
     terms: TermsFn,
     split: TokenSplit,
+    sweep: SplitSweep,
     *,
-    batch_size: int,
-    device: torch.device,
     seed: int = 0,
-    rows: int = 0,
     draw_times: Callable[[int, torch.Generator], Tensor] | None = None,
     exact: bool = False,
     T: int = 0,
-    on_batch: Callable[[int], None] | None = None,
-    rank: int = 0,
-    world_size: int = 1,
-    per_sequence: bool = False,
 ) -> BoundResult:
-    """`terms` summed over the first `rows` rows of `split` (0 = all, remainder batch included);
-    with `per_sequence`, every row's value too (`BoundResult.per_sequence`, in row order).
+    """`terms` summed over the rows of `split` that `sweep` covers; with `sweep.per_sequence`,
+    every row's value too (`BoundResult.per_sequence`, in row order). `exact` and `T` say
+    what the sum is (the result's fields).
 
     `draw_times(n, generator)` gives one time per sequence for the whole set (stratified
-    over it), None for objectives without time. Under torch.distributed (`rank`,
-    `world_size` of the initialised process group) rank r evaluates batches r, r + W, ...
-    and the sums are all-reduced: every rank returns the value of the whole set, equal
-    to the one-process value up to summation order (the draws of a batch are seeded by
-    its index). Every rank makes the same number of model calls (a rank short of a batch
-    evaluates one row and discards it), as FSDP2 needs. `on_batch` gets the number of rows
-    finished by all ranks together. The per-row values are all-reduced too (each row is
+    over it), None for objectives without time. Under torch.distributed (`sweep.rank`,
+    `sweep.world_size`) rank r evaluates batches r, r + W, ... and the sums are
+    all-reduced: every rank returns the value of the whole set, equal to the one-process
+    value up to summation order (the draws of a batch are seeded by its index). Every rank
+    makes the same number of model calls (a rank short of a batch evaluates one row and
+    discards it), as FSDP2 needs. The per-row values are all-reduced too (each row is
     written by exactly one rank), so every rank holds all of them.
     """
+    sweep.validate()
+    batch_size, device, rows = sweep.batch_size, sweep.device, sweep.rows
+    rank, world_size, on_batch = sweep.rank, sweep.world_size, sweep.on_batch
     n = len(split) if rows <= 0 else min(rows, len(split))
     t_all = draw_times(n, generator(device, seed)) if draw_times is not None else None
     total = torch.zeros((), device=device, dtype=torch.float64)
-    each = torch.zeros(n, device=device, dtype=torch.float64) if per_sequence else None
+    each = torch.zeros(n, device=device, dtype=torch.float64) if sweep.per_sequence else None
     n_batches = -(-n // batch_size)
     for r in range(-(-n_batches // world_size)):
         b = r * world_size + rank  # this rank's batch in this round

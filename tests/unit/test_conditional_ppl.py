@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.engine.diffusion import sample_times, times_from_uniform
-from mdlm_cli.eval.ppl import evaluate, evaluation_data
+from mdlm_cli.eval.ppl import PplOptions, evaluate, evaluation_data
 from mdlm_cli.runtime import derive_seed, generator
 from tests.open_model_folders import write_dream, write_llada
 
@@ -95,8 +95,8 @@ def test_the_conditional_bound_is_the_direct_monte_carlo_value(setup, family, mo
     split = prepared.split("train")
     spans = response_positions(loaded, examples, split)
     for seed in (0, 1):
-        result = evaluate(loaded, prepared, name=name, split="train", mc_samples=1, seed=seed,
-                          batch_size=len(split), device=torch.device("cpu"))
+        options = PplOptions(split="train", mc_samples=1, seed=seed, batch_size=len(split))
+        result = evaluate(loaded, prepared, options, name=name, device=torch.device("cpu"))
         assert result.conditional and not result.exact
         assert result.tokens == sum(end - start for start, end in spans)  # + end of turn
         assert result.nats_per_token == pytest.approx(direct_bound(loaded, split, spans, seed),
@@ -112,7 +112,7 @@ def test_only_response_positions_are_ever_masked(setup, family, monkeypatch):
     spans = response_positions(loaded, examples, split)
     seen = []
     loaded.model.register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
-    evaluate(loaded, prepared, name=name, split="train", mc_samples=8, batch_size=8,
+    evaluate(loaded, prepared, PplOptions(split="train", mc_samples=8, batch_size=8), name=name,
              device=torch.device("cpu"))
     rows = torch.cat(seen)  # 8 passes of every row, in order
     x0 = torch.from_numpy(split.tokens.astype("int64")).repeat(8, 1)

@@ -99,7 +99,7 @@ def test_per_sequence_values_give_the_per_datapoint_spread_of_table_9(den):
     token, averaged over sequences, is the per-datapoint sd (variance) of a one-sample estimate."""
     from mdlm_cli.engine.diffusion import nelbo_terms
     from mdlm_cli.eval.ppl import sequence_spread
-    from mdlm_cli.objectives.bound import diffusion_times, sharded_sum
+    from mdlm_cli.objectives.bound import SplitSweep, diffusion_times, sharded_sum
 
     x = rows_from(den, 60)
     split = split_of(x)
@@ -108,8 +108,8 @@ def test_per_sequence_values_give_the_per_datapoint_spread_of_table_9(den):
     def terms(x0, t, gen, attention_mask):
         return nelbo_terms(den, x0, t, mask_id=den.mask_id, schedule=schedule, generator=gen)
 
-    passes = [sharded_sum(terms, split, batch_size=7, device=CPU, seed=k, draw_times=diffusion_times(schedule),
-                          per_sequence=True) for k in range(5)]
+    passes = [sharded_sum(terms, split, SplitSweep(7, CPU, per_sequence=True), seed=k,
+                          draw_times=diffusion_times(schedule)) for k in range(5)]
     for p in passes:
         assert p.per_sequence.shape == (60,) and p.per_sequence.sum() == pytest.approx(p.nats, rel=1e-6)
     per_token = np.stack([p.per_sequence for p in passes]) / 3
@@ -117,5 +117,5 @@ def test_per_sequence_values_give_the_per_datapoint_spread_of_table_9(den):
     assert sd == pytest.approx(np.mean([np.std(per_token[:, i], ddof=1) for i in range(60)]))
     assert var == pytest.approx(per_token.var(axis=0, ddof=1).mean()) and sd > 0
     assert sequence_spread(passes[:1], split.lengths) == (None, None)  # one pass: no spread
-    plain = sharded_sum(terms, split, batch_size=7, device=CPU, seed=0, draw_times=diffusion_times(schedule))
+    plain = sharded_sum(terms, split, SplitSweep(7, CPU), seed=0, draw_times=diffusion_times(schedule))
     assert plain.per_sequence is None and plain.nats == passes[0].nats  # the total is unchanged

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mdlm_cli.data.store import TokenSplit
-from mdlm_cli.eval.ppl import evaluate
+from mdlm_cli.eval.ppl import PplOptions, evaluate
 from mdlm_cli.serve.schema import ApiError, Limits
 from mdlm_cli.serve.score import parse_score, run_score
 from mdlm_cli.serve.worker import Batching, Job, Worker
@@ -57,8 +57,8 @@ def test_the_bound_agrees_with_eval_ppl_on_the_same_tokens_within_the_standard_e
     mine = sum(e["nats"] for e in out["data"]) / tokens
     mine_se = math.sqrt(sum(e["nats_se"] ** 2 for e in out["data"])) / tokens
     split = as_split([TOK.encode(t) for t in TEXTS])
-    ppl = evaluate(served.loaded, Prompts(split), name="texts", mc_samples=32, batch_size=4,
-                   device=CPU, seed=5)
+    ppl = evaluate(served.loaded, Prompts(split), PplOptions(mc_samples=32, batch_size=4, seed=5),
+                   name="texts", device=CPU)
     assert ppl.tokens == tokens and not ppl.exact
     assert abs(mine - ppl.nats_per_token) < 4 * math.hypot(mine_se, ppl.standard_error)
     for e in out["data"]:
@@ -71,7 +71,7 @@ def test_an_ar_score_is_the_exact_nll_and_ignores_mc_samples():
     out = score(served, {"input": TEXTS, "mc_samples": 16})
     assert out["kind"] == "exact" and out["mc_samples"] == 1
     ppl = evaluate(served.loaded, Prompts(as_split([TOK.encode(t) for t in TEXTS])),
-                   name="texts", mc_samples=1, batch_size=4, device=CPU)
+                   PplOptions(mc_samples=1, batch_size=4), name="texts", device=CPU)
     total = sum(e["nats"] for e in out["data"])
     assert total / ppl.tokens == pytest.approx(ppl.nats_per_token, rel=1e-5)
     for e, text in zip(out["data"], TEXTS, strict=True):
