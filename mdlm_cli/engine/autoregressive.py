@@ -47,9 +47,8 @@ def autoregressive(z: Tensor, ctx: SamplerContext) -> Tensor:
         [torch.full((B, 1), lm.bos_id, dtype=torch.long, device=z.device), z[:, :n]], 1
     )
     for pos in range(n, L):
+        ctx.count_call(z, B)
         logits = lm(step_in, cache)[:, -1]  # (B, V)
-        ctx.stats.calls += 1
-        ctx.stats.sequence_evals += B
         z[:, pos] = ctx.draw(logits, (slice(None), pos))
         step_in = z[:, pos:pos + 1]
     return z
@@ -65,8 +64,7 @@ def autoregressive_recompute(z: Tensor, ctx: SamplerContext) -> Tensor:
     bos = torch.full((B, 1), lm.bos_id, dtype=torch.long, device=z.device)
     for pos in range(n, L):
         # a fresh cache per call: nothing of the previous call is kept
+        ctx.count_call(z, B)
         logits = lm(torch.cat([bos, z[:, :pos]], 1), lm.new_cache(B, pos + 1, z.device))[:, -1]
-        ctx.stats.calls += 1
-        ctx.stats.sequence_evals += B
         z[:, pos] = ctx.draw(logits, (slice(None), pos))
     return z

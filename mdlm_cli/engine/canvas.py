@@ -67,12 +67,15 @@ class SampleHooks:
     """What sees a run: `on_batch(n)` after each batch; `on_changes(steps, n_steps)` from the
     caching samplers, per batch (what benchmarks need for a whole-batch cache); `recorder`, a
     `RevealRecorder` (num_samples, length) for the `records_reveals` samplers; `on_block(round,
-    new_tokens)` after each semi-AR window (for streaming)."""
+    new_tokens)` after each semi-AR window (for streaming); `on_step(z)` with the batch's whole
+    state before each network call of every sampler, and once after its last (then
+    `on_batch`): generation/decode.py's events."""
 
     on_batch: Callable[[int], None] | None = None
     on_changes: Callable[[list[int], int], None] | None = None
     recorder: Any = None
     on_block: Callable[[int, Tensor], None] | None = None
+    on_step: Callable[[Tensor], None] | None = None  # the batch's state at each call and end
 
 
 def _names(kind: type) -> set[str]:

@@ -64,14 +64,23 @@ class SamplerContext:
     # a `RevealRecorder` (reveals.py): the samplers that record (`SamplerSpec.records_reveals`)
     # hand it each draw's positions, logits and tokens; None: nothing recorded
     recorder: Any = None
+    # sees the batch's whole state z (B, L) before each network call, and once after its last
+    # (sampling.py; generation/decode.py's events); it may raise to stop the run
+    on_step: Callable[[Tensor], None] | None = None
+
+    def count_call(self, z: Tensor, rows: int) -> None:
+        """One network call over `rows` of the batch whose state is `z`: counted, and shown to
+        `on_step`."""
+        if self.on_step is not None:
+            self.on_step(z)
+        self.stats.calls += 1
+        self.stats.sequence_evals += rows
 
     def _select(self, z: Tensor, t: Tensor, positions: Tensor | None, rows: Tensor | None):
         """Count one network call over the sequences `rows` (all if None) and select them."""
         if rows is not None and len(rows) == len(z):
             rows = None
-        n = len(z) if rows is None else len(rows)
-        self.stats.calls += 1
-        self.stats.sequence_evals += n
+        self.count_call(z, len(z) if rows is None else len(rows))
         t = t.expand(len(z)) if t.dim() == 0 else t
         if rows is not None:
             z, t = z[rows], t[rows]
@@ -118,8 +127,7 @@ class SamplerContext:
             return self.denoiser.from_cache(z[:, start:end], cache, start, rows)
 
     def _count_rows(self, z: Tensor, rows: Tensor | None) -> Tensor:
-        self.stats.calls += 1
-        self.stats.sequence_evals += len(z) if rows is None else len(rows)
+        self.count_call(z, len(z) if rows is None else len(rows))
         return z if rows is None else z[rows]
 
     @property

@@ -120,7 +120,8 @@ def sample(denoiser: Denoiser, settings: SamplingSettings | None = None,
                          temperature=settings.temperature, top_p=settings.top_p,
                          top_k=settings.top_k or 0,
                          options=convert_options(checked, spec.options),
-                         on_changes=hooks.on_changes, recorder=hooks.recorder)
+                         on_changes=hooks.on_changes, recorder=hooks.recorder,
+                         on_step=hooks.on_step)
     tokens = _run_batches(spec, z_all, ctx, canvas.batch_size or canvas.num_samples,
                           hooks.on_batch)
     assert not (tokens == canvas.mask_id).any(), "a sampler left a mask token"
@@ -145,6 +146,8 @@ def _run_batches(spec: SamplerSpec, z_all: Tensor, ctx: SamplerContext, batch_si
     outputs = []
     for z in z_all.split(batch_size):
         outputs.append(_run_batch(spec, z.clone(), ctx))
+        if ctx.on_step is not None:  # the batch's state after its last call
+            ctx.on_step(outputs[-1])
         if on_batch is not None:
             on_batch(len(z))
     return torch.cat(outputs)
@@ -211,7 +214,7 @@ def semi_ar(denoiser: Denoiser, settings: SamplingSettings | None = None,
     def run(block_prompt: Tensor) -> Tensor:
         canvas = Canvas(p.num_samples, p.window, p.mask_id, block_prompt, p.batch_size, p.device)
         tokens, s = sample(denoiser, settings, canvas, schedule=schedule, generator=generator,
-                           return_stats=True)
+                           hooks=SampleHooks(on_step=hooks.on_step), return_stats=True)
         stats.merge(s)
         return tokens
 

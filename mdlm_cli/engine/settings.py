@@ -9,8 +9,10 @@ name each value as the caller spells it (`--top-p` on the command line, `top_p` 
 
 One rule for temperature everywhere: a finite number, at least 0, with no upper cap (the
 server once capped it at 2.0, OpenAI's range; nothing else did). Temperature 0 is greedy:
-every categorical draw takes the most likely real token, without noise (top-p does not
-change an argmax); a confidence is then the argmax's untempered softmax probability.
+every categorical draw takes the most likely real token, without noise (top-p and top-k do
+not change an argmax); a confidence is then the argmax's untempered softmax probability over
+the tokens the top-p / top-k filters keep (Dream's sample_tokens; LLaDA's k-schedule reads
+the unfiltered one).
 """
 
 from __future__ import annotations

@@ -52,4 +52,6 @@ def memory_need(memory: Memory | None, rows: int, length: int, max_batch: int) -
                        f"{size_text(memory.budget)} this server has for requests: ask for fewer "
                        "tokens (max_tokens, a shorter prompt)", param="max_tokens",
                        code="insufficient_memory")
+    if memory.budget is None:  # the device's memory cannot be read: nothing is refused
+        return need
     return min(need, memory.budget)  # rows past what fits run in smaller calls (worker.py)

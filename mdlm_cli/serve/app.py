@@ -26,7 +26,7 @@ from .blocks import run_blocks
 from .chat import chat_choice, chat_delta, chat_end, parse_chat
 from .completion import parse_completion
 from .events import Done, Event, StateSnapshot, TextDelta
-from .generation import Outcome, run_plan, state_pieces
+from .generation import Outcome, run_plan
 from .http_io import api_error, error_response, json_body
 from .metrics import Metrics
 from .responses import mdlm_info, object_name, response_id, sse, usage
@@ -78,24 +78,21 @@ def _ready(request: Request) -> State:
 
 
 def _submit(state: State, plan: Plan) -> tuple[Job, asyncio.Queue]:
-    """The plan as a job on the worker; its events (text, states, done) arrive on the queue."""
+    """The plan as a job on the worker; its events (text, states, done) arrive on the queue
+    (the states from the decoder's events: generation.py)."""
     served = state.served
-
-    def states(emit: Callable) -> Callable:  # each network call's z_t, for stream_states
-        return lambda z: emit(StateSnapshot(state_pieces(served, z)))
-
     run = run_blocks if plan.block_size else run_plan  # bd3lm: block by block (blocks.py)
     need = memory_need(state.worker.memory, plan.num_rows, row_length(plan, served),
                        state.settings.max_batch)
     return _enqueue(state, plan.num_rows, lambda d, emit: run(plan, served, d, emit),
-                    states if plan.states else None, alone=plan.alone, need=need)
+                    alone=plan.alone, need=need)
 
 
-def _enqueue(state: State, rows: int, run: Callable, on_call: Callable | None = None, *,
-             alone: bool = False, need: int = 0) -> tuple[Job, asyncio.Queue]:
+def _enqueue(state: State, rows: int, run: Callable, *, alone: bool = False,
+             need: int = 0) -> tuple[Job, asyncio.Queue]:
     """`run(denoiser, emit)` as a job of `rows` rows on the worker; its events on the queue.
-    `on_call(emit)`: what sees z_t at each of the job's network calls; `alone`: the job runs
-    by itself on the model (a block cache); `need`: the bytes its calls hold."""
+    `alone`: the job runs by itself on the model (a block cache); `need`: the bytes its calls
+    hold."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
     def emit(event: Event) -> None:
@@ -104,8 +101,7 @@ def _enqueue(state: State, rows: int, run: Callable, on_call: Callable | None = 
 
     job = Job(rows=rows, run=lambda d: run(d, emit),
               done=lambda result, error: emit(Done(result, error)),
-              timeout_s=state.settings.timeout_s, on_call=on_call(emit) if on_call else None,
-              alone=alone, bytes=need)
+              timeout_s=state.settings.timeout_s, alone=alone, bytes=need)
     try:
         state.worker.submit(job)
     except QueueFull:

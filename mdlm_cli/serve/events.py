@@ -1,6 +1,7 @@
 """What a request's work hands the route while it runs: its events, one frozen dataclass each.
 
-The worker thread emits them (`generation.run_plan`, the job's `on_call` and `done`); `app.py`
+The request's thread emits them (`generation.run_plan`: text as it is decided, and the
+decoder's `Revealed` states, generation/decode.py, as snapshots; the job's `done`); `app.py`
 reads them off an asyncio queue and matches them by type.
 """
 

@@ -19,6 +19,7 @@ import torch
 from .. import engine
 from ..engine.constraints import ConstrainedDenoiser
 from ..engine.reveals import RevealRecorder
+from ..generation.decode import Finished, decode
 from .events import Emit, StateSnapshot, TextDelta
 from .schema import Plan
 from .served import Served
@@ -134,14 +135,12 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
     if plan.stride is not None:
         stats = _semi_ar(plan, served, denoiser, kwargs, texts, emit)
     else:
-        tokens, stats, recorders = _sample_rows(plan, served, denoiser, kwargs)
+        tokens, stats, recorders = _sample_rows(plan, served, denoiser, kwargs, emit)
         constraint = plan.constraint
         if constraint is not None and not constraint.satisfiable(torch.stack(tokens)).all():
             # only a parallel scan's rounding (a weight-0 token's CDF step of an ulp) could
             # draw a disallowed token; an answer that might not parse is never sent
             raise RuntimeError("a json_schema answer left its schema; retry the request")
-        if plan.states:  # the last state: every position decided
-            emit(StateSnapshot(state_pieces(served, tokens[0][None])))
         if plan.endpoint == "infill":
             return _infill_outcome(
                 plan, served, torch.stack(tokens), stats, time.perf_counter() - t0, emit
@@ -167,11 +166,13 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
     )
 
 
-def _sample_rows(plan: Plan, served: Served, denoiser, kwargs: dict
+def _sample_rows(plan: Plan, served: Served, denoiser, kwargs: dict, emit: Emit
                  ) -> tuple[list[torch.Tensor], engine.SampleStats, list]:
     """Every choice's row (prompt-major: choice = prompt * n + j), sampled in groups of one
-    row length (the engine samples a rectangle), in order, from the request's one generator;
-    with log-probabilities, (recorder, row in it) per choice."""
+    row length (the engine samples a rectangle), in order, from the request's one generator,
+    by the decoder protocol (generation/decode.py): with `stream_states` each call's state is
+    handed out as it is decided, the last one with every position decided. With
+    log-probabilities, (recorder, row in it) per choice."""
     lengths = [len(plan.rows[i // plan.n].template) for i in range(plan.num_rows)]
     tokens: list = [None] * plan.num_rows
     recorders: list = [None] * plan.num_rows
@@ -183,13 +184,25 @@ def _sample_rows(plan: Plan, served: Served, denoiser, kwargs: dict
         prompt = torch.stack([plan.rows[i // plan.n].template for i in group])
         canvas = engine.Canvas(len(group), length, served.loaded.mask_id, prompt,
                                device=served.device)
-        out, done = engine.sample(denoiser, canvas=canvas, return_stats=True,
-                                  hooks=engine.SampleHooks(recorder=recorder), **kwargs)
+        out, done = _decoded(decode(denoiser, kwargs["settings"], canvas, recorder=recorder,
+                                    schedule=kwargs["schedule"], generator=kwargs["generator"]),
+                             emit if plan.states else None, served)
         stats.num_sequences += done.num_sequences
         stats.merge(done)
         for j, i in enumerate(group):
             tokens[i], recorders[i] = out[j].cpu(), (recorder, j)
     return tokens, stats, recorders if plan.logprobs is not None else []
+
+
+def _decoded(events, emit: Emit | None, served: Served) -> tuple[torch.Tensor, object]:
+    """The rows and counters a decoder's events end with; each `Revealed` state handed to
+    `emit` as a snapshot of the first row, where given (stream_states)."""
+    for event in events:
+        if isinstance(event, Finished):
+            return event.tokens, event.stats
+        if emit is not None:
+            emit(StateSnapshot(state_pieces(served, event.tokens[:1])))
+    raise RuntimeError("the decoder ended without its rows")
 
 
 def logprobs_object(decode: Callable[[list[int]], str], tokens: list[int],
@@ -229,14 +242,17 @@ def _semi_ar(
         if all(t.finish_reason is not None for t in texts):
             raise _AllFinished
 
+    hooks = engine.SampleHooks(on_block=on_block)
+    if plan.states:  # each window's state before each of its calls
+        hooks = engine.SampleHooks(on_block=on_block, on_step=lambda z: emit(
+            StateSnapshot(state_pieces(served, z[:1]))))
     try:
         semi = engine.SemiArPlan(
             plan.num_rows, loaded.length, plan.stride, loaded.mask_id,
             target_length=len(prefix) + plan.max_tokens,
             prompt=torch.tensor(prefix, dtype=torch.long) if prefix else None,
             device=served.device)
-        return engine.semi_ar(denoiser, plan=semi, hooks=engine.SampleHooks(on_block=on_block),
-                              **kwargs).stats
+        return engine.semi_ar(denoiser, plan=semi, hooks=hooks, **kwargs).stats
     except _AllFinished:  # the work done so far, as the request's denoiser counted it
         return engine.SampleStats(
             num_sequences=plan.num_rows,

@@ -9,8 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import Tensor
-
 
 class QueueFull(Exception):
     """The waiting queue holds `queue_size` requests."""
@@ -33,7 +31,6 @@ class Job:
     run: Callable[[Any], Any]
     done: Callable[[Any, BaseException | None], None]
     timeout_s: float
-    on_call: Callable[[Tensor], None] | None = None  # sees z_t at each of its network calls
     alone: bool = False  # runs by itself on the model (a block cache's calls do not batch)
     bytes: int = 0  # the memory its network calls need beyond the weights (memory.ForwardCost)
     submitted: float = field(default_factory=time.monotonic)

@@ -14,7 +14,8 @@ from .worker import Job
 def mdlm_info(plan: Plan, outcome: Outcome, job: Job) -> dict:
     queued = (job.started or job.submitted) - job.submitted
     info = {"sampler": plan.sampler.name, "steps": plan.steps, "seed": plan.seed,
-            "precision": plan.precision, "nfe": outcome.stats.nfe, "ncs": outcome.stats.ncs,
+            "precision": plan.precision, "top_k": plan.settings.top_k or 0,
+            "nfe": outcome.stats.nfe, "ncs": outcome.stats.ncs,
             "network_calls": outcome.stats.calls, "seconds": round(outcome.seconds, 6),
             "queue_seconds": round(queued, 6), **plan.options}
     if plan.stride is not None:

@@ -162,8 +162,6 @@ class Worker:
         """One network call of `job` (from its thread): waits for the batch it runs in.
         Logits (B, L, V), or (N, V) at the N True positions of `wanted`."""
         job.check()
-        if job.on_call is not None:
-            job.on_call(z)
         call = _Call(job, kind, z, t.expand(len(z)) if t.dim() == 0 else t, wanted)
         with self._cond:
             if self._stopped:

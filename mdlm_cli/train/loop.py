@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from ..checkpoints.folder import CheckpointContents, save_checkpoint
+from ..checkpoints.save import CheckpointContents, save_checkpoint
 from ..config import Config
 from ..data.dna import rc_augment
 from ..distributed import StopSignals, clip_grad_norm, session, set_gradient_sync

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mdlm_cli.build import resolve_config
-from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
+from mdlm_cli.checkpoints.save import CheckpointContents, save_checkpoint
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import build_model
 

@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from mdlm_cli.build import resolve_config
-from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
 from mdlm_cli.checkpoints.load import load_checkpoint
+from mdlm_cli.checkpoints.save import CheckpointContents, save_checkpoint
 from mdlm_cli.cli import app
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import DiT

@@ -119,7 +119,7 @@ def write_task(folder, n_train=32, n_test=16, length=30):
 
 def test_classify_fine_tunes_a_tiny_checkpoint_on_a_two_class_folder(tmp_path):
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
+    from mdlm_cli.checkpoints.save import CheckpointContents, save_checkpoint
     from mdlm_cli.models import build_model
 
     write_task(tmp_path / "toy_task")

@@ -240,7 +240,7 @@ def test_backbones_honour_the_denoiser_contract():
 
 def test_init_from_a_checkpoint_without_time_input_keeps_its_function(tmp_path):
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
+    from mdlm_cli.checkpoints.save import CheckpointContents, save_checkpoint
     from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.errors import MdlmError
     from mdlm_cli.train.init_from import initialise_from

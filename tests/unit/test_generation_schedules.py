@@ -344,7 +344,7 @@ def save_dit(folder, state: dict | None = None):
     """A random 2-layer DiT without time conditioning (mdlm, char tokenizer, L = 32), its
     weights perturbed so that what it reads changes what it predicts."""
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
+    from mdlm_cli.checkpoints.save import CheckpointContents, save_checkpoint
     from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.models import build_model
 

@@ -132,7 +132,7 @@ def save_ar_judge(folder, length: int = 32):
     """A random 2-layer mdlm AR checkpoint with the char tokenizer (offline, no transformers);
     its weights are perturbed so that what it reads changes what it predicts."""
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.checkpoints.folder import CheckpointContents, save_checkpoint
+    from mdlm_cli.checkpoints.save import CheckpointContents, save_checkpoint
     from mdlm_cli.data.tokenizers import load_tokenizer
     from mdlm_cli.models import build_model
 

@@ -10,8 +10,9 @@ from safetensors import safe_open
 from mdlm_cli import engine
 from mdlm_cli.build import config_dict, config_from_dict, resolve_config
 from mdlm_cli.checkpoints.export import export_folder, verify_export
-from mdlm_cli.checkpoints.folder import CheckpointContents, load_run_folder, save_checkpoint
+from mdlm_cli.checkpoints.folder import load_run_folder
 from mdlm_cli.checkpoints.load import load_checkpoint
+from mdlm_cli.checkpoints.save import CheckpointContents, save_checkpoint
 from mdlm_cli.config import ModelConfig
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.errors import MdlmError

@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 
 from mdlm_cli import engine
 from mdlm_cli.build import resolve_config
-from mdlm_cli.checkpoints.folder import CheckpointContents, load_run_folder, save_checkpoint
+from mdlm_cli.checkpoints.folder import load_run_folder
+from mdlm_cli.checkpoints.save import CheckpointContents, save_checkpoint
 from mdlm_cli.config import ModelConfig
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer

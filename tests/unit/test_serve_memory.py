@@ -158,3 +158,11 @@ def test_the_checksum_is_computed_in_chunks_with_the_same_sums():
                    device=torch.device("cpu"))
     assert shapes.masked and shapes.sizes == (1, 2, 3, 4)
     assert all(set(c) == {PROBE_POSITIONS} for c in calls)
+
+
+def test_where_the_memory_cannot_be_read_nothing_is_refused():
+    from mdlm_cli.serve.admission import memory_need
+
+    unknown = Memory(ForwardCost(per_position=10**12), None)
+    assert memory_need(unknown, 4, 4096, 8) == 4 * 4096 * 10**12
+    assert memory_need(None, 4, 4096, 8) == 0

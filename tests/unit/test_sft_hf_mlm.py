@@ -11,7 +11,8 @@ from rich.console import Console
 
 from mdlm_cli.build import config_from_dict
 from mdlm_cli.checkpoints.export import export_folder
-from mdlm_cli.checkpoints.folder import CheckpointContents, load_run_folder, save_checkpoint
+from mdlm_cli.checkpoints.folder import load_run_folder
+from mdlm_cli.checkpoints.save import CheckpointContents, save_checkpoint
 from mdlm_cli.data.store import prepare
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import build_model
