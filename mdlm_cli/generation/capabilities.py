@@ -47,7 +47,7 @@ class Capabilities:
 def capabilities_of(loaded: LoadedModel, denoiser: Any = None) -> Capabilities:
     """The record of `loaded` (its denoiser built here unless given)."""
     objective, tok = loaded.objective, loaded.tokenizer
-    blocks = bool(getattr(objective, "samples_by_blocks", False))
+    blocks = objective.samples_by_blocks
     attention = "causal" if objective.causal else "block-causal" if blocks else "bidirectional"
     denoiser = denoiser if denoiser is not None or objective.causal else loaded.denoiser()
     cached = denoiser is not None and not objective.causal and has_block_cache(denoiser)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.store import TokenSplit
-from ..engine.diffusion import call_denoiser, without_mask
+from ..engine.diffusion import Masking, call_denoiser, without_mask
 from ..engine.sampling import SamplerSpec, get_sampler
 from ..engine.schedules import get_schedule
 from ..errors import MdlmError
@@ -54,6 +54,9 @@ class Objective(ABC):
     scores_targets: ClassVar[bool] = (
         True  # loss_terms(..., targets=) is a likelihood of the targets (lm-eval)
     )
+    # sampled block by block by its own `sample` (bd3lm: its `block_size` tokens a block), not by
+    # engine.sample
+    samples_by_blocks: ClassVar[bool] = False
     default_sampler: ClassVar[str]  # "" for an objective without samplers (mlm)
     sampler_names: ClassVar[tuple[str, ...]] = ()  # the engine.SAMPLERS serving its models
     description: ClassVar[str]
@@ -125,13 +128,11 @@ class Objective(ABC):
     def diffusion_keywords(self, generator: torch.Generator | None, attention_mask: Tensor | None,
                            targets: Tensor | None) -> dict[str, Any]:
         """The keywords every engine loss of a masked diffusion takes: this objective's mask id
-        and schedule, and the batch's generator, padding and likelihood targets."""
+        and schedule, and the batch's generator, padding and likelihood targets (a Masking)."""
         return {
             "mask_id": self.mask_id,
             "schedule": self.schedule,
-            "generator": generator,
-            "attention_mask": attention_mask,
-            "targets": targets,
+            "masking": Masking(generator, attention_mask, targets),
         }
 
     def sampling_steps(self, spec: SamplerSpec) -> int:

@@ -20,7 +20,7 @@ from .generate import Drawn, SampleRecord, cut_at_eos
 
 
 def samples_by_blocks(loaded: LoadedModel) -> bool:
-    return bool(getattr(loaded.objective, "samples_by_blocks", False))
+    return loaded.objective.samples_by_blocks
 
 
 def block_length(loaded: LoadedModel, length: int | None) -> int:

@@ -92,7 +92,7 @@ def parse_chat(body: dict, served: Served, limits: Limits) -> Plan:
     check_model(body, served)
     schema, body = json_request(body, served)
     tok = served.loaded.tokenizer
-    if tok.hf is None or not getattr(tok.hf, "chat_template", None):
+    if not served.chat:
         raise invalid(f"this model's tokenizer ({tok.name}) has no chat template; use "
                       "/v1/completions with a prompt", "messages", "no_chat_template")
     text = tok.hf.apply_chat_template(messages_of(body), tokenize=False,

@@ -9,6 +9,7 @@ from functools import cached_property
 import torch
 
 from ..checkpoints.folder import LoadedModel
+from ..data.chat import has_chat_template
 from ..engine.block_sampling import BLOCK_OPTIONS
 from ..engine.protocols import is_time_agnostic
 from ..generation.capabilities import Capabilities, capabilities_of
@@ -42,7 +43,7 @@ class Served:
     def block_size(self) -> int:
         """L' of a model sampled block by block (bd3lm: serve/blocks.py), else 0."""
         objective = self.loaded.objective
-        return objective.block_size if getattr(objective, "samples_by_blocks", False) else 0
+        return objective.block_size if objective.samples_by_blocks else 0
 
     @cached_property
     def capabilities(self) -> Capabilities:
@@ -56,8 +57,7 @@ class Served:
     @property
     def chat(self) -> bool:
         """Whether its tokeniser has a chat template (/v1/chat/completions answers)."""
-        hf = self.loaded.tokenizer.hf
-        return hf is not None and bool(getattr(hf, "chat_template", None))
+        return has_chat_template(self.loaded.tokenizer)
 
     def options_of(self, spec) -> frozenset[str]:
         """The options a request may give the sampler: a bd3lm model's within-block step reads

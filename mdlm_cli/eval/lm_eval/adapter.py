@@ -39,7 +39,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from ...data.chat import end_of_turn_ids
+from ...data.chat import end_of_turn_ids, has_chat_template
 from ...engine.settings import SamplingSettings
 from ...errors import MdlmError
 from .scoring import (
@@ -172,7 +172,7 @@ class MdlmLM(LM):
 
     def _chat_tokenizer(self):
         hf = self.loaded.tokenizer.hf
-        if hf is None or not getattr(hf, "chat_template", None):
+        if not has_chat_template(self.loaded.tokenizer):
             raise MdlmError(f"--apply-chat-template needs a tokenizer with a chat template; "
                             f"{self.loaded.tokenizer.name}'s has none")
         return hf
