@@ -30,6 +30,8 @@ from typer.testing import CliRunner
 
 from mdlm_cli.cli import app
 
+from .char_tokenizers import JSON_CHARS, chars_tokenizer, stop_server
+
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 MARKER = re.compile(r"<!--\s*doc-test:(.*?)-->")
@@ -108,27 +110,15 @@ DEMO_AT_TEST_SIZE = [
 
 # a character tokeniser that can write JSON, with a chat template: what the serving page's chat
 # and json_schema blocks need (the demo's text8 characters have neither braces nor a template)
-CHAT_CHARS = " abcdefghijklmnopqrstuvwxyz0123456789{}[]\":,.-\\"
+CHAT_CHARS = JSON_CHARS
 
 
 def chat_chars_run(root: Path) -> Path:
     """A test-size MDLM run (L = 128, 2 steps) over CHAT_CHARS, trained on a lower-cased slice of
     the embedded corpus; its tokeniser is a transformers folder with a chat template."""
-    import tokenizers
-    import transformers
-    from tokenizers import decoders, models, pre_tokenizers
-
     from mdlm_cli.data.sources import get_source
 
-    vocab = {"[BOS]": 0, "[EOS]": 1, "[MASK]": 2, "[UNK]": 3}
-    vocab.update({c: 4 + i for i, c in enumerate(CHAT_CHARS)})
-    raw = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
-    raw.decoder = decoders.Fuse()
-    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="[BOS]",
-                                              eos_token="[EOS]", mask_token="[MASK]",
-                                              unk_token="[UNK]")
-    hf.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    hf = chars_tokenizer(CHAT_CHARS)
     hf.save_pretrained(root / "chat-chars")
     text = " ".join(get_source("bigtxt").all_documents()[:3]).lower()
     text = re.sub(r"[^a-z0-9 .,:\-\"]+", " ", text)
@@ -177,12 +167,7 @@ def serving(checkpoint: Path, log: Path, limit_s: float = 120) -> Iterator[str]:
             raise AssertionError(f"the server did not come up:\n{log.read_text()[-3000:]}")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_server(proc)
 
 
 def answered(metrics: str) -> dict[str, int]:

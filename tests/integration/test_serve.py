@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from ..char_tokenizers import stop_server
+
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
@@ -89,13 +91,6 @@ def server(checkpoint, tmp_path_factory):
         stop_server(proc)
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -23,31 +23,21 @@ from mdlm_cli.serve.json_schema import JsonConstraint, Value, skeleton
 from mdlm_cli.serve.schema import ApiError, Limits
 from mdlm_cli.serve.served import Served
 
+from ..char_tokenizers import JSON_CHARS, chars_tokenizer
 from ..objective_configs import overrides
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
-CHARS = " abcdefghijklmnopqrstuvwxyz0123456789{}[]\":,.-\\"
+CHARS = JSON_CHARS
 
 
 def json_tokenizer():
     """A character tokeniser (transformers' wrapper) that can write JSON, with a chat
     template."""
-    from tokenizers import decoders, models, pre_tokenizers
-
     from mdlm_cli.data.tokenizers import _wrap_hf
 
-    vocab = {"[BOS]": 0, "[EOS]": 1, "[MASK]": 2, "[UNK]": 3}
-    vocab.update({c: 4 + i for i, c in enumerate(CHARS)})
-    t = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    t.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
-    t.decoder = decoders.Fuse()
-    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=t, bos_token="[BOS]",
-                                              eos_token="[EOS]", mask_token="[MASK]",
-                                              unk_token="[UNK]")
-    hf.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    return _wrap_hf("json-chars", hf)
+    return _wrap_hf("json-chars", chars_tokenizer(CHARS))
 
 
 TOK = json_tokenizer()
