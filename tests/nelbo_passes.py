@@ -2,7 +2,7 @@
 `engine.diffusion.nelbo_terms` at `bound.diffusion_times`), for tests whose denoiser is not a
 backbone (an analytic one) or that reduce across ranks."""
 
-from mdlm_cli.engine.diffusion import nelbo_terms
+from mdlm_cli.engine.diffusion import Masking, nelbo_terms
 from mdlm_cli.objectives.bound import BoundResult, SplitSweep, diffusion_times, sharded_sum
 from mdlm_cli.runtime import derive_seed
 
@@ -10,8 +10,8 @@ from mdlm_cli.runtime import derive_seed
 def nelbo_pass(denoiser, split, *, schedule, mask_id: int, batch_size: int, device, seed: int = 0,
                T: int = 0, rank: int = 0, world_size: int = 1) -> BoundResult:
     def terms(x0, t, gen, attention_mask, targets=None):
-        return nelbo_terms(denoiser, x0, t, mask_id=mask_id, schedule=schedule, generator=gen,
-                           attention_mask=attention_mask, T=T, targets=targets)
+        masking = Masking(generator=gen, attention_mask=attention_mask, targets=targets)
+        return nelbo_terms(denoiser, x0, t, mask_id=mask_id, schedule=schedule, T=T, masking=masking)
 
     sweep = SplitSweep(batch_size, device, rank=rank, world_size=world_size)
     return sharded_sum(terms, split, sweep, seed=seed, draw_times=diffusion_times(schedule, T), T=T)

@@ -23,6 +23,7 @@ from .canvas import Canvas, SampleHooks, SemiArPlan
 from .categorical import PRECISIONS, sample_tokens
 from .context import SamplerContext, SampleStats
 from .diffusion import (
+    Masking,
     mask_tokens,
     masked_nll,
     nelbo,
@@ -48,7 +49,7 @@ from .settings import SamplingSettings, SettingsError
 
 __all__ = [
     "PRECISIONS", "SAMPLERS", "SCHEDULES", "Canvas", "CausalLM", "Denoiser", "EngineError",
-    "SampleHooks", "SampleStats", "SemiArPlan",
+    "Masking", "SampleHooks", "SampleStats", "SemiArPlan",
     "SamplerContext", "SamplerSpec", "SamplingSettings", "Schedule", "SemiARResult",
     "SettingsError", "ancestral_times", "check_options", "get_sampler", "get_schedule",
     "mask_tokens", "masked_nll", "nelbo", "nelbo_terms", "option", "option_names", "sample",

@@ -16,9 +16,9 @@ from .ancestral import finish_masks
 from .categorical import check_finite, reference_draw, token_weights
 from .context import SamplerContext, rows_active
 from .diffusion import (
+    Masking,
     call_denoiser,
     mask_tokens,
-    noised_positions,
     reconstruction_terms,
     sum_per_sequence,
 )
@@ -62,20 +62,19 @@ def d3pm_terms(
     schedule: Schedule,
     T: int,
     carry_over: bool = False,
-    generator: torch.Generator | None = None,
-    attention_mask: Tensor | None = None,
-    targets: Tensor | None = None,
+    masking: Masking | None = None,
 ) -> Tensor:
     """One Monte-Carlo term of the T-step bound per sequence (eq. 9; the reference's
     `_d3pm_loss` + `_reconstruction_loss`), nats (B,): t (B,) on the grid {1/T, ..., 1},
     s = t - 1/T, T times the posterior KL summed over the masked positions, plus the
     t = 0 reconstruction term (a second forward pass on the clean input; none with
     carry-over where alpha(0) = 1)."""
-    z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=generator,
-                      attention_mask=noised_positions(attention_mask, targets))
+    m = masking or Masking()
+    z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=m.generator,
+                      attention_mask=m.noised)
     masked = z_t == mask_id
     logits = call_denoiser(
-        denoiser, z_t, t, output_mask=masked, attention_mask=attention_mask
+        denoiser, z_t, t, output_mask=masked, attention_mask=m.attention_mask
     )  # (N, V)
     per_position = lambda v: v[:, None].expand(masked.shape)[masked]  # noqa: E731 - (B,) -> (N,)
     kl = posterior_kl(logits.float().log_softmax(-1), x0[masked], per_position(t),
@@ -87,9 +86,7 @@ def d3pm_terms(
         schedule=schedule,
         carry_over=carry_over,
         zero_masking=False,
-        generator=generator,
-        attention_mask=attention_mask,
-        targets=targets,
+        masking=m,
     )
     return T * sum_per_sequence(kl, masked) + reconstruction
 

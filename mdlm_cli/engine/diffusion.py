@@ -3,15 +3,19 @@
 The model is a `Denoiser` (engine/protocols.py): `denoiser(z_t (B, L) long, t (B,) float)
 -> logits (B, L, V)`, V including the mask token; the engine applies SUBS itself. Its
 optional `supports_output_mask` lets the loss ask for the masked positions only, and an
-`attention_mask` (when given) is passed on as a keyword argument.
+`attention_mask` (when given) is passed on as a keyword argument. The losses take a batch's
+generator, padding and likelihood targets together, as a `Masking`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .errors import EngineError
 from .protocols import Denoiser, supports_output_mask
 from .schedules import Schedule, get_schedule
 
@@ -71,6 +75,33 @@ def noised_positions(attention_mask: Tensor | None, targets: Tensor | None) -> T
     if targets is None:
         return attention_mask
     return targets.bool() if attention_mask is None else targets.bool() & attention_mask.bool()
+
+
+@dataclass(frozen=True)
+class Masking:
+    """How the forward process masks a batch x0 (B, L): the `generator` of its draws (None:
+    torch's global one), the real tokens (`attention_mask` (B, L), 1 = real: padding is never
+    masked nor scored) and the likelihood targets (`targets` (B, L) bool: only they are masked
+    and scored; the other real tokens are clean context, attended but never noised). None:
+    every position."""
+
+    generator: torch.Generator | None = None
+    attention_mask: Tensor | None = None
+    targets: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        a, t = self.attention_mask, self.targets
+        if a is not None and t is not None and a.shape != t.shape:
+            raise EngineError(f"attention_mask {tuple(a.shape)} and targets {tuple(t.shape)} "
+                              "must have one shape (B, L)")
+
+    @property
+    def noised(self) -> Tensor | None:
+        """The positions the forward process may mask (`noised_positions`)."""
+        return noised_positions(self.attention_mask, self.targets)
 
 
 def subs_log_probs(logits: Tensor, z_t: Tensor, mask_id: int) -> Tensor:
@@ -140,49 +171,49 @@ def call_denoiser(denoiser: Denoiser, z_t: Tensor, t: Tensor, *,
 
 
 def nelbo_terms(denoiser: Denoiser, x0: Tensor, t: Tensor, *, mask_id: int,
-                schedule: Schedule, generator: torch.Generator | None = None,
-                attention_mask: Tensor | None = None, T: int = 0,
-                targets: Tensor | None = None) -> Tensor:
+                schedule: Schedule, T: int = 0, masking: Masking | None = None) -> Tensor:
     """One Monte-Carlo term of the NELBO per sequence (eq. 10/11), nats (B,).
 
     Masks x0 at time t (B,), and sums w(t) * -log p_theta(x0_l | z_t) over the
     masked positions; unmasked and padded positions contribute exactly zero.
 
-    `targets` (B, L) bool: the conditional bound on -log p(x0[targets] | the rest).
+    `masking.targets` (B, L) bool: the conditional bound on -log p(x0[targets] | the rest).
     Only target positions are masked; the others are clean context, attended but never
     masked or scored. The argument of eq. 10/11 holds over the target positions alone
     (the forward process runs on them, the context is part of every z_t), so with an
     exact denoiser its expectation is the exact conditional NLL.
     """
-    z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=generator,
-                      attention_mask=attention_mask, targets=targets)
+    m = masking or Masking()
+    z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=m.generator,
+                      attention_mask=m.attention_mask, targets=m.targets)
     masked = z_t == mask_id
-    logits = call_denoiser(denoiser, z_t, t, output_mask=masked,
-                           attention_mask=attention_mask)
+    logits = call_denoiser(denoiser, z_t, t, output_mask=masked, attention_mask=m.attention_mask)
     nll = masked_nll(logits, x0[masked], mask_id)  # (N,)
     return loss_weight(t, schedule, T).to(nll.dtype) * sum_per_sequence(nll, masked)
 
 
 def nelbo(denoiser: Denoiser, x0: Tensor, *, mask_id: int, schedule: str | Schedule = "loglinear",
-          num_samples: int = 1, generator: torch.Generator | None = None,
-          attention_mask: Tensor | None = None, T: int = 0, antithetic: bool = True) -> Tensor:
+          num_samples: int = 1, T: int = 0, antithetic: bool = True,
+          masking: Masking | None = None) -> Tensor:
     """Monte-Carlo estimate of the NELBO of each sequence, in nats: (B,).
 
     Each value is an unbiased estimate of its own sequence's bound (continuous
     time for T = 0, the T-step discrete bound otherwise). The `num_samples` draws
-    of t of one sequence are stratified across [0, 1) (antithetic), never across rows.
+    of t of one sequence are stratified across [0, 1) (antithetic), never across rows;
+    `masking.generator` draws them and the masks.
     Perplexity bound = exp(sum of nelbo / number of real tokens).
     """
     schedule = get_schedule(schedule)
-    B = x0.shape[0]
+    masking = masking or Masking()
+    B, generator = x0.shape[0], masking.generator
     u0 = torch.rand(B, generator=generator, device=x0.device)
     total = torch.zeros(B, device=x0.device)
     for k in range(num_samples):
         u = (u0 + k / num_samples) % 1.0 if antithetic else (
             u0 if k == 0 else torch.rand(B, generator=generator, device=x0.device))
         t = times_from_uniform(u, schedule, T)
-        total += nelbo_terms(denoiser, x0, t, mask_id=mask_id, schedule=schedule,
-                             generator=generator, attention_mask=attention_mask, T=T)
+        total += nelbo_terms(denoiser, x0, t, mask_id=mask_id, schedule=schedule, T=T,
+                             masking=masking)
     return total / num_samples
 
 
@@ -194,9 +225,7 @@ def reconstruction_terms(
     schedule: Schedule,
     carry_over: bool,
     zero_masking: bool,
-    generator: torch.Generator | None = None,
-    attention_mask: Tensor | None = None,
-    targets: Tensor | None = None,
+    masking: Masking | None = None,
 ) -> Tensor:
     """The t = 0 term of the bound, E_{z_0 ~ q(.|x0)} [-log p_theta(x0 | z_0)] (D3PM's L_0, the
     reference's `_reconstruction_loss`), with its own forward pass: nats per sequence (B,).
@@ -212,9 +241,10 @@ def reconstruction_terms(
     rate0 = schedule.mask_rate(t0)
     if carry_over and not bool((rate0 > 0).any()):
         return torch.zeros(B, device=x0.device)
-    noised = noised_positions(attention_mask, targets)
+    m = masking or Masking()
+    noised = m.noised
     z0 = (
-        mask_tokens(x0, rate0, mask_id, generator=generator, attention_mask=noised)
+        mask_tokens(x0, rate0, mask_id, generator=m.generator, attention_mask=noised)
         if bool((rate0 > 0).any())
         else x0
     )
@@ -222,7 +252,7 @@ def reconstruction_terms(
         scored = z0 == mask_id
     else:
         scored = torch.ones_like(x0, dtype=torch.bool) if noised is None else noised.bool()
-    logits = call_denoiser(denoiser, z0, t0, output_mask=scored, attention_mask=attention_mask)
+    logits = call_denoiser(denoiser, z0, t0, output_mask=scored, attention_mask=m.attention_mask)
     nll = masked_nll(logits, x0[scored], mask_id) if zero_masking else F.cross_entropy(
         logits.float(), x0[scored], reduction="none")
     return sum_per_sequence(nll, scored)

@@ -21,7 +21,7 @@ from torch import Tensor
 from .ancestral import ancestral_times
 from .categorical import check_finite, reference_draw, token_weights
 from .context import SamplerContext, rows_active
-from .diffusion import mask_tokens, noised_positions, sum_per_sequence
+from .diffusion import Masking, mask_tokens, sum_per_sequence
 from .schedules import Schedule
 
 
@@ -58,19 +58,18 @@ def score_entropy_terms(
     *,
     mask_id: int,
     schedule: Schedule,
-    generator: torch.Generator | None = None,
-    attention_mask: Tensor | None = None,
-    targets: Tensor | None = None,
+    masking: Masking | None = None,
 ) -> Tensor:
     """One Monte-Carlo term of SEDD's bound per sequence, nats (B,): x0 masked at time t (B,)
     (eq. 4), score entropy summed over the masked positions, times dsigma/dt (the
     reference's `dsigma * _score_entropy`). With the exact score it equals MDLM's term:
     dsigma k = -alpha' / (1 - alpha)."""
-    z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=generator,
-                      attention_mask=noised_positions(attention_mask, targets))
+    m = masking or Masking()
+    z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=m.generator,
+                      attention_mask=m.noised)
     masked = z_t == mask_id
     log_score = scorer.log_score(
-        z_t, t, output_mask=masked, attention_mask=attention_mask
+        z_t, t, output_mask=masked, attention_mask=m.attention_mask
     )  # (N, V)
     log_k = schedule.log_odds(t.double())[:, None].expand(masked.shape)[masked]
     entropy = score_entropy(log_score, x0[masked], log_k, mask_id).float()  # (N,)

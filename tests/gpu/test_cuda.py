@@ -50,7 +50,7 @@ def test_nelbo_and_samplers_on_cuda():
     den = DiffusionDenoiser(model(), LogLinear(), autocast_dtype=torch.bfloat16)
     x0 = torch.randint(0, V - 1, (8, L), device="cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
-    assert torch.isfinite(engine.nelbo(den, x0, mask_id=V - 1, generator=g)).all()
+    assert torch.isfinite(engine.nelbo(den, x0, mask_id=V - 1, masking=engine.Masking(generator=g))).all()
     for sampler in OBJECTIVES["mdlm"].sampler_names:
         tokens = engine.sample(den, sampler=sampler, num_samples=4, length=L, mask_id=V - 1, steps=20,
                                generator=g, device="cuda")

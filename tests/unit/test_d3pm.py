@@ -69,8 +69,9 @@ def test_with_subs_eq9_is_mdlms_discrete_term():
     schedule = LogLinear()
     t = D.times_from_uniform(torch.rand(4), schedule, T)
     d3pm = d3pm_terms(den, x0, t, mask_id=mask, schedule=schedule, T=T, carry_over=True,
-                      generator=torch.Generator().manual_seed(1))
-    mdlm = D.nelbo_terms(den, x0, t, mask_id=mask, schedule=schedule, T=T, generator=torch.Generator().manual_seed(1))
+                      masking=D.Masking(generator=torch.Generator().manual_seed(1)))
+    mdlm = D.nelbo_terms(den, x0, t, mask_id=mask, schedule=schedule, T=T,
+                         masking=D.Masking(generator=torch.Generator().manual_seed(1)))
     assert torch.allclose(d3pm, mdlm, rtol=1e-5)
 
 
@@ -103,7 +104,7 @@ def test_t_step_bound_is_unbiased_for_its_enumerated_value(den, mask_logit):
     rows = x0.repeat_interleave(n, 0)
     t = D.times_from_uniform(D.sample_times(len(rows), generator=g), schedule, T)
     est = d3pm_terms(model, rows, t, mask_id=den.mask_id, schedule=schedule, T=T, carry_over=False,
-                     generator=g).view(2, n).double()
+                     masking=D.Masking(generator=g)).view(2, n).double()
     mean, se = est.mean(1), est.std(1) / math.sqrt(n)
     truth = torch.tensor([exact_bound(model, x, schedule, T) for x in x0], dtype=torch.float64)
     assert torch.all((mean - truth).abs() < 4 * se + 1e-5), (mean, truth, se)
@@ -121,7 +122,7 @@ def test_only_target_positions_are_noised_and_scored(den):
         return model(z, t, output_mask=output_mask)
 
     terms = d3pm_terms(spy, x0, torch.ones(50), mask_id=den.mask_id, schedule=schedule, T=4, carry_over=False,
-                       generator=torch.Generator().manual_seed(0), targets=targets)
+                       masking=D.Masking(generator=torch.Generator().manual_seed(0), targets=targets))
     assert (seen[0][:, 0] == x0[:, 0]).all() and (seen[0][:, 1:] == den.mask_id).all()
     # the reconstruction term covers the two target tokens only
     clean = model(x0[:1], torch.zeros(1))[0].log_softmax(-1).gather(-1, x0[0][:, None])[:, 0]

@@ -78,7 +78,7 @@ def test_loss_equals_weighted_cross_entropy_by_hand():
     t = torch.tensor([0.3, 0.8])
     sched = LogLinear()
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-    terms = D.nelbo_terms(den, x0, t, mask_id=MASK, schedule=sched, generator=g1)
+    terms = D.nelbo_terms(den, x0, t, mask_id=MASK, schedule=sched, masking=D.Masking(generator=g1))
     z = D.mask_tokens(x0, sched.mask_rate(t), MASK, generator=g2)
     expected = torch.zeros(2)
     for b in range(2):
@@ -100,7 +100,8 @@ def test_padding_is_excluded_from_the_loss():
         return torch.zeros(*z.shape, MASK + 1)
 
     t = torch.tensor([1.0])
-    terms = D.nelbo_terms(den, x0, t, mask_id=MASK, schedule=LogLinear(eps=0.0), attention_mask=am)
+    terms = D.nelbo_terms(den, x0, t, mask_id=MASK, schedule=LogLinear(eps=0.0),
+                          masking=D.Masking(attention_mask=am))
     # every real token is masked at t = 1; each costs log(5) nats under uniform logits
     assert terms.item() == pytest.approx(5 * math.log(5), rel=1e-5)
     assert torch.equal(seen["am"], am)
@@ -113,7 +114,7 @@ def test_nelbo_of_exact_denoiser_is_unbiased_for_the_nll():
     x0 = x0.repeat_interleave(2000, 0)
     sched = LogLinear(eps=1e-5)
     est = D.nelbo(den, x0, mask_id=den.mask_id, schedule=sched, num_samples=2,
-                  generator=torch.Generator().manual_seed(0))
+                  masking=D.Masking(generator=torch.Generator().manual_seed(0)))
     est = est.view(4, 2000).double()
     mean, se = est.mean(1), est.std(1) / math.sqrt(2000)
     truth = -den.log_prob(x0.view(4, 2000, 3)[:, 0])
@@ -125,7 +126,8 @@ def test_nelbo_num_samples_reduces_variance():
     x0 = den.configs[torch.tensor([7])].repeat(3000, 1)
     var = []
     for k in (1, 8):
-        est = D.nelbo(den, x0, mask_id=den.mask_id, num_samples=k, generator=torch.Generator().manual_seed(k))
+        est = D.nelbo(den, x0, mask_id=den.mask_id, num_samples=k,
+                      masking=D.Masking(generator=torch.Generator().manual_seed(k)))
         var.append(est.var().item())
     assert var[1] < var[0] / 4
 
@@ -137,8 +139,8 @@ def test_discrete_bound_is_not_below_continuous():
     g = torch.Generator().manual_seed(0)
     x0 = den.configs[torch.multinomial(den.probs, 20000, replacement=True, generator=g)]
     entropy = -(den.probs * den.probs.log()).sum().item()
-    cont = D.nelbo(den, x0, mask_id=den.mask_id, num_samples=2, generator=g)
-    disc = D.nelbo(den, x0, mask_id=den.mask_id, num_samples=2, generator=g, T=2)
+    cont = D.nelbo(den, x0, mask_id=den.mask_id, num_samples=2, masking=D.Masking(generator=g))
+    disc = D.nelbo(den, x0, mask_id=den.mask_id, num_samples=2, T=2, masking=D.Masking(generator=g))
     se = (disc - cont).double().std().item() / math.sqrt(len(x0))
     assert cont.double().mean().item() == pytest.approx(entropy, abs=4 * cont.double().std().item() / 140)
     assert (disc - cont).double().mean().item() > 3 * se
@@ -160,7 +162,7 @@ def test_targets_mask_only_target_positions_and_none_is_unchanged():
 
     def terms(targets):
         return D.nelbo_terms(lambda z, t: fixed, x0, t, mask_id=MASK, schedule=LogLinear(),
-                             generator=torch.Generator().manual_seed(2), targets=targets)
+                             masking=D.Masking(generator=torch.Generator().manual_seed(2), targets=targets))
 
     assert torch.equal(terms(None), terms(torch.ones_like(targets)))  # bit for bit
     assert torch.equal(terms(torch.zeros_like(targets)), torch.zeros(4))
@@ -177,8 +179,8 @@ def test_conditional_bound_of_exact_denoiser_is_unbiased_for_the_conditional_nll
     for index in (5, 40, 77):
         x = den.configs[index]
         t = D.times_from_uniform(D.sample_times(n, generator=torch.Generator().manual_seed(index)), sched)
-        est = D.nelbo_terms(den, x.repeat(n, 1), t, mask_id=den.mask_id, schedule=sched,
-                            generator=torch.Generator().manual_seed(index + 1), targets=targets.expand(n, -1))
+        masking = D.Masking(generator=torch.Generator().manual_seed(index + 1), targets=targets.expand(n, -1))
+        est = D.nelbo_terms(den, x.repeat(n, 1), t, mask_id=den.mask_id, schedule=sched, masking=masking)
         est = est.double()
         context = ~targets
         marginal = den.probs[(den.configs[:, context] == x[context]).all(1)].sum()

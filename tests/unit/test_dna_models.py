@@ -229,7 +229,7 @@ def test_backbones_honour_the_denoiser_contract():
     model = caduceus(rcps=True).float()
     den = DiffusionDenoiser(model, get_schedule("loglinear"))
     x0 = dna(B=4, L=16)
-    nats = engine.nelbo(den, x0, mask_id=3, generator=torch.Generator().manual_seed(0))
+    nats = engine.nelbo(den, x0, mask_id=3, masking=engine.Masking(generator=torch.Generator().manual_seed(0)))
     assert nats.shape == (4,) and torch.isfinite(nats).all() and (nats > 0).all()
     z = engine.sample(den, sampler="first-hitting", num_samples=2, length=8, mask_id=3,
                       generator=torch.Generator().manual_seed(0))

@@ -164,9 +164,9 @@ def test_engine_nelbo(golden, T):
     x0, attention_mask = fixed_batch()
     with torch.no_grad():
         nats = engine.nelbo(objective.denoiser(model), x0, mask_id=TOK.mask_id,
-                            schedule=objective.schedule, num_samples=2,
-                            generator=torch.Generator().manual_seed(5),
-                            attention_mask=attention_mask, T=T)
+                            schedule=objective.schedule, num_samples=2, T=T,
+                            masking=engine.Masking(generator=torch.Generator().manual_seed(5),
+                                                   attention_mask=attention_mask))
     golden.check(f"bound/engine.nelbo[T={T}]", floats=floats(nats))
 
 

@@ -97,7 +97,7 @@ def test_result_reports_bits_per_character_and_exactness():
 def test_per_sequence_values_give_the_per_datapoint_spread_of_table_9(den):
     """Each pass keeps every row's bound; their spread over the passes, per sequence and per
     token, averaged over sequences, is the per-datapoint sd (variance) of a one-sample estimate."""
-    from mdlm_cli.engine.diffusion import nelbo_terms
+    from mdlm_cli.engine.diffusion import Masking, nelbo_terms
     from mdlm_cli.eval.ppl import sequence_spread
     from mdlm_cli.objectives.bound import SplitSweep, diffusion_times, sharded_sum
 
@@ -106,7 +106,7 @@ def test_per_sequence_values_give_the_per_datapoint_spread_of_table_9(den):
     schedule = LogLinear()
 
     def terms(x0, t, gen, attention_mask):
-        return nelbo_terms(den, x0, t, mask_id=den.mask_id, schedule=schedule, generator=gen)
+        return nelbo_terms(den, x0, t, mask_id=den.mask_id, schedule=schedule, masking=Masking(generator=gen))
 
     passes = [sharded_sum(terms, split, SplitSweep(7, CPU, per_sequence=True), seed=k,
                           draw_times=diffusion_times(schedule)) for k in range(5)]

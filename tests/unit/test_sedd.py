@@ -54,9 +54,9 @@ def test_score_entropy_with_the_exact_score_is_mdlms_term(den):
         schedule = get_schedule(name)
         t = D.times_from_uniform(torch.rand(64, generator=torch.Generator().manual_seed(1)), schedule)
         sedd = score_entropy_terms(AnalyticScore(den, schedule), x0, t, mask_id=den.mask_id, schedule=schedule,
-                                   generator=torch.Generator().manual_seed(2))
+                                   masking=D.Masking(generator=torch.Generator().manual_seed(2)))
         mdlm = D.nelbo_terms(den, x0, t, mask_id=den.mask_id, schedule=schedule,
-                             generator=torch.Generator().manual_seed(2))
+                             masking=D.Masking(generator=torch.Generator().manual_seed(2)))
         assert torch.allclose(sedd, mdlm, rtol=1e-4, atol=1e-4), name
 
 
@@ -67,7 +67,8 @@ def test_sedd_bound_of_the_exact_score_is_unbiased_for_the_nll(den):
     x0 = den.configs[torch.tensor([0, 13, 26])].repeat_interleave(3000, 0)
     g = torch.Generator().manual_seed(0)
     t = D.times_from_uniform(D.sample_times(len(x0), generator=g), schedule)
-    est = score_entropy_terms(model, x0, t, mask_id=den.mask_id, schedule=schedule, generator=g).view(3, -1).double()
+    est = score_entropy_terms(model, x0, t, mask_id=den.mask_id, schedule=schedule,
+                              masking=D.Masking(generator=g)).view(3, -1).double()
     mean, se = est.mean(1), est.std(1) / math.sqrt(est.shape[1])
     truth = -den.log_prob(x0.view(3, -1, 3)[:, 0])
     assert torch.all((mean - truth).abs() < 4 * se + 1e-3), (mean, truth, se)
@@ -85,7 +86,7 @@ def test_only_target_positions_are_noised(den):
 
     schedule = LogLinear(eps=0.0)  # everything but the context is masked at t = 1
     score_entropy_terms(Spy(den, schedule), x0, torch.ones(200), mask_id=den.mask_id, schedule=schedule,
-                        generator=torch.Generator().manual_seed(0), targets=targets)
+                        masking=D.Masking(generator=torch.Generator().manual_seed(0), targets=targets))
     assert (seen[0][:, 1] == x0[:, 1]).all() and (seen[0][:, [0, 2]] == den.mask_id).all()
 
 
