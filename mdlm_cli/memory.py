@@ -109,26 +109,29 @@ def check_fits(what: str, need: Footprint, device: torch.device, fix: str) -> No
     )
 
 
-def check_memory(
-    model,
-    model_cfg,
-    vocab: int,
-    *,
-    batch: int,
-    length: int,
-    device,
-    what: str,
-    fix: str,
-    rows: int = 0,
-) -> None:
-    """Refuse, before anything large is allocated, a forward pass of `batch` rows of `length`
-    tokens through `model` (its ModelConfig `model_cfg`) that the device cannot hold: one
-    line with the estimate and the memory available. `rows`: sequences whose ids are all held."""
+@dataclass(frozen=True)
+class Workload:
+    """The forward pass a command asks for: `batch` rows of `length` tokens, and `rows`
+    sequences whose ids are all held (int64) until the end; `what` names it in a refusal and
+    `fix` says how to shrink it."""
+
+    batch: int
+    length: int
+    what: str
+    fix: str
+    rows: int = 0
+
+
+def check_memory(model, model_cfg, vocab: int, work: Workload, *, device) -> None:
+    """Refuse, before anything large is allocated, the `work` through `model` (its
+    ModelConfig `model_cfg`, `vocab` output rows) that the device cannot hold: one line with
+    the estimate and the memory available."""
     params = sum(p.numel() for p in model.parameters())
-    need = footprint(params=params, **_shape_of(model, model_cfg), vocab=vocab, batch=batch,
-                     length=length)
+    need = footprint(params=params, **_shape_of(model, model_cfg), vocab=vocab, batch=work.batch,
+                     length=work.length)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())  # bf16: 2 bytes
-    check_fits(what, replace(need, weights=weights, token_ids=8 * rows * length), device, fix)
+    check_fits(work.what, replace(need, weights=weights, token_ids=8 * work.rows * work.length),
+               device, work.fix)
 
 
 def _shape_of(model, model_cfg) -> dict:

@@ -238,14 +238,15 @@ def eval_options(loaded: LoadedModel, device, flags: PplOptions, *,
 
 def check_eval_memory(loaded: LoadedModel, device, options: PplOptions) -> None:
     """An evaluation batch that cannot fit in memory is refused before any data is read."""
-    from ..memory import check_memory
+    from ..memory import Workload, check_memory
 
     rows, batch = options.rows, options.batch_size
     batch = min(batch, rows) if rows > 0 else batch
-    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
-                 length=loaded.length, device=device,
-                 what=f"evaluating {batch} rows of {loaded.length} tokens per batch",
-                 fix="lower --batch-size")
+    work = Workload(batch, loaded.length,
+                    what=f"evaluating {batch} rows of {loaded.length} tokens per batch",
+                    fix="lower --batch-size")
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, work,
+                 device=device)
 
 
 def eval_passes(objective, mc_samples: int | None, T: int | None) -> tuple[int, int | None]:

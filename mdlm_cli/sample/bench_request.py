@@ -172,14 +172,14 @@ def checked_length(bm: BenchModel, checkpoint: str | None, request: BenchRequest
     """The length (default: the model's L), refused past a checkpoint's trained L without
     --allow-longer (a preset's random weights have none), or where a batch cannot fit."""
     from ..checkpoints.load import check_length
-    from ..memory import check_memory
+    from ..memory import Workload, check_memory
 
     length = request.length or bm.length
     if checkpoint is not None:
         check_length(bm, length, request.allow_longer)
-    check_memory(bm.model, bm.model_cfg, bm.tokenizer.vocab_size, batch=batch, length=length,
-                 device=bm.rt.device, what=f"benchmarking {batch} x {length} tokens",
-                 fix="lower --length or --batch-size")
+    work = Workload(batch, length, what=f"benchmarking {batch} x {length} tokens",
+                    fix="lower --length or --batch-size")
+    check_memory(bm.model, bm.model_cfg, bm.tokenizer.vocab_size, work, device=bm.rt.device)
     return length
 
 

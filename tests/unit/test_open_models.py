@@ -317,8 +317,9 @@ def test_the_sampling_estimate_reads_the_models_own_shape_and_dtype(tmp_path, mo
     loaded = load_checkpoint(str(folder))
     seen = {}
     monkeypatch.setattr(memory, "check_fits", lambda what, need, device, fix: seen.update(n=need))
-    memory.check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=2,
-                        length=16, device=torch.device("cpu"), what="sampling", fix="fewer")
+    memory.check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size,
+                        memory.Workload(batch=2, length=16, what="sampling", fix="fewer"),
+                        device=torch.device("cpu"))
     params = sum(p.numel() for p in loaded.model.parameters())
     assert seen["n"].weights == 2 * params
     expected = memory.footprint(params=params, hidden=64, n_blocks=3, mlp_ratio=2, vocab=96,
