@@ -24,7 +24,7 @@ from ..config import SFT_PACKINGS
 from ..data.sft import holds_examples
 from ..data.store import PreparedData, prepare
 from ..errors import MdlmError, MdlmWarning
-from ..objectives.bound import BoundResult
+from ..objectives.bound import BoundResult, SplitSweep
 from ..runtime import derive_seed
 
 if TYPE_CHECKING:
@@ -155,6 +155,13 @@ class PplOptions:
             raise MdlmError(f"--mc-samples must be at least 1 (got {self.mc_samples})")
         return self
 
+    def sweep(self, device: torch.device, on_batch: Callable[[int], None] | None,
+              per_sequence: bool) -> SplitSweep:
+        """How each pass sweeps the split."""
+        return SplitSweep(self.batch_size, device, rows=self.rows, rank=self.rank,
+                          world_size=self.world_size, per_sequence=per_sequence,
+                          on_batch=on_batch)
+
 
 def evaluate(
     loaded: LoadedModel,
@@ -178,15 +185,9 @@ def evaluate(
     results = objective.evaluate(
         loaded.denoiser(dtype),
         token_split,
+        options.sweep(device, on_batch, per_sequence=not objective.exact and mc_samples > 1),
         seeds=[derive_seed(options.seed, "eval-ppl", k) for k in range(mc_samples)],
-        batch_size=options.batch_size,
-        device=device,
-        rows=options.rows,
         T=options.T,
-        on_batch=on_batch,
-        rank=options.rank,
-        world_size=options.world_size,
-        per_sequence=not objective.exact and mc_samples > 1,
     )
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -228,21 +228,18 @@ class Objective(ABC):
     def load_training_state(self, state: dict) -> None:  # noqa: B027 - optional, as validate
         """Restore what `training_state` saved (a resumed run)."""
 
-    def evaluate(self, denoiser: Any, split: TokenSplit, *, seeds: list[int], batch_size: int,
-                 device: torch.device, rows: int = 0, T: int | None = None, antithetic: bool = True,
-                 on_batch: Callable[[int], None] | None = None, rank: int = 0, world_size: int = 1,
-                 per_sequence: bool = False) -> list[BoundResult]:
+    def evaluate(self, denoiser: Any, split: TokenSplit, sweep: SplitSweep, *, seeds: list[int],
+                 T: int | None = None, antithetic: bool = True) -> list[BoundResult]:
         """One result per seed (a Monte-Carlo pass each), or one result for an exact objective:
-        the loss summed over the first `rows` rows of `split` (0 = all), rank-sharded; with
-        `per_sequence` each result also holds every row's value."""
+        the loss summed over the rows of `split` that `sweep` covers (rank-sharded; with
+        `sweep.per_sequence` each result also holds every row's value), at the discrete `T`
+        (None: as trained), the times antithetic over the set or not."""
         T = self.eval_T(T)
 
         def terms(x0, t, gen, attention_mask, targets=None):  # targets: sft data's responses
             return self.loss_terms(denoiser, x0, t, generator=gen, attention_mask=attention_mask,
                                    T=T, targets=targets)
 
-        sweep = SplitSweep(batch_size, device, rows=rows, rank=rank, world_size=world_size,
-                           per_sequence=per_sequence, on_batch=on_batch)
         results = [sharded_sum(terms, split, sweep, seed=seed,
                                draw_times=self.draw_times(T, antithetic), exact=self.exact, T=T)
                    for seed in (seeds[:1] if self.exact else seeds)]

@@ -222,7 +222,7 @@ def _evaluate_every_objective(rank: int = 0, world: int = 1) -> dict:
     from types import SimpleNamespace
 
     from mdlm_cli.build import resolve_config
-    from mdlm_cli.objectives import OBJECTIVES, get_objective
+    from mdlm_cli.objectives import OBJECTIVES, SplitSweep, get_objective
 
     from ..objective_configs import overrides as objective_overrides
 
@@ -231,8 +231,8 @@ def _evaluate_every_objective(rank: int = 0, world: int = 1) -> dict:
         objective = get_objective(resolve_config("test", objective_overrides(name)),
                                   SimpleNamespace(mask_id=MASK_ID, bos_id=0))
         model, split = _bound_problem(causal=objective.causal)
-        result = objective.evaluate(objective.denoiser(model), split, seeds=[7], batch_size=4,
-                                    device=torch.device("cpu"), rank=rank, world_size=world, per_sequence=True)[0]
+        sweep = SplitSweep(4, torch.device("cpu"), rank=rank, world_size=world, per_sequence=True)
+        result = objective.evaluate(objective.denoiser(model), split, sweep, seeds=[7])[0]
         out[name] = [result.nats, result.tokens, result.sequences, result.per_sequence.tolist()]
     return out
 

@@ -15,7 +15,7 @@ from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.engine import EngineError
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.models import DiT, KVCache, build_model
-from mdlm_cli.objectives import get_objective
+from mdlm_cli.objectives import SplitSweep, get_objective
 from mdlm_cli.objectives.ar import CausalLMAdapter, sequence_nll
 
 from .test_sampling import chi2_pvalue
@@ -77,8 +77,8 @@ def test_exact_nll_covers_every_row_and_token():
     lengths = np.array([6, 6, 6, 6, 4], dtype=np.int32)
     split = TokenSplit(rows, lengths)
     objective = get_objective(resolve_config("demo-ar"), SimpleNamespace(mask_id=MASK, bos_id=BOS))
-    results = objective.evaluate(objective.denoiser(model), split, seeds=[0, 1, 2], batch_size=2,
-                                 device=torch.device("cpu"))
+    results = objective.evaluate(objective.denoiser(model), split, SplitSweep(2, torch.device("cpu")),
+                                 seeds=[0, 1, 2])
     assert len(results) == 1  # exact: one pass whatever the number of seeds
     result = results[0]
     x0, am = split.batch(np.arange(5))

@@ -34,7 +34,7 @@ from mdlm_cli.build import resolve_config
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.models import build_model
-from mdlm_cli.objectives import OBJECTIVES, get_objective, objectives_served_by
+from mdlm_cli.objectives import OBJECTIVES, SplitSweep, get_objective, objectives_served_by
 from mdlm_cli.objectives.ar import sequence_nll
 
 # ---- end of the mdlm_cli imports; the tests' own helpers -------------------------------------
@@ -173,8 +173,8 @@ def test_engine_nelbo(golden, T):
 @pytest.mark.parametrize("name", list(OBJECTIVES))
 def test_objective_evaluate(golden, name):
     _, objective, model = setup(name)
-    results = objective.evaluate(objective.denoiser(model), tiny_split(), seeds=[0, 1],
-                                 batch_size=2, device=CPU, per_sequence=True)
+    results = objective.evaluate(objective.denoiser(model), tiny_split(),
+                                 SplitSweep(2, CPU, per_sequence=True), seeds=[0, 1])
     values = [v for r in results for v in floats(r.per_sequence)]  # one pass for an exact objective
     golden.check(f"bound/evaluate/{name}", floats=values)
 

@@ -28,7 +28,7 @@ from mdlm_cli.eval.lm_eval.scoring import (
 )
 from mdlm_cli.eval.lm_eval.tasks import last_word_passages, write_tasks
 from mdlm_cli.models import build_model
-from mdlm_cli.objectives import get_objective
+from mdlm_cli.objectives import SplitSweep, get_objective
 
 from ..analytic import AnalyticDenoiser
 
@@ -104,7 +104,7 @@ def eval_ppl_nats(loaded: LoadedModel, rows: list[list[int]]) -> list[float]:
         tokens = np.full((1, L), TOK.pad_id, dtype=np.int64)
         tokens[0, :len(row)] = row
         split = TokenSplit(tokens, np.array([len(row)], dtype=np.int32))
-        (result,) = loaded.objective.evaluate(loaded.denoiser(), split, seeds=[0], batch_size=4, device=CPU)
+        (result,) = loaded.objective.evaluate(loaded.denoiser(), split, SplitSweep(4, CPU), seeds=[0])
         out.append(result.nats)
     return out
 

@@ -22,7 +22,7 @@ from mdlm_cli.engine.categorical import sample_tokens
 from mdlm_cli.engine.errors import EngineError
 from mdlm_cli.errors import MdlmError
 from mdlm_cli.models import DiT, build_model
-from mdlm_cli.objectives import OBJECTIVES, get_objective, objectives_served_by
+from mdlm_cli.objectives import OBJECTIVES, SplitSweep, get_objective, objectives_served_by
 
 from ..analytic import AnalyticDenoiser
 from ..objective_configs import overrides as objective_overrides
@@ -107,7 +107,7 @@ def test_greedy_tokens_are_the_argmax_at_target_positions(name):
 def test_evaluation_passes_and_exactness(name):
     _, objective, model = setup(name)
     split = TokenSplit(batch(5).numpy(), np.array([32, 32, 32, 32, 20], dtype=np.int32))
-    results = objective.evaluate(objective.denoiser(model.eval()), split, seeds=[0, 1, 2], batch_size=2, device=CPU)
+    results = objective.evaluate(objective.denoiser(model.eval()), split, SplitSweep(2, CPU), seeds=[0, 1, 2])
     assert len(results) == (1 if objective.exact else 3)  # an exact likelihood needs one pass
     assert all(r.exact == objective.exact and r.tokens == 4 * 32 + 20 and r.sequences == 5 for r in results)
     assert all(math.isfinite(r.nats_per_token) for r in results)

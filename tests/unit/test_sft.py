@@ -13,7 +13,7 @@ from mdlm_cli.data.sft import encode_example, example_source, sft_rows
 from mdlm_cli.data.store import TokenSplit, prepare
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.objectives import OBJECTIVES, get_objective
+from mdlm_cli.objectives import OBJECTIVES, SplitSweep, get_objective
 from mdlm_cli.sample.generate import cut_at_eos, stops_at_eos
 
 from ..objective_configs import overrides as objective_overrides
@@ -210,7 +210,7 @@ def test_empty_prompt_gives_the_unconditional_loss(name):
     empty = TokenSplit(rows, lengths, prompt=np.zeros(5, dtype=np.int32))
     den = objective.denoiser(model.eval())
     a, b = (
-        objective.evaluate(den, s, seeds=[0, 1], batch_size=2, device=CPU) for s in (plain, empty)
+        objective.evaluate(den, s, SplitSweep(2, CPU), seeds=[0, 1]) for s in (plain, empty)
     )
     assert [r.nats for r in a] == [r.nats for r in b] and [r.tokens for r in a] == [
         r.tokens for r in b
@@ -327,8 +327,8 @@ def test_exact_nll_of_held_out_responses_is_over_the_targets_given_the_prompt(pa
 
     _, objective, model = setup("ar")
     split = sft_split(pad_as_eos)
-    [result] = objective.evaluate(objective.denoiser(model.eval()), split, seeds=[0],
-                                  batch_size=4, device=CPU)
+    [result] = objective.evaluate(objective.denoiser(model.eval()), split, SplitSweep(4, CPU),
+                                  seeds=[0])
     total, count = 0.0, 0
     for row, p, end in zip(split.tokens, split.prompt, split.lengths, strict=True):
         for pos in range(p, end):  # the targets: from the prompt's end to the row's length
