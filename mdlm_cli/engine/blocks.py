@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .diffusion import mask_tokens, masked_nll, sample_times
+from .diffusion import Masking, mask_tokens, masked_nll, sample_times
 from .schedules import Schedule
 
 BlockDenoiser = Callable[..., Tensor]
@@ -77,21 +77,20 @@ def block_rates(t: Tensor, schedule: Schedule, block_size: int,
 
 def block_nelbo_tokens(denoiser: BlockDenoiser, x0: Tensor, t: Tensor, *, mask_id: int,
                        schedule: Schedule, block_size: int,
-                       generator: torch.Generator | None = None,
-                       attention_mask: Tensor | None = None,
-                       targets: Tensor | None = None) -> Tensor:
+                       masking: Masking | None = None) -> Tensor:
     """The block NELBO's Monte-Carlo term at each position (B, L), nats: w(t_b) * -log
     p_theta(x0_l | z_t of block b, x0 of the blocks before b) where position l (in block b) is
     masked, 0 elsewhere. Summed over a row it is one estimate of the row's bound.
 
-    t (B, K): one time per block (K = L / L'). `targets` as in `nelbo_terms`: only they are
-    masked and scored, the rest is clean context.
+    t (B, K): one time per block (K = L / L'). `masking` as in `nelbo_terms`: its targets
+    only are masked and scored, the rest is clean context.
     """
+    m = masking or Masking()
     rate, weight = block_rates(t, schedule, block_size, x0.shape[1])
-    z_t = mask_tokens(x0, rate, mask_id, generator=generator, attention_mask=attention_mask,
-                      targets=targets)
+    z_t = mask_tokens(x0, rate, mask_id, generator=m.generator, attention_mask=m.attention_mask,
+                      targets=m.targets)
     masked = z_t == mask_id
-    logits = denoiser(z_t, x0, output_mask=masked, attention_mask=attention_mask)  # (N, V)
+    logits = denoiser(z_t, x0, output_mask=masked, attention_mask=m.attention_mask)  # (N, V)
     nll = masked_nll(logits, x0[masked], mask_id)  # (N,)
     per_token = torch.zeros(x0.shape, device=x0.device, dtype=nll.dtype)
     return per_token.masked_scatter_(masked, weight[masked].to(nll.dtype) * nll)

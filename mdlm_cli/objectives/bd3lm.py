@@ -31,7 +31,7 @@ from ..engine.block_sampling import (
     sample_blocks,
 )
 from ..engine.blocks import block_attention_mask, block_nelbo_tokens, block_times
-from ..engine.diffusion import without_mask
+from ..engine.diffusion import Masking, without_mask
 from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
 from ..models import BACKBONES, KVCache, autocast_for, unwrap
@@ -201,8 +201,7 @@ class BD3LM(Objective):
                             f"{t.shape[1] * self.block_size}")
         return block_nelbo_tokens(denoiser, x0, t, mask_id=self.mask_id,
                                   schedule=self.schedule, block_size=self.block_size,
-                                  generator=generator, attention_mask=attention_mask,
-                                  targets=targets)
+                                  masking=Masking(generator, attention_mask, targets))
 
     def loss_terms(self, denoiser, x0: Tensor, t: Tensor | None, *, generator, attention_mask,
                    T: int | None = None, targets: Tensor | None = None) -> Tensor:

@@ -44,15 +44,16 @@ def draw_blocks(loaded: LoadedModel, rt, request: GenerationRequest, *,
     (P,) the fixed first tokens, rows of up to `length` (a multiple of L'). Stops at EOS unless
     the request's `stop_at_eos` is False (the paper's variable-length sampling). Returns a
     `Drawn`."""
-    from ..memory import check_memory
+    from ..memory import Workload, check_memory
 
     how, num_samples, seed = request.settings, request.num_samples, request.seed
     length = block_length(loaded, length)
     batch = request.rows_per_call
-    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
-                 length=length, device=rt.device,
-                 what=f"sampling {num_samples} x {length} tokens ({batch} per batch)",
-                 fix="lower --length, --num-samples or --batch-size", rows=num_samples)
+    work = Workload(batch, length,
+                    what=f"sampling {num_samples} x {length} tokens ({batch} per batch)",
+                    fix="lower --length, --num-samples or --batch-size", rows=num_samples)
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, work,
+                 device=rt.device)
     stop = request.stop_at_eos is not False
     eos = loaded.tokenizer.eos_id if stop else None
     if stop and eos is None:

@@ -112,14 +112,15 @@ def checked_length(loaded: LoadedModel, length: int | None, batch: int, num_samp
     """The length to sample (default: the model's L), refused past L without --allow-longer,
     or where a batch of it cannot fit in memory."""
     from ..checkpoints.load import check_length
-    from ..memory import check_memory
+    from ..memory import Workload, check_memory
 
     length, batch = length if length is not None else loaded.length, min(batch, num_samples)
     check_length(loaded, length, allow_longer)
-    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, batch=batch,
-                 length=length, device=device,
-                 what=f"sampling {num_samples} x {length} tokens ({batch} per batch)",
-                 fix="lower --length, --num-samples or --batch-size", rows=num_samples)
+    work = Workload(batch, length,
+                    what=f"sampling {num_samples} x {length} tokens ({batch} per batch)",
+                    fix="lower --length, --num-samples or --batch-size", rows=num_samples)
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, work,
+                 device=device)
     return length
 
 
@@ -184,13 +185,13 @@ def semi_ar_lengths(loaded: LoadedModel, stride: int | None, length: int | None,
                     num_samples: int, device, source: str | None = None) -> tuple[int, int]:
     """(stride, total length) for a diffusion model's window; left-to-right models are
     refused, and windows that cannot fit in memory."""
-    from ..memory import check_memory
+    from ..memory import Workload, check_memory
 
     window = loaded.length
-    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size,
-                 batch=num_samples, length=window, device=device,
-                 what=f"sampling {num_samples} windows of {window} tokens",
-                 fix="lower --num-samples")
+    work = Workload(num_samples, window, what=f"sampling {num_samples} windows of {window} tokens",
+                    fix="lower --num-samples")
+    check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, work,
+                 device=device)
     if loaded.objective.causal:
         name, objective = source or loaded.path, loaded.objective.name
         raise MdlmError(f"{name} is a left-to-right ({objective}) model; it generates up to its "

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..data.store import TokenSplit
 from ..eval.lm_eval.scoring import encode_pair
+from ..objectives.bound import SplitSweep
 from ..runtime import derive_seed
 from .schema import Limits, check_fields, check_model, get_int, get_value, invalid
 from .served import Served
@@ -111,9 +112,9 @@ def score_text(served: Served, denoiser, row: list[int], n_context: int, *, mc_s
     tokens = np.tile(np.asarray(row, dtype=np.int64), (mc_samples, 1))  # (K, len(row))
     split = TokenSplit(tokens=tokens, lengths=np.full(mc_samples, len(row)),
                        prompt=np.full(mc_samples, n_context))
+    sweep = SplitSweep(mc_samples, served.device, per_sequence=True)
     result = served.loaded.objective.evaluate(
-        denoiser, split, seeds=[derive_seed(seed, "mdlm-score")], batch_size=mc_samples,
-        device=served.device, per_sequence=True)[0]
+        denoiser, split, sweep, seeds=[derive_seed(seed, "mdlm-score")])[0]
     return result.per_sequence.tolist()
 
 

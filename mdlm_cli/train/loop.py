@@ -25,7 +25,7 @@ from ..config import Config
 from ..data.dna import rc_augment
 from ..distributed import StopSignals, clip_grad_norm, session, set_gradient_sync
 from ..errors import MdlmError
-from ..objectives.bound import BoundResult
+from ..objectives.bound import BoundResult, SplitSweep
 from ..runtime import derive_seed, generator
 from .budget import WARM_STEPS, BudgetFit, Cadence, Pause, apply_fitted_steps, check_time_budget
 from .log import Window, log_window, progress_bar, record_eval
@@ -156,13 +156,10 @@ def _evaluate(run: Run, rows: int) -> BoundResult:
     result = run.objective.evaluate(
         run.objective.denoiser(run.eval_model, run.rt.dtype),
         run.valid_split,
+        SplitSweep(2 * tc.micro_batch_size, run.rt.device, rows=rows, rank=run.dist.rank,
+                   world_size=run.dist.world_size),
         seeds=[derive_seed(tc.seed, "valid")],
-        batch_size=2 * tc.micro_batch_size,
-        device=run.rt.device,
-        rows=rows,
         antithetic=run.cfg.diffusion.antithetic,
-        rank=run.dist.rank,
-        world_size=run.dist.world_size,
     )[0]
     run.model.train()
     return result

@@ -75,6 +75,23 @@ def test_functions_and_modules_stay_short():
     assert not long_functions and not long_files, (long_functions, long_files)
 
 
+def width(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's parameters: self / cls not counted, *args and **kwargs one each."""
+    a = node.args
+    named = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
+    return len(named) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def test_functions_outside_the_commands_take_at_most_eight_parameters():
+    """STYLE.md's width: more than 8 means a type is missing (a request, settings, a layout).
+    The commands are exempt: a Typer command's parameters are its flags."""
+    wide = [f"{p.relative_to(ROOT)}:{node.lineno} {node.name}: {width(node)}"
+            for p in ROOT.rglob("*.py") if "commands" not in p.relative_to(ROOT).parts
+            for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and width(node) > 8]
+    assert not wide, wide
+
+
 def test_no_objective_or_sampler_name_is_branched_on_outside_its_registry():
     pattern = re.compile(r"objective\s*==|is_autoregressive|startswith\(\"ancestral|sampler\s*==\s*\"")
     hits = [f"{p.relative_to(ROOT)}:{i}" for p in ROOT.rglob("*.py")
