@@ -10,6 +10,7 @@ batch, so the run does not depend on the number of ranks.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from rich.console import Console
 from ..checkpoints.save import CheckpointContents, save_checkpoint
 from ..config import Config
 from ..data.dna import rc_augment
-from ..distributed import StopSignals, clip_grad_norm, session, set_gradient_sync
+from ..distributed import StopSignals, barrier, clip_grad_norm, session, set_gradient_sync
 from ..errors import MdlmError
 from ..objectives.bound import BoundResult, SplitSweep
 from ..runtime import derive_seed, generator
@@ -71,7 +72,23 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None,
         if finished(cfg, start):
             return _already_done(cfg, start)
         run = set_up(cfg, dist, console, start, load_dataset=load_dataset)
-        return _loop(run, stop, time_limit_s, cap)
+        result = _loop(run, stop, time_limit_s, cap)
+        _release(run)
+        return result
+
+
+def _release(run: Run) -> None:
+    """Free the data-parallel model before the process group goes. gloo's worker threads free
+    each finished all-reduce (tensors of Python objects: they need the GIL) after it ran; a
+    process group's destructor, run by a dealloc that holds the GIL, joins those threads, so a
+    thread still freeing one deadlocks the exit (seen once in a 2-rank test). A barrier and a
+    short sleep, neither holding the GIL, let them finish first."""
+    if run.dist.world_size == 1:
+        return
+    barrier()
+    run.net = run.model = run.ema = run.optimizer = None
+    gc.collect()
+    time.sleep(0.05)
 
 
 def _already_done(cfg: Config, start: ResumePoint) -> TrainResult:
