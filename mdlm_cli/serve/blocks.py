@@ -18,8 +18,9 @@ import torch
 
 from .. import engine
 from ..engine.block_sampling import BlockHooks, BlockRows
+from ..generation.text import ChoiceText
 from .events import Emit, TextDelta
-from .generation import ChoiceText, Outcome
+from .generation import Outcome
 from .schema import Limits, Plan, Row, invalid
 from .served import Served
 

@@ -12,11 +12,12 @@ from mdlm_cli.build import resolve_config
 from mdlm_cli.checkpoints.folder import LoadedModel
 from mdlm_cli.data.tokenizers import load_tokenizer
 from mdlm_cli.engine.sampling import SAMPLERS
+from mdlm_cli.generation.text import ChoiceText
 from mdlm_cli.models import build_model
 from mdlm_cli.objectives import get_objective, objectives_served_by
 from mdlm_cli.serve.completion import parse_completion
 from mdlm_cli.serve.events import TextDelta
-from mdlm_cli.serve.generation import ChoiceText, run_plan
+from mdlm_cli.serve.generation import run_plan
 from mdlm_cli.serve.schema import ApiError, Limits, parse_infill
 from mdlm_cli.serve.served import Served
 from mdlm_cli.serve.worker import Batching, Job, Worker

@@ -125,7 +125,7 @@ def test_the_turn_ends_at_the_token_the_template_writes(tmp_path):
     answer), as `mdlm sample --chat` reads it: a token no list of names knows works too."""
     from mdlm_cli.data.chat import end_of_turn_ids
     from mdlm_cli.data.tokenizers import load_tokenizer
-    from mdlm_cli.serve.generation import ChoiceText
+    from mdlm_cli.generation.text import ChoiceText
     from tests.open_model_folders import write_tokenizer
 
     specials = ["<|bos|>", "<|eos|>", "<|turn_over|>", "<|mask|>"]  # ids 80..83
