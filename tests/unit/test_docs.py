@@ -231,6 +231,8 @@ def test_the_python_api_page_runs_on_a_demo_run(tmp_path, monkeypatch):
     assert tokens.shape == (4, 256) and not bool((tokens == loaded.mask_id).any())
     assert stats.nfe > 0 and stats.ncs > 0
     assert loaded.tokenizer.decode(tokens[0].tolist()) in printed
+    # the decoder block: every masked position revealed once (first-hitting), the same rows
+    assert ns["revealed"] == 4 * 256 and torch.equal(ns["event"].tokens, tokens)
 
 
 def test_the_bd3lm_page_runs_on_the_run_its_command_trains(tmp_path, monkeypatch):
