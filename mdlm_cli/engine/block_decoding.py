@@ -148,4 +148,5 @@ def block_draws(z: Tensor, ctx: SamplerContext, cache, call: BlockCall, order: s
     tokens, weights = ctx.draw_with_weights(logits, untempered)
     drawn = torch.zeros_like(sub).masked_scatter_(cand, tokens)
     conf = torch.full(cand.shape, float("-inf"), dtype=torch.float64, device=z.device)
-    return cand, drawn, conf.masked_scatter_(cand, ORDERS[order](weights, tokens))
+    ranks = ORDERS[order](weights, tokens, lambda n: ctx.rand((n,), z.device))
+    return cand, drawn, conf.masked_scatter_(cand, ranks)

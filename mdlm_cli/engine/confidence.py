@@ -33,7 +33,7 @@ from .context import SamplerContext
 from .dream_blocks import dream_cached_confidence, dream_cached_threshold
 from .options import option
 from .protocols import has_shifted_logits
-from .transfer import K_SCHEDULES, TransferPlan, transfer_plan
+from .transfer import DREAM_EPS, K_SCHEDULES, TransferPlan, transfer_plan
 
 # Fast-dLLM's block caches (models/block_cache.py): per block one full pass stores every
 # position's keys and values; the calls after it run the block and the suffix (prefix) or the
@@ -73,14 +73,21 @@ class ConfidenceOptions:
     block_length: int = _block_length()
     order: str = option(
         "maskgit_plus", "which draws a step keeps (Dream's alg): the likeliest (maskgit_plus), "
-        "largest top-1 minus top-2 probability (topk_margin), lowest entropy (entropy).",
-        choices=ORDERS)
+        "largest top-1 minus top-2 probability (topk_margin), lowest entropy (entropy), k "
+        "uniformly random ones (random: LLaDA's remasking=\"random\"), or each with probability "
+        "1 - s/t on Dream's grid, whatever the k-schedule (origin: Dream's alg=\"origin\"; no "
+        "blocks, no cache).", choices=ORDERS)
     order_temperature: float = option(
         0.0, "0 keeps the k most confident; above 0 draws the k positions from "
         "softmax(confidence / this) (Dream's alg_temp).", low=0.0)
     cache: str = _cache()
 
-    rules = cache_rules
+    def rules(self) -> list[tuple[str, str]]:
+        wrong = cache_rules(self)
+        if self.order == "origin" and (self.block_length or self.cache != "none"):
+            wrong.append(("order", "{order} origin is Dream's one-window loop: give no "
+                                   "{block_length} and {cache} none"))
+        return wrong
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,8 @@ def confidence(z: Tensor, ctx: SamplerContext) -> Tensor:
     with the linear schedule; NCS = the masked positions summed over the calls."""
     B, L = z.shape
     opts = ctx.options
+    if opts.order == "origin":
+        return origin(z, ctx)
     plan = transfer_plan(z == ctx.mask_id, ctx.steps, opts.k_schedule, opts.block_length)
     if opts.cache != "none":
         if has_shifted_logits(ctx.denoiser):  # Dream: Fast-dLLM's Dream loop
@@ -130,6 +139,25 @@ def confidence(z: Tensor, ctx: SamplerContext) -> Tensor:
             masked = masked & inside
             conf = conf.masked_fill(~inside, float("-inf"))
         reveal(z, rows, masked & most_confident(conf, k[active].to(z.device), ctx), drawn)
+    return z
+
+
+def origin(z: Tensor, ctx: SamplerContext) -> Tensor:
+    """Dream's alg="origin": at step i of its grid t = linspace(1, 1e-3, steps + 1) each masked
+    position is revealed with probability 1 - t_{i+1} / t_i (all at the last step), its token
+    drawn from the model; MDLM's ancestral step on the log-linear schedule at Dream's times.
+    One network call per step that reveals something (Dream calls at every step)."""
+    t = torch.linspace(1, DREAM_EPS, ctx.steps + 1, dtype=torch.float64)
+    for i in range(ctx.steps):
+        masked = z == ctx.mask_id
+        p = 1.0 if i == ctx.steps - 1 else float(1 - t[i + 1] / t[i])
+        chosen = masked & (ctx.rand(z.shape, z.device) < p)
+        active = chosen.any(1).nonzero()[:, 0]
+        if not len(active):
+            continue
+        rows = None if len(active) == len(z) else active
+        candidates, drawn, _ = draw_masked(z, ctx, rows, "maskgit_plus")
+        reveal(z, rows, candidates & (chosen if rows is None else chosen[rows]), drawn)
     return z
 
 

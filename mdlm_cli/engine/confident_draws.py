@@ -12,11 +12,17 @@ from .categorical import drawn_probs
 from .context import SamplerContext
 
 # How confident a drawn token is, from its row of weights (N, V) (the distribution it was
-# drawn from, or LLaDA's untempered one) and the token: Dream's `alg` names.
+# drawn from, or LLaDA's untempered one), the token and `uniform(n)` (n float64 uniforms of the
+# run's generator, drawn only by the random orders): Dream's `alg` names and LLaDA's
+# `remasking`. `random` (LLaDA's remasking="random") keeps k masked positions uniformly at
+# random; `origin` (Dream's alg="origin") reveals each masked position with probability
+# 1 - s/t on Dream's grid, whatever k (confidence.py), its positions as `random`'s.
 ORDERS = {
-    "maskgit_plus": lambda w, tokens: drawn_probs(w, tokens),  # the drawn token's probability
-    "topk_margin": lambda w, tokens: _margin(w),  # top-1 minus top-2 probability
-    "entropy": lambda w, tokens: _neg_entropy(w),  # sum p log p: the flattest rows last
+    "maskgit_plus": lambda w, tokens, uniform: drawn_probs(w, tokens),  # the drawn token's
+    "topk_margin": lambda w, tokens, uniform: _margin(w),  # top-1 minus top-2 probability
+    "entropy": lambda w, tokens, uniform: _neg_entropy(w),  # sum p log p: the flattest last
+    "random": lambda w, tokens, uniform: uniform(len(tokens)),
+    "origin": lambda w, tokens, uniform: uniform(len(tokens)),
 }
 
 
@@ -52,7 +58,8 @@ def draw_masked(z: Tensor, ctx: SamplerContext, rows: Tensor | None, order: str 
         masked, tokens
     )
     conf = torch.full(masked.shape, float("-inf"), dtype=torch.float64, device=z.device)
-    return masked, drawn, conf.masked_scatter_(masked, ORDERS[order](weights, tokens))
+    ranks = ORDERS[order](weights, tokens, lambda n: ctx.rand((n,), z.device))
+    return masked, drawn, conf.masked_scatter_(masked, ranks)
 
 
 def reveal(z: Tensor, rows: Tensor | None, chosen: Tensor, drawn: Tensor) -> None:

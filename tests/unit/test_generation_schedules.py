@@ -233,7 +233,7 @@ def test_llada_generate_token_for_token_at_temperature_0(batch, gen_length, bloc
     assert nfe == calls  # every step of these cases reveals at least one token
     # the model tells a wrong order (the least confident first), and the wrong blocks, apart
     with monkeypatch.context() as m:
-        m.setitem(ORDERS, "maskgit_plus", lambda w, tokens: -drawn_probs(w, tokens))
+        m.setitem(ORDERS, "maskgit_plus", lambda w, tokens, uniform: -drawn_probs(w, tokens))
         broken, _ = mdlm_sample(model, prompt, gen_length, steps, **options)
     assert not torch.equal(broken, expected)
     if not single:
@@ -258,7 +258,7 @@ def test_dream_diffusion_generate_token_for_token_at_temperature_0(batch, order,
     assert nfe == revealing and (nfe == calls or new_tokens == steps)  # Dream calls at every step
     with monkeypatch.context() as m:  # the least confident first: other tokens
         wrong = ORDERS[order]
-        m.setitem(ORDERS, order, lambda w, tokens: -wrong(w, tokens))
+        m.setitem(ORDERS, order, lambda w, tokens, uniform: -wrong(w, tokens, uniform))
         broken, _ = mdlm_sample(model, prompt, new_tokens, steps, shift=True,
                                 k_schedule="dream", order=order)
     assert not torch.equal(broken, expected)
