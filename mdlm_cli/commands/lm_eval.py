@@ -35,6 +35,10 @@ IncludePathOpt = Annotated[str | None, typer.Option(
 LmEvalStrideOpt = Annotated[int | None, typer.Option(
     help="generate_until past the model length: new tokens per semi-AR block (default: half the "
          "window).")]
+GenLengthOpt = Annotated[int | None, typer.Option(
+    help="New tokens of every generate_until request, whatever the task's max_gen_toks (as "
+         "LLaDA's and Dream's lm-eval runs fix gen_length, with --steps and --block-length); "
+         "default: the task's.", min=1)]
 ChatTemplateOpt = Annotated[bool, typer.Option(
     "--apply-chat-template",
     help="Render each context with the tokenizer's chat template (lm-eval's "
@@ -63,6 +67,7 @@ def lm_eval_cmd(
     seed: SeedOpt = 0,
     ctx: typer.Context,
     stride: LmEvalStrideOpt = None,
+    gen_length: GenLengthOpt = None,
     bootstrap_iters: BootstrapOpt = 100000,
     apply_chat_template: ChatTemplateOpt = False,
 ) -> None:
@@ -80,6 +85,7 @@ def lm_eval_cmd(
       mdlm lm-eval --checkpoint runs/owt --tasks wikitext,lambada_openai --json zs.json
       mdlm lm-eval --checkpoint runs/demo --tasks my_task --include-path my_tasks/ --limit 100
       mdlm lm-eval -c GSAI-ML/LLaDA-8B-Instruct --tasks gsm8k --apply-chat-template --steps 256
+      mdlm lm-eval -c GSAI-ML/LLaDA-8B-Base --tasks gsm8k --gen-length 256 --block-length 32
     """
     from ..eval.lm_eval.run import LmEvalOptions, check_options, require_lm_eval, run_lm_eval
 
@@ -90,6 +96,7 @@ def lm_eval_cmd(
             [t.strip() for t in tasks.split(",") if t.strip()], mc_samples=mc_samples,
             batch_size=batch_size, limit=limit, num_fewshot=num_fewshot,
             include_path=include_path, seed=seed, sampling=sampling, stride=stride,
+            gen_length=gen_length,
             bootstrap_iters=bootstrap_iters, apply_chat_template=apply_chat_template)
         check_options(options)
         loaded, _ = loading.load()

@@ -294,3 +294,25 @@ def test_write_tasks_from_a_local_file(tmp_path):
     assert all(p.split()[-1].isalpha() and len(p.split()[-1]) >= 4 for p in passages)
     yaml_text = (tmp_path / "tasks" / "books_lastword.yaml").read_text()
     assert "task: books_lastword" in yaml_text and "{{text.split(' ')[:-1]|join(' ')}}" in yaml_text
+
+
+def test_gen_length_overrides_every_tasks_max_gen_toks():
+    """LLaDA's and Dream's lm-eval runs fix gen_length whatever a task's max_gen_toks; the
+    mdlm model's `gen_length` does so, each generation that many tokens; without it, the
+    task's."""
+    pytest.importorskip("lm_eval")
+    from types import SimpleNamespace
+
+    from mdlm_cli.errors import MdlmError
+    from mdlm_cli.eval.lm_eval.adapter import MdlmLM, ModelArgs
+
+    loaded = loaded_model("mdlm")
+    fixed = MdlmLM(ModelArgs(gen_length=7, steps=4, sampler="ancestral"), loaded=loaded)
+    task = MdlmLM(ModelArgs(steps=4, sampler="ancestral"), loaded=loaded)
+    assert fixed._generation_options({"max_gen_toks": 3})[1] == 7
+    assert task._generation_options({"max_gen_toks": 3})[1] == 3
+    request = SimpleNamespace(args=("it was the", {"max_gen_toks": 3, "until": []}))
+    out = fixed.generate_until([request], disable_tqdm=True)
+    assert len(out[0]) == 7  # the character tokeniser: 7 tokens, 7 characters (no EOS here)
+    with pytest.raises(MdlmError, match="gen_length must be at least 1"):
+        MdlmLM(ModelArgs(gen_length=0), loaded=loaded)

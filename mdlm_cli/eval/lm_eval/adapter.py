@@ -72,12 +72,17 @@ class ModelArgs:
     precision: str = "fp64"
     raw_weights: bool = False
     max_batch_size: int | None = None
+    # every generation's new tokens, whatever a task's max_gen_toks (LLaDA's and Dream's runs
+    # fix gen_length, steps and block_length per task: eval_llada_lm_eval.sh); None: the task's
+    gen_length: int | None = None
 
     def validate(self) -> ModelArgs:
         if str(self.batch_size).startswith("auto"):
             raise MdlmError(
                 "batch_size=auto is not supported by the mdlm model; give a number of rows"
             )
+        if self.gen_length is not None and int(self.gen_length) < 1:
+            raise MdlmError(f"gen_length must be at least 1 (got {self.gen_length})")
         return self
 
 
@@ -124,6 +129,7 @@ class MdlmLM(LM):
         how = how.with_defaults(loaded.sampling_defaults).validate()  # e.g. LLaDA's k-schedule
         stride = None if args.stride is None else int(args.stride)
         self.generation = GenerationSettings(how, stride, int(args.seed), rt.device, rt.dtype)
+        self.gen_length = None if args.gen_length is None else int(args.gen_length)
         # task -> (request type, score)
         self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(list)
         self._generated = 0
@@ -248,6 +254,7 @@ class MdlmLM(LM):
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
         max_gen = int(kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+        max_gen = self.gen_length or max_gen  # the papers' fixed gen_length, where given
         do_sample = bool(kwargs.pop("do_sample", False))
         temperature = float(kwargs.pop("temperature", how.temperature if do_sample else 0.0))
         top_p = float(kwargs.pop("top_p", how.top_p))
