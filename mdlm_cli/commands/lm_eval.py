@@ -39,6 +39,10 @@ GenLengthOpt = Annotated[int | None, typer.Option(
     help="New tokens of every generate_until request, whatever the task's max_gen_toks (as "
          "LLaDA's and Dream's lm-eval runs fix gen_length, with --steps and --block-length); "
          "default: the task's.", min=1)]
+EstimatorOpt = Annotated[str | None, typer.Option(
+    help="How a diffusion model's bound is estimated: t (K times stratified over [0, 1)) or l "
+         "(K masked counts stratified over 1..n, LLaDA's get_log_likelihood: exact in one pass "
+         "for a one-token continuation). Default: the model family's (l for LLaDA, else t).")]
 ChatTemplateOpt = Annotated[bool, typer.Option(
     "--apply-chat-template",
     help="Render each context with the tokenizer's chat template (lm-eval's "
@@ -68,6 +72,7 @@ def lm_eval_cmd(
     ctx: typer.Context,
     stride: LmEvalStrideOpt = None,
     gen_length: GenLengthOpt = None,
+    estimator: EstimatorOpt = None,
     bootstrap_iters: BootstrapOpt = 100000,
     apply_chat_template: ChatTemplateOpt = False,
 ) -> None:
@@ -96,7 +101,7 @@ def lm_eval_cmd(
             [t.strip() for t in tasks.split(",") if t.strip()], mc_samples=mc_samples,
             batch_size=batch_size, limit=limit, num_fewshot=num_fewshot,
             include_path=include_path, seed=seed, sampling=sampling, stride=stride,
-            gen_length=gen_length,
+            gen_length=gen_length, estimator=estimator,
             bootstrap_iters=bootstrap_iters, apply_chat_template=apply_chat_template)
         check_options(options)
         loaded, _ = loading.load()

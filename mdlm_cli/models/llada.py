@@ -141,7 +141,9 @@ class LLaDA(ReleasedBackbone):
     family, title, config_file = "llada", "LLaDA", CONFIG_FILE
     model_type = "llada"  # config.json's model_type of the released folders
     # what the samplers default to for this family (its own transfer schedule)
-    sampling_defaults = {"k_schedule": "llada"}
+    # its transfer schedule, and the likelihood estimator of its evaluation code (masked
+    # counts: get_log_likelihood.py)
+    sampling_defaults = {"k_schedule": "llada", "estimator": "l"}
     answer_tokens = 128  # generate.py's gen_length default
     read_shape = staticmethod(read_shape)
 

@@ -57,6 +57,9 @@ class Objective(ABC):
     # sampled block by block by its own `sample` (bd3lm: its `block_size` tokens a block), not by
     # engine.sample
     samples_by_blocks: ClassVar[bool] = False
+    # its bound may be estimated by masked counts as well as by times (engine/counted.py:
+    # LLaDA's estimator), SUBS over an absorbing mask
+    counts_masks: ClassVar[bool] = False
     default_sampler: ClassVar[str]  # "" for an objective without samplers (mlm)
     sampler_names: ClassVar[tuple[str, ...]] = ()  # the engine.SAMPLERS serving its models
     description: ClassVar[str]

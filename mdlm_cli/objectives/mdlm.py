@@ -23,6 +23,7 @@ class MDLM(Objective):
     sampler_names = ("ancestral", "ancestral-cache", "first-hitting", "analytic", "confidence",
                      "threshold", "remdm")
     description = "masked diffusion, SUBS, continuous-time NELBO (a bound on the NLL)"
+    counts_masks = True
 
     @classmethod
     def validate(cls, cfg) -> None:

@@ -21,6 +21,9 @@ from tests.open_model_folders import write_dream, write_llada
 ROOT = Path(__file__).resolve().parents[2]
 WRITERS = {"llada": write_llada, "dream": write_dream}
 
+# the families' other generation defaults: Dream's top_k, LLaDA's likelihood estimator
+FAMILY_DEFAULTS = {"dream": {"top_k": 50}, "llada": {"estimator": "l"}}
+
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
@@ -126,7 +129,7 @@ def test_a_released_folder_loads_as_its_native_backbone(folders, family):
     assert loaded.tokenizer.eos_id == raw["eos_token_id"]
     assert loaded.tokenizer.vocab_size == raw.get("embedding_size", raw["vocab_size"])
     assert loaded.state["family"] == family
-    assert loaded.state["sampling_defaults"] == {"k_schedule": family, **({"top_k": 50} if family == "dream" else {})}
+    assert loaded.state["sampling_defaults"] == {"k_schedule": family, **FAMILY_DEFAULTS[family]}
     assert loaded.denoiser().time_agnostic
     assert loaded.tokenizer.hf.chat_template  # tokenizer_config.json's template
 
@@ -278,7 +281,7 @@ def test_fine_tuning_from_a_folder_saves_and_reloads(tmp_path, family):
     assert (step / f"{family}_config.json").is_file()
     tuned, released = load_checkpoint(str(tmp_path / "run")), load_checkpoint(str(folder))
     assert type(tuned.model) is type(released.model)
-    assert tuned.state["sampling_defaults"] == {"k_schedule": family, **({"top_k": 50} if family == "dream" else {})}
+    assert tuned.state["sampling_defaults"] == {"k_schedule": family, **FAMILY_DEFAULTS[family]}
     assert tuned.tokenizer.mask_id == released.tokenizer.mask_id
     tokens = torch.randint(0, 80, (2, 8), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():

@@ -75,6 +75,7 @@ class ModelArgs:
     # every generation's new tokens, whatever a task's max_gen_toks (LLaDA's and Dream's runs
     # fix gen_length, steps and block_length per task: eval_llada_lm_eval.sh); None: the task's
     gen_length: int | None = None
+    estimator: str | None = None  # the bound's: t (times) or l (masked counts); None: the family's
 
     def validate(self) -> ModelArgs:
         if str(self.batch_size).startswith("auto"):
@@ -117,6 +118,7 @@ class MdlmLM(LM):
             device=rt.device,
             dtype=rt.dtype,
             seed=int(args.seed),
+            estimator=args.estimator,
         )
         if sampling is None:  # --model_args: text values
             steps = None if args.steps is None else int(args.steps)

@@ -30,6 +30,7 @@ class LmEvalOptions:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)  # generate_until's
     stride: int | None = None  # generate_until past the model length: new tokens per block
     gen_length: int | None = None  # every generation's new tokens (None: the task's max_gen_toks)
+    estimator: str | None = None  # the bound's: t or l (None: the model family's own)
     bootstrap_iters: int = 100000
     apply_chat_template: bool = False  # contexts rendered with the tokeniser's chat template
 
@@ -118,7 +119,7 @@ def run_lm_eval(
     mc_samples = DEFAULT_MC_SAMPLES if options.mc_samples is None else options.mc_samples
     args = ModelArgs(checkpoint, mc_samples=mc_samples, batch_size=options.batch_size,
                      device=device, seed=options.seed, stride=options.stride,
-                     gen_length=options.gen_length)
+                     gen_length=options.gen_length, estimator=options.estimator)
     lm = MdlmLM(args, loaded=loaded, warn=warn, sampling=options.sampling)
     if options.apply_chat_template:
         lm.chat_template(True)  # a tokeniser without a template is refused here, in one line

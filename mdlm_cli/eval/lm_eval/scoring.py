@@ -29,8 +29,14 @@ from torch import Tensor
 
 from ... import engine
 from ...checkpoints.folder import LoadedModel
+from ...engine.counted import counted_terms, stratified_counts
+from ...engine.diffusion import Masking
 from ...errors import MdlmError
 from ...runtime import derive_seed, generator
+
+# how a diffusion model's conditional bound is estimated: "t" draws K times stratified over
+# [0, 1) (engine.nelbo's), "l" K masked counts stratified over 1..n (LLaDA's; engine/counted.py)
+ESTIMATORS = ("t", "l")
 
 # top-p below every class's probability but the largest: `engine.sample` then keeps only the
 # most likely token (greedy requests are now served at temperature 0, which draws no noise
@@ -130,6 +136,7 @@ class ConditionalScorer:
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
         seed: int = 0,
+        estimator: str | None = None,
     ):
         if mc_samples < 1 or batch_size < 1:
             raise MdlmError(
@@ -152,6 +159,19 @@ class ConditionalScorer:
         )
         self.batch_size, self.device, self.seed = batch_size, torch.device(device), seed
         self.batches = 0  # batches scored so far: each has its own random stream
+        self.mask_id = loaded.mask_id
+        self.estimator = self._estimator(loaded, estimator)
+
+    def _estimator(self, loaded: LoadedModel, asked: str | None) -> str:
+        """"t" (times stratified over [0, 1)) or "l" (masked counts, engine/counted.py), as
+        asked, else the model family's own (LLaDA's `l`; `t` for others)."""
+        name = asked or loaded.sampling_defaults.get("estimator", "t")
+        if name not in ESTIMATORS:
+            raise MdlmError(f"--estimator must be one of: {', '.join(ESTIMATORS)} (got {name!r})")
+        if name == "l" and not (self.objective.counts_masks and not self.exact):
+            raise MdlmError(f"the l estimator counts masks of a masked diffusion model; a "
+                            f"{self.objective.name} model is scored with t")
+        return name
 
     @property
     def rolling_max_len(self) -> int:
@@ -209,24 +229,28 @@ class ConditionalScorer:
             if self.draw is None
             else torch.stack([self.draw(self.mc_samples, gen) for _ in range(B)])
         )
-        passes = torch.stack(
-            [
-                self.objective.loss_terms(
-                    self.denoiser,
-                    x0,
-                    None if t is None else t[:, k],
-                    generator=gen,
-                    attention_mask=attention_mask,
-                    T=self.T,
-                    targets=targets,
-                ).double()
+        if self.estimator == "l":
+            passes = self._counted(x0, targets, attention_mask, gen)
+        else:
+            passes = torch.stack([
+                self.objective.loss_terms(self.denoiser, x0, None if t is None else t[:, k],
+                                          generator=gen, attention_mask=attention_mask,
+                                          T=self.T, targets=targets).double()
                 for k in range(self.mc_samples)
-            ]
-        )
+            ])
         if not greedy:
             return passes.cpu(), torch.zeros(B, dtype=torch.bool)
         best = self.objective.greedy_tokens(self.denoiser, x0, targets, attention_mask)
         return passes.cpu(), ((best == x0) | ~targets).all(dim=1).cpu()
+
+    def _counted(self, x0: Tensor, targets: Tensor, attention_mask: Tensor | None,
+                 gen: torch.Generator) -> Tensor:
+        """(K, B) nats: LLaDA's estimator, K masked counts per row stratified over 1..n."""
+        masking = Masking(gen, attention_mask, targets)
+        counts = stratified_counts(targets.sum(1), self.mc_samples, gen)
+        return torch.stack([counted_terms(self.denoiser, x0, counts[k], mask_id=self.mask_id,
+                                          masking=masking).double()
+                            for k in range(self.mc_samples)])
 
     def score_rolling(self, documents: list[list[int]],
                       on_done: Callable[[int], None] | None = None) -> list[Scored]:

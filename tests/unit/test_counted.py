@@ -1,0 +1,81 @@
+"""LLaDA's likelihood estimator (engine/counted.py) through mdlm's scorer: stratified counts,
+a one-token continuation scored exactly in every pass and for every seed, the same bound as
+the time estimator in expectation, LLaDA's folder scored with it by default."""
+
+import pytest
+import torch
+
+from mdlm_cli.checkpoints.load import load_checkpoint
+from mdlm_cli.engine.counted import counted_terms, stratified_counts
+from mdlm_cli.engine.diffusion import Masking, masked_nll
+from mdlm_cli.engine.errors import EngineError
+from mdlm_cli.errors import MdlmError
+from mdlm_cli.eval.lm_eval.scoring import ConditionalScorer, build_row
+from tests.open_model_folders import write_dream, write_llada
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    base = tmp_path_factory.mktemp("counted")
+    return {"llada": load_checkpoint(str(write_llada(base / "llada"))),
+            "dream": load_checkpoint(str(write_dream(base / "dream")))}
+
+
+def test_the_counts_are_stratified_over_one_to_n():
+    g = torch.Generator().manual_seed(0)
+    n = torch.tensor([10, 1, 7, 3])
+    counts = stratified_counts(n, 10, g)  # (K, B)
+    assert sorted(counts[:, 0].tolist()) == list(range(1, 11))  # n / K = 1 apart: every count
+    assert (counts[:, 1] == 1).all()
+    assert ((counts >= 1) & (counts <= n[None])).all()
+    assert len(set(counts[:, 2].tolist())) == 7  # 10 passes over 7 counts: each at least once
+
+
+def exact_nll(loaded, row: list[int]) -> float:
+    """-log p(last token | the rest) from one call with that token masked."""
+    z = torch.tensor([row])
+    z[0, -1] = loaded.mask_id
+    with torch.no_grad():
+        logits = loaded.denoiser()(z, torch.ones(1))
+    return float(masked_nll(logits[0, -1:], torch.tensor(row[-1:]), loaded.mask_id))
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_a_one_token_continuation_is_exact_in_every_pass(folders, family):
+    loaded = folders[family]
+    context, answer = [5, 17, 3, 9, 22], [40]
+    expected = exact_nll(loaded, build_row(loaded.row_start(), context, answer, loaded.length)[0])
+    for seed in range(3):
+        scorer = ConditionalScorer(loaded, mc_samples=4, estimator="l", seed=seed)
+        scored = scorer.score([(context, answer)], greedy=False)[0]
+        assert scored.passes == pytest.approx([expected] * 4, abs=1e-5)
+    spread = ConditionalScorer(loaded, mc_samples=8, estimator="t").score(
+        [(context, answer)], greedy=False)[0].passes
+    assert max(spread) - min(spread) > 0.1  # the time estimator's terms do spread
+
+
+def test_the_counted_and_the_time_estimators_agree_in_expectation(folders):
+    loaded = folders["llada"]
+    pair = ([5, 17, 3], [40, 41, 12, 8, 30, 2])
+    means = {}
+    for name in ("l", "t"):
+        passes = ConditionalScorer(loaded, mc_samples=512, batch_size=1, estimator=name).score(
+            [pair], greedy=False)[0].passes
+        t = torch.tensor(passes, dtype=torch.float64)
+        means[name] = (float(t.mean()), float(t.std() / len(t) ** 0.5))
+    (ml, sl), (mt, st) = means["l"], means["t"]
+    assert abs(ml - mt) < 4 * (sl**2 + st**2) ** 0.5, means
+
+
+def test_the_family_default_and_the_refusals(folders):
+    assert ConditionalScorer(folders["llada"]).estimator == "l"  # LLaDA's evaluation code
+    assert ConditionalScorer(folders["dream"]).estimator == "t"
+    with pytest.raises(MdlmError, match="--estimator must be one of: t, l"):
+        ConditionalScorer(folders["llada"], estimator="k")
+
+    def timed(z, t, output_mask=None):  # declares nothing: it may read t
+        raise AssertionError("never called")
+
+    x0 = torch.tensor([[1, 2, 3]])
+    with pytest.raises(EngineError, match="needs a denoiser that ignores t"):
+        counted_terms(timed, x0, torch.tensor([1]), mask_id=0, masking=Masking())
