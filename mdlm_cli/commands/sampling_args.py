@@ -58,6 +58,10 @@ TemperatureOpt = Annotated[float, typer.Option(
     help="Softmax temperature: a finite number, at least 0 (0: greedy, the argmax at every "
     "draw).")]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")]
+CfgScaleOpt = Annotated[float, typer.Option(
+    help="LLaDA's classifier-free guidance: each call runs the model on z and on z with the "
+         "prompt masked (one call of twice the rows) and takes un + (s + 1)(cond - un); 0: "
+         "off. Not with a block cache or a left-to-right model.")]
 TopKOpt = Annotated[int | None, typer.Option(
     help="Vocabulary top-k: draw from the k likeliest tokens only (after --top-p), and rank "
          "confidences over them. Default: the model's own (50 for a Dream folder, as its "
@@ -130,7 +134,8 @@ def resolved(settings: SamplingSettings, loaded) -> SamplingSettings:
 def given(settings: SamplingSettings) -> list[str]:
     """The sampling flags given on the command line (away from their defaults)."""
     default = SamplingSettings()
-    names = ["sampler", "steps", *settings.options, "precision", "temperature", "top_p", "top_k"]
+    names = ["sampler", "steps", *settings.options, "precision", "temperature", "top_p", "top_k",
+             "cfg_scale"]
     return [flag(k) for k in names
             if k in settings.options or getattr(settings, k, None) != getattr(default, k, None)]
 
@@ -195,6 +200,7 @@ def parse_sampling(values: dict[str, Any]) -> SamplingSettings:
         values["top_p"],
         _merge(given, opts),
         top_k=values.get("top_k"),
+        cfg_scale=values.get("cfg_scale") or 0.0,
     )
     return _validated(settings)
 
@@ -332,6 +338,8 @@ def _parameters(sweep: bool) -> list[inspect.Parameter]:
     )
     head += [p("temperature", TemperatureOpt, 1.0), p("top_p", TopPOpt, 1.0),
              p("top_k", TopKOpt, None)]
+    if not sweep:  # bench-sampler's rows draw without guidance
+        head.append(p("cfg_scale", CfgScaleOpt, 0.0))
     options = [_option_parameter(name, flag, sweep) for name, flag in option_flags().items()]
     return head + options + [p("opt", SweepOptOpt if sweep else OptOpt)]
 

@@ -11,6 +11,8 @@ from torch import Tensor
 
 from .categorical import sample_tokens, sample_tokens_with_probs, sample_tokens_with_weights
 from .diffusion import call_denoiser, subs_log_score
+from .errors import EngineError
+from .guidance import guided_logits
 from .protocols import Denoiser, score_method
 from .schedules import Schedule
 
@@ -67,6 +69,10 @@ class SamplerContext:
     # sees the batch's whole state z (B, L) before each network call, and once after its last
     # (sampling.py; generation/decode.py's events); it may raise to stop the run
     on_step: Callable[[Tensor], None] | None = None
+    # classifier-free guidance (guidance.py): its scale (0: off), and the batch's prompt
+    # positions (B, L) bool, what the unconditional half masks (set per batch: sampling.py)
+    cfg_scale: float = 0.0
+    prompt: Tensor | None = None
 
     def count_call(self, z: Tensor, rows: int) -> None:
         """One network call over `rows` of the batch whose state is `z`: counted, and shown to
@@ -80,21 +86,32 @@ class SamplerContext:
         """Count one network call over the sequences `rows` (all if None) and select them."""
         if rows is not None and len(rows) == len(z):
             rows = None
-        self.count_call(z, len(z) if rows is None else len(rows))
+        n = len(z) if rows is None else len(rows)
+        self.count_call(z, 2 * n if self.cfg_scale else n)  # guided: one call of twice the rows
         t = t.expand(len(z)) if t.dim() == 0 else t
         if rows is not None:
             z, t = z[rows], t[rows]
             positions = None if positions is None else positions[rows]
         return z, t, positions
 
+    def _call(self, z: Tensor, t: Tensor, positions: Tensor | None,
+              rows: Tensor | None) -> Tensor:
+        """The selected rows' logits, under guidance where it is on."""
+        if not self.cfg_scale:
+            return call_denoiser(self.denoiser, z, t.float(), output_mask=positions)
+        prompt = self.prompt if rows is None or len(rows) == len(self.prompt) else self.prompt[rows]
+        return guided_logits(self.denoiser, z, t.float(), prompt=prompt, scale=self.cfg_scale,
+                             mask_id=self.mask_id, output_mask=positions)
+
     def logits(
         self, z: Tensor, t: Tensor, positions: Tensor | None, rows: Tensor | None = None
     ) -> Tensor:
         """Logits (N, V) at the True entries of `positions[rows]` (all positions if None) for
         the sequences `rows` (all if None); t is one time for all or one per sequence."""
+        chosen = rows
         z, t, positions = self._select(z, t, positions, rows)
         with torch.no_grad():
-            return call_denoiser(self.denoiser, z, t.float(), output_mask=positions)
+            return self._call(z, t, positions, chosen)
 
     def log_score(
         self, z: Tensor, t: Tensor, positions: Tensor, rows: Tensor | None = None
@@ -102,12 +119,16 @@ class SamplerContext:
         """Log concrete scores (N, V) at the masked positions `positions[rows]`: the denoiser's own
         `log_score(z_t, t, output_mask=)` where it has one (a score model: SEDD), else its
         logits read as SUBS's p_theta and converted (`subs_log_score`)."""
+        chosen = rows
         z, t, positions = self._select(z, t, positions, rows)
         scorer = score_method(self.denoiser)
         with torch.no_grad():
             if scorer is not None:
+                if self.cfg_scale:
+                    raise EngineError("cfg_scale guides a model's logits; a score model's own "
+                                      "log-scores (SEDD) take no guidance")
                 return scorer(z, t.float(), output_mask=positions)
-            logits = call_denoiser(self.denoiser, z, t.float(), output_mask=positions)
+            logits = self._call(z, t, positions, chosen)
             log_k = self.schedule.log_odds(t.double())[:, None].expand(positions.shape)[positions]
             return subs_log_score(logits, log_k, self.mask_id)
 

@@ -45,6 +45,7 @@ class SamplerSpec:
     fallback: str | None = None  # what runs instead when the denoiser is not time-agnostic
     options: type | None = None  # its options dataclass (engine/options.py), None for none
     default_steps: int = 1000
+    guided: bool = True  # its calls go through the context, so classifier-free guidance applies
 
     @property
     def records_reveals(self) -> bool:
@@ -79,9 +80,9 @@ SAMPLERS: dict[str, SamplerSpec] = {spec.name: spec for spec in (
                 options=AncestralOptions,
                 help="D3PM's ancestral chain from t = 1 to 0 (eq. 9's posterior, the mask's mass "
                      "included), one call per step; exact at steps = T"),
-    SamplerSpec("autoregressive-kv-cache", autoregressive, exact=True,
+    SamplerSpec("autoregressive-kv-cache", autoregressive, exact=True, guided=False,
                 help="left to right with a key/value cache, one call per new token; exact"),
-    SamplerSpec("autoregressive-recompute", autoregressive_recompute, exact=True,
+    SamplerSpec("autoregressive-recompute", autoregressive_recompute, exact=True, guided=False,
                 help="left to right without a cache, as the reference's AR sampler: each new "
                      "token's call re-reads the whole prefix; exact, the kv-cache sampler's draws"),
     SamplerSpec("confidence", confidence, exact=False, uses_steps=True, default_steps=128,

@@ -118,7 +118,7 @@ def sample(denoiser: Denoiser, settings: SamplingSettings | None = None,
     ctx = SamplerContext(denoiser, get_schedule(schedule), canvas.mask_id, generator, stats,
                          steps=settings.steps or 0, precision=settings.precision,
                          temperature=settings.temperature, top_p=settings.top_p,
-                         top_k=settings.top_k or 0,
+                         top_k=settings.top_k or 0, cfg_scale=settings.cfg_scale,
                          options=convert_options(checked, spec.options),
                          on_changes=hooks.on_changes, recorder=hooks.recorder,
                          on_step=hooks.on_step)
@@ -145,6 +145,7 @@ def _run_batches(spec: SamplerSpec, z_all: Tensor, ctx: SamplerContext, batch_si
         raise EngineError("a recorder sees one batch: leave batch_size at num_samples")
     outputs = []
     for z in z_all.split(batch_size):
+        ctx.prompt = z != ctx.mask_id  # the batch's fixed positions: what guidance masks
         outputs.append(_run_batch(spec, z.clone(), ctx))
         if ctx.on_step is not None:  # the batch's state after its last call
             ctx.on_step(outputs[-1])

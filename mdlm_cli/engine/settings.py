@@ -52,6 +52,7 @@ class SamplingSettings:
     options: Mapping[str, Any] = field(default_factory=dict)  # option name -> value, as given
     instance: Any = None  # an instance of the sampler's options dataclass: the base `options` edit
     top_k: int | None = None  # the k likeliest tokens kept; None: the model's default; 0: all
+    cfg_scale: float = 0.0  # LLaDA's classifier-free guidance (engine/guidance.py); 0: off
 
     def validate(self, spell: Callable[[str], str] = _as_is) -> SamplingSettings:
         """These settings, checked; else a SettingsError whose message names the value as
@@ -71,6 +72,9 @@ class SamplingSettings:
         if not 0 < self.top_p <= 1:  # NaN fails too
             raise SettingsError("top_p", f"{spell('top_p')} must be a finite number in (0, 1] "
                                 f"(got {self.top_p})")
+        if not (math.isfinite(self.cfg_scale) and self.cfg_scale >= 0):
+            raise SettingsError("cfg_scale", f"{spell('cfg_scale')} must be a finite number at "
+                                f"least 0 (0: no guidance) (got {self.cfg_scale})")
         if self.top_k is not None and (isinstance(self.top_k, bool)
                                        or not isinstance(self.top_k, int) or self.top_k < 0):
             raise SettingsError("top_k", f"{spell('top_k')} must be an integer at least 0 "
@@ -93,6 +97,13 @@ class SamplingSettings:
         from .registry import get_sampler
 
         spec = get_sampler(self.sampler) if self.sampler is not None else None
+        if spec is not None and self.cfg_scale > 0:
+            if not spec.guided:
+                raise SettingsError("cfg_scale", f"{spell('cfg_scale')} does not apply to "
+                                    f"{spec.name}: a left-to-right model has no prompt to mask")
+            if self.options.get("cache", "none") != "none":
+                raise SettingsError("cfg_scale", f"{spell('cfg_scale')} needs {spell('cache')} "
+                                    "none (a cached call sees its block only)")
         rules = getattr(spec.options, "rules", None) if spec is not None and spec.options else None
         if rules is None:
             return
@@ -136,6 +147,7 @@ class SamplingSettings:
         spec = get_sampler(self.sampler)
         return {"sampler": spec.name, "steps": self.steps, "precision": self.precision,
                 "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k or 0,
+                **({"cfg_scale": self.cfg_scale} if self.cfg_scale else {}),
                 **self.read_by(spec)}
 
 
@@ -147,7 +159,7 @@ def _edited(instance: Any) -> set[str]:
 def settings_of(values: Mapping[str, Any]) -> SamplingSettings:
     """Settings from engine.sample's keywords: sampler, steps, precision, temperature, top_p,
     top_k, `options=` (an options instance) and the option keywords (any other name)."""
-    own = {"sampler", "steps", "precision", "temperature", "top_p", "top_k"}
+    own = {"sampler", "steps", "precision", "temperature", "top_p", "top_k", "cfg_scale"}
     kept = {k: v for k, v in values.items() if k in own}
     named = {k: v for k, v in values.items() if k not in own | {"options"}}
     return SamplingSettings(**kept, options=named, instance=values.get("options"))

@@ -296,6 +296,9 @@ class BD3LM(Objective):
         `cache=False` recomputes the finished blocks at every call. `hooks`: a server streams
         each block and checks its client."""
         sampler, hooks = how.sampler or "ancestral", hooks or BlockHooks()
+        if how.cfg_scale:
+            raise MdlmError("cfg_scale does not apply to a bd3lm model: its blocks are sampled "
+                            "left to right after the prompt")
         length, prompt = rows.length, rows.prompt
         if length % self.block_size:
             raise MdlmError(f"--length must be a multiple of the block size {self.block_size} "

@@ -31,6 +31,7 @@ CHAT_FIELDS = (
     "temperature",
     "top_p",
     "top_k",
+    "cfg_scale",
     "seed",
     "stop",
     "stream",

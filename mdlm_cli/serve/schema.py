@@ -50,6 +50,7 @@ SAMPLER_OPTIONS = tuple(option_names())  # from the samplers' options: a new one
 MDLM_FIELDS = (
     "max_new_tokens",  # `mdlm sample`'s name for max_tokens
     "top_k",  # vocabulary top-k, as vLLM's extra field (-1 or 0: off; absent: the model's)
+    "cfg_scale",  # LLaDA's classifier-free guidance (0: off)
     "sampler",
     "steps",
     "precision",
@@ -65,6 +66,7 @@ INFILL_FIELDS = (
     "temperature",
     "top_p",
     "top_k",
+    "cfg_scale",
     "seed",
     "stream",
     "stream_options",
@@ -268,6 +270,7 @@ def sampler_settings(body: dict, served: Served, limits: Limits) -> SamplingSett
         float(get_value(body, "top_p", (int, float), 1.0, "a number")),
         options,
         top_k=_top_k(body),
+        cfg_scale=float(get_value(body, "cfg_scale", (int, float), 0.0, "a number")),
     )
     try:  # the model family's own option defaults for the options not given
         return settings.validate().with_defaults(served.loaded.sampling_defaults).validate()

@@ -162,6 +162,7 @@ class AnalyticCheckpoint:
         self.exact_denoiser = AnalyticDenoiser.random(length=4, vocab=4, seed=5)
         self.objective = get_objective(resolve_config("test"), TOK)
         self.tokenizer, self.length, self.data_meta = TOK, 4, {"packing": "chunk"}
+        self.mask_id, self.sampling_defaults = TOK.mask_id, {}  # no family: the t estimator
 
     def denoiser(self, dtype=None):
         return self.exact_denoiser

@@ -76,6 +76,7 @@ class ModelArgs:
     # fix gen_length, steps and block_length per task: eval_llada_lm_eval.sh); None: the task's
     gen_length: int | None = None
     estimator: str | None = None  # the bound's: t (times) or l (masked counts); None: the family's
+    cfg_scale: float = 0.0  # LLaDA's classifier-free guidance, in scoring and generation
 
     def validate(self) -> ModelArgs:
         if str(self.batch_size).startswith("auto"):
@@ -119,10 +120,12 @@ class MdlmLM(LM):
             dtype=rt.dtype,
             seed=int(args.seed),
             estimator=args.estimator,
+            cfg_scale=float(args.cfg_scale) or (sampling.cfg_scale if sampling else 0.0),
         )
         if sampling is None:  # --model_args: text values
             steps = None if args.steps is None else int(args.steps)
-            sampling = SamplingSettings(args.sampler, steps, args.precision).validate()
+            sampling = SamplingSettings(args.sampler, steps, args.precision,
+                                        cfg_scale=float(args.cfg_scale)).validate()
         choice = loaded.objective.choose_sampler(sampling.sampler, sampling.steps,
                                                  sampling.options)
         for name, value in choice.ignored.items():

@@ -31,6 +31,7 @@ from ... import engine
 from ...checkpoints.folder import LoadedModel
 from ...engine.counted import counted_terms, stratified_counts
 from ...engine.diffusion import Masking
+from ...engine.guidance import GuidedDenoiser
 from ...errors import MdlmError
 from ...runtime import derive_seed, generator
 
@@ -137,6 +138,7 @@ class ConditionalScorer:
         dtype: torch.dtype | None = None,
         seed: int = 0,
         estimator: str | None = None,
+        cfg_scale: float = 0.0,
     ):
         if mc_samples < 1 or batch_size < 1:
             raise MdlmError(
@@ -161,6 +163,10 @@ class ConditionalScorer:
         self.batches = 0  # batches scored so far: each has its own random stream
         self.mask_id = loaded.mask_id
         self.estimator = self._estimator(loaded, estimator)
+        if cfg_scale:  # LLaDA's guided likelihood: each batch's context masked in the other half
+            if self.exact:
+                raise MdlmError(f"cfg_scale does not apply to a {self.objective.name} model")
+            self.denoiser = GuidedDenoiser(self.denoiser, cfg_scale, loaded.mask_id)
 
     def _estimator(self, loaded: LoadedModel, asked: str | None) -> str:
         """"t" (times stratified over [0, 1)) or "l" (masked counts, engine/counted.py), as
@@ -221,6 +227,9 @@ class ConditionalScorer:
         attention_mask = torch.arange(width)[None] < lengths[:, None]
         x0, targets = x0.to(self.device), targets.to(self.device)
         attention_mask = None if bool(attention_mask.all()) else attention_mask.to(self.device)
+        if isinstance(self.denoiser, GuidedDenoiser):  # the context and row start: the prompt
+            real = torch.ones_like(targets) if attention_mask is None else attention_mask.bool()
+            self.denoiser.prompt = real & ~targets
         gen = generator(self.device, derive_seed(self.seed, "lm-eval", self.batches))
         self.batches += 1
         # K times per row, stratified over [0, 1) (antithetic), as engine.nelbo draws them
