@@ -43,6 +43,14 @@ EstimatorOpt = Annotated[str | None, typer.Option(
     help="How a diffusion model's bound is estimated: t (K times stratified over [0, 1)) or l "
          "(K masked counts stratified over 1..n, LLaDA's get_log_likelihood: exact in one pass "
          "for a one-token continuation). Default: the model family's (l for LLaDA, else t).")]
+AppendEosOpt = Annotated[bool | None, typer.Option(
+    "--append-eos/--no-append-eos",
+    help="Score each continuation with a clean EOS after it (attended, never masked nor "
+         "scored), as Dream's evaluation does. Default: the model family's (on for Dream).")]
+TokenizerBosOpt = Annotated[bool | None, typer.Option(
+    "--tokenizer-bos/--no-tokenizer-bos",
+    help="Put the tokeniser's own bos_token text before each context instead of the row start "
+         "(Dream's evaluation). Default: the model family's (on for Dream).")]
 ChatTemplateOpt = Annotated[bool, typer.Option(
     "--apply-chat-template",
     help="Render each context with the tokenizer's chat template (lm-eval's "
@@ -73,6 +81,8 @@ def lm_eval_cmd(
     stride: LmEvalStrideOpt = None,
     gen_length: GenLengthOpt = None,
     estimator: EstimatorOpt = None,
+    append_eos: AppendEosOpt = None,
+    tokenizer_bos: TokenizerBosOpt = None,
     bootstrap_iters: BootstrapOpt = 100000,
     apply_chat_template: ChatTemplateOpt = False,
 ) -> None:
@@ -101,7 +111,8 @@ def lm_eval_cmd(
             [t.strip() for t in tasks.split(",") if t.strip()], mc_samples=mc_samples,
             batch_size=batch_size, limit=limit, num_fewshot=num_fewshot,
             include_path=include_path, seed=seed, sampling=sampling, stride=stride,
-            gen_length=gen_length, estimator=estimator,
+            gen_length=gen_length, estimator=estimator, append_eos=append_eos,
+            tokenizer_bos=tokenizer_bos,
             bootstrap_iters=bootstrap_iters, apply_chat_template=apply_chat_template)
         check_options(options)
         loaded, _ = loading.load()

@@ -146,7 +146,10 @@ class Dream(ReleasedBackbone):
     # top_k 50: Dream's diffusion_generate, under the transformers 4.46 it pins, builds its
     # generation config from the model config, whose inherited default top_k is 50, and its
     # sample_tokens applies it before any confidence is computed
-    sampling_defaults = {"k_schedule": "dream", "top_k": 50}
+    # and its evaluation's scoring conventions (eval/eval.py: a clean EOS after the target, the
+    # tokeniser's BOS text before the context)
+    sampling_defaults = {"k_schedule": "dream", "top_k": 50, "append_eos": True,
+                         "tokenizer_bos": True}
     answer_tokens = 512  # the max_new_tokens of the release's README and demos
     read_shape = staticmethod(read_shape)
     # logits at i read from the output at i - 1 (engine/protocols.py): a block cache's sliced

@@ -79,3 +79,35 @@ def test_the_family_default_and_the_refusals(folders):
     x0 = torch.tensor([[1, 2, 3]])
     with pytest.raises(EngineError, match="needs a denoiser that ignores t"):
         counted_terms(timed, x0, torch.tensor([1]), mask_id=0, masking=Masking())
+
+
+def dream_encode_pair(hf, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """Dream's eval/eval.py `_encode_pair` with add_bos_token=True, transcribed (no cutoff)."""
+    context = hf.bos_token + context
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces > 0:
+        continuation = context[-n_spaces:] + continuation
+        context = context[:-n_spaces]
+    whole_enc = hf.encode(context + continuation) + [hf.eos_token_id]
+    context_enc = hf.encode(context)
+    return context_enc, whole_enc[len(context_enc):]
+
+
+def test_dream_scoring_builds_the_released_evaluations_rows(folders):
+    pytest.importorskip("lm_eval")
+    from mdlm_cli.eval.lm_eval.adapter import MdlmLM, ModelArgs
+
+    dream, llada = folders["dream"], folders["llada"]
+    lm = MdlmLM(ModelArgs(mc_samples=2), loaded=dream)
+    assert lm.append_eos and lm.tokenizer_bos and lm.scorer.start == []  # the family's
+    for context, continuation in [("w1 w2 w3", " w4"), ("w5 w6 ", "w7 w8")]:
+        released = dream_encode_pair(dream.tokenizer.hf, context, continuation)
+        ours = lm.pair(context, continuation)
+        row = build_row(lm.scorer.start, ours[0], ours[1] + [dream.tokenizer.eos_id],
+                        dream.length)[0]
+        assert row == released[0] + released[1]  # ids compared
+        scored = lm.scorer.score([ours], greedy=False, suffix=[dream.tokenizer.eos_id])[0]
+        assert scored.tokens == len(ours[1])  # the EOS is attended, never scored
+    plain = MdlmLM(ModelArgs(mc_samples=2, append_eos=False, tokenizer_bos=False), loaded=dream)
+    assert not plain.append_eos and plain.scorer.start == dream.row_start()
+    assert not MdlmLM(ModelArgs(mc_samples=2), loaded=llada).append_eos  # LLaDA's: none

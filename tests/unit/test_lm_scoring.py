@@ -14,15 +14,17 @@ from mdlm_cli.checkpoints.folder import LoadedModel
 from mdlm_cli.data.store import TokenSplit
 from mdlm_cli.data.tokenizers import load_tokenizer, normalize_text8
 from mdlm_cli.errors import MdlmError
+from mdlm_cli.eval.lm_eval.generation import (
+    GenerationSettings,
+    cut_generation,
+    generate_after,
+    generation_plan,
+)
 from mdlm_cli.eval.lm_eval.scoring import (
     GREEDY_TOP_P,
     ConditionalScorer,
-    GenerationSettings,
     build_row,
-    cut_generation,
     encode_pair,
-    generate_after,
-    generation_plan,
     rolling_windows,
     summarise,
 )

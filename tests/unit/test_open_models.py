@@ -21,8 +21,9 @@ from tests.open_model_folders import write_dream, write_llada
 ROOT = Path(__file__).resolve().parents[2]
 WRITERS = {"llada": write_llada, "dream": write_dream}
 
-# the families' other generation defaults: Dream's top_k, LLaDA's likelihood estimator
-FAMILY_DEFAULTS = {"dream": {"top_k": 50}, "llada": {"estimator": "l"}}
+# the families' other defaults: Dream's top_k and scoring conventions, LLaDA's estimator
+FAMILY_DEFAULTS = {"dream": {"top_k": 50, "append_eos": True, "tokenizer_bos": True},
+                   "llada": {"estimator": "l"}}
 
 
 @pytest.fixture(scope="module")

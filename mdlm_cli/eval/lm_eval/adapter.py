@@ -42,14 +42,8 @@ from lm_eval.api.registry import register_model
 from ...data.chat import end_of_turn_ids, has_chat_template
 from ...engine.settings import SamplingSettings
 from ...errors import MdlmError
-from .scoring import (
-    ConditionalScorer,
-    GenerationSettings,
-    Scored,
-    cut_generation,
-    encode_pair,
-    generate_after,
-)
+from .generation import GenerationSettings, cut_generation, generate_after
+from .scoring import ConditionalScorer, Pair, Scored, encode_pair
 
 DEFAULT_MAX_GEN_TOKS = 256  # the harness's HF models' default
 
@@ -77,6 +71,11 @@ class ModelArgs:
     gen_length: int | None = None
     estimator: str | None = None  # the bound's: t (times) or l (masked counts); None: the family's
     cfg_scale: float = 0.0  # LLaDA's classifier-free guidance, in scoring and generation
+    # Dream's scoring conventions (its eval.py): a clean EOS after each continuation (never
+    # masked nor scored), and the tokeniser's own BOS text before each context instead of the
+    # row start; None: the model family's (on for Dream, off for others)
+    append_eos: bool | None = None
+    tokenizer_bos: bool | None = None
 
     def validate(self) -> ModelArgs:
         if str(self.batch_size).startswith("auto"):
@@ -140,6 +139,9 @@ class MdlmLM(LM):
         self._generated = 0
         self._warned: set[str] = set()
         self.chat, self.stop_ids = False, None  # set by apply_chat_template (None: stop at EOS)
+        self.append_eos, self.tokenizer_bos = self._conventions(args)
+        if self.tokenizer_bos:
+            self.scorer.start = []  # the BOS comes as text before each context
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
@@ -196,6 +198,25 @@ class MdlmLM(LM):
             self.scorer.start = []
             self.stop_ids = end_of_turn_ids(self.loaded.tokenizer)
 
+    def _conventions(self, args: ModelArgs) -> tuple[bool, bool]:
+        """(append a clean EOS, the tokeniser's BOS text first): as asked, else the family's."""
+        family = self.loaded.sampling_defaults
+        eos = family.get("append_eos", False) if args.append_eos is None else args.append_eos
+        bos = family.get("tokenizer_bos", False) if args.tokenizer_bos is None else (
+            args.tokenizer_bos)
+        hf = self.loaded.tokenizer.hf
+        if _flag(bos) and (hf is None or hf.bos_token is None):
+            raise MdlmError(f"tokenizer_bos needs a tokenizer with a bos_token; "
+                            f"{self.loaded.tokenizer.name}'s has none")
+        return _flag(eos), _flag(bos)
+
+    def pair(self, context: str, continuation: str) -> Pair:
+        """A request's (context ids, continuation ids) under the scoring conventions."""
+        tok = self.loaded.tokenizer
+        if self.tokenizer_bos:
+            context = tok.hf.bos_token + context
+        return encode_pair(tok, context, continuation)
+
     @property
     def start(self) -> list[int]:
         return [] if self.chat else self.loaded.row_start()
@@ -212,10 +233,10 @@ class MdlmLM(LM):
             )
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        tok = self.loaded.tokenizer
-        pairs = [encode_pair(tok, *req.args) for req in requests]
+        pairs = [self.pair(*req.args) for req in requests]
+        suffix = [self.loaded.tokenizer.eos_id] if self.append_eos else None
         with _progress("loglikelihood", len(pairs), disable_tqdm) as advance:
-            scores = self.scorer.score(pairs, on_done=advance)
+            scores = self.scorer.score(pairs, on_done=advance, suffix=suffix)
         self._record(requests, "loglikelihood", scores)
         return [(-s.nll, s.greedy) for s in scores]
 
@@ -278,6 +299,11 @@ class MdlmLM(LM):
     @property
     def device(self) -> torch.device:
         return self._device
+
+
+def _flag(value) -> bool:
+    """A model_args flag: lm-eval hands text ("true" / "False"), mdlm lm-eval a bool."""
+    return value.strip().lower() in ("1", "true", "yes") if isinstance(value, str) else bool(value)
 
 
 @contextmanager

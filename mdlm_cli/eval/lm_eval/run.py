@@ -31,6 +31,8 @@ class LmEvalOptions:
     stride: int | None = None  # generate_until past the model length: new tokens per block
     gen_length: int | None = None  # every generation's new tokens (None: the task's max_gen_toks)
     estimator: str | None = None  # the bound's: t or l (None: the model family's own)
+    append_eos: bool | None = None  # Dream's clean EOS after each continuation (None: family's)
+    tokenizer_bos: bool | None = None  # Dream's bos_token text before each context
     bootstrap_iters: int = 100000
     apply_chat_template: bool = False  # contexts rendered with the tokeniser's chat template
 
@@ -119,7 +121,8 @@ def run_lm_eval(
     mc_samples = DEFAULT_MC_SAMPLES if options.mc_samples is None else options.mc_samples
     args = ModelArgs(checkpoint, mc_samples=mc_samples, batch_size=options.batch_size,
                      device=device, seed=options.seed, stride=options.stride,
-                     gen_length=options.gen_length, estimator=options.estimator)
+                     gen_length=options.gen_length, estimator=options.estimator,
+                     append_eos=options.append_eos, tokenizer_bos=options.tokenizer_bos)
     lm = MdlmLM(args, loaded=loaded, warn=warn, sampling=options.sampling)
     if options.apply_chat_template:
         lm.chat_template(True)  # a tokeniser without a template is refused here, in one line

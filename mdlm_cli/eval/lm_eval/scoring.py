@@ -14,7 +14,7 @@ them with what is here; nothing here imports lm-eval):
   as above; for diffusion models a bound.
 - `generate_until(context, until)`: text sampled after the context by the objective's
   samplers (semi-autoregressive for diffusion models past the model length), cut at the
-  first stop sequence.
+  first stop sequence: generation.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ... import engine
 from ...checkpoints.folder import LoadedModel
 from ...engine.counted import counted_terms, stratified_counts
 from ...engine.diffusion import Masking
@@ -187,14 +186,16 @@ class ConditionalScorer:
 
     @torch.no_grad()
     def score(self, pairs: list[Pair], on_done: Callable[[int], None] | None = None,
-              greedy: bool = True) -> list[Scored]:
+              greedy: bool = True, suffix: list[int] | None = None) -> list[Scored]:
         """Each pair's -log p(continuation | context) (bound for diffusion), K passes with
         times stratified over [0, 1) per pair, and `greedy`: whether the model's argmax at
         every continuation position is the continuation's token, the argmax read in one call
         with the whole continuation masked and the context clean (diffusion), or given the
         true tokens before it (AR: greedy decoding; `greedy=False` skips that call and says
-        False). Longest rows first, in batches."""
-        built = [build_row(self.start, c, x, self.length) for c, x in pairs]
+        False). `suffix`: tokens after every continuation, attended and never masked nor
+        scored (Dream's evaluation appends a clean EOS). Longest rows first, in batches."""
+        suffix = suffix or []
+        built = [build_row(self.start, c, x + suffix, self.length) for c, x in pairs]
         out: list[Scored | None] = [None] * len(pairs)
         todo = [i for i, (_, x) in enumerate(pairs) if x]
         for i in set(range(len(pairs))) - set(todo):  # an empty continuation has probability 1
@@ -204,7 +205,7 @@ class ConditionalScorer:
             idx = todo[b:b + self.batch_size]
             rows = [built[i][0] for i in idx]
             n_cont = [len(pairs[i][1]) for i in idx]
-            passes, is_greedy = self._score_batch(rows, n_cont, greedy)
+            passes, is_greedy = self._score_batch(rows, n_cont, greedy, len(suffix))
             for j, i in enumerate(idx):
                 out[i] = Scored(
                     passes[:, j].tolist(), bool(is_greedy[j]), n_cont[j], self.exact, built[i][1]
@@ -214,15 +215,17 @@ class ConditionalScorer:
         return out  # type: ignore[return-value]
 
     def _score_batch(
-        self, rows: list[list[int]], n_cont: list[int], greedy: bool
+        self, rows: list[list[int]], n_cont: list[int], greedy: bool, n_suffix: int = 0
     ) -> tuple[Tensor, Tensor]:
-        """Rows right-padded (padding neither attended nor scored): nats (K, B), greedy (B,)."""
+        """Rows right-padded (padding neither attended nor scored), their continuations the
+        `n_cont` tokens before the last `n_suffix`: nats (K, B), greedy (B,)."""
         B, width = len(rows), max(map(len, rows))
         x0 = torch.full((B, width), self.pad_id, dtype=torch.long)
         targets = torch.zeros((B, width), dtype=torch.bool)
         for j, row in enumerate(rows):
             x0[j, :len(row)] = torch.tensor(row)
-            targets[j, len(row) - n_cont[j]:len(row)] = True
+            end = len(row) - n_suffix
+            targets[j, end - n_cont[j]:end] = True
         lengths = torch.tensor([len(r) for r in rows])
         attention_mask = torch.arange(width)[None] < lengths[:, None]
         x0, targets = x0.to(self.device), targets.to(self.device)
@@ -277,105 +280,6 @@ class ConditionalScorer:
             )
             out.append(Scored(passes, False, sum(p.tokens for p in parts), self.exact))
         return out
-
-
-@dataclass
-class GenerationSettings:
-    how: engine.SamplingSettings  # its sampler one that serves the objective, named
-    stride: int | None = None  # semi-AR stride L' (default: half the model length)
-    seed: int = 0
-    device: torch.device | str = "cpu"  # where the model runs
-    dtype: torch.dtype | None = None  # its autocast dtype (None: fp32)
-
-    @property
-    def sampler(self) -> str:
-        return self.how.sampler
-
-
-def generation_plan(start: int, context: int, max_gen: int, length: int, *, causal: bool,
-                    stride: int) -> tuple[int, int]:
-    """(context tokens kept, tokens generated), `start` being the row start's length. Within
-    one window the context is truncated from the left to leave room for `max_gen` new tokens
-    (as the harness's HF models do). Past the window a diffusion model generates
-    semi-autoregressively (the context then fills at most the first window's L - L'); a
-    left-to-right model cannot, so it generates half its room after the context."""
-    room = length - start
-    if max_gen < room:
-        return min(context, room - max_gen), max_gen
-    if causal:
-        gen = room // 2
-        return min(context, room - gen), gen
-    return min(context, room - stride), max_gen
-
-
-@torch.no_grad()
-def generate_after(
-    loaded: LoadedModel,
-    context: list[int],
-    *,
-    max_gen: int,
-    settings: GenerationSettings,
-    drawing: dict | None = None,
-    index: int = 0,
-    start: list[int] | None = None,
-) -> list[int]:
-    """Tokens sampled after `context` (the harness's `generate_until`): one window when they
-    fit the model length, else semi-autoregressive rounds of `stride` new tokens (§4.2), on
-    the settings' device and dtype. `drawing`: the request's temperature / top_p / top_k,
-    where it sets them (else the settings'). `index`: the request's number (its seed).
-    `start`: the tokens before the context (default the row start; [] for a context rendered
-    by a chat template, which writes its own)."""
-    device = settings.device
-    start = loaded.row_start() if start is None else start
-    length, mask_id = loaded.length, loaded.mask_id
-    stride = settings.stride or length // 2
-    if not 0 < stride < length - len(start):
-        raise MdlmError(f"--stride must be between 1 and {length - len(start) - 1} (got {stride})")
-    keep, gen = generation_plan(
-        len(start), len(context), max_gen, length, causal=loaded.objective.causal, stride=stride
-    )
-    prompt = torch.tensor(start + context[len(context) - keep:], dtype=torch.long)
-    how = settings.how.with_(**(drawing or {}))
-    options = {
-        "mask_id": mask_id,
-        "schedule": loaded.objective.schedule,
-        "device": device,
-        "generator": generator(
-            torch.device(device), derive_seed(settings.seed, "lm-eval-generate", index)
-        ),
-    }
-    denoiser = loaded.denoiser(settings.dtype)
-    if len(prompt) + gen <= length:
-        row = torch.cat([prompt, torch.full((gen,), mask_id, dtype=torch.long)])
-        tokens = engine.sample(denoiser, how, num_samples=1, length=len(row), prompt=row,
-                               **options)[0]
-    else:
-        tokens = engine.semi_ar(
-            denoiser,
-            how,
-            num_samples=1,
-            window=length,
-            stride=stride,
-            prompt=prompt,
-            target_length=len(prompt) + gen,
-            **options,
-        ).tokens[0]
-    return tokens[len(prompt):].tolist()
-
-
-def cut_generation(tokenizer, tokens: list[int], until: list[str],
-                   stop_ids: list[int] | None = None) -> str:
-    """Text of the generated tokens up to the first stop token (`stop_ids`, default the
-    end-of-text token; a chat model's end-of-turn token too) and the first stop sequence (not
-    included)."""
-    stops = set([tokenizer.eos_id] if stop_ids is None else stop_ids)
-    first = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
-    tokens = tokens[:first]
-    text = tokenizer.decode(tokens)
-    for stop in until:
-        if stop:
-            text = text.split(stop)[0]
-    return text
 
 
 def summarise(scores: list[Scored]) -> dict:
