@@ -51,6 +51,10 @@ TokenizerBosOpt = Annotated[bool | None, typer.Option(
     "--tokenizer-bos/--no-tokenizer-bos",
     help="Put the tokeniser's own bos_token text before each context instead of the row start "
          "(Dream's evaluation). Default: the model family's (on for Dream).")]
+GreedyCheckOpt = Annotated[str, typer.Option(
+    help="is_greedy (LAMBADA's accuracy) of a diffusion model: one-call (the argmax at every "
+         "position with the whole continuation masked) or by-confidence (one token a call, "
+         "the most confident first: LLaDA's suffix_greedy_prediction).")]
 ChatTemplateOpt = Annotated[bool, typer.Option(
     "--apply-chat-template",
     help="Render each context with the tokenizer's chat template (lm-eval's "
@@ -83,6 +87,7 @@ def lm_eval_cmd(
     estimator: EstimatorOpt = None,
     append_eos: AppendEosOpt = None,
     tokenizer_bos: TokenizerBosOpt = None,
+    greedy_check: GreedyCheckOpt = "one-call",
     bootstrap_iters: BootstrapOpt = 100000,
     apply_chat_template: ChatTemplateOpt = False,
 ) -> None:
@@ -112,7 +117,7 @@ def lm_eval_cmd(
             batch_size=batch_size, limit=limit, num_fewshot=num_fewshot,
             include_path=include_path, seed=seed, sampling=sampling, stride=stride,
             gen_length=gen_length, estimator=estimator, append_eos=append_eos,
-            tokenizer_bos=tokenizer_bos,
+            tokenizer_bos=tokenizer_bos, greedy_check=greedy_check,
             bootstrap_iters=bootstrap_iters, apply_chat_template=apply_chat_template)
         check_options(options)
         loaded, _ = loading.load()

@@ -134,3 +134,8 @@ class Autoregressive(Objective):
                       attention_mask: Tensor | None = None) -> Tensor:
         """Greedy decoding's token at each target position given the true tokens before it."""
         return torch.where(targets.bool(), denoiser.next_token_argmax(x0), x0)
+
+    def greedy_by_confidence(self, denoiser: CausalLMAdapter, x0: Tensor, targets: Tensor,
+                             attention_mask: Tensor | None = None) -> Tensor:
+        """Left to right, one token at a time: greedy decoding is already that."""
+        return self.greedy_tokens(denoiser, x0, targets, attention_mask)

@@ -128,6 +128,28 @@ class Objective(ABC):
         best = without_mask(logits, self.mask_id).argmax(-1)
         return x0.masked_scatter(targets, best)
 
+    def greedy_by_confidence(self, denoiser: Any, x0: Tensor, targets: Tensor,
+                             attention_mask: Tensor | None = None) -> Tensor:
+        """The targets decoded one token a call (LLaDA's `suffix_greedy_prediction`, its
+        LAMBADA accuracy): from every target masked, each call reveals, in every row with a
+        mask left, its argmax at the masked position whose argmax is the most probable. (B, L),
+        x0 elsewhere. Causal objectives decode left to right (`greedy_tokens`)."""
+        targets = targets.bool()
+        z = x0.masked_fill(targets, self.mask_id)
+        t = torch.ones(x0.shape[0], device=x0.device)
+        for _ in range(int(targets.sum(1).max())):
+            masked = z == self.mask_id
+            logits = without_mask(call_denoiser(denoiser, z, t, output_mask=masked,
+                                                attention_mask=attention_mask), self.mask_id)
+            conf, best = logits.float().softmax(-1).max(-1)  # (N,)
+            score = torch.full(z.shape, -1.0, device=z.device).masked_scatter(masked, conf)
+            pick = score.argmax(1)  # each row's most confident masked position
+            live = masked.any(1)
+            drawn = torch.zeros_like(z).masked_scatter(masked, best)
+            rows = live.nonzero()[:, 0]
+            z[rows, pick[rows]] = drawn[rows, pick[rows]]
+        return z
+
     def diffusion_keywords(self, generator: torch.Generator | None, attention_mask: Tensor | None,
                            targets: Tensor | None) -> dict[str, Any]:
         """The keywords every engine loss of a masked diffusion takes: this objective's mask id

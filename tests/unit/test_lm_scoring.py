@@ -319,3 +319,29 @@ def test_gen_length_overrides_every_tasks_max_gen_toks():
     assert len(out[0]) == 7  # the character tokeniser: 7 tokens, 7 characters (no EOS here)
     with pytest.raises(MdlmError, match="gen_length must be at least 1"):
         MdlmLM(ModelArgs(gen_length=0), loaded=loaded)
+
+
+class LeftReads:
+    """At position i the likeliest token is 'y' (p ~ 0.9) once position i - 1 is clean, 'x'
+    (p ~ 0.5) while it is masked: decoding one token a call, the most confident first, reads
+    'yy' where one call with both masked reads 'yx'."""
+
+    def __call__(self, z, t, output_mask=None, attention_mask=None):
+        B, L = z.shape
+        x, y = TOK.encode("x")[0], TOK.encode("y")[0]
+        logits = torch.zeros(B, L, TOK.vocab_size)
+        left_masked = torch.zeros(B, L, dtype=torch.bool)
+        left_masked[:, 1:] = z[:, :-1] == TOK.mask_id
+        logits[..., y] = torch.where(left_masked, 0.0, 6.0)
+        logits[..., x] = torch.where(left_masked, 3.0, 0.0)
+        return logits if output_mask is None else logits[output_mask]
+
+
+def test_the_by_confidence_greedy_check_decodes_one_token_a_call():
+    objective = loaded_model("mdlm").objective
+    x0 = torch.tensor([ids("abyy")])
+    targets = torch.tensor([[False, False, True, True]])
+    one_call = objective.greedy_tokens(LeftReads(), x0, targets)
+    by_confidence = objective.greedy_by_confidence(LeftReads(), x0, targets)
+    assert TOK.decode(one_call[0].tolist()) == "abyx"
+    assert TOK.decode(by_confidence[0].tolist()) == "abyy"

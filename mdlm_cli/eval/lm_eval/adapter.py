@@ -46,6 +46,8 @@ from .generation import GenerationSettings, cut_generation, generate_after
 from .scoring import ConditionalScorer, Pair, Scored, encode_pair
 
 DEFAULT_MAX_GEN_TOKS = 256  # the harness's HF models' default
+GREEDY_ARGS = {"one-call": True, "by-confidence": "by-confidence"}  # ConditionalScorer.score's
+GREEDY_CHECKS = tuple(GREEDY_ARGS)
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,18 @@ class ModelArgs:
     # row start; None: the model family's (on for Dream, off for others)
     append_eos: bool | None = None
     tokenizer_bos: bool | None = None
+    # is_greedy (LAMBADA's accuracy): "one-call" (the argmax of the whole continuation masked)
+    # or "by-confidence" (LLaDA's suffix_greedy_prediction: one token a call)
+    greedy_check: str = "one-call"
 
     def validate(self) -> ModelArgs:
         if str(self.batch_size).startswith("auto"):
             raise MdlmError(
                 "batch_size=auto is not supported by the mdlm model; give a number of rows"
             )
+        if self.greedy_check not in GREEDY_CHECKS:
+            raise MdlmError(f"greedy_check must be one of: {', '.join(GREEDY_CHECKS)} "
+                            f"(got {self.greedy_check!r})")
         if self.gen_length is not None and int(self.gen_length) < 1:
             raise MdlmError(f"gen_length must be at least 1 (got {self.gen_length})")
         return self
@@ -134,6 +142,7 @@ class MdlmLM(LM):
         stride = None if args.stride is None else int(args.stride)
         self.generation = GenerationSettings(how, stride, int(args.seed), rt.device, rt.dtype)
         self.gen_length = None if args.gen_length is None else int(args.gen_length)
+        self.greedy_check = args.greedy_check
         # task -> (request type, score)
         self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(list)
         self._generated = 0
@@ -236,7 +245,8 @@ class MdlmLM(LM):
         pairs = [self.pair(*req.args) for req in requests]
         suffix = [self.loaded.tokenizer.eos_id] if self.append_eos else None
         with _progress("loglikelihood", len(pairs), disable_tqdm) as advance:
-            scores = self.scorer.score(pairs, on_done=advance, suffix=suffix)
+            scores = self.scorer.score(pairs, on_done=advance, suffix=suffix,
+                                       greedy=GREEDY_ARGS[self.greedy_check])
         self._record(requests, "loglikelihood", scores)
         return [(-s.nll, s.greedy) for s in scores]
 

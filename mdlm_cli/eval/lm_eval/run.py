@@ -33,6 +33,7 @@ class LmEvalOptions:
     estimator: str | None = None  # the bound's: t or l (None: the model family's own)
     append_eos: bool | None = None  # Dream's clean EOS after each continuation (None: family's)
     tokenizer_bos: bool | None = None  # Dream's bos_token text before each context
+    greedy_check: str = "one-call"  # is_greedy: one-call | by-confidence (LLaDA's)
     bootstrap_iters: int = 100000
     apply_chat_template: bool = False  # contexts rendered with the tokeniser's chat template
 
@@ -122,7 +123,8 @@ def run_lm_eval(
     args = ModelArgs(checkpoint, mc_samples=mc_samples, batch_size=options.batch_size,
                      device=device, seed=options.seed, stride=options.stride,
                      gen_length=options.gen_length, estimator=options.estimator,
-                     append_eos=options.append_eos, tokenizer_bos=options.tokenizer_bos)
+                     append_eos=options.append_eos, tokenizer_bos=options.tokenizer_bos,
+                     greedy_check=options.greedy_check)
     lm = MdlmLM(args, loaded=loaded, warn=warn, sampling=options.sampling)
     if options.apply_chat_template:
         lm.chat_template(True)  # a tokeniser without a template is refused here, in one line

@@ -186,14 +186,16 @@ class ConditionalScorer:
 
     @torch.no_grad()
     def score(self, pairs: list[Pair], on_done: Callable[[int], None] | None = None,
-              greedy: bool = True, suffix: list[int] | None = None) -> list[Scored]:
+              greedy: bool | str = True, suffix: list[int] | None = None) -> list[Scored]:
         """Each pair's -log p(continuation | context) (bound for diffusion), K passes with
         times stratified over [0, 1) per pair, and `greedy`: whether the model's argmax at
         every continuation position is the continuation's token, the argmax read in one call
         with the whole continuation masked and the context clean (diffusion), or given the
         true tokens before it (AR: greedy decoding; `greedy=False` skips that call and says
-        False). `suffix`: tokens after every continuation, attended and never masked nor
-        scored (Dream's evaluation appends a clean EOS). Longest rows first, in batches."""
+        False; "by-confidence": LLaDA's check, one token a call by confidence, as
+        `Objective.greedy_by_confidence`). `suffix`: tokens after every continuation,
+        attended and never masked nor scored (Dream's evaluation appends a clean EOS).
+        Longest rows first, in batches."""
         suffix = suffix or []
         built = [build_row(self.start, c, x + suffix, self.length) for c, x in pairs]
         out: list[Scored | None] = [None] * len(pairs)
@@ -215,7 +217,7 @@ class ConditionalScorer:
         return out  # type: ignore[return-value]
 
     def _score_batch(
-        self, rows: list[list[int]], n_cont: list[int], greedy: bool, n_suffix: int = 0
+        self, rows: list[list[int]], n_cont: list[int], greedy: bool | str, n_suffix: int = 0
     ) -> tuple[Tensor, Tensor]:
         """Rows right-padded (padding neither attended nor scored), their continuations the
         `n_cont` tokens before the last `n_suffix`: nats (K, B), greedy (B,)."""
@@ -252,7 +254,9 @@ class ConditionalScorer:
             ])
         if not greedy:
             return passes.cpu(), torch.zeros(B, dtype=torch.bool)
-        best = self.objective.greedy_tokens(self.denoiser, x0, targets, attention_mask)
+        check = (self.objective.greedy_by_confidence if greedy == "by-confidence"
+                 else self.objective.greedy_tokens)
+        best = check(self.denoiser, x0, targets, attention_mask)
         return passes.cpu(), ((best == x0) | ~targets).all(dim=1).cpu()
 
     def _counted(self, x0: Tensor, targets: Tensor, attention_mask: Tensor | None,
