@@ -17,15 +17,19 @@ import statistics
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from ..data.store import TokenSplit
-from ..eval.lm_eval.scoring import encode_pair
+from ..engine.counted import counted_terms, stratified_counts
+from ..engine.diffusion import Masking
+from ..eval.lm_eval.scoring import ESTIMATORS, encode_pair
 from ..objectives.bound import SplitSweep
-from ..runtime import derive_seed
+from ..runtime import derive_seed, generator
 from .schema import Limits, check_fields, check_model, get_int, get_value, invalid
 from .served import Served
 
-SCORE_FIELDS = ("model", "input", "prompt", "continuations", "mc_samples", "seed", "user")
+SCORE_FIELDS = ("model", "input", "prompt", "continuations", "mc_samples", "seed", "estimator",
+                "user")
 MAX_MC_SAMPLES = 256
 
 
@@ -37,6 +41,7 @@ class ScoreRequest:
     mc_samples: int
     seed: int
     ranked: bool  # continuations of one prompt: rank them
+    estimator: str = "t"  # the bound's: t (times) or l (masked counts: engine/counted.py)
 
     @property
     def num_rows(self) -> int:
@@ -103,7 +108,36 @@ def parse_score(body: dict, served: Served, limits: Limits) -> ScoreRequest:
         mc_samples=1 if objective.exact else k,
         seed=get_int(body, "seed", 0, 2**63 - 1, 0),
         ranked=ranked,
+        estimator=_estimator(body, served),
     )
+
+
+def _estimator(body: dict, served: Served) -> str:
+    """`estimator`: t or l (LLaDA's), else the model family's own; l for masked diffusion."""
+    objective = served.loaded.objective
+    name = get_value(body, "estimator", (str,), None, "t or l") or (
+        served.loaded.sampling_defaults.get("estimator", "t"))
+    if name not in ESTIMATORS:
+        raise invalid(f"estimator must be one of: {', '.join(ESTIMATORS)} (got {name!r})",
+                      "estimator")
+    if name == "l" and not (objective.counts_masks and not objective.exact):
+        if "estimator" in body:
+            raise invalid(f"the l estimator counts masks of a masked diffusion model; a "
+                          f"{objective.name} model is scored with t", "estimator")
+        name = "t"
+    return name
+
+
+def counted_passes(served: Served, denoiser, row: list[int], n_context: int,
+                   request: ScoreRequest) -> list[float]:
+    """The K terms of LLaDA's estimator (engine/counted.py): K copies of the row, each masking
+    a stratified count of the text's tokens (one-token texts: K exact terms)."""
+    x0 = torch.tensor([row] * request.mc_samples, device=served.device)
+    targets = torch.arange(len(row), device=served.device)[None].expand_as(x0) >= n_context
+    gen = generator(served.device, derive_seed(request.seed, "mdlm-score"))
+    counts = stratified_counts(targets[:1].sum(1), request.mc_samples, gen)[:, 0]
+    return counted_terms(denoiser, x0, counts, mask_id=served.loaded.mask_id,
+                         masking=Masking(gen, None, targets)).tolist()
 
 
 def score_text(served: Served, denoiser, row: list[int], n_context: int, *, mc_samples: int,
@@ -137,13 +171,17 @@ def run_score(request: ScoreRequest, served: Served, denoiser) -> dict:
     exact = served.loaded.objective.exact
     data = []
     for i, (row, n_context) in enumerate(zip(request.rows, request.n_context, strict=True)):
-        passes = score_text(served, denoiser, row, n_context, mc_samples=request.mc_samples,
-                            seed=request.seed)
+        if request.estimator == "l":
+            passes = counted_passes(served, denoiser, row, n_context, request)
+        else:
+            passes = score_text(served, denoiser, row, n_context, mc_samples=request.mc_samples,
+                                seed=request.seed)
         data.append(_entry(i, request.texts[i], passes, len(row) - n_context, exact))
     if request.ranked:
         for rank, entry in enumerate(sorted(data, key=lambda e: e["nats"]), start=1):
             entry["rank"] = rank
     return {"object": "mdlm.score", "kind": "exact" if exact else "bound",
-            "mc_samples": request.mc_samples, "seed": request.seed, "data": data,
+            "mc_samples": request.mc_samples, "seed": request.seed,
+            "estimator": None if exact else request.estimator, "data": data,
             "usage": {"prompt_tokens": sum(map(len, request.rows)),
                       "total_tokens": sum(map(len, request.rows))}}

@@ -111,3 +111,34 @@ def test_dream_scoring_builds_the_released_evaluations_rows(folders):
     plain = MdlmLM(ModelArgs(mc_samples=2, append_eos=False, tokenizer_bos=False), loaded=dream)
     assert not plain.append_eos and plain.scorer.start == dream.row_start()
     assert not MdlmLM(ModelArgs(mc_samples=2), loaded=llada).append_eos  # LLaDA's: none
+
+
+def test_the_servers_score_endpoint_takes_the_estimator(folders):
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from mdlm_cli.serve.app import Settings, create_app
+    from mdlm_cli.serve.served import Served
+
+    loaded = folders["llada"]
+    http = TestClient(create_app(lambda: Served(loaded, torch.device("cpu"), None, "llada"),
+                                 Settings(max_batch=4)))
+    http.__enter__()
+    try:
+        for _ in range(200):
+            if http.get("/health").status_code == 200:
+                break
+        body = {"prompt": "w1 w2 w3", "continuations": [" w4", " w5"], "mc_samples": 4}
+        default = http.post("/v1/mdlm/score", json=body).json()  # LLaDA's own: l
+        timed = http.post("/v1/mdlm/score", json={**body, "estimator": "t"}).json()
+        wrong = http.post("/v1/mdlm/score", json={**body, "estimator": "k"})
+    finally:
+        http.__exit__(None, None, None)
+    assert default["estimator"] == "l" and timed["estimator"] == "t"
+    for entry in default["data"]:  # one-token continuations: every pass exact, no spread
+        assert entry["nats_se"] == pytest.approx(0.0, abs=1e-6)
+    row = build_row(loaded.row_start(), loaded.tokenizer.encode("w1 w2 w3"),
+                    loaded.tokenizer.encode(" w4"), loaded.length)[0]
+    assert default["data"][0]["nats"] == pytest.approx(exact_nll(loaded, row), abs=1e-5)
+    assert any(e["nats_se"] > 0 for e in timed["data"])
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "estimator"
