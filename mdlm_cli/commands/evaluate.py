@@ -55,6 +55,12 @@ HELP = """Test perplexity: the NELBO bound of a diffusion model, the exact value
     """
 
 
+PplEstimatorOpt = Annotated[str | None, typer.Option(
+    help="How a diffusion model's bound is estimated: t (a time per row and pass) or l (a "
+         "masked count per row and pass, uniform in 1..n: LLaDA's). Default: the model "
+         "family's (l for LLaDA, else t).")]
+
+
 @app.command("eval-ppl", help=HELP, cls=loading_command())
 def eval_ppl_cmd(
     ctx: typer.Context,
@@ -69,6 +75,7 @@ def eval_ppl_cmd(
     rows: EvalRowsOpt = 0,
     seed: EvalSeedOpt = 0,
     json_out: JsonOpt = None,
+    estimator: PplEstimatorOpt = None,
 ) -> None:
     from ..distributed import session
     from ..engine.schedules import get_schedule
@@ -84,7 +91,8 @@ def eval_ppl_cmd(
             get_schedule(schedule)  # a misspelt name fails before the model loads
         loaded, rt = loading.load(str(dist.device))
         flags = PplOptions(split=split, mc_samples=mc_samples, T=T, batch_size=batch_size,
-                           seed=seed, rows=rows, rank=dist.rank, world_size=dist.world_size)
+                           seed=seed, rows=rows, rank=dist.rank, world_size=dist.world_size,
+                           estimator=estimator)
         options, trained = eval_options(loaded, rt.device, flags, schedule=schedule)
         results = [_eval_one(loaded, rt, name, data, options) for name in names]
         if dist.is_main:

@@ -146,6 +146,7 @@ class PplOptions:
     rows: int = 0
     rank: int = 0
     world_size: int = 1
+    estimator: str | None = None  # t or l (LLaDA's masked counts); None: the family's own
 
     def validate(self) -> PplOptions:
         if self.mc_samples is None or self.batch_size is None:
@@ -188,6 +189,7 @@ def evaluate(
         options.sweep(device, on_batch, per_sequence=not objective.exact and mc_samples > 1),
         seeds=[derive_seed(options.seed, "eval-ppl", k) for k in range(mc_samples)],
         T=options.T,
+        estimator=options.estimator or "t",
     )
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -232,9 +234,26 @@ def eval_options(loaded: LoadedModel, device, flags: PplOptions, *,
     mc_samples, T = eval_passes(loaded.objective, flags.mc_samples, flags.T)
     trained = use_schedule(loaded.objective, schedule)
     batch_size = flags.batch_size or loaded.config.train.micro_batch_size
-    options = dataclasses.replace(flags, mc_samples=mc_samples, T=T, batch_size=batch_size)
+    options = dataclasses.replace(flags, mc_samples=mc_samples, T=T, batch_size=batch_size,
+                                  estimator=ppl_estimator(loaded, flags.estimator, T))
     check_eval_memory(loaded, device, options)
     return options, trained
+
+
+def ppl_estimator(loaded: LoadedModel, asked: str | None, T: int | None) -> str:
+    """The bound's estimator: as asked, else the model family's (LLaDA's `l`) where it
+    applies, else `t`; `l` asked where it cannot run is refused in one line."""
+    objective = loaded.objective
+    fits = objective.counts_masks and not objective.exact and not T
+    if asked is None:
+        family = loaded.sampling_defaults.get("estimator", "t")
+        return family if fits or family == "t" else "t"
+    if asked not in ("t", "l"):
+        raise MdlmError(f"--estimator must be one of: t, l (got {asked!r})")
+    if asked == "l" and not fits:
+        raise MdlmError(f"--estimator l counts masks of a continuous-time masked diffusion "
+                        f"model; this {objective.name} model (T={T or 0}) is scored with t")
+    return asked
 
 
 def check_eval_memory(loaded: LoadedModel, device, options: PplOptions) -> None:

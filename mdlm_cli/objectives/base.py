@@ -128,6 +128,17 @@ class Objective(ABC):
         best = without_mask(logits, self.mask_id).argmax(-1)
         return x0.masked_scatter(targets, best)
 
+    def _counted_terms(self, denoiser: Any, x0: Tensor, gen, masking: Masking) -> Tensor:
+        """One term a row of LLaDA's estimator: a count uniform in 1..n of its n noised
+        tokens masked (engine/counted.py)."""
+        from ..engine.counted import counted_terms
+
+        noised = masking.noised
+        n = (torch.ones_like(x0, dtype=torch.bool) if noised is None else noised.bool()).sum(1)
+        u = torch.rand(len(x0), generator=gen, device=x0.device, dtype=torch.float64)
+        counts = (u * n).long() + 1
+        return counted_terms(denoiser, x0, counts, mask_id=self.mask_id, masking=masking)
+
     def greedy_by_confidence(self, denoiser: Any, x0: Tensor, targets: Tensor,
                              attention_mask: Tensor | None = None) -> Tensor:
         """The targets decoded one token a call (LLaDA's `suffix_greedy_prediction`, its
@@ -254,14 +265,20 @@ class Objective(ABC):
         """Restore what `training_state` saved (a resumed run)."""
 
     def evaluate(self, denoiser: Any, split: TokenSplit, sweep: SplitSweep, *, seeds: list[int],
-                 T: int | None = None, antithetic: bool = True) -> list[BoundResult]:
+                 T: int | None = None, antithetic: bool = True,
+                 estimator: str = "t") -> list[BoundResult]:
         """One result per seed (a Monte-Carlo pass each), or one result for an exact objective:
         the loss summed over the rows of `split` that `sweep` covers (rank-sharded; with
         `sweep.per_sequence` each result also holds every row's value), at the discrete `T`
-        (None: as trained), the times antithetic over the set or not."""
+        (None: as trained), the times antithetic over the set or not. `estimator` "l": each
+        pass masks a uniform count of each row's noised tokens instead (engine/counted.py;
+        the objectives whose bound `counts_masks`, continuous time)."""
         T = self.eval_T(T)
 
         def terms(x0, t, gen, attention_mask, targets=None):  # targets: sft data's responses
+            if estimator == "l":
+                return self._counted_terms(denoiser, x0, gen, Masking(gen, attention_mask,
+                                                                      targets))
             return self.loss_terms(denoiser, x0, t, generator=gen, attention_mask=attention_mask,
                                    T=T, targets=targets)
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.engine.diffusion import sample_times, times_from_uniform
+from mdlm_cli.errors import MdlmError
 from mdlm_cli.eval.ppl import PplOptions, evaluate, evaluation_data
 from mdlm_cli.runtime import derive_seed, generator
 from tests.open_model_folders import write_dream, write_llada
@@ -129,3 +130,27 @@ def test_only_response_positions_are_ever_masked(setup, family, monkeypatch):
     schedule = loaded.objective.schedule
     expected = schedule.mask_rate(times_from_uniform(torch.linspace(0, 1, 1001), schedule)).mean()
     assert float(hit[response].float().mean()) == pytest.approx(float(expected), abs=0.08)
+
+
+def test_the_counted_estimator_is_the_same_bound_in_expectation(setup, monkeypatch):
+    """`--estimator l` (LLaDA's masked counts, its folder's default through eval_options) and
+    the time estimator give one mean over 64 passes of the prompt/response rows."""
+    from mdlm_cli.eval.ppl import eval_options
+
+    _, _, qa, _ = setup
+    loaded = loaded_for(setup, "llada", monkeypatch)
+    name, prepared = evaluation_data(loaded, dataset=str(qa))
+    n = len(prepared.split("train"))
+    flags = PplOptions(split="train", mc_samples=64, batch_size=n)
+    resolved, _ = eval_options(loaded, torch.device("cpu"), flags)
+    assert resolved.estimator == "l"  # the family's own
+    means = {}
+    for estimator in ("l", "t"):
+        options = PplOptions(split="train", mc_samples=64, batch_size=n, estimator=estimator)
+        passes = torch.tensor(evaluate(loaded, prepared, options, name=name,
+                                       device=torch.device("cpu")).passes, dtype=torch.float64)
+        means[estimator] = (float(passes.mean()), float(passes.std() / 8))
+    (ml, sl), (mt, st) = means["l"], means["t"]
+    assert abs(ml - mt) < 4 * (sl**2 + st**2) ** 0.5, means
+    with pytest.raises(MdlmError, match="--estimator l counts masks"):
+        eval_options(loaded, torch.device("cpu"), PplOptions(split="train", estimator="l", T=10))
