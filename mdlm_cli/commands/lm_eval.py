@@ -55,6 +55,9 @@ GreedyCheckOpt = Annotated[str, typer.Option(
     help="is_greedy (LAMBADA's accuracy) of a diffusion model: one-call (the argmax at every "
          "position with the whole continuation masked) or by-confidence (one token a call, "
          "the most confident first: LLaDA's suffix_greedy_prediction).")]
+TaskMcSamplesOpt = Annotated[str, typer.Option(
+    help="The Monte-Carlo passes of the tasks that take another K than --mc-samples, as "
+         "task=K,task=K (e.g. mmlu=1,cmmlu=1 beside --mc-samples 128, as LLaDA's runs).")]
 ChatTemplateOpt = Annotated[bool, typer.Option(
     "--apply-chat-template",
     help="Render each context with the tokenizer's chat template (lm-eval's "
@@ -88,6 +91,7 @@ def lm_eval_cmd(
     append_eos: AppendEosOpt = None,
     tokenizer_bos: TokenizerBosOpt = None,
     greedy_check: GreedyCheckOpt = "one-call",
+    task_mc_samples: TaskMcSamplesOpt = "",
     bootstrap_iters: BootstrapOpt = 100000,
     apply_chat_template: ChatTemplateOpt = False,
 ) -> None:
@@ -118,6 +122,7 @@ def lm_eval_cmd(
             include_path=include_path, seed=seed, sampling=sampling, stride=stride,
             gen_length=gen_length, estimator=estimator, append_eos=append_eos,
             tokenizer_bos=tokenizer_bos, greedy_check=greedy_check,
+            task_mc_samples=task_mc_samples,
             bootstrap_iters=bootstrap_iters, apply_chat_template=apply_chat_template)
         check_options(options)
         loaded, _ = loading.load()

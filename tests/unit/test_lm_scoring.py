@@ -345,3 +345,22 @@ def test_the_by_confidence_greedy_check_decodes_one_token_a_call():
     by_confidence = objective.greedy_by_confidence(LeftReads(), x0, targets)
     assert TOK.decode(one_call[0].tolist()) == "abyx"
     assert TOK.decode(by_confidence[0].tolist()) == "abyy"
+
+
+def test_a_task_may_take_its_own_number_of_passes():
+    """LLaDA's runs score MMLU with one pass beside 128 elsewhere: `task_mc_samples`."""
+    pytest.importorskip("lm_eval")
+    from types import SimpleNamespace
+
+    from mdlm_cli.errors import MdlmError
+    from mdlm_cli.eval.lm_eval.adapter import MdlmLM, ModelArgs
+
+    lm = MdlmLM(ModelArgs(mc_samples=6, task_mc_samples="one_pass=1"), loaded=loaded_model("mdlm"))
+    requests = [SimpleNamespace(args=("it was the", " best"), task_name=name)
+                for name in ("one_pass", "many", "one_pass")]
+    lm.loglikelihood(requests, disable_tqdm=True)
+    assert [len(s.passes) for _, s in lm.scores["one_pass"]] == [1, 1]
+    assert [len(s.passes) for _, s in lm.scores["many"]] == [6]
+    assert lm.mc_samples == 6  # the default back once the call is done
+    with pytest.raises(MdlmError, match="task_mc_samples expects task=K"):
+        MdlmLM(ModelArgs(task_mc_samples="mmlu:1"), loaded=loaded_model("mdlm"))

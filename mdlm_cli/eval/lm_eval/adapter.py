@@ -81,6 +81,9 @@ class ModelArgs:
     # is_greedy (LAMBADA's accuracy): "one-call" (the argmax of the whole continuation masked)
     # or "by-confidence" (LLaDA's suffix_greedy_prediction: one token a call)
     greedy_check: str = "one-call"
+    # K of the tasks that take another, "task=K,task=K" (LLaDA's mc_num 1 for MMLU, CMMLU and
+    # C-Eval beside 128 elsewhere); the others take mc_samples
+    task_mc_samples: str = ""
 
     def validate(self) -> ModelArgs:
         if str(self.batch_size).startswith("auto"):
@@ -90,6 +93,7 @@ class ModelArgs:
         if self.greedy_check not in GREEDY_CHECKS:
             raise MdlmError(f"greedy_check must be one of: {', '.join(GREEDY_CHECKS)} "
                             f"(got {self.greedy_check!r})")
+        task_passes(self.task_mc_samples)  # a malformed list fails here, before any request
         if self.gen_length is not None and int(self.gen_length) < 1:
             raise MdlmError(f"gen_length must be at least 1 (got {self.gen_length})")
         return self
@@ -143,6 +147,7 @@ class MdlmLM(LM):
         self.generation = GenerationSettings(how, stride, int(args.seed), rt.device, rt.dtype)
         self.gen_length = None if args.gen_length is None else int(args.gen_length)
         self.greedy_check = args.greedy_check
+        self.task_k = task_passes(args.task_mc_samples)
         # task -> (request type, score)
         self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(list)
         self._generated = 0
@@ -244,11 +249,26 @@ class MdlmLM(LM):
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         pairs = [self.pair(*req.args) for req in requests]
         suffix = [self.loaded.tokenizer.eos_id] if self.append_eos else None
+        scores: list = [None] * len(pairs)
+        default = self.scorer.mc_samples
         with _progress("loglikelihood", len(pairs), disable_tqdm) as advance:
-            scores = self.scorer.score(pairs, on_done=advance, suffix=suffix,
-                                       greedy=GREEDY_ARGS[self.greedy_check])
+            for k, idx in self._by_passes(requests, default).items():
+                self.scorer.mc_samples = k  # the task's own K, where given
+                done = self.scorer.score([pairs[i] for i in idx], on_done=advance, suffix=suffix,
+                                         greedy=GREEDY_ARGS[self.greedy_check])
+                for i, s in zip(idx, done, strict=True):
+                    scores[i] = s
+        self.scorer.mc_samples = default
         self._record(requests, "loglikelihood", scores)
         return [(-s.nll, s.greedy) for s in scores]
+
+    def _by_passes(self, requests, default: int) -> dict[int, list[int]]:
+        """The requests' indices by the K their task takes (exact models: 1 for all)."""
+        groups: dict[int, list[int]] = {}
+        for i, req in enumerate(requests):
+            k = default if self.scorer.exact else self.task_k.get(req.task_name or "", default)
+            groups.setdefault(k, []).append(i)
+        return groups
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         tok = self.loaded.tokenizer
@@ -309,6 +329,18 @@ class MdlmLM(LM):
     @property
     def device(self) -> torch.device:
         return self._device
+
+
+def task_passes(text: str) -> dict[str, int]:
+    """"task=K,task=K" as {task: K}; one line for what does not read so."""
+    out = {}
+    for item in (x.strip() for x in str(text or "").split(",") if x.strip()):
+        name, eq, k = item.partition("=")
+        if not eq or not k.strip().isdigit() or int(k) < 1:
+            raise MdlmError(f"task_mc_samples expects task=K with K >= 1, e.g. mmlu=1 "
+                            f"(got {item!r})")
+        out[name.strip()] = int(k)
+    return out
 
 
 def _flag(value) -> bool:

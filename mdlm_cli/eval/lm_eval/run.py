@@ -34,6 +34,7 @@ class LmEvalOptions:
     append_eos: bool | None = None  # Dream's clean EOS after each continuation (None: family's)
     tokenizer_bos: bool | None = None  # Dream's bos_token text before each context
     greedy_check: str = "one-call"  # is_greedy: one-call | by-confidence (LLaDA's)
+    task_mc_samples: str = ""  # "task=K,...": the tasks whose K is another
     bootstrap_iters: int = 100000
     apply_chat_template: bool = False  # contexts rendered with the tokeniser's chat template
 
@@ -124,7 +125,7 @@ def run_lm_eval(
                      device=device, seed=options.seed, stride=options.stride,
                      gen_length=options.gen_length, estimator=options.estimator,
                      append_eos=options.append_eos, tokenizer_bos=options.tokenizer_bos,
-                     greedy_check=options.greedy_check)
+                     greedy_check=options.greedy_check, task_mc_samples=options.task_mc_samples)
     lm = MdlmLM(args, loaded=loaded, warn=warn, sampling=options.sampling)
     if options.apply_chat_template:
         lm.chat_template(True)  # a tokeniser without a template is refused here, in one line
