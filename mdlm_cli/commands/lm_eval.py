@@ -121,8 +121,7 @@ def lm_eval_cmd(
             batch_size=batch_size, limit=limit, num_fewshot=num_fewshot,
             include_path=include_path, seed=seed, sampling=sampling, stride=stride,
             gen_length=gen_length, estimator=estimator, append_eos=append_eos,
-            tokenizer_bos=tokenizer_bos, greedy_check=greedy_check,
-            task_mc_samples=task_mc_samples,
+            tokenizer_bos=tokenizer_bos, greedy_check=greedy_check, task_mc_samples=task_mc_samples,
             bootstrap_iters=bootstrap_iters, apply_chat_template=apply_chat_template)
         check_options(options)
         loaded, _ = loading.load()
