@@ -136,7 +136,7 @@ def check_memory(model, model_cfg, vocab: int, work: Workload, *, device) -> Non
 
 def _shape_of(model, model_cfg) -> dict:
     """The shape `footprint` reads: a released backbone's own (LLaDA, Dream), else model.*'s."""
-    own = getattr(model, "config", None) if getattr(model, "family", None) else None
+    own = model.config if model.family else None
     return {"hidden": getattr(own, "hidden_size", model_cfg.hidden_size),
             "n_blocks": getattr(own, "n_layers", model_cfg.n_blocks),
             "mlp_ratio": getattr(own, "mlp_ratio", model_cfg.mlp_ratio)}

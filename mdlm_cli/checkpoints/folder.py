@@ -279,7 +279,7 @@ def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device 
                                else "model.safetensors")
     model = build_model(cfg.model, model_meta["vocab_size"], causal=causal, folder=step_dir)
     load_state_into(model, load_weights(weights_file), weights_file)
-    if getattr(model, "family", None):  # a fine-tuned LLaDA or Dream keeps its family's defaults
+    if model.family:  # a fine-tuned LLaDA or Dream keeps its family's defaults
         state.setdefault("family", model.family)
         # the family's defaults under what the run saved (a run saved before top_k had none)
         state["sampling_defaults"] = {**model.sampling_defaults,

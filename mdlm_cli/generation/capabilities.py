@@ -55,7 +55,7 @@ def capabilities_of(loaded: LoadedModel, denoiser: Any = None) -> Capabilities:
     return Capabilities(
         mask_id=loaded.mask_id, attention=attention, window=loaded.length,
         row_start=tuple(loaded.row_start()),
-        answer_tokens=getattr(loaded.model, "answer_tokens", None),
+        answer_tokens=loaded.model.answer_tokens,
         block_size=objective.block_size if blocks else 0,
         caches=("prefix", "dual") if cached else (),
         shifted_logits=bool(denoiser is not None and has_shifted_logits(denoiser)),

@@ -248,6 +248,7 @@ class Caduceus(MambaBackbone, nn.Module):
 
     requires_causal = False  # bidirectional; the causal baseline is the `mamba` backbone
     config_keys = keys_of(CaduceusConfig)
+    family = answer_tokens = None  # not a released family (models/protocols.py)
 
     @classmethod
     def validate_config(cls, cfg: Config) -> None:

@@ -248,6 +248,7 @@ class DiT(nn.Module):
 
     # the model.* keys it reads (models.BACKBONES: a key it does not read is an error)
     config_keys = keys_of(DiTConfig)
+    family = answer_tokens = None  # not a released family (models/protocols.py)
     packs_segments = True  # attention and positions per segment (data.packing=sft-pack)
     takes_query_masks = True  # a (B | 1, 1, L, L) attention mask and shared positions
 

@@ -169,6 +169,7 @@ class HFMaskedLM(nn.Module):
     """
 
     config_keys = keys_of(HFMaskedLMConfig)
+    family = answer_tokens = None  # not a released family (models/protocols.py)
     requires_causal = False  # a bidirectional encoder
     causal = False
 

@@ -39,6 +39,10 @@ class Backbone(Protocol):
     output_mask=) -> logits (B, L, V)`, or (N, V) at the N True positions of `output_mask`."""
 
     config_keys: ClassVar[tuple[str, ...]]  # the ModelConfig keys it reads
+    # a released model family it loads (LLaDA, Dream; None for mdlm's own), and that family's
+    # default answer length (generation/layout.py; None: the rest of the window)
+    family: ClassVar[str | None]
+    answer_tokens: ClassVar[int | None]
     config: ModelConfig
     vocab_size: int
     causal: bool

@@ -42,7 +42,7 @@ def attention_shape(model: nn.Module) -> tuple[int, int]:
         c = model.hf.config
         layers = getattr(c, "num_hidden_layers", getattr(c, "n_layers", 0))
         return int(layers), int(getattr(c, "hidden_size", getattr(c, "dim", 0)))
-    if getattr(model, "family", None):  # LLaDA, Dream: the shape read from their config.json
+    if model.family:  # LLaDA, Dream: the shape read from their config.json
         return model.config.n_layers, model.config.hidden_size
     return 0, 0
 
