@@ -243,17 +243,8 @@ def eval_options(loaded: LoadedModel, device, flags: PplOptions, *,
 def ppl_estimator(loaded: LoadedModel, asked: str | None, T: int | None) -> str:
     """The bound's estimator: as asked, else the model family's (LLaDA's `l`) where it
     applies, else `t`; `l` asked where it cannot run is refused in one line."""
-    objective = loaded.objective
-    fits = objective.counts_masks and not objective.exact and not T
-    if asked is None:
-        family = loaded.sampling_defaults.get("estimator", "t")
-        return family if fits or family == "t" else "t"
-    if asked not in ("t", "l"):
-        raise MdlmError(f"--estimator must be one of: t, l (got {asked!r})")
-    if asked == "l" and not fits:
-        raise MdlmError(f"--estimator l counts masks of a continuous-time masked diffusion "
-                        f"model; this {objective.name} model (T={T or 0}) is scored with t")
-    return asked
+    return loaded.objective.choose_estimator(
+        asked, loaded.sampling_defaults.get("estimator", "t"), T)
 
 
 def check_eval_memory(loaded: LoadedModel, device, options: PplOptions) -> None:

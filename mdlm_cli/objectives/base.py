@@ -17,6 +17,10 @@ from ..engine.schedules import get_schedule
 from ..errors import MdlmError
 from .bound import BoundResult, SplitSweep, diffusion_times, sharded_sum
 
+# how a diffusion model's bound is estimated: "t" draws times (engine.nelbo's), "l" masked
+# counts (LLaDA's; engine/counted.py)
+ESTIMATORS = ("t", "l")
+
 if TYPE_CHECKING:
     from ..config import Config
     from ..data.tokenizers import Tokenizer
@@ -127,6 +131,22 @@ class Objective(ABC):
         )  # (N, V)
         best = without_mask(logits, self.mask_id).argmax(-1)
         return x0.masked_scatter(targets, best)
+
+    def choose_estimator(self, asked: str | None, family: str = "t", T: int | None = None,
+                         flag: str = "--estimator") -> str:
+        """The bound's estimator, the one choice of it for lm-eval, the server and eval-ppl:
+        `asked` (t or l), else the model family's (`family`, LLaDA's `l`) where it can run,
+        else `t`. `l` counts masks: an objective whose bound `counts_masks`, not exact, in
+        continuous time. A refusal names the setting as `flag` spells it."""
+        fits = self.counts_masks and not self.exact and not T
+        if asked is None:
+            return family if fits else "t"
+        if asked not in ESTIMATORS:
+            raise MdlmError(f"{flag} must be one of: {', '.join(ESTIMATORS)} (got {asked!r})")
+        if asked == "l" and not fits:
+            raise MdlmError(f"{flag} l counts masks of a continuous-time masked diffusion model; "
+                            f"this {self.name} model (T={T or 0}) is scored with t")
+        return asked
 
     def _counted_terms(self, denoiser: Any, x0: Tensor, gen, masking: Masking) -> Tensor:
         """One term a row of LLaDA's estimator: a count uniform in 1..n of its n noised

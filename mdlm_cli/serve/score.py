@@ -22,7 +22,8 @@ import torch
 from ..data.store import TokenSplit
 from ..engine.counted import counted_terms, stratified_counts
 from ..engine.diffusion import Masking
-from ..eval.lm_eval.scoring import ESTIMATORS, encode_pair
+from ..errors import MdlmError
+from ..eval.lm_eval.scoring import encode_pair
 from ..objectives.bound import SplitSweep
 from ..runtime import derive_seed, generator
 from .schema import Limits, check_fields, check_model, get_int, get_value, invalid
@@ -114,18 +115,12 @@ def parse_score(body: dict, served: Served, limits: Limits) -> ScoreRequest:
 
 def _estimator(body: dict, served: Served) -> str:
     """`estimator`: t or l (LLaDA's), else the model family's own; l for masked diffusion."""
-    objective = served.loaded.objective
-    name = get_value(body, "estimator", (str,), None, "t or l") or (
-        served.loaded.sampling_defaults.get("estimator", "t"))
-    if name not in ESTIMATORS:
-        raise invalid(f"estimator must be one of: {', '.join(ESTIMATORS)} (got {name!r})",
-                      "estimator")
-    if name == "l" and not (objective.counts_masks and not objective.exact):
-        if "estimator" in body:
-            raise invalid(f"the l estimator counts masks of a masked diffusion model; a "
-                          f"{objective.name} model is scored with t", "estimator")
-        name = "t"
-    return name
+    asked = get_value(body, "estimator", (str,), None, "t or l")
+    try:
+        return served.loaded.objective.choose_estimator(
+            asked, served.loaded.sampling_defaults.get("estimator", "t"), flag="estimator")
+    except MdlmError as e:
+        raise invalid(str(e), "estimator") from None
 
 
 def counted_passes(served: Served, denoiser, row: list[int], n_context: int,

@@ -34,10 +34,6 @@ from ...engine.guidance import GuidedDenoiser
 from ...errors import MdlmError
 from ...runtime import derive_seed, generator
 
-# how a diffusion model's conditional bound is estimated: "t" draws K times stratified over
-# [0, 1) (engine.nelbo's), "l" K masked counts stratified over 1..n (LLaDA's; engine/counted.py)
-ESTIMATORS = ("t", "l")
-
 # top-p below every class's probability but the largest: `engine.sample` then keeps only the
 # most likely token (greedy requests are now served at temperature 0, which draws no noise
 # and keeps the confidence samplers' probabilities; this stays for callers that used it)
@@ -161,22 +157,12 @@ class ConditionalScorer:
         self.batch_size, self.device, self.seed = batch_size, torch.device(device), seed
         self.batches = 0  # batches scored so far: each has its own random stream
         self.mask_id = loaded.mask_id
-        self.estimator = self._estimator(loaded, estimator)
+        self.estimator = self.objective.choose_estimator(
+            estimator, loaded.sampling_defaults.get("estimator", "t"))
         if cfg_scale:  # LLaDA's guided likelihood: each batch's context masked in the other half
             if self.exact:
                 raise MdlmError(f"cfg_scale does not apply to a {self.objective.name} model")
             self.denoiser = GuidedDenoiser(self.denoiser, cfg_scale, loaded.mask_id)
-
-    def _estimator(self, loaded: LoadedModel, asked: str | None) -> str:
-        """"t" (times stratified over [0, 1)) or "l" (masked counts, engine/counted.py), as
-        asked, else the model family's own (LLaDA's `l`; `t` for others)."""
-        name = asked or loaded.sampling_defaults.get("estimator", "t")
-        if name not in ESTIMATORS:
-            raise MdlmError(f"--estimator must be one of: {', '.join(ESTIMATORS)} (got {name!r})")
-        if name == "l" and not (self.objective.counts_masks and not self.exact):
-            raise MdlmError(f"the l estimator counts masks of a masked diffusion model; a "
-                            f"{self.objective.name} model is scored with t")
-        return name
 
     @property
     def rolling_max_len(self) -> int:
