@@ -25,7 +25,8 @@ from .options import (
     NumSamplesOpt,
     SeedOpt,
 )
-from .sampling_args import SamplingCommand, given, resolved, sampling_from
+from .sampling_args import SamplingCommand, sampling_from
+from .sampling_parse import given, resolved
 
 SamplesOpt = Annotated[str | None, typer.Option(
     help="JSONL from mdlm sample --out (written here with --sample-first).")]

@@ -22,7 +22,8 @@ from .options import (
     PromptOpt,
     SeedOpt,
 )
-from .sampling_args import SamplingCommand, resolved, sampling_from
+from .sampling_args import SamplingCommand, sampling_from
+from .sampling_parse import resolved
 
 InfillOpt = Annotated[
     str | None, typer.Option(help="Text with <mask> (one token) or <mask:N> spans to fill in.")

@@ -9,12 +9,8 @@ from typer.testing import CliRunner
 
 from mdlm_cli import engine
 from mdlm_cli.cli import app
-from mdlm_cli.commands.sampling_args import (
-    option_flags,
-    parse_sampling,
-    parse_sweep,
-    sampling_from,
-)
+from mdlm_cli.commands.sampling_args import sampling_from
+from mdlm_cli.commands.sampling_parse import option_flags, parse_sampling, parse_sweep
 from mdlm_cli.engine.ancestral import AncestralOptions
 from mdlm_cli.engine.first_hitting import FirstHittingOptions
 from mdlm_cli.engine.options import OPTION_TYPES, option, problem
