@@ -161,7 +161,7 @@ def _check_outputs(batch_size: str, json_out: str | None, plot_out: str | None,
                    plot_x: str) -> list[int]:
     """The batch sizes, after the checks of the output flags (before any model is loaded)."""
     from ..io.files import check_all_writable
-    from ..sample.frontier import X_AXES
+    from ..sample.frontier_plot import X_AXES
 
     if plot_out:
         try:
@@ -214,7 +214,7 @@ def _write_outputs(
         console.print(f"Wrote {json_out}", markup=False)
     if plot_out:
         if frontier:
-            from ..sample.frontier import plot_frontier
+            from ..sample.frontier_plot import plot_frontier
 
             plot_frontier(report, plot_out, x=plot_x)
         else:

@@ -140,7 +140,8 @@ def test_cli_warns_about_options_no_sampler_reads():
 
 def test_frontier_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
-    from mdlm_cli.sample.frontier import Quality, Reference, plot_frontier
+    from mdlm_cli.sample.frontier import Quality, Reference
+    from mdlm_cli.sample.frontier_plot import plot_frontier
 
     def row(sampler, steps, options, nfe, ppl, entropy):
         q = Quality(4, ppl, 3.0, 0.1, 2.0, entropy, 0.05)
@@ -164,7 +165,8 @@ def test_frontier_plot_gets_a_mauve_panel_and_the_band_judges_mauve(tmp_path):
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from mdlm_cli.sample.frontier import Quality, Reference, plot_frontier
+    from mdlm_cli.sample.frontier import Quality, Reference
+    from mdlm_cli.sample.frontier_plot import plot_frontier
 
     def row(steps, mauve):
         q = Quality(4, 30.0, 3.0, 0.1, 2.0, 2.8, 0.05, mauve=mauve, mauve_sd=0.02)
