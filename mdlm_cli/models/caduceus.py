@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..errors import MdlmError
-from .dit import TimestepEmbedder
+from .dit_layers import TimestepEmbedder
 from .mamba_mixer import MIXERS, MambaMixer
 from .section import keys_of, read_section
 from .tied import count_parameters, store_tied_once

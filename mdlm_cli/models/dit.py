@@ -13,7 +13,6 @@ adaLN_modulation}`) so that published checkpoints load with a key rename.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,15 @@ from torch import nn
 from ..config import ModelConfig
 from ..errors import MdlmError
 from .block_cache import BlockCache, BlockCall
+from .dit_layers import (
+    DDitFinalLayer,
+    EmbeddingLayer,
+    LayerNorm,
+    Rotary,
+    TimestepEmbedder,
+    apply_rotary,
+    modulate,
+)
 from .kv_cache import KVCache  # noqa: F401 - re-exported: callers import it from here
 from .section import keys_of, read_section
 from .segments import is_segmented, segment_attention
@@ -53,72 +61,6 @@ class DiTConfig:
     mlp_ratio: int = ModelConfig.mlp_ratio
     dropout: float = ModelConfig.dropout
     time_conditioning: bool = ModelConfig.time_conditioning
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with a weight and no bias, computed in float32."""
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, enabled=False):
-            y = F.layer_norm(x.float(), (x.shape[-1],))
-        return y * self.weight
-
-
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x * (1 + scale) + shift
-
-
-class TimestepEmbedder(nn.Module):
-    """Sinusoidal embedding of a scalar (sigma) followed by an MLP."""
-
-    def __init__(self, cond_dim: int, frequency_dim: int = 256):
-        super().__init__()
-        self.frequency_dim = frequency_dim
-        self.mlp = nn.Sequential(
-            nn.Linear(frequency_dim, cond_dim), nn.SiLU(), nn.Linear(cond_dim, cond_dim)
-        )
-
-    def forward(self, sigma: torch.Tensor) -> torch.Tensor:  # (B,) -> (B, C)
-        half = self.frequency_dim // 2
-        freqs = torch.exp(
-            -math.log(10_000) * torch.arange(half, device=sigma.device, dtype=torch.float32) / half
-        )
-        args = sigma.float()[:, None] * freqs[None]
-        return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
-
-
-class Rotary(nn.Module):
-    """Rotary position embedding (non-interleaved halves, base 10000), no parameters."""
-
-    def __init__(self, head_dim: int, base: float = 10_000.0):
-        super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2).float() / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
-
-    def forward(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.compiler.is_compiling():  # part of the graph: a cache would recompile it on step 2
-            return self._tables(seq_len, device)
-        if self._cache is None or self._cache[0] != seq_len or self._cache[1] != device:
-            self._cache = (seq_len, device, *self._tables(seq_len, device))
-        return self._cache[2], self._cache[3]
-
-    def _tables(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        t = torch.arange(seq_len, device=device, dtype=torch.float32)
-        freqs = torch.outer(t, self.inv_freq.to(device))
-        emb = torch.cat([freqs, freqs], dim=-1)  # (L, D)
-        return emb.cos()[:, None, :], emb.sin()[:, None, :]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, L, H, D); cos/sin: (L, 1, D), or (B, L, 1, D) with positions per row."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
 class DDiTBlock(nn.Module):
@@ -201,35 +143,6 @@ class DDiTBlock(nn.Module):
         return x + gate_mlp * F.dropout(h, self.dropout, self.training)
 
 
-class EmbeddingLayer(nn.Module):
-    def __init__(self, dim: int, vocab_size: int):
-        super().__init__()
-        self.embedding = nn.Parameter(torch.empty(vocab_size, dim))
-        nn.init.kaiming_uniform_(self.embedding, a=math.sqrt(5))
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embedding[tokens]
-
-
-class DDitFinalLayer(nn.Module):
-    def __init__(self, cfg: DiTConfig, vocab_size: int):
-        super().__init__()
-        self.norm_final = LayerNorm(cfg.hidden_size)
-        self.linear = nn.Linear(cfg.hidden_size, vocab_size)
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
-        self.adaLN_modulation = nn.Linear(cfg.cond_dim, 2 * cfg.hidden_size)
-        nn.init.zeros_(self.adaLN_modulation.weight)
-        nn.init.zeros_(self.adaLN_modulation.bias)
-
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """x: (B, L, H) with c: (B, C), or (N, H) with one row of c per row of x."""
-        shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
-        if x.dim() == 3:
-            shift, scale = shift[:, None], scale[:, None]
-        return self.linear(modulate(self.norm_final(x), shift, scale))
-
-
 class DiT(nn.Module):
     """`DiT(cfg, vocab_size)(tokens (B, L), sigma (B,) | None, attention_mask (B, L) | None)
     -> logits (B, L, V)`.
@@ -290,7 +203,7 @@ class DiT(nn.Module):
         self.sigma_map = TimestepEmbedder(cfg.cond_dim)
         self.rotary_emb = Rotary(cfg.hidden_size // cfg.n_heads)
         self.blocks = nn.ModuleList(DDiTBlock(cfg, causal) for _ in range(cfg.n_blocks))
-        self.output_layer = DDitFinalLayer(cfg, vocab_size)
+        self.output_layer = DDitFinalLayer(cfg.hidden_size, cfg.cond_dim, vocab_size)
 
     def forward(self, tokens: torch.Tensor, sigma: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
