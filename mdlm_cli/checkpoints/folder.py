@@ -5,7 +5,8 @@
       metrics.jsonl            training log
       latest, best             text files naming a step folder
       checkpoints/step-00001000/
-        model.safetensors      raw weights
+        model.safetensors      raw weights (a LoRA run: adapter/ and adapter-ema/ instead,
+                               checkpoints/adapter.py)
         ema.safetensors        EMA weights (used by default for evaluation and sampling)
         optimizer.pt           optimizer state (tensors and numbers; loaded with weights_only=True)
         state.json             step, data position, metrics, versions
@@ -59,7 +60,6 @@ SCHEMA_VERSION = 2
 V1_MODEL_KEYS = ("hidden_size", "n_blocks", "n_heads", "cond_dim", "mlp_ratio", "dropout")
 # what every whole step folder holds (written into a temporary folder first, renamed when complete)
 STEP_FILES = (
-    "model.safetensors",
     "model.json",
     "state.json",
     "config.yaml",
@@ -103,8 +103,18 @@ def recover_run_folder(run_dir: Path) -> list[str]:
     return remove_stale_temporaries(run_dir / "checkpoints") + remove_stale_temporaries(run_dir)
 
 
+# the weights: the model's, or a LoRA run's adapter (checkpoints/adapter.py: its base is
+# train.init_from's)
+WEIGHT_FILES = ("model.safetensors", "adapter/adapter_model.safetensors")
+
+
+def holds_weights(step_dir: Path) -> bool:
+    return any((step_dir / name).is_file() for name in WEIGHT_FILES)
+
+
 def is_whole(step_dir: Path) -> bool:
-    return step_dir.is_dir() and all((step_dir / name).exists() for name in STEP_FILES)
+    return (step_dir.is_dir() and holds_weights(step_dir)
+            and all((step_dir / name).exists() for name in STEP_FILES))
 
 
 def _whole_steps(run_dir: Path) -> list[tuple[str, Path]]:
@@ -123,10 +133,13 @@ def resolve_checkpoint(path: str | Path, which: str = "latest") -> Path:
     A pointer to a missing or partial folder (a save killed half-way) falls back to the
     newest whole checkpoint, with a warning."""
     path = Path(path)
-    if (path / "model.safetensors").is_file():
+    if holds_weights(path):
         return path
     if not path.exists():
         raise MdlmError(f"checkpoint {str(path)!r} does not exist")
+    if (path / "adapter_config.json").is_file():
+        raise MdlmError(f"{path} is a LoRA adapter, not a model: pass it as --adapter {path}, "
+                        "with the model it was trained on as --checkpoint")
     pointer = path / which
     named = pointer.read_text().strip() if pointer.is_file() else None
     if named is not None and is_whole(path / "checkpoints" / named):
@@ -134,7 +147,8 @@ def resolve_checkpoint(path: str | Path, which: str = "latest") -> Path:
     whole = _whole_steps(path)
     if named is None and not whole:
         raise MdlmError(
-            f"{path} holds no mdlm checkpoint (no model.safetensors, no '{which}' pointer)"
+            f"{path} holds no mdlm checkpoint (no model.safetensors nor adapter/, no '{which}' "
+            "pointer)"
         )
     problem = (f"{pointer} names {named}, which is missing or incomplete in {path / 'checkpoints'}"
                if named is not None else f"{path} has no '{which}' pointer")
@@ -248,10 +262,9 @@ class LoadedModel:
         return dict(self.state.get("sampling_defaults") or {})
 
 
-def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device | str = "cpu",
-                    which: str = "latest") -> LoadedModel:
-    """An mdlm run or step folder (EMA weights by default), in eval mode."""
-    step_dir = resolve_checkpoint(path, which)
+def read_step(step_dir: Path) -> tuple[dict, LoadedModel]:
+    """(model.json, the step's LoadedModel without its model: config, tokeniser, data, state),
+    each file checked: one line for a missing or corrupted one."""
     try:
         model_meta, cfg_dict = upgrade_metadata(
             json.loads((step_dir / "model.json").read_text()),
@@ -275,16 +288,27 @@ def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device 
             f"{cfg.diffusion.objective} objective of its config.yaml needs the other; the "
             "checkpoint is inconsistent"
         )
+    return model_meta, LoadedModel(step_dir, None, cfg, tokenizer, data_meta, state)
+
+
+def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device | str = "cpu",
+                    which: str = "latest") -> LoadedModel:
+    """An mdlm run or step folder (EMA weights by default), in eval mode."""
+    step_dir = resolve_checkpoint(path, which)
+    model_meta, run = read_step(step_dir)
+    cfg, state = run.config, run.state
     weights_file = step_dir / ("ema.safetensors" if ema and (step_dir / "ema.safetensors").is_file()
                                else "model.safetensors")
-    model = build_model(cfg.model, model_meta["vocab_size"], causal=causal, folder=step_dir)
+    model = build_model(cfg.model, model_meta["vocab_size"], causal=model_meta["causal"],
+                        folder=step_dir)
     load_state_into(model, load_weights(weights_file), weights_file)
     if model.family:  # a fine-tuned LLaDA or Dream keeps its family's defaults
         state.setdefault("family", model.family)
         # the family's defaults under what the run saved (a run saved before top_k had none)
         state["sampling_defaults"] = {**model.sampling_defaults,
                                       **(state.get("sampling_defaults") or {})}
-    return LoadedModel(step_dir, model.to(device).eval(), cfg, tokenizer, data_meta, state)
+    run.model = model.to(device).eval()
+    return run
 
 
 def load_training_state(step_dir: Path, model: nn.Module, ema_model: nn.Module | None,
@@ -297,10 +321,14 @@ def load_training_state(step_dir: Path, model: nn.Module, ema_model: nn.Module |
         ema_file = step_dir / "ema.safetensors"
         if ema_file.is_file():
             load_state_into(ema_model, load_weights(ema_file), ema_file)
+    distributed.load_full_optimizer_state(model, optimizer, read_optimizer_state(step_dir))
+    return json.loads((step_dir / "state.json").read_text())
+
+
+def read_optimizer_state(step_dir: Path) -> dict:
+    """optimizer.pt, read as tensors and numbers only (weights_only: never code)."""
     try:
-        opt_state = torch.load(step_dir / "optimizer.pt", map_location="cpu", weights_only=True)
+        return torch.load(step_dir / "optimizer.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - corrupted or tampered file
         raise MdlmError(f"{step_dir}/optimizer.pt cannot be read safely ({type(e).__name__}); "
                         "the checkpoint is corrupted") from None
-    distributed.load_full_optimizer_state(model, optimizer, opt_state)
-    return json.loads((step_dir / "state.json").read_text())

@@ -12,28 +12,49 @@ import torch
 from ..errors import MdlmError, MdlmWarning
 from ..models.speed import model_width
 from ..runtime import Runtime
-from .folder import LoadedModel, load_run_folder
+from .adapter import is_adapter_step, load_adapter_run
+from .folder import LoadedModel, load_run_folder, read_step, resolve_checkpoint
 from .pretrained import load_pretrained, pretrained_source
 
 
 def load_checkpoint(path: str | Path, *, ema: bool = True, device: torch.device | str = "cpu",
-                    which: str = "latest") -> LoadedModel:
-    """Load a model (EMA weights by default) with its config and tokeniser, in eval mode."""
+                    which: str = "latest", adapter: str | Path | None = None) -> LoadedModel:
+    """Load a model (EMA weights by default) with its config and tokeniser, in eval mode; a
+    LoRA run's is its base (train.init_from) with its adapter merged in; `adapter` (a peft
+    adapter folder) is merged into whatever the checkpoint holds."""
+    loaded = _load(path, ema=ema, device=device, which=which)
+    if adapter is not None:
+        from ..models.lora import load_adapter
+
+        loaded.model = load_adapter(loaded.model, adapter).eval()
+        loaded.state = {**loaded.state, "adapter": str(adapter)}
+    return loaded
+
+
+def _load(path: str | Path, *, ema: bool, device: torch.device | str, which: str
+          ) -> LoadedModel:
     source = pretrained_source(path, which)
     if source is not None:
         return load_pretrained(source, ema=ema, device=device)
-    return load_run_folder(path, ema=ema, device=device, which=which)
+    step_dir = resolve_checkpoint(path, which)
+    if is_adapter_step(step_dir):
+        _, run = read_step(step_dir)
+        base = load_checkpoint(run.config.train.init_from, device=device)
+        return load_adapter_run(base, step_dir, ema=ema, run=run)
+    return load_run_folder(step_dir, ema=ema, device=device)
 
 
 def load_on_device(path: str | Path, *,
                    device: str | None = None,
                    raw_weights: bool = False,
                    threads: int | None = None,
-                   precision: str = "auto") -> tuple[LoadedModel, Runtime]:
+                   precision: str = "auto",
+                   adapter: str | None = None) -> tuple[LoadedModel, Runtime]:
     """What a command loads: the runtime it asks for (device `auto` when None, CPU threads, the
-    network's precision) and the checkpoint's EMA weights on it (raw ones with `raw_weights`)."""
+    network's precision) and the checkpoint's EMA weights on it (raw ones with `raw_weights`),
+    a LoRA `adapter` folder merged in."""
     rt = Runtime.create(device or "auto", precision, threads=threads or 0)
-    loaded = load_checkpoint(path, ema=not raw_weights, device=rt.device)
+    loaded = load_checkpoint(path, ema=not raw_weights, device=rt.device, adapter=adapter)
     if precision == "fp32":  # weights kept in a checkpoint's bf16 (LLaDA, Dream) become float32
         loaded.model.float()
     return loaded, rt.for_model(precision, model_width(loaded.model))

@@ -20,6 +20,8 @@ from ..config import Config
 from ..data.tokenizers import Tokenizer
 from ..io.files import swap_folder, temporary, write_failure, write_text_atomic
 from ..models import unwrap
+from ..models.lora import is_adapted, trainable
+from .adapter import write_adapters
 from .folder import SCHEMA_VERSION, recover_run_folder
 
 
@@ -36,6 +38,8 @@ class CheckpointContents:
     data_meta: dict
     ema_model: nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
+    # a LoRA run's EMA: its trainable tensors by parameter name (train/optim.AdapterEMA)
+    ema_adapter: dict[str, torch.Tensor] | None = None
 
 
 def save_checkpoint(run_dir: Path, step: int, contents: CheckpointContents, *,
@@ -48,7 +52,8 @@ def save_checkpoint(run_dir: Path, step: int, contents: CheckpointContents, *,
     state, tokenizer, data_meta = c.state, c.tokenizer, c.data_meta
     ckpt_root = run_dir / "checkpoints"
     final = ckpt_root / f"step-{step:08d}"
-    weights = distributed.full_model_state(model)
+    adapted = is_adapted(unwrap(model))  # the adapters only: the base is train.init_from's
+    weights = {} if adapted else distributed.full_model_state(model)
     ema_weights = distributed.full_model_state(ema_model) if ema_model is not None else None
     optimizer_state = (
         distributed.full_optimizer_state(model, optimizer) if optimizer is not None else None
@@ -62,7 +67,10 @@ def save_checkpoint(run_dir: Path, step: int, contents: CheckpointContents, *,
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
-        save_file(weights, tmp / "model.safetensors")
+        if adapted:
+            write_adapters(tmp, unwrap(model), c.ema_adapter)
+        else:
+            save_file(weights, tmp / "model.safetensors")
         if ema_weights is not None:
             save_file(ema_weights, tmp / "ema.safetensors")
         if optimizer_state is not None:
@@ -102,6 +110,8 @@ def model_metadata(model: nn.Module, cfg: Config) -> dict:
         "causal": model.causal,
         "objective": cfg.diffusion.objective,
         "parameters": sum(p.numel() for p in model.parameters()),
+        **({"adapter": True, "trainable_parameters": sum(p.numel() for _, p in trainable(model))}
+           if is_adapted(model) else {}),
     }
 
 

@@ -144,7 +144,7 @@ def bench_sampler_cmd(
             overrides=overrides or [], num_samples=num_samples, length=length, repeats=repeats,
             seed=seed, device=loading.device, threads=loading.threads,
             raw_weights=loading.raw_weights, compile=compile, judge=judge,
-            net_precision=loading.net_precision,
+            net_precision=loading.net_precision, adapter=loading.adapter,
             allow_longer=allow_longer, reference_text=reference_text, save_samples=save_samples,
             featurizer=featurizer, mauve_seeds=mauve_seeds, command=_command_line())
         view = _TableView(with_quality=judge is not None)

@@ -281,6 +281,7 @@ def _given_loading(loading: ModelLoading) -> list[str]:
     """The flags of the model to sample that were given (the judge reads --device, --threads)."""
     return (["--checkpoint"] * (loading.checkpoint is not None)
             + ["--raw-weights"] * loading.raw_weights
+            + ["--adapter"] * (loading.adapter is not None)
             + ["--net-precision"] * (loading.net_precision != "auto"))
 
 

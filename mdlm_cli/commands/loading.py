@@ -1,5 +1,6 @@
 """The model-loading flag group (`--checkpoint`, `--device`, `--raw-weights`, `--threads`, the
-network's precision) as one `ModelLoading`, and loading the model a command runs.
+network's precision, a LoRA `--adapter`) as one `ModelLoading`, and loading the model a command
+runs.
 
 A command made with `@app.command(cls=loading_command(...))` gets these options beside its own
 parameters (its signature stays what it reads) and reads them as `loading_from(ctx)`; with
@@ -17,7 +18,14 @@ import typer
 from typer.core import TyperCommand
 
 from .console import note
-from .options import CheckpointOpt, DeviceOpt, NetPrecisionOpt, RawWeightsOpt, ThreadsOpt
+from .options import (
+    AdapterOpt,
+    CheckpointOpt,
+    DeviceOpt,
+    NetPrecisionOpt,
+    RawWeightsOpt,
+    ThreadsOpt,
+)
 from .sampling_args import SamplingCommand, click_option
 
 
@@ -30,6 +38,7 @@ class ModelLoading:
     raw_weights: bool = field(default=False, metadata={"option": RawWeightsOpt})
     threads: int | None = field(default=None, metadata={"option": ThreadsOpt})
     net_precision: str = field(default="auto", metadata={"option": NetPrecisionOpt})
+    adapter: str | None = field(default=None, metadata={"option": AdapterOpt})
 
     def load(self, device: str | None = None):
         """(loaded, rt): the checkpoint on its runtime, its notes printed; `device` replaces
@@ -38,7 +47,7 @@ class ModelLoading:
 
         loaded, rt = load_on_device(self.checkpoint, device=device or self.device,
                                     raw_weights=self.raw_weights, threads=self.threads,
-                                    precision=self.net_precision)
+                                    precision=self.net_precision, adapter=self.adapter)
         for text in loaded.state.get("notes") or []:  # e.g. an encoder's fresh MLM head
             note(text)
         return loaded, rt

@@ -86,6 +86,11 @@ LengthOpt = Annotated[int | None, typer.Option(
 
 
 RawWeightsOpt = Annotated[bool, typer.Option(help="Use the raw weights instead of the EMA.")]
+AdapterOpt = Annotated[str | None, typer.Option(
+    "--adapter", metavar="FOLDER",
+    help="A LoRA adapter in peft's folder format (adapter_config.json, "
+         "adapter_model.safetensors; a LoRA run's checkpoints/step-N/adapter), merged into the "
+         "--checkpoint model it was trained on.")]
 
 
 ThreadsOpt = Annotated[

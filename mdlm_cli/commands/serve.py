@@ -73,5 +73,5 @@ def serve_cmd(
             max_wait_ms=max_wait_ms,
             queue_size=queue_size, api_key=api_key, timeout_s=timeout, model_name=model_name,
             device=loading.device, raw_weights=loading.raw_weights, threads=loading.threads,
-            precision=loading.net_precision)
+            precision=loading.net_precision, adapter=loading.adapter)
         serve_checkpoint(loading.checkpoint, options, warn=warn, note=note, on_ready=say)

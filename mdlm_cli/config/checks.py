@@ -12,6 +12,7 @@ from .sections import (
     PACKINGS,
     PARALLELS,
     PRECISIONS,
+    QUANTIZE,
     SFT_PACKINGS,
     Config,
     OptimConfig,
@@ -37,6 +38,7 @@ def validate_sections(cfg: Config) -> None:
     if not 0.0 <= cfg.train.ema < 1.0:
         raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
     _check_optim(cfg.optim)
+    _check_lora(cfg)
     if cfg.train.threads < 0:
         raise MdlmError("train.threads must be 0 (the default choice) or a positive count "
                         f"(got {cfg.train.threads})")
@@ -95,11 +97,35 @@ def _check_optim(o: OptimConfig) -> None:
         raise MdlmError(f"optim.min_lr_ratio must be in [0, 1] (got {o.min_lr_ratio})")
 
 
+def _check_lora(cfg: Config) -> None:
+    """The adapter's sizes, and the base it adapts: LoRA freezes trained weights."""
+    lora = cfg.lora
+    check_choice(lora.quantize, QUANTIZE, "lora.quantize")
+    if lora.rank < 0 or lora.alpha <= 0 or not 0.0 <= lora.dropout < 1.0:
+        raise MdlmError(f"lora needs rank >= 0, alpha > 0 and dropout in [0, 1) (got rank "
+                        f"{lora.rank}, alpha {lora.alpha}, dropout {lora.dropout})")
+    if lora.rank == 0:
+        changed = [k for k in ("targets", "train_embeddings", "quantize")
+                   if getattr(lora, k) != getattr(type(lora)(), k)]
+        if changed:
+            raise MdlmError(f"lora.{changed[0]} applies to LoRA runs only: set lora.rank (e.g. "
+                            "--set lora.rank=16) or remove it")
+        return
+    if not cfg.train.init_from:
+        raise MdlmError("lora.rank > 0 adapts trained weights, which stay frozen: set "
+                        "train.init_from to the base (an mdlm run, a LLaDA or Dream folder)")
+    if cfg.train.parallel == "fsdp":
+        raise MdlmError("LoRA runs are data-parallel only: use train.parallel=ddp (an adapter "
+                        "is small enough to replicate)")
+
+
 # What a resumed run must share with the checkpoint it continues: the data, objective, model,
 # optimisation and batch. Everything else (max_steps, cadences, device, threads, compile,
 # precision, parallelism, micro-batch size, output folder) may change between sessions.
+# (and a LoRA run its base, train.init_from: its frozen weights are read from there again)
 RESUME_KEYS = {"data": ("dataset", "tokenizer", "length", "packing", "pad_as_eos"), "model": None,
-               "diffusion": None, "optim": None, "train": ("global_batch_size", "seed", "ema")}
+               "diffusion": None, "optim": None,
+               "train": ("global_batch_size", "seed", "ema", "init_from"), "lora": None}
 
 
 def resume_differences(saved: Config, new: Config) -> dict[str, list]:

@@ -17,6 +17,7 @@ SFT_PACKINGS = ("sft", "sft-pack")  # prompt/response rows: the loss on the resp
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "bf16", "fp32")
 PARALLELS = ("ddp", "fsdp")
+QUANTIZE = ("none", "4bit")  # lora.quantize: the frozen base as stored, or nf4 (bitsandbytes)
 
 
 @dataclass
@@ -131,6 +132,23 @@ class TrainConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA (Hu et al., 2021) through peft: the base (train.init_from) frozen, low-rank
+    adapters trained beside the chosen linear layers (models/lora.py; docs/finetuning.md)."""
+
+    rank: int = 0  # r; 0 = off (every weight trained)
+    alpha: float = 16.0  # the update is scaled by alpha / r
+    dropout: float = 0.0  # on the adapters' input
+    # module names (peft's target_modules, matched as name suffixes); empty: the backbone's
+    # attention and MLP projections (`lora_targets` of its class)
+    targets: tuple[str, ...] = ()
+    # also train the embedding and output layer whole (peft's modules_to_save): needed where
+    # a token was added to the vocabulary
+    train_embeddings: bool = False
+    quantize: str = "none"  # none | 4bit (QLoRA: nf4 base through bitsandbytes, CUDA only)
+
+
+@dataclass
 class Config:
     name: str = "custom"
     description: str = ""
@@ -139,6 +157,7 @@ class Config:
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def to_dict(self) -> dict:
         """Every key of every section; `build.config_dict` keeps only the backbone's model keys
@@ -146,6 +165,7 @@ class Config:
         d = dataclasses.asdict(self)
         d["optim"]["betas"] = list(d["optim"]["betas"])
         d["diffusion"]["clip_search_widths"] = list(d["diffusion"]["clip_search_widths"])
+        d["lora"]["targets"] = list(d["lora"]["targets"])
         return d
 
     @property

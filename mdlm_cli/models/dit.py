@@ -164,6 +164,10 @@ class DiT(nn.Module):
     family = answer_tokens = None  # not a released family (models/protocols.py)
     packs_segments = True  # attention and positions per segment (data.packing=sft-pack)
     takes_query_masks = True  # a (B | 1, 1, L, L) attention mask and shared positions
+    # LoRA's defaults (models/lora.py): each block's attention and MLP projections; with
+    # lora.train_embeddings, the embedding and output layer whole
+    lora_targets = ("attn_qkv", "attn_out", "mlp.0", "mlp.2")
+    lora_whole = ("vocab_embed", "output_layer")
 
     @classmethod
     def validate_config(cls, cfg: Config) -> None:

@@ -151,6 +151,9 @@ class Dream(ReleasedBackbone):
     sampling_defaults = {"k_schedule": "dream", "top_k": 50, "append_eos": True,
                          "tokenizer_bos": True}
     answer_tokens = 512  # the max_new_tokens of the release's README and demos
+    # LoRA's defaults (models/lora.py): every linear layer of a decoder layer
+    lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lora_whole = ("embed_tokens", "lm_head")
     read_shape = staticmethod(read_shape)
     # logits at i read from the output at i - 1 (engine/protocols.py): a block cache's sliced
     # call cannot give its first position's, so the block samplers follow Fast-dLLM's Dream loop

@@ -145,6 +145,9 @@ class LLaDA(ReleasedBackbone):
     # counts: get_log_likelihood.py)
     sampling_defaults = {"k_schedule": "llada", "estimator": "l"}
     answer_tokens = 128  # generate.py's gen_length default
+    # LoRA's defaults (models/lora.py), as dllm's LLaDA recipes: every linear layer of a block
+    lora_targets = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
+    lora_whole = ("transformer.wte", "transformer.ff_out")
     read_shape = staticmethod(read_shape)
 
     def build_network(self) -> None:

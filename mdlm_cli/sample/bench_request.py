@@ -60,6 +60,7 @@ class BenchRequest:
     raw_weights: bool = False  # a checkpoint's raw weights instead of its EMA
     compile: bool = False
     net_precision: str = "auto"  # the network's: auto | bf16 | fp32 (runtime.autocast_dtype)
+    adapter: str | None = None  # a LoRA adapter folder merged into the checkpoint's model
     allow_longer: bool = False
     judge: str | None = None  # score each row's samples with this judge
     reference_text: str | None = None  # with a judge: real text from this split
@@ -233,7 +234,8 @@ def _checkpoint_model(checkpoint: str, request: BenchRequest,
     from ..checkpoints.load import load_on_device
 
     loaded, rt = load_on_device(checkpoint, device=request.device, raw_weights=request.raw_weights,
-                                threads=request.threads, precision=request.net_precision)
+                                threads=request.threads, precision=request.net_precision,
+                                adapter=request.adapter)
     for note in loaded.state.get("notes") or []:  # e.g. an encoder's fresh MLM head
         on_note(note)
     return BenchModel(loaded.objective, loaded.model, loaded.mask_id, loaded.length,
@@ -250,9 +252,9 @@ def _preset_model(preset: str | None, request: BenchRequest) -> BenchModel:
     from ..objectives import get_objective
     from ..runtime import Runtime
 
-    if request.raw_weights:
-        raise MdlmError("--raw-weights applies to a checkpoint; a --preset model has random "
-                        "weights")
+    if request.raw_weights or request.adapter:
+        flag = "--raw-weights" if request.raw_weights else "--adapter"
+        raise MdlmError(f"{flag} applies to a checkpoint; a --preset model has random weights")
     cfg = resolve_config(preset, request.overrides)
     rt = Runtime.create(request.device or "auto", threads=request.threads or 0)
     tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.data.cache_dir or None)

@@ -29,6 +29,7 @@ class ServeOptions:
     raw_weights: bool = False
     threads: int | None = None
     precision: str = "auto"  # the network's: auto | bf16 | fp32 (runtime.autocast_dtype)
+    adapter: str | None = None  # a LoRA adapter folder merged into the checkpoint's model
 
 
 def is_loopback(host: str) -> bool:
@@ -82,7 +83,7 @@ def serve_checkpoint(
     def load() -> Served:
         loaded, rt = load_on_device(checkpoint, device=options.device,
                                     raw_weights=options.raw_weights, threads=options.threads,
-                                    precision=options.precision)
+                                    precision=options.precision, adapter=options.adapter)
         for text in loaded.state.get("notes") or []:  # e.g. a freshly initialised MLM head
             note(text)
         on_ready(f"serving {name} ({loaded.objective.name}, L={loaded.length}) on "

@@ -30,7 +30,7 @@ from ..objectives.bound import BoundResult, SplitSweep
 from ..runtime import derive_seed, generator
 from .budget import WARM_STEPS, BudgetFit, Cadence, Pause, apply_fitted_steps, check_time_budget
 from .log import Window, log_window, progress_bar, record_eval
-from .optim import lr_at
+from .optim import EMA, AdapterEMA, lr_at
 from .run_folder import ResumePoint, finished, locked, resume_point
 from .setup import Run, set_up
 from .state import TrainState
@@ -169,24 +169,23 @@ def _evaluate(run: Run, rows: int) -> BoundResult:
     """The validation bound (exact NLL for exact objectives) with the EMA weights,
     rank-sharded."""
     tc = run.cfg.train
-    run.eval_model.eval()
-    result = run.objective.evaluate(
-        run.objective.denoiser(run.eval_model, run.rt.dtype),
-        run.valid_split,
-        SplitSweep(2 * tc.micro_batch_size, run.rt.device, rows=rows, rank=run.dist.rank,
-                   world_size=run.dist.world_size),
-        seeds=[derive_seed(tc.seed, "valid")],
-        antithetic=run.cfg.diffusion.antithetic,
-    )[0]
-    run.model.train()
-    return result
+    with run.evaluation_weights() as model:
+        return run.objective.evaluate(
+            run.objective.denoiser(model, run.rt.dtype),
+            run.valid_split,
+            SplitSweep(2 * tc.micro_batch_size, run.rt.device, rows=rows, rank=run.dist.rank,
+                       world_size=run.dist.world_size),
+            seeds=[derive_seed(tc.seed, "valid")],
+            antithetic=run.cfg.diffusion.antithetic,
+        )[0]
 
 
 def _checkpoint(run: Run, best: bool = False) -> Path:
     contents = CheckpointContents(
         model=run.model, cfg=run.cfg, state=run.state.to_dict(), tokenizer=run.tokenizer,
-        data_meta=run.data.meta, ema_model=run.ema.model if run.ema else None,
-        optimizer=run.optimizer)
+        data_meta=run.data.meta, ema_model=run.ema.model if isinstance(run.ema, EMA) else None,
+        optimizer=run.optimizer,
+        ema_adapter=run.ema.shadow if isinstance(run.ema, AdapterEMA) else None)
     return save_checkpoint(run.run_dir, run.state.step, contents,
                            keep_last=run.cfg.train.keep_last, best=best)
 
@@ -336,12 +335,11 @@ def _after_validation(run: Run, log) -> None:
     the evaluation weights, the same on every rank: its record in metrics.jsonl, its state in
     the checkpoint's state.json."""
     tc = run.cfg.train
-    run.eval_model.eval()
-    record = run.objective.after_validation(
-        run.objective.denoiser(run.eval_model, run.rt.dtype), run.valid_split,
-        batch_size=2 * tc.micro_batch_size, device=run.rt.device,
-        seed=derive_seed(tc.seed, "after-validation", run.state.step), rows=tc.eval_rows)
-    run.model.train()
+    with run.evaluation_weights() as model:
+        record = run.objective.after_validation(
+            run.objective.denoiser(model, run.rt.dtype), run.valid_split,
+            batch_size=2 * tc.micro_batch_size, device=run.rt.device,
+            seed=derive_seed(tc.seed, "after-validation", run.state.step), rows=tc.eval_rows)
     if record is None:
         return
     run.state.objective_state = run.objective.training_state()

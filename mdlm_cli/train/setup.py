@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,12 +24,14 @@ from ..distributed import Dist, wait_for_file
 from ..errors import MdlmError
 from ..io.files import write_text_atomic
 from ..models import build_model, check_data
+from ..models.lora import is_adapted
 from ..models.speed import compile_trunk, compile_unavailable, model_flops, model_width
 from ..objectives import Objective, get_objective
 from ..perf import device_peak
 from ..runtime import Runtime
 from .log import Speed, nats_text
-from .optim import EMA
+from .lora import adapt, restore_lora_run
+from .optim import EMA, AdapterEMA
 from .run_folder import ResumePoint, log_config_change, truncate_metrics
 from .state import TrainState
 
@@ -62,9 +65,18 @@ class Run:
     def run_dir(self) -> Path:
         return self.cfg.out_dir
 
-    @property
-    def eval_model(self) -> torch.nn.Module:
-        return self.ema.model if self.ema is not None else self.model
+    @contextmanager
+    def evaluation_weights(self):
+        """The module to evaluate, in eval mode: the EMA's weights where the run has one (a
+        LoRA run's averages swapped into the model for the duration), else the model's."""
+        try:
+            if isinstance(self.ema, AdapterEMA):
+                with self.ema.swapped(self.model) as model:
+                    yield model.eval()
+            else:
+                yield (self.ema.model if self.ema is not None else self.model).eval()
+        finally:
+            self.model.train()
 
 
 def prepare_data(cfg: Config, console: Console, load_dataset=None,
@@ -104,11 +116,15 @@ def set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *,
     if cfg.data.rc_augment and tokenizer.complement is None:
         raise MdlmError("data.rc_augment needs a DNA tokenizer (data.tokenizer=dna); "
                         f"{tokenizer.name} has none")
-    if tc.init_from and start.step_dir is None:  # a fresh run only; a resumed one has its own
+    lora = cfg.lora.rank > 0
+    # a fresh run only, or a LoRA run (its base is frozen and not saved: read again on resume)
+    if tc.init_from and (start.step_dir is None or lora):
         from .init_from import initialise_from
 
         console.print(f"Initialised from {initialise_from(model, tc.init_from, tokenizer)}")
-    ema = EMA(model, tc.ema) if tc.ema > 0 else None
+    if lora:
+        model = adapt(model, cfg, rt.device, console)
+    ema = (AdapterEMA if lora else EMA)(model, tc.ema) if tc.ema > 0 else None
     net = _wrap(cfg, dist, rt, model, ema, console)
     optimizer = _optimizer(cfg, model, rt)
     state = _restore(model, ema, optimizer, console, start.step_dir)
@@ -129,7 +145,7 @@ def _wrap(cfg: Config, dist: Dist, rt: Runtime, model: torch.nn.Module,
     """The module the loss calls: on the device, DDP / FSDP2, and compiled where asked (and
     where it can be: eager with a warning otherwise)."""
     tc = cfg.train
-    net = dist.wrap(model, ema.model if ema else None, tc.parallel, rt.dtype)
+    net = dist.wrap(model, ema.model if isinstance(ema, EMA) else None, tc.parallel, rt.dtype)
     unavailable = compile_unavailable(rt.device) if tc.compile else None
     if unavailable:
         console.print(f"[yellow]Warning[/]: {unavailable}")
@@ -142,7 +158,7 @@ def _wrap(cfg: Config, dist: Dist, rt: Runtime, model: torch.nn.Module,
 def _optimizer(cfg: Config, model: torch.nn.Module, rt: Runtime) -> torch.optim.Optimizer:
     optim = cfg.optim
     return torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],  # a LoRA run's adapters only
         lr=optim.lr,
         betas=optim.betas,
         eps=optim.eps,
@@ -170,17 +186,19 @@ def _speed(cfg: Config, model: torch.nn.Module, rt: Runtime, dist: Dist, factor:
     return Speed(flops, peak, dist.world_size)
 
 
-def _restore(model, ema: EMA | None, optimizer, console: Console,
+def _restore(model, ema: EMA | AdapterEMA | None, optimizer, console: Console,
              step_dir: Path | None) -> TrainState:
     """The training state: fresh, or the checkpoint's (weights restored in place)."""
-    state = TrainState()
-    if step_dir is not None:
+    if step_dir is None:
+        return TrainState()
+    if is_adapted(model):  # the adapters and their EMA; the base was read from init_from
+        state = TrainState.from_dict(restore_lora_run(step_dir, model, ema, optimizer))
+    else:
         ema_model = ema.model if ema else None
         state = TrainState.from_dict(load_training_state(step_dir, model, ema_model, optimizer))
-        if ema is not None:
-            ema.updates = state.step
-        console.print(f"Resumed from {step_dir} at step {state.step}", markup=False,
-                      highlight=False)
+    if ema is not None:
+        ema.updates = state.step
+    console.print(f"Resumed from {step_dir} at step {state.step}", markup=False, highlight=False)
     return state
 
 

@@ -53,9 +53,10 @@ GREEDY_CHECKS = tuple(GREEDY_ARGS)
 @dataclass(frozen=True)
 class ModelArgs:
     """The `mdlm` model's `--model_args` (lm-eval's parsed text values, or what `mdlm lm-eval`
-    gives): the checkpoint (its EMA weights, or the raw ones), K Monte-Carlo passes of a bound,
-    rows per batch, the device, the seed of every draw, and the generations' sampler, steps,
-    semi-AR stride and draw precision. `max_batch_size` is lm-eval's; not used."""
+    gives): the checkpoint (its EMA weights, or the raw ones; a LoRA adapter merged in), K
+    Monte-Carlo passes of a bound, rows per batch, the device, the seed of every draw, and the
+    generations' sampler, steps, semi-AR stride and draw precision. `max_batch_size` is
+    lm-eval's; not used."""
 
     checkpoint: str = "runs/demo"
     mc_samples: int = 4
@@ -67,6 +68,7 @@ class ModelArgs:
     stride: int | None = None
     precision: str = "fp64"
     raw_weights: bool = False
+    adapter: str | None = None  # a LoRA adapter folder merged into the checkpoint's model
     max_batch_size: int | None = None
     # every generation's new tokens, whatever a task's max_gen_toks (LLaDA's and Dream's runs
     # fix gen_length, steps and block_length per task: eval_llada_lm_eval.sh); None: the task's
@@ -115,7 +117,8 @@ class MdlmLM(LM):
         self.warn = warn or (lambda message: print(f"warning: {message}"))
         if loaded is None:
             loaded, rt = load_on_device(args.checkpoint, device=args.device,
-                                        raw_weights=bool(args.raw_weights))
+                                        raw_weights=bool(args.raw_weights),
+                                        adapter=args.adapter)
             for note in (
                 loaded.state.get("notes") or []
             ):  # e.g. an encoder's freshly initialised MLM head

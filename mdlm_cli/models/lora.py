@@ -1,0 +1,210 @@
+"""LoRA adapters (Hu et al., 2021) on any backbone, through peft.
+
+W x becomes W x + (alpha / r) B A x with A (r, in) and B (out, r) trained and W frozen. peft
+injects its layers into mdlm's own module in place (`inject_adapter_in_model`), so the model
+keeps its class, its forward and every capability the engine reads; only the targeted
+`nn.Linear`s become peft's `lora.Linear`. The adapter is written in peft's folder format
+(`adapter_config.json`, `adapter_model.safetensors`, keys `base_model.model.<module>...`), so
+`peft.PeftModel.from_pretrained(module, folder)` loads it onto the same mdlm module.
+
+Each backbone names its defaults: `lora_targets` (the attention and MLP projections inside its
+blocks) and `lora_whole` (its embedding and output layer, trained whole with
+`lora.train_embeddings`, peft's `modules_to_save`). Beside peft's files, `mdlm_adapter.json`
+records the base the adapter was trained on, so loading it onto another base is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ..errors import MdlmError
+
+if TYPE_CHECKING:
+    from ..config import LoraConfig
+
+CONFIG = "adapter_config.json"
+WEIGHTS = "adapter_model.safetensors"
+RECORD = "mdlm_adapter.json"  # mdlm's own: the base it was trained on (peft ignores it)
+PREFIX = "base_model.model."  # what PeftModel puts before the module's own names
+# how close the fingerprint of a base must be to the adapter's record: bf16 storage of the same
+# weights moves it by ~1e-3; another base by far more
+FINGERPRINT_TOLERANCE = 1e-2
+
+
+def _need_peft():
+    try:
+        import peft
+    except ImportError:
+        raise MdlmError("LoRA needs peft: pip install 'mdlm[adapt]' (or pip install peft)"
+                        ) from None
+    return peft
+
+
+def block_pattern(names: tuple[str, ...]) -> str:
+    """peft's target_modules as a regular expression (re.fullmatch on module names): the
+    `names` (suffixes such as `q_proj` or `mlp.0`) inside a numbered block, never a
+    same-named layer outside them (LLaDA's output layer is `transformer.ff_out`, its blocks'
+    MLP output `blocks.N.ff_out`)."""
+    alternatives = "|".join(re.escape(n) for n in names)
+    return rf"(.*\.)?(blocks|layers)\.\d+\.(.*\.)?({alternatives})"
+
+
+def peft_config(model: nn.Module, lora: LoraConfig, base: str):
+    """The peft LoraConfig of a run: the backbone's default targets unless `lora.targets`
+    names them, its embedding and output layer trained whole with `lora.train_embeddings`."""
+    peft = _need_peft()
+    own = tuple(getattr(type(model), "lora_targets", ()))
+    if not lora.targets and not own:
+        raise MdlmError(f"{model.describe()} declares no default LoRA targets; name its linear "
+                        "layers with lora.targets (e.g. --set lora.targets=[query,value])")
+    targets = list(lora.targets) if lora.targets else block_pattern(own)
+    whole = None
+    if lora.train_embeddings:
+        names = {n for n, _ in model.named_modules()}
+        whole = [w for w in getattr(type(model), "lora_whole", ())
+                 if any(n == w or n.endswith("." + w) for n in names)]
+    return peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                           target_modules=targets, modules_to_save=whole or None,
+                           base_model_name_or_path=base)
+
+
+def add_lora(model: nn.Module, lora: LoraConfig, base: str) -> nn.Module:
+    """Inject fresh adapters into `model` in place (B = 0: the function is unchanged) and
+    freeze everything else; returns the model."""
+    peft = _need_peft()
+    config = peft_config(model, lora, base)
+    try:
+        model = peft.inject_adapter_in_model(config, model)
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                         if isinstance(m, nn.Linear)})
+        raise MdlmError(f"lora.targets: {str(e).splitlines()[0]} (its linear layers are named "
+                        f"{', '.join(linear)})") from None
+    model.lora_config = config  # what save_adapter writes
+    return model
+
+
+def is_adapted(model: nn.Module) -> bool:
+    return hasattr(model, "lora_config")
+
+
+def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def fingerprint(model: nn.Module) -> float:
+    """A number that tells bases apart: the mean |w| of the first linear layer peft adapts
+    (its frozen `base_layer`), or of the first parameter."""
+    for name, module in model.named_modules():
+        if name.endswith("base_layer") and isinstance(module, nn.Linear):
+            return float(module.weight.detach().float().abs().mean())
+    return float(next(model.parameters()).detach().float().abs().mean())
+
+
+@dataclass(frozen=True)
+class AdapterRecord:
+    """mdlm_adapter.json: the base an adapter was trained on, and its vocabulary."""
+
+    base: str
+    vocab_size: int
+    fingerprint: float
+
+    def check(self, model: nn.Module, folder: Path) -> None:
+        mine = fingerprint(model)
+        if self.vocab_size != model.vocab_size or (
+                abs(mine - self.fingerprint) > FINGERPRINT_TOLERANCE * abs(self.fingerprint)):
+            raise MdlmError(f"{folder} is an adapter for another base ({self.base}, vocabulary "
+                            f"{self.vocab_size}); this model ({model.describe()}, vocabulary "
+                            f"{model.vocab_size}) is not it: load the adapter onto its base")
+
+
+def adapter_tensors(model: nn.Module, weights: dict[str, torch.Tensor] | None = None
+                    ) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under peft's file keys (its own, or `weights`: the same
+    trainable tensors by parameter name, e.g. their EMA)."""
+    peft = _need_peft()
+    state = None
+    if weights is not None:
+        state = {**model.state_dict(), **weights}
+    # embeddings travel as modules_to_save (train_embeddings), never looked up on the Hub
+    tensors = peft.get_peft_model_state_dict(model, state_dict=state, save_embedding_layers=False)
+    return {PREFIX + k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+
+
+def write_adapter(model: nn.Module, folder: Path, weights: dict | None = None) -> None:
+    """peft's folder format (into an existing, empty `folder`), and mdlm's record of the base."""
+    from safetensors.torch import save_file
+
+    model.lora_config.save_pretrained(str(folder))
+    save_file(adapter_tensors(model, weights), folder / WEIGHTS)
+    record = {"base": model.lora_config.base_model_name_or_path,
+              "vocab_size": model.vocab_size, "fingerprint": fingerprint(model)}
+    (folder / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def read_record(folder: Path) -> AdapterRecord | None:
+    path = folder / RECORD
+    if not path.is_file():
+        return None  # an adapter trained elsewhere: peft's own checks only
+    try:
+        return AdapterRecord(**json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError, TypeError) as e:
+        raise MdlmError(f"{path} is corrupted ({type(e).__name__}); restore the adapter folder"
+                        ) from None
+
+
+def check_adapter_folder(folder: Path) -> None:
+    if not (folder / CONFIG).is_file() or not (folder / WEIGHTS).is_file():
+        raise MdlmError(f"{folder} is not a LoRA adapter folder (it needs {CONFIG} and "
+                        f"{WEIGHTS}, as peft's save_pretrained writes)")
+
+
+def load_adapter(model: nn.Module, folder: str | Path, *, merge: bool = True) -> nn.Module:
+    """`folder`'s adapter on `model` (checked against the base it was trained on), merged
+    into the weights (same logits, no extra cost per call) unless `merge=False`."""
+    peft = _need_peft()
+    folder = Path(folder)
+    check_adapter_folder(folder)
+    record = read_record(folder)
+    try:
+        config = peft.PeftConfig.from_pretrained(str(folder))
+        wrapped = peft.PeftModel.from_pretrained(model, str(folder), config=config)
+    except (ValueError, RuntimeError, KeyError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MdlmError(f"{folder} does not fit this model ({model.describe()}): {first}"
+                        ) from None
+    base = wrapped.get_base_model()
+    if record is not None:
+        record.check(base, folder)
+    if merge:
+        return wrapped.merge_and_unload()
+    base.lora_config = config
+    return base
+
+
+def merged(model: nn.Module) -> nn.Module:
+    """An adapted model with its adapters folded into the weights and peft's layers replaced
+    by what they wrap, in place: the plain backbone again, same logits (what
+    `mdlm export --merge-adapter` writes)."""
+    from peft.tuners.lora import LoraLayer
+    from peft.utils import ModulesToSaveWrapper
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoraLayer):
+            module.merge()
+            plain = module.get_base_layer()
+        elif isinstance(module, ModulesToSaveWrapper):
+            plain = module.modules_to_save["default"]
+        else:
+            continue
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, plain)
+    del model.lora_config
+    return model

@@ -1,0 +1,72 @@
+"""A LoRA run (lora.rank > 0): the base from train.init_from, frozen (in 4-bit nf4 with
+lora.quantize=4bit: QLoRA, Dettmers et al., 2023), adapters injected (models/lora.py), and
+--resume of one (checkpoints/adapter.py holds the step folder's layout)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from torch import nn
+
+from ..checkpoints.adapter import restore_adapters
+from ..checkpoints.folder import read_optimizer_state
+from ..config import Config
+from ..distributed import load_full_optimizer_state
+from ..errors import MdlmError
+from ..models.lora import add_lora, block_pattern, trainable
+from .optim import AdapterEMA
+
+
+def adapt(model: nn.Module, cfg: Config, device: torch.device, console: Console) -> nn.Module:
+    """`model` (the base, its weights loaded) with fresh adapters, everything else frozen."""
+    lora = cfg.lora
+    if lora.quantize == "4bit":
+        model = quantize_base(model, device)
+    model = add_lora(model, lora, cfg.train.init_from)
+    total = sum(p.numel() for p in model.parameters())
+    mine = sum(p.numel() for _, p in trainable(model))
+    console.print(f"LoRA: rank {lora.rank}, alpha {lora.alpha:g}, "
+                  f"{mine / 1e6:.3f}M trainable parameters of {total / 1e6:.1f}M "
+                  f"({100 * mine / total:.2f}%)", highlight=False)
+    return model
+
+
+def quantize_base(model: nn.Module, device: torch.device) -> nn.Module:
+    """The base's linear layers inside its blocks as bitsandbytes' 4-bit nf4 (its output layer
+    and embeddings stay as they are), computing in bf16: QLoRA's base. CUDA only."""
+    if device.type != "cuda":
+        raise MdlmError(f"lora.quantize=4bit needs a CUDA GPU (bitsandbytes' 4-bit kernels); "
+                        f"this run is on {device.type}: use lora.quantize=none")
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise MdlmError("lora.quantize=4bit needs bitsandbytes: pip install bitsandbytes"
+                        ) from None
+    pattern = block_pattern(tuple(getattr(type(model), "lora_targets", ())) or ("",))
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear) or not re.fullmatch(pattern, name):
+            continue
+        q = bnb.nn.Linear4bit(module.in_features, module.out_features, module.bias is not None,
+                              compute_dtype=torch.bfloat16, quant_type="nf4")
+        q.weight = bnb.nn.Params4bit(module.weight.data.cpu(), requires_grad=False,
+                                     quant_type="nf4")
+        if module.bias is not None:
+            q.bias = nn.Parameter(module.bias.data, requires_grad=False)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, q.to(device))
+    return model
+
+
+def restore_lora_run(step_dir: Path, model: nn.Module, ema: AdapterEMA | None,
+                     optimizer: torch.optim.Optimizer) -> dict:
+    """--resume of a LoRA run in place: its adapters, their EMA, the optimizer; returns
+    state.json."""
+    averages = restore_adapters(step_dir, model)
+    if ema is not None and averages is not None:
+        ema.shadow = averages
+    load_full_optimizer_state(model, optimizer, read_optimizer_state(step_dir))
+    return json.loads((step_dir / "state.json").read_text())
