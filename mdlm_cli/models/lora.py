@@ -33,9 +33,11 @@ CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 RECORD = "mdlm_adapter.json"  # mdlm's own: the base it was trained on (peft ignores it)
 PREFIX = "base_model.model."  # what PeftModel puts before the module's own names
-# how close the fingerprint of a base must be to the adapter's record: bf16 storage of the same
-# weights moves it by ~1e-3; another base by far more
+# how close the fingerprint of a base must be to the adapter's record, relatively: bf16 storage
+# of the same weights moves each entry by at most 2^-8; another base (another seed, or a few
+# more steps of training) by far more
 FINGERPRINT_TOLERANCE = 1e-2
+FINGERPRINT_ENTRIES = 16
 
 
 def _need_peft():
@@ -99,13 +101,15 @@ def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def fingerprint(model: nn.Module) -> float:
-    """A number that tells bases apart: the mean |w| of the first linear layer peft adapts
-    (its frozen `base_layer`), or of the first parameter."""
-    for name, module in model.named_modules():
-        if name.endswith("base_layer") and isinstance(module, nn.Linear):
-            return float(module.weight.detach().float().abs().mean())
-    return float(next(model.parameters()).detach().float().abs().mean())
+def fingerprint(model: nn.Module) -> list[float]:
+    """Numbers that tell bases apart: 16 entries spread over the first linear layer peft adapts
+    (its frozen `base_layer`), or over the first parameter."""
+    weight = next((m.weight for n, m in model.named_modules()
+                   if n.endswith("base_layer") and isinstance(m, nn.Linear)),
+                  next(model.parameters()))
+    flat = weight.detach().float().flatten()
+    picked = flat[:: max(1, flat.numel() // FINGERPRINT_ENTRIES)][:FINGERPRINT_ENTRIES]
+    return [float(v) for v in picked.cpu()]
 
 
 @dataclass(frozen=True)
@@ -114,12 +118,12 @@ class AdapterRecord:
 
     base: str
     vocab_size: int
-    fingerprint: float
+    fingerprint: list[float]
 
     def check(self, model: nn.Module, folder: Path) -> None:
-        mine = fingerprint(model)
-        if self.vocab_size != model.vocab_size or (
-                abs(mine - self.fingerprint) > FINGERPRINT_TOLERANCE * abs(self.fingerprint)):
+        mine, theirs = torch.tensor(fingerprint(model)), torch.tensor(self.fingerprint)
+        if self.vocab_size != model.vocab_size or mine.shape != theirs.shape or not (
+                torch.allclose(mine, theirs, rtol=FINGERPRINT_TOLERANCE, atol=1e-6)):
             raise MdlmError(f"{folder} is an adapter for another base ({self.base}, vocabulary "
                             f"{self.vocab_size}); this model ({model.describe()}, vocabulary "
                             f"{model.vocab_size}) is not it: load the adapter onto its base")

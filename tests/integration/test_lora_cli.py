@@ -1,0 +1,120 @@
+"""LoRA from the CLI (docs/finetuning.md): `mdlm train --set train.init_from=BASE --set
+lora.rank=R` trains adapters only, saves them in peft's folder format, resumes exactly; the run
+and `--adapter FOLDER` on its base load in every command with the same numbers; bad input is
+one line with nothing written."""
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.open_model_folders import write_dream, write_llada
+
+from .conftest import invoke, one_line_error
+
+pytest.importorskip("peft")
+
+# the base's data (the test preset's), checkpoints every 2 steps
+TRAIN = ["train", "--preset", "test", "--no-print-config", "--set", "train.save_every=2",
+         "--set", "train.eval_rows=16", "--set", "train.log_every=1"]
+LORA = ["--set", "lora.rank=4", "--set", "lora.alpha=8", "--set", "optim.lr=1e-2",
+        "--set", "optim.warmup_steps=1"]
+
+
+def losses(run):
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], round(r["loss"], 6)) for r in lines if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def lora_run(trained_runs, tmp_path_factory):
+    _, base = trained_runs
+    run = tmp_path_factory.mktemp("lora") / "run"
+    invoke(*TRAIN, "--out", run, "--max-steps", "4", "--set", f"train.init_from={base}",
+           *LORA)
+    return base, run
+
+
+def test_a_lora_run_saves_the_adapter_only_and_resumes_exactly(lora_run, tmp_path):
+    base, run = lora_run
+    step = run / "checkpoints" / "step-00000004"
+    assert not (step / "model.safetensors").exists() and not (step / "ema.safetensors").exists()
+    for name in ("adapter", "adapter-ema"):
+        assert (step / name / "adapter_config.json").is_file()
+        keys = list(load_file(step / name / "adapter_model.safetensors"))
+        assert keys and all(k.startswith("base_model.model.blocks.") and ".lora_" in k
+                            for k in keys)
+    meta = json.loads((step / "model.json").read_text())
+    assert meta["adapter"] and meta["trainable_parameters"] < meta["parameters"] / 5
+    split = tmp_path / "split"
+    args = [*TRAIN, "--out", split, "--set", f"train.init_from={base}", *LORA]
+    invoke(*args, "--max-steps", "2")
+    assert "Resumed from" in invoke(*args, "--max-steps", "4", "--resume")
+    assert losses(split) == losses(run)  # the adapter, its EMA and the optimizer came back
+
+
+def test_the_run_and_adapter_on_its_base_evaluate_the_same(lora_run, tmp_path):
+    base, run = lora_run
+    ema = run / "checkpoints" / "step-00000004" / "adapter-ema"
+    bounds = {}
+    for name, args in {"run": ["-c", run], "adapter": ["-c", base, "--adapter", ema],
+                       "base": ["-c", base]}.items():
+        out = tmp_path / f"{name}.json"
+        invoke("eval-ppl", *args, "--split", "valid", "--rows", "16", "--json", out)
+        bounds[name] = [{k: v for k, v in r.items() if k != "seconds"}
+                        for r in json.loads(out.read_text())["results"]]
+    assert bounds["run"] == bounds["adapter"]
+    assert bounds["run"] != bounds["base"]  # the adapter was trained
+
+
+@pytest.mark.parametrize("command", [
+    ["sample", "--num-samples", "1", "--steps", "4"],
+    ["semi-ar", "--num-samples", "1", "--steps", "4", "--length", "48", "--stride", "16"],
+    ["gen-ppl", "--sample-first", "--num-samples", "1", "--steps", "4", "--judge", "AR"],
+    ["bench-sampler", "--num-samples", "1", "--steps", "4", "--repeats", "1"],
+])
+def test_every_command_takes_the_adapter(lora_run, trained_runs, command):
+    base, run = lora_run
+    ema = run / "checkpoints" / "step-00000004" / "adapter-ema"
+    args = [str(trained_runs[0]) if a == "AR" else a for a in command]  # the AR run judges
+    invoke(*args, "-c", base, "--adapter", ema)
+
+
+def test_bad_lora_input_is_one_line_and_writes_nothing(lora_run, trained_runs, tmp_path,
+                                                       train_args):
+    base, run = lora_run
+    ar, _ = trained_runs
+    ema = run / "checkpoints" / "step-00000004" / "adapter-ema"
+    out = tmp_path / "never"
+    assert "set train.init_from" in one_line_error(*train_args, "--out", out, *LORA)
+    assert "needs a CUDA GPU" in one_line_error(
+        *train_args, "--out", out, "--set", f"train.init_from={base}", *LORA,
+        "--set", "lora.quantize=4bit")
+    assert "applies to LoRA runs only" in one_line_error(
+        *train_args, "--out", out, "--set", "lora.targets=[attn_qkv]")
+    assert not out.exists()
+    assert "adapter for another base" in one_line_error("eval-ppl", "-c", ar, "--adapter", ema)
+    assert "pass it as --adapter" in one_line_error("eval-ppl", "-c", ema)
+    assert "not a LoRA adapter folder" in one_line_error("eval-ppl", "-c", base,
+                                                         "--adapter", base)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_lora_fine_tunes_an_open_model_folder_and_the_run_chats(tmp_path, family):
+    folder = (write_llada if family == "llada" else write_dream)(tmp_path / family)
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"prompt": "w1 w2", "response": f"w{i} w3"}) + "\n"
+                          for i in range(4, 12)) * 3)
+    run = tmp_path / "run"
+    text = invoke("train", "--preset", "open-sft", "--no-print-config", "--set",
+                  f"train.init_from={folder}", "--set", f"data.dataset={qa}",
+                  "--set", f"data.cache_dir={tmp_path / 'cache'}", "--max-steps", "2",
+                  "--out", run, "--set", "lora.rank=2", "--set", "train.ema=0.9")
+    assert "LoRA: rank 2" in text
+    step = run / "checkpoints" / "step-00000002"
+    assert (step / "adapter-ema" / "adapter_model.safetensors").is_file()
+    assert not (step / "model.safetensors").exists()
+    invoke("sample", "-c", run, "--chat", "hi", "--max-new-tokens", "4", "--steps", "4",
+           "-n", "1")
+    invoke("sample", "-c", folder, "--adapter", step / "adapter", "--chat", "hi",
+           "--max-new-tokens", "4", "--steps", "4", "-n", "1")
