@@ -35,6 +35,11 @@ def write_adapters(folder: Path, model: nn.Module, ema: dict[str, torch.Tensor] 
         write_adapter(model, folder / ADAPTER_EMA, ema)
 
 
+def adapter_folder(step_dir: Path, ema: bool) -> Path:
+    """The step's EMA adapter where asked and saved, else its raw one."""
+    return step_dir / (ADAPTER_EMA if ema and (step_dir / ADAPTER_EMA).is_dir() else ADAPTER)
+
+
 def is_adapter_step(step_dir: Path) -> bool:
     return (step_dir / ADAPTER / WEIGHTS).is_file()
 
@@ -74,7 +79,6 @@ def load_adapter_run(loaded_base: LoadedModel, step_dir: Path, *, ema: bool,
         raise MdlmError(f"{step_dir} adapts {run.config.train.init_from}, whose vocabulary "
                         f"({loaded_base.tokenizer.vocab_size}) is no longer the run's "
                         f"({run.tokenizer.vocab_size}): the base changed since training")
-    folder = step_dir / (ADAPTER_EMA if ema and (step_dir / ADAPTER_EMA).is_dir() else ADAPTER)
-    model = load_adapter(loaded_base.model, folder)
+    model = load_adapter(loaded_base.model, adapter_folder(step_dir, ema))
     state = {**loaded_base.state, **run.state}
     return LoadedModel(step_dir, model.eval(), run.config, run.tokenizer, run.data_meta, state)

@@ -35,9 +35,11 @@ from ..io.files import remove_stale_temporaries, swap_folder, temporary
 from ..models import HFMaskedLM
 from .folder import LoadedModel
 from .formats.reference import hf_config, reference_state_dict
-from .load import load_checkpoint
+from .load import adapter_of, load_checkpoint
 
 FORMAT = 1
+# merged against unmerged logits, relative to their size: float32 rounding of W + (a / r) B A
+MERGE_TOLERANCE = 1e-4
 
 
 def weights_kind(loaded: LoadedModel, ema: bool) -> str:
@@ -180,6 +182,25 @@ def verify_export(loaded: LoadedModel, folder: Path, length: int = 64) -> float:
     a = loaded.model(x.to(device)).float().cpu()
     b = reloaded.model(x).float()
     return float((a - b).abs().max())
+
+
+@torch.no_grad()
+def verify_merge(loaded: LoadedModel, base: str, adapter: Path) -> str:
+    """The merged weights (`loaded`) against the base with the adapter unmerged (peft's layers,
+    W x + (alpha / r) B A x): the same logits up to float rounding, or an error."""
+    from ..models.lora import load_adapter
+
+    unmerged = load_adapter(load_checkpoint(base, device="cpu").model, adapter, merge=False)
+    x = torch.randint(0, loaded.model.vocab_size, (2, min(64, loaded.length)),
+                      generator=torch.Generator().manual_seed(0))
+    x[:, ::3] = loaded.mask_id
+    a, b = loaded.model(x).float(), unmerged.eval()(x).float()
+    diff, scale = float((a - b).abs().max()), float(b.abs().max())
+    if diff > MERGE_TOLERANCE * max(scale, 1.0):
+        raise MdlmError(f"merging {adapter} changed the logits by {diff:.3g} (of {scale:.3g}); "
+                        "the export is not the adapted model")
+    return f"Verified: the merged adapter gives the unmerged model's logits (max difference " \
+           f"{diff:.2g})"
 
 
 def read_results(paths: list[str]) -> list[dict]:
@@ -331,6 +352,7 @@ class ExportOptions:
     push_to_hub: str | None = None  # a Hugging Face model repo (owner/name) to upload to
     private: bool = False  # create that repo as private
     threads: int | None = None
+    adapter: str | None = None  # a LoRA adapter folder merged into the exported weights
 
 
 def export_checkpoint(checkpoint: str, options: ExportOptions, *,
@@ -342,7 +364,7 @@ def export_checkpoint(checkpoint: str, options: ExportOptions, *,
     Runtime.create("cpu", threads=options.threads or 0)
     records = read_results(options.results)
     ema = not options.raw_weights
-    loaded = load_checkpoint(checkpoint, ema=ema, device="cpu")
+    loaded = load_checkpoint(checkpoint, ema=ema, device="cpu", adapter=options.adapter)
     folder = export_folder(loaded, options.out, weights=weights_kind(loaded, ema),
                            results=records, overwrite=options.overwrite,
                            hub_id=options.push_to_hub)
@@ -352,6 +374,9 @@ def export_checkpoint(checkpoint: str, options: ExportOptions, *,
         if diff != 0.0:
             raise MdlmError(f"{folder} reloads with different logits (max difference {diff:.3g})")
         on_step("Verified: the export reloads with identical logits")
+        merged_in = adapter_of(checkpoint, ema=ema, adapter=options.adapter)
+        if merged_in is not None:
+            on_step(verify_merge(loaded, *merged_in))
     if options.push_to_hub:
         url = push_to_hub(folder, options.push_to_hub, private=options.private)
         on_step(f"Pushed to {url}")

@@ -12,7 +12,7 @@ import torch
 from ..errors import MdlmError, MdlmWarning
 from ..models.speed import model_width
 from ..runtime import Runtime
-from .adapter import is_adapter_step, load_adapter_run
+from .adapter import adapter_folder, is_adapter_step, load_adapter_run
 from .folder import LoadedModel, load_run_folder, read_step, resolve_checkpoint
 from .pretrained import load_pretrained, pretrained_source
 
@@ -29,6 +29,21 @@ def load_checkpoint(path: str | Path, *, ema: bool = True, device: torch.device 
         loaded.model = load_adapter(loaded.model, adapter).eval()
         loaded.state = {**loaded.state, "adapter": str(adapter)}
     return loaded
+
+
+def adapter_of(path: str | Path, *, ema: bool = True, adapter: str | Path | None = None
+               ) -> tuple[str, Path] | None:
+    """(the base, the adapter folder) that `load_checkpoint(path, ema=, adapter=)` merges:
+    `adapter` on `path`, or a LoRA run's own; None for a model without one."""
+    if adapter is not None:
+        return str(path), Path(adapter)
+    if pretrained_source(path, "latest") is not None:
+        return None
+    step_dir = resolve_checkpoint(path)
+    if not is_adapter_step(step_dir):
+        return None
+    _, run = read_step(step_dir)
+    return run.config.train.init_from, adapter_folder(step_dir, ema)
 
 
 def _load(path: str | Path, *, ema: bool, device: torch.device | str, which: str

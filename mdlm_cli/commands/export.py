@@ -23,7 +23,12 @@ ResultsOpt = Annotated[list[str] | None, typer.Option(
     help="JSON/JSONL evaluation records to list in the model card (repeatable).")]
 OverwriteOpt = Annotated[bool, typer.Option(help="Replace --out if it exists.")]
 VerifyOpt = Annotated[bool, typer.Option(
-    help="Reload the export and check it gives identical logits.")]
+    help="Reload the export and check it gives identical logits (and, with an adapter, the "
+         "unmerged model's).")]
+MergeAdapterOpt = Annotated[str | None, typer.Option(
+    "--merge-adapter", "--adapter", metavar="FOLDER",
+    help="A LoRA adapter folder (peft's format) to merge into the exported weights; a LoRA "
+         "run's own adapter is merged without it.")]
 
 
 @app.command("export")
@@ -37,6 +42,7 @@ def export_cmd(
     overwrite: OverwriteOpt = False,
     verify: VerifyOpt = True,
     threads: ThreadsOpt = None,
+    merge_adapter: MergeAdapterOpt = None,
 ) -> None:
     """Export a checkpoint as a Hugging Face-style folder that mdlm (and the Hub) can load.
 
@@ -47,13 +53,16 @@ def export_cmd(
       mdlm export --checkpoint last.ckpt --out exports/from-lightning  # a reference Lightning .ckpt
       mdlm export --checkpoint runs/owt --out exports/x --push-to-hub me/mdlm-owt-mine
       mdlm sample --checkpoint exports/mdlm-owt-mine                   # loads back
+      mdlm export --checkpoint runs/owt-lora --out exports/merged      # a LoRA run, merged
+      mdlm export -c runs/owt --merge-adapter ADAPTER --out exports/m  # a peft adapter, merged
     """
     from ..checkpoints.export import ExportOptions, export_checkpoint
 
     with user_errors():
         options = ExportOptions(
             out, raw_weights=raw_weights, results=results or [], overwrite=overwrite,
-            verify=verify, push_to_hub=push_to_hub, private=private, threads=threads)
+            verify=verify, push_to_hub=push_to_hub, private=private, threads=threads,
+            adapter=merge_adapter)
         export_checkpoint(checkpoint, options, on_step=_print)
 
 

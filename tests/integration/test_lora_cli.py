@@ -118,3 +118,17 @@ def test_lora_fine_tunes_an_open_model_folder_and_the_run_chats(tmp_path, family
            "-n", "1")
     invoke("sample", "-c", folder, "--adapter", step / "adapter", "--chat", "hi",
            "--max-new-tokens", "4", "--steps", "4", "-n", "1")
+
+
+def test_export_merges_the_adapter_and_checks_it_against_the_unmerged_model(lora_run, tmp_path):
+    base, run = lora_run
+    text = " ".join(invoke("export", "-c", run, "--out", tmp_path / "merged").split())
+    assert "the merged adapter gives the unmerged model's logits" in text
+    adapter = run / "checkpoints" / "step-00000004" / "adapter"
+    invoke("export", "-c", base, "--merge-adapter", adapter, "--out", tmp_path / "given")
+    bounds = []
+    for folder in (tmp_path / "merged", run):
+        out = tmp_path / f"{folder.name}.json"
+        invoke("eval-ppl", "-c", folder, "--split", "valid", "--rows", "16", "--json", out)
+        bounds.append(json.loads(out.read_text())["results"][0]["nats_per_token"])
+    assert bounds[0] == pytest.approx(bounds[1], abs=1e-5)  # the export is the run's model
