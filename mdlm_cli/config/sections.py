@@ -118,6 +118,8 @@ class TrainConfig:
     # auto (bf16 on CUDA and on CPUs with bf16 units: runtime.py) | bf16 | fp32
     precision: str = "auto"
     compile: bool = False
+    # gradient checkpointing: blocks' activations recomputed in the backward pass (LLaDA, Dream)
+    checkpointing: bool = False
     threads: int = 0  # CPU threads, 0 = torch default
     # under torchrun: ddp (replicated) | fsdp (FSDP2 fully_shard: sharded weights/optimizer)
     parallel: str = "ddp"

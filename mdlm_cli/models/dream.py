@@ -179,7 +179,8 @@ class Dream(ReleasedBackbone):
                                  s.rope_theta, tokens.device)
         keys = key_padding_mask(attention_mask)
         for i, layer in enumerate(decoder.layers):
-            x = layer(x, (cos[start:], sin[start:]), keys, None if call is None else (call, i))
+            x = self.run_block(layer, x, (cos[start:], sin[start:]), keys,
+                               None if call is None else (call, i))
         return decoder.norm(x)
 
     def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:

@@ -172,7 +172,7 @@ class LLaDA(ReleasedBackbone):
         rotary = (cos[start:], sin[start:])  # the positions' absolute angles
         keys = key_padding_mask(attention_mask)
         for i, block in enumerate(t.blocks):
-            x = block(x, rotary, keys, None if call is None else (call, i))
+            x = self.run_block(block, x, rotary, keys, None if call is None else (call, i))
         return t.ln_f(x)
 
     def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:

@@ -203,6 +203,10 @@ class ReleasedBackbone(nn.Module, ABC):
     sampling_defaults: ClassVar[dict[str, Any]]
     read_shape: ClassVar[Callable[[dict, str], Any]]
 
+    # gradient checkpointing (train.checkpointing): each block's activations are recomputed in
+    # the backward pass instead of kept, so training memory holds one block's, not all of them
+    checkpointing = False
+
     def __init__(self, cfg, vocab_size: int, causal: bool = False, *, raw: dict | None = None,
                  load: bool = True):
         super().__init__()
@@ -286,3 +290,12 @@ class ReleasedBackbone(nn.Module, ABC):
 
     def num_parameters(self) -> int:
         return count_parameters(self)
+
+    def run_block(self, block: nn.Module, x: Tensor, *args: Any) -> Tensor:
+        """One block's forward, checkpointed while training with `checkpointing` on (a cached
+        call never trains)."""
+        if self.checkpointing and self.training and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(block, x, *args, use_reentrant=False)
+        return block(x, *args)

@@ -116,6 +116,8 @@ def set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *,
     if cfg.data.rc_augment and tokenizer.complement is None:
         raise MdlmError("data.rc_augment needs a DNA tokenizer (data.tokenizer=dna); "
                         f"{tokenizer.name} has none")
+    if tc.checkpointing:
+        _checkpointing(model)
     lora = cfg.lora.rank > 0
     # a fresh run only, or a LoRA run (its base is frozen and not saved: read again on resume)
     if tc.init_from and (start.step_dir is None or lora):
@@ -138,6 +140,15 @@ def set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *,
         _write_run_folder(run, start)
     _describe(run)
     return run
+
+
+def _checkpointing(model: torch.nn.Module) -> None:
+    """train.checkpointing on a backbone that recomputes its blocks (`checkpointing`, models/
+    open_weights.py), or one line."""
+    if not hasattr(type(model), "checkpointing"):
+        raise MdlmError(f"train.checkpointing: {model.describe()} does not recompute its blocks "
+                        "(the llada and dream backbones do); set it false")
+    model.checkpointing = True
 
 
 def _wrap(cfg: Config, dist: Dist, rt: Runtime, model: torch.nn.Module,
