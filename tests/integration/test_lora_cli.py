@@ -132,3 +132,20 @@ def test_export_merges_the_adapter_and_checks_it_against_the_unmerged_model(lora
         invoke("eval-ppl", "-c", folder, "--split", "valid", "--rows", "16", "--json", out)
         bounds.append(json.loads(out.read_text())["results"][0]["nats_per_token"])
     assert bounds[0] == pytest.approx(bounds[1], abs=1e-5)  # the export is the run's model
+
+
+@pytest.mark.parametrize("objective", [
+    ["--set", "diffusion.objective=bd3lm", "--set", "diffusion.block_size=8"],
+    ["--set", "diffusion.objective=sedd", "--set", "model.time_conditioning=true"],
+    ["--set", "diffusion.objective=ar"],
+])
+def test_lora_trains_every_objective_of_the_dit(tmp_path, objective):
+    """BD3-LM's x_t ⊕ x_0 pass, SEDD's scores and the AR baseline train through the same
+    adapters; the LoRA run evaluates and samples from its own folder."""
+    base, run = tmp_path / "base", tmp_path / "lora"
+    short = [*TRAIN, "--max-steps", "2", *objective]
+    invoke(*short, "--out", base)
+    invoke(*short, "--out", run, "--set", f"train.init_from={base}", *LORA)
+    assert (run / "checkpoints" / "step-00000002" / "adapter" / "adapter_config.json").is_file()
+    invoke("eval-ppl", "-c", run, "--split", "valid", "--rows", "8")
+    invoke("sample", "-c", run, "--num-samples", "1", "--steps", "4")
