@@ -90,6 +90,9 @@ def add_lora(model: nn.Module, lora: LoraConfig, base: str) -> nn.Module:
         raise MdlmError(f"lora.targets: {str(e).splitlines()[0]} (its linear layers are named "
                         f"{', '.join(linear)})") from None
     model.lora_config = config  # what save_adapter writes
+    with torch.no_grad():  # peft gives the adapters the base's dtype: trained in float32
+        for _, p in trainable(model):
+            p.data = p.data.float()
     return model
 
 

@@ -18,20 +18,27 @@ from ..config import Config
 from ..distributed import load_full_optimizer_state
 from ..errors import MdlmError
 from ..models.lora import add_lora, block_pattern, trainable
+from .memory_model import describe, estimate, plan_of, shape_of
 from .optim import AdapterEMA
 
 
-def adapt(model: nn.Module, cfg: Config, device: torch.device, console: Console) -> nn.Module:
-    """`model` (the base, its weights loaded) with fresh adapters, everything else frozen."""
+def adapt(model: nn.Module, cfg: Config, rt, console: Console) -> nn.Module:
+    """`model` (the base, its weights loaded) with fresh adapters (float32), everything else
+    frozen: in bf16 where the run computes in bf16 (a frozen weight needs no float32 master
+    copy: LLaDA-8B's weights are 16 GB, not 32), in nf4 with lora.quantize=4bit."""
     lora = cfg.lora
     if lora.quantize == "4bit":
-        model = quantize_base(model, device)
+        model = quantize_base(model, rt.device)
+    elif rt.dtype == torch.bfloat16:
+        model = model.to(torch.bfloat16)
     model = add_lora(model, lora, cfg.train.init_from)
     total = sum(p.numel() for p in model.parameters())
     mine = sum(p.numel() for _, p in trainable(model))
     console.print(f"LoRA: rank {lora.rank}, alpha {lora.alpha:g}, "
                   f"{mine / 1e6:.3f}M trainable parameters of {total / 1e6:.1f}M "
                   f"({100 * mine / total:.2f}%)", highlight=False)
+    console.print(describe(estimate(shape_of(model), plan_of(cfg, model, dtype=rt.dtype))),
+                  highlight=False)
     return model
 
 

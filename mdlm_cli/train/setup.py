@@ -125,7 +125,7 @@ def set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *,
 
         console.print(f"Initialised from {initialise_from(model, tc.init_from, tokenizer)}")
     if lora:
-        model = adapt(model, cfg, rt.device, console)
+        model = adapt(model, cfg, rt, console)
     ema = (AdapterEMA if lora else EMA)(model, tc.ema) if tc.ema > 0 else None
     net = _wrap(cfg, dist, rt, model, ema, console)
     optimizer = _optimizer(cfg, model, rt)
