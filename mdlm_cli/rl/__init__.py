@@ -16,6 +16,7 @@ from .estimators import (
     ESTIMATORS,
     Estimate,
     EstimatorSpec,
+    denoiser_logits,
     estimate,
     estimator_options,
     get_estimator,
@@ -27,7 +28,7 @@ from .tasks import AdditionTask, addition_splits, exact_match, write_addition_ta
 
 __all__ = [
     "ESTIMATORS", "REWARDS", "AdditionTask", "Estimate", "EstimatorSpec", "GrpoStats", "Reward",
-    "addition_splits", "estimate", "estimator_options", "exact_match", "extract_answer",
-    "get_estimator", "group_advantages", "grpo_loss", "iteration_seeds", "k3_kl",
-    "load_reward", "scored_through_eos", "write_addition_task",
+    "addition_splits", "denoiser_logits", "estimate", "estimator_options", "exact_match",
+    "extract_answer", "get_estimator", "group_advantages", "grpo_loss", "iteration_seeds",
+    "k3_kl", "load_reward", "scored_through_eos", "write_addition_task",
 ]

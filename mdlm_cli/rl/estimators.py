@@ -39,9 +39,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..engine.diffusion import loss_weight, mask_tokens, masked_nll, times_from_uniform
+from ..engine.diffusion import (
+    call_denoiser,
+    loss_weight,
+    mask_tokens,
+    masked_nll,
+    times_from_uniform,
+)
 from ..engine.errors import EngineError
 from ..engine.options import check_options, option
+from ..engine.protocols import Denoiser, is_time_agnostic
 from ..engine.schedules import SCHEDULES, get_schedule
 from ..errors import MdlmError
 
@@ -52,6 +59,23 @@ LogitsFn = Callable[[Tensor], Tensor]
 class Estimate:
     logp: Tensor  # (B, L) float32: each completion token's estimated log-probability, 0 elsewhere
     passes: int  # calls of logits_fn, each over the B rows
+
+
+def denoiser_logits(denoiser: Denoiser, attention_mask: Tensor | None = None) -> LogitsFn:
+    """A `Denoiser` (engine/protocols.py) as a `logits_fn`, with the rows' `attention_mask`
+    (B, L) if given. The estimators draw no time for the model (d1's pass is at "t = 1",
+    coupled's and elbo's masks at rates of their own), so, as LLaDA's counted estimator
+    (engine/counted.py), they need a denoiser that ignores t: LLaDA, Dream, a DiT trained
+    with `model.time_conditioning=false`."""
+    if not is_time_agnostic(denoiser):
+        raise MdlmError("the RL likelihood estimators give the model no time: they need a "
+                        "denoiser that ignores t (LLaDA, Dream, or a DiT trained with "
+                        "model.time_conditioning=false)")
+
+    def logits_fn(z: Tensor) -> Tensor:
+        t = torch.ones(z.shape[0], device=z.device)  # ignored by a time-agnostic denoiser
+        return call_denoiser(denoiser, z, t, attention_mask=attention_mask)
+    return logits_fn
 
 
 def token_logp(logits: Tensor, tokens: Tensor, positions: Tensor, mask_id: int) -> Tensor:

@@ -192,3 +192,34 @@ def test_iteration_seeds_one_per_iteration_repeatable():
     a = iteration_seeds(12, torch.Generator().manual_seed(0))
     b = iteration_seeds(12, torch.Generator().manual_seed(0))
     assert a == b and len(a) == 12 and len(set(a)) == 12
+
+
+def test_a_real_denoiser_through_denoiser_logits_matches_its_own_pass(tmp_path):
+    """The tiny LLaDA folder the tests build: d1 through `denoiser_logits` is the model's own
+    call on the same masked rows; a time-conditioned denoiser is refused in one line."""
+    from mdlm_cli.checkpoints.load import load_checkpoint
+    from mdlm_cli.rl import denoiser_logits
+    from tests.open_model_folders import write_llada
+
+    loaded = load_checkpoint(str(write_llada(tmp_path / "llada")))
+    denoiser, mask = loaded.denoiser(), loaded.mask_id
+    tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    completion = torch.zeros(2, 12, dtype=torch.bool)
+    completion[:, 7:] = True
+    with torch.no_grad():
+        got = estimate("d1", denoiser_logits(denoiser), tokens, completion, mask_id=mask, seed=1)
+        u = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(1))
+        z = torch.where(completion | (u < 0.15), torch.full_like(tokens, mask), tokens)
+        want = -torch.nn.functional.cross_entropy(
+            denoiser(z, torch.ones(2))[completion].float().index_fill(
+                -1, torch.tensor([mask]), float("-inf")), tokens[completion], reduction="none")
+    torch.testing.assert_close(got.logp[completion], want)
+
+    class Timed:
+        time_agnostic = False
+
+        def __call__(self, z, t):
+            return torch.zeros(*z.shape, 4)
+
+    with pytest.raises(MdlmError, match="need a denoiser that ignores t"):
+        denoiser_logits(Timed())
