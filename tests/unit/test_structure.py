@@ -115,6 +115,7 @@ LAYERS = (
     ("mdlm_cli.generation",),
     ("mdlm_cli.eval",),
     ("mdlm_cli.sample",),
+    ("mdlm_cli.rl",),
     ("mdlm_cli.train",),
     ("mdlm_cli.tasks",),
     ("mdlm_cli.serve",),
