@@ -184,6 +184,9 @@ class DiT(nn.Module):
             )
         if not 0.0 <= m.dropout < 1.0:
             raise MdlmError(f"model.dropout must be in [0, 1) (got {m.dropout})")
+        if m.shift and cfg.diffusion.block_size:  # block_size is BD3-LM's own key
+            raise MdlmError("model.shift is for MDLM targets: BD3-LM's pass over [x_t, x_0] "
+                            "with a shift is not done yet; set model.shift=false")
 
     @classmethod
     def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *,
