@@ -78,7 +78,7 @@ def test_bad_sources_end_in_one_line(sources, tmp_path, monkeypatch, case):
     if case == "encoder":
         write_encoder(source)
     elif case == "not-cached":
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
         source = "nobody/no-such-model"
     elif case == "out-not-empty":
         source = sources["llama"]

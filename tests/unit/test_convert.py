@@ -148,7 +148,7 @@ def test_bad_sources_are_refused_in_one_line_and_nothing_is_written(sources, tmp
     elif case == "qwen2-no-shift":
         source, request = sources["qwen2"], {"shift": False}
     elif case == "not-cached":
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
         source = "nobody/no-such-model"
     else:
         source = sources["gpt2"]
@@ -200,3 +200,18 @@ def test_the_dit_shift_is_refused_where_it_has_no_meaning(objective):
     with pytest.raises(MdlmError, match="model.shift"):
         resolve_config("test", sets)
     assert resolve_config("test", ["model.shift=true"]).model.shift  # MDLM takes it
+
+
+def test_a_hub_id_is_read_from_the_local_cache(sources, tmp_path, monkeypatch):
+    """A hub id converts offline from its snapshot in the Hugging Face cache (the layout
+    huggingface_hub writes: refs/main naming a snapshot folder)."""
+    import shutil
+
+    repo = tmp_path / "hub" / "models--me--tiny-qwen"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(sources["qwen2"], repo / "snapshots" / ("0" * 40))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    done = convert(ConvertRequest("me/tiny-qwen", tmp_path / "out"))
+    assert done.backbone == "dream" and done.record["source"] == "me/tiny-qwen"
+    assert load_checkpoint(tmp_path / "out").model.shifted_logits

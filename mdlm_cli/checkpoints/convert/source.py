@@ -47,8 +47,8 @@ def local_folder(spec: str) -> Path:
     path = Path(spec)
     if path.is_dir():
         return path
-    if path.exists() or not is_hub_id(spec) or "/" not in spec:
-        raise MdlmError(f"{spec} is neither a folder nor a hub id (owner/name); give a Hugging "
+    if path.exists() or not is_hub_id(spec):
+        raise MdlmError(f"{spec} is neither a folder nor a hub id; give a Hugging "
                         "Face causal-LM folder, a hub id in the local cache or an mdlm AR run")
     from huggingface_hub import snapshot_download
 
