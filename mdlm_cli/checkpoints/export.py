@@ -96,6 +96,9 @@ def export_folder(loaded: LoadedModel, out: str | Path, *,
             f"{loaded.config.model.backbone} model is shared as its run folder (safetensors, "
             "config.yaml, tokenizer files)"
         )
+    if loaded.config.model.shift:  # the reference's config.json has no field that says it
+        raise MdlmError("mdlm export of a shifted DiT (an AR run mdlm convert made a diffusion "
+                        "model) is not done yet; share its run folder")
     out = Path(out)
     check_export_target(loaded, out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)

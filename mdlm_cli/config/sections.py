@@ -56,6 +56,10 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.1
     time_conditioning: bool = False  # reference default; the paper's 23.21 used it on
+    # dit: position i's logits from the output at i - 1, as the AR head of an mdlm AR run that
+    # `mdlm convert --shift` made a diffusion model was trained (docs/conversion.md); the
+    # converted llada / dream / gpt2 folders record it in their config.json instead
+    shift: bool = False
     # Mamba-based DNA backbones (caduceus, mamba; models.caduceus.MambaConfig): hidden_size is
     # d_model, n_blocks the number of layers; the DiT does not take these
     mixer: str = "auto"  # selective scan: auto | cuda (mamba-ssm) | torch (mambapy)

@@ -17,7 +17,9 @@ from ..errors import MdlmError
 from ..io.files import read_json_object
 
 # config.json's model_type -> the keys that give the model's embedding rows, first present wins
-FAMILY_VOCAB_KEYS = {"llada": ("embedding_size", "vocab_size"), "Dream": ("vocab_size",)}
+# (mdlm-gpt2: a GPT-2 that `mdlm convert` made a diffusion model, in mdlm's own layout)
+FAMILY_VOCAB_KEYS = {"llada": ("embedding_size", "vocab_size"), "Dream": ("vocab_size",),
+                     "mdlm-gpt2": ("vocab_size",)}
 # tokenizer_config.json entries passed on to the fast tokeniser
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")
 

@@ -16,6 +16,7 @@ from ..errors import MdlmError
 from .caduceus import Caduceus
 from .dit import DiT, KVCache
 from .dream import Dream
+from .gpt2 import GPT2
 from .hf_mlm import HFMaskedLM
 from .llada import LLaDA
 from .mamba import Mamba
@@ -28,11 +29,11 @@ if TYPE_CHECKING:
 # model.backbone -> the module class, each a `Backbone` (models/protocols.py: the contract)
 BACKBONES: dict[str, type[Backbone]] = {
     "dit": DiT, "hf-mlm": HFMaskedLM, "caduceus": Caduceus, "mamba": Mamba,
-    "llada": LLaDA, "dream": Dream,
+    "llada": LLaDA, "dream": Dream, "gpt2": GPT2,
 }
 
 __all__ = [
-    "BACKBONES", "Backbone", "Caduceus", "DiT", "DiffusionDenoiser", "Dream", "HFMaskedLM",
+    "BACKBONES", "GPT2", "Backbone", "Caduceus", "DiT", "DiffusionDenoiser", "Dream", "HFMaskedLM",
     "KVCache", "LLaDA", "Mamba", "autocast_for", "build_model", "check_data", "is_segmented",
     "segment_starts", "unwrap",
 ]

@@ -1,7 +1,9 @@
 """The pieces LLaDA and Dream share (both are Llama-style decoders run without a causal mask):
 RMSNorm, rotary embeddings at the config's theta, grouped-query SDPA attention over the whole
 sequence, and the SwiGLU feed-forward. Each family's module (llada.py, dream.py) holds its own
-projections under its release's weight names and calls these.
+projections under its release's weight names and calls these; the GPT-2 backbone (gpt2.py)
+shares the attention (without rotary), the causal mask of a converted model's test setting and
+the shift (`shift_states`: Dream's, and any converted causal LM's, one place for it).
 """
 
 from __future__ import annotations
@@ -57,6 +59,25 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, full_precision: bool) -
     return (x * cos + rotated * sin).to(dtype)
 
 
+def shift_states(h: Tensor) -> Tensor:
+    """States (B, L, H) moved one position right: position i reads the output at i - 1 (position
+    0 its own), as an autoregressive head predicts the next token from the states before it.
+    Dream's shift (its diffusion_generate: `torch.cat([logits[:, :1], logits[:, :-1]], dim=1)`),
+    and that of every causal LM converted with the shift on (docs/conversion.md)."""
+    return torch.cat([h[:, :1], h[:, :-1]], dim=1)
+
+
+def causal_keys(attention_mask: Tensor | None, length: int, device) -> Tensor:
+    """SDPA's boolean mask (B | 1, 1, L, L) of causal attention (query i attends keys <= i),
+    padded keys left out. Each query keeps its own key, padded or not, so that no row is masked
+    whole (SDPA's output there would be NaN, and 0 * NaN spreads it to the other rows)."""
+    allowed = torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
+    if attention_mask is None:
+        return allowed
+    own = torch.eye(length, dtype=torch.bool, device=device)[None, None]
+    return allowed & (attention_mask.bool()[:, None, None, :] | own)
+
+
 def key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
     """SDPA's boolean mask (B, 1, 1, L) that keeps padded keys out; None when nothing is
     padded (both releases then attend to every position)."""
@@ -91,13 +112,14 @@ def attend(
     v: Tensor,
     heads: Heads,
     *,
-    rotary: tuple[Tensor, Tensor],
+    rotary: tuple[Tensor, Tensor] | None,
     keys: Tensor | None,
     dropout: float = 0.0,
     block_call: tuple[BlockCall, int] | None = None,
 ) -> Tensor:
-    """Bidirectional grouped-query attention of projected q (B, L, H*d) and k, v (B, L, Hkv*d):
-    rotary on q and k, each key/value head shared by H / Hkv query heads; -> (B, L, H*d).
+    """Grouped-query attention of projected q (B, L, H*d) and k, v (B, L, Hkv*d): rotary on q
+    and k (none for GPT-2's learned positions: `rotary` None), each key/value head shared by
+    H / Hkv query heads, the keys each query sees given by `keys` (None: all); -> (B, L, H*d).
     `block_call` (call, layer index): a block cache's full pass (keys and values stored) or a
     slice attending to the cached keys and values of the others (models/block_cache.py)."""
     n_heads, n_kv_heads = heads.n_heads, heads.n_kv_heads
@@ -106,9 +128,10 @@ def attend(
     q = q.view(B, L, n_heads, head_dim).transpose(1, 2)  # (B, H, L, d)
     k = k.view(B, L, n_kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, L, d)
     v = v.view(B, L, n_kv_heads, head_dim).transpose(1, 2)
-    cos, sin = rotary
-    q = apply_rotary(q, cos, sin, full_precision=heads.full_precision_rotary)
-    k = apply_rotary(k, cos, sin, full_precision=heads.full_precision_rotary)
+    if rotary is not None:
+        cos, sin = rotary
+        q = apply_rotary(q, cos, sin, full_precision=heads.full_precision_rotary)
+        k = apply_rotary(k, cos, sin, full_precision=heads.full_precision_rotary)
     if n_kv_heads != n_heads:
         k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
         v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)

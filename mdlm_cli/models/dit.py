@@ -9,6 +9,10 @@ The module tree and parameter shapes follow the reference implementation
 (`vocab_embed.embedding`, `sigma_map.mlp`, `blocks[i].{norm1, attn_qkv, attn_out,
 norm2, mlp, adaLN_modulation}`, `output_layer.{norm_final, linear,
 adaLN_modulation}`) so that published checkpoints load with a key rename.
+
+With `model.shift` (an AR run converted by `mdlm convert --shift`) position i's logits are read
+from the output at i - 1, as the AR head was trained (decoder_layers.shift_states, the one shift
+of every backbone); off by default, the reference's in-place prediction.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..errors import MdlmError
 from .block_cache import BlockCache, BlockCall
+from .decoder_layers import shift_states
 from .dit_layers import (
     DDitFinalLayer,
     EmbeddingLayer,
@@ -61,6 +66,7 @@ class DiTConfig:
     mlp_ratio: int = ModelConfig.mlp_ratio
     dropout: float = ModelConfig.dropout
     time_conditioning: bool = ModelConfig.time_conditioning
+    shift: bool = ModelConfig.shift
 
 
 class DDiTBlock(nn.Module):
@@ -182,6 +188,9 @@ class DiT(nn.Module):
             )
         if not 0.0 <= m.dropout < 1.0:
             raise MdlmError(f"model.dropout must be in [0, 1) (got {m.dropout})")
+        if m.shift and cfg.diffusion.block_size:  # block_size is BD3-LM's own key
+            raise MdlmError("model.shift is for MDLM targets: BD3-LM's pass over [x_t, x_0] "
+                            "with a shift is not done yet; set model.shift=false")
 
     @classmethod
     def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *,
@@ -192,8 +201,14 @@ class DiT(nn.Module):
     def save_checkpoint_files(self, folder: Path) -> None:
         """Nothing beside the weights: the config builds it."""
 
+    @property
+    def shifted_logits(self) -> bool:
+        """The engine's declaration (engine/protocols.py): logits at i read from i - 1."""
+        return self.config.shift
+
     def describe(self) -> str:
-        return f"DiT {self.config.n_blocks}x{self.config.hidden_size}"
+        shift = ", shifted" if self.config.shift else ""
+        return f"DiT {self.config.n_blocks}x{self.config.hidden_size}{shift}"
 
     def __init__(self, cfg: ModelConfig | DiTConfig, vocab_size: int, causal: bool = False):
         super().__init__()
@@ -231,6 +246,7 @@ class DiT(nn.Module):
         elif attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()
         x, c = self.trunk(tokens, sigma, key_mask, positions)
+        x = shift_states(x) if self.config.shift else x  # the conditioning is per row
         if output_mask is not None:
             rows, cols = output_mask.nonzero().unbind(1)  # the one host synchronisation: N varies
             return self.output_layer(x[rows, cols], c[rows])  # (N, V)
@@ -255,6 +271,8 @@ class DiT(nn.Module):
     def _decode(self, tokens: torch.Tensor, sigma: torch.Tensor, cache: KVCache) -> torch.Tensor:
         if not (self.causal or cache.block):
             raise ValueError("a key/value cache needs a causal model (or a block cache)")
+        if self.config.shift:  # the next token's logits are those of the last position
+            raise ValueError("a shifted DiT is a diffusion model; it decodes no key/value cache")
         start, end = cache.length, cache.length + tokens.shape[1]
         if end > cache.max_len:
             raise ValueError(
@@ -293,6 +311,7 @@ class DiT(nn.Module):
         rotary = (cos[call.start:end], sin[call.start:end])
         for i, block in enumerate(self.blocks):
             x = block(x, rotary, c, None, (call, i))
+        x = shift_states(x) if self.config.shift else x  # within the slice, as Dream's
         return self.output_layer(x, c)  # (R, n, V)
 
     def num_parameters(self, non_embedding: bool = False) -> int:

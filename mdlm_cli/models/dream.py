@@ -16,12 +16,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
 from ..errors import MdlmError
 from .block_cache import BlockCall
-from .decoder_layers import Heads, RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
+from .decoder_layers import Heads, RMSNorm, attend, rotary_tables, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
 CONFIG_FILE = "dream_config.json"  # the release's config.json, beside an mdlm checkpoint's weights
@@ -155,9 +154,10 @@ class Dream(ReleasedBackbone):
     lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     lora_whole = ("embed_tokens", "lm_head")
     read_shape = staticmethod(read_shape)
-    # logits at i read from the output at i - 1 (engine/protocols.py): a block cache's sliced
-    # call cannot give its first position's, so the block samplers follow Fast-dLLM's Dream loop
-    shifted_logits = True
+    # logits at i read from the output at i - 1 (`shifted_logits`, engine/protocols.py): a block
+    # cache's sliced call cannot give its first position's, so the block samplers follow
+    # Fast-dLLM's Dream loop; a Qwen2 converted by `mdlm convert` keeps it too
+    default_shift = shift_fixed = True
 
     def build_network(self) -> None:
         self.model = DreamDecoder(self.config)  # the release's names: model.*, lm_head.*
@@ -177,7 +177,7 @@ class Dream(ReleasedBackbone):
         start = 0 if call is None else call.start
         cos, sin = rotary_tables(start + tokens.shape[1], s.hidden_size // s.n_heads,
                                  s.rope_theta, tokens.device)
-        keys = key_padding_mask(attention_mask)
+        keys = self.attention_keys(attention_mask, tokens.shape[1], tokens.device)
         for i, layer in enumerate(decoder.layers):
             x = self.run_block(layer, x, (cos[start:], sin[start:]), keys,
                                None if call is None else (call, i))
@@ -188,7 +188,7 @@ class Dream(ReleasedBackbone):
         them. A cached call's slice is shifted within itself, as Fast-dLLM's modeling_dream.py:
         the slice's first position reads its own output (Fast-dLLM's loop decides that
         position from the full pass: engine/dream_blocks.py)."""
-        h = torch.cat([h[:, :1], h[:, :-1]], dim=1)  # Dream's shift: i is read from i - 1
+        h = self.read_positions(h)  # Dream's shift: i is read from i - 1
         h = h if output_mask is None else h[output_mask]
         weight = self.model.embed_tokens.weight if self.config.tied else self.lm_head.weight
         return nn.functional.linear(h, weight)[..., : self.vocab_size].float()

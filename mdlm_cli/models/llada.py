@@ -5,8 +5,10 @@ The architecture is the release's "llama" block: x + attn_out(attention(attn_nor
 x + ff_out(silu(ff_proj(h)) * up_proj(h)) with h = ff_norm(x); RMSNorm, rotary embeddings at
 `rope_theta` rotated in float32, no causal mask; the output layer `transformer.ff_out` (or the
 tied embedding with `weight_tying`). The denoiser's logits at a position are the model's logits
-there (LLaDA predicts each masked token in place). Configurations the release never ships
-(ALiBi, block types other than llama, MoE layers, QK norms, ...) are refused, naming the key.
+there (LLaDA predicts each masked token in place); a LLaMA converted by `mdlm convert` into this
+layout keeps its AR head's shift instead (its config.json's conversion record: open_weights.py).
+Configurations the release never ships (ALiBi, block types other than llama, MoE layers, QK
+norms, ...) are refused, naming the key.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch import Tensor, nn
 
 from ..errors import MdlmError
 from .block_cache import BlockCall
-from .decoder_layers import Heads, RMSNorm, attend, key_padding_mask, rotary_tables, swiglu
+from .decoder_layers import Heads, RMSNorm, attend, rotary_tables, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
 CONFIG_FILE = "llada_config.json"  # the release's config.json, beside an mdlm checkpoint's weights
@@ -170,12 +172,13 @@ class LLaDA(ReleasedBackbone):
         cos, sin = rotary_tables(start + tokens.shape[1], s.hidden_size // s.n_heads,
                                  s.rope_theta, tokens.device)
         rotary = (cos[start:], sin[start:])  # the positions' absolute angles
-        keys = key_padding_mask(attention_mask)
+        keys = self.attention_keys(attention_mask, tokens.shape[1], tokens.device)
         for i, block in enumerate(t.blocks):
             x = self.run_block(block, x, rotary, keys, None if call is None else (call, i))
         return t.ln_f(x)
 
     def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:
+        h = self.read_positions(h)
         h = h if output_mask is None else h[output_mask]
         t = self.model.transformer
         weight = t.wte.weight if self.config.weight_tying else t.ff_out.weight

@@ -2,7 +2,13 @@
 safetensors, read without their Python files, and a backbone built on the meta device whose
 parameters then become the memory-mapped tensors themselves (`load_state_dict(assign=True)`),
 so that loading holds the weights about once, in the checkpoint's dtype. `ReleasedBackbone`
-is what both families' backbones share; each adds its network (models/llada.py, dream.py).
+is what both families' backbones share; each adds its network (models/llada.py, dream.py,
+and gpt2.py: mdlm's own layout of a converted GPT-2).
+
+A folder written by `mdlm convert` (checkpoints/convert/) carries its conversion record in
+config.json (`mdlm_conversion`: source, shift, attention); the backbone reads its shift and
+attention there, so they travel with the weights (and with the family config an mdlm checkpoint
+keeps beside them). A released folder has none: its family's own behaviour, bit for bit.
 """
 
 from __future__ import annotations
@@ -24,10 +30,13 @@ from ..errors import MdlmError
 from ..io.files import read_json_object
 from ..memory import check_weights_fit
 from .block_cache import BlockCache, BlockCall
+from .decoder_layers import causal_keys, key_padding_mask, shift_states
 from .hf_mlm import model_folder
 from .section import keys_of, read_section
 from .tied import count_parameters
 
+CONVERSION_KEY = "mdlm_conversion"  # config.json's record of a folder `mdlm convert` wrote
+ATTENTIONS = ("full", "causal")  # full: diffusion; causal: the conversion's equivalence check
 INDEX = "model.safetensors.index.json"
 # bytes per element of the safetensors dtypes the releases use (others count 4)
 STORED_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
@@ -146,6 +155,18 @@ def refuse(name: str, key: str, value: Any, why: str) -> MdlmError:
                      f"not implement ({why})")
 
 
+def read_conversion(raw: dict, name: str) -> dict:
+    """config.json's conversion record ({} for a released folder), its values checked."""
+    record = raw.get(CONVERSION_KEY) or {}
+    if not isinstance(record, dict) or not isinstance(record.get("shift", False), bool):
+        raise MdlmError(f"{name}: config.json's {CONVERSION_KEY} is not a conversion record "
+                        "(convert the source again with mdlm convert)")
+    if record.get("attention", "full") not in ATTENTIONS:
+        raise MdlmError(f"{name}: config.json's {CONVERSION_KEY} has attention "
+                        f"{record['attention']!r}; one of {', '.join(ATTENTIONS)}")
+    return record
+
+
 def read_family_config(folder: Path, file: str) -> dict:
     """The family's config saved beside an mdlm checkpoint's weights, or one line."""
     path = folder / file
@@ -202,6 +223,11 @@ class ReleasedBackbone(nn.Module, ABC):
     config_file: ClassVar[str]
     sampling_defaults: ClassVar[dict[str, Any]]
     read_shape: ClassVar[Callable[[dict, str], Any]]
+    # the shift where no conversion record says (position i's logits from the output at i - 1:
+    # shift_states): LLaDA predicts in place, Dream and GPT-2 keep their AR head's shift;
+    # `shift_fixed`: the family's weights were trained one way only (Dream)
+    default_shift: ClassVar[bool] = False
+    shift_fixed: ClassVar[bool] = False
 
     # gradient checkpointing (train.checkpointing): each block's activations are recomputed in
     # the backward pass instead of kept, so training memory holds one block's, not all of them
@@ -219,6 +245,13 @@ class ReleasedBackbone(nn.Module, ABC):
             folder, raw = read_folder_config(cfg.hf_model)
         self.source, self.raw = cfg.hf_model, raw
         self.config = self.read_shape(raw, cfg.hf_model or self.family)
+        self.conversion = read_conversion(raw, cfg.hf_model or self.family)
+        self.shift = self.conversion.get("shift", self.default_shift)
+        self.attention = self.conversion.get("attention", "full")
+        if self.shift_fixed and self.shift != self.default_shift:
+            raise MdlmError(f"{cfg.hf_model or self.family}: the {self.family} backbone always "
+                            f"reads {'shifted' if self.default_shift else 'in-place'} logits; "
+                            "its conversion record asks for the other")
         self.vocab_size = vocab_size
         if vocab_size > self.config.vocab_rows:
             raise MdlmError(f"the tokenizer has {vocab_size} tokens but {self.source}'s embedding "
@@ -247,9 +280,31 @@ class ReleasedBackbone(nn.Module, ABC):
         """Logits (B, L, V) in float32, or (N, V) at the N True positions of `output_mask`."""
         return self._logits(self.hidden_states(tokens, attention_mask), output_mask)
 
+    @property
+    def shifted_logits(self) -> bool:
+        """The engine's declaration (engine/protocols.py): logits at i read from i - 1."""
+        return self.shift
+
+    def read_positions(self, h: Tensor) -> Tensor:
+        """The states each position's logits are read from (B, L, H): its own, or with the
+        shift those one to its left. A cached call's slice is shifted within itself, as
+        Fast-dLLM's modeling_dream.py (its loop decides the slice's first position from the full
+        pass: engine/dream_blocks.py)."""
+        return shift_states(h) if self.shift else h
+
+    def attention_keys(self, attention_mask: Tensor | None, length: int, device) -> Tensor | None:
+        """The keys each query attends (SDPA's boolean mask): every real one, or with causal
+        attention (a conversion's equivalence check) those up to its own."""
+        if self.attention == "causal":
+            return causal_keys(attention_mask, length, device)
+        return key_padding_mask(attention_mask)
+
     # Fast-dLLM's block cache (models/block_cache.py); which position's output a slice's
-    # logits read is the family's `_logits` (LLaDA: its own; Dream: the one to its left)
+    # logits read is `read_positions` (LLaDA: its own; Dream: the one to its left)
     def new_block_cache(self, batch: int, length: int) -> BlockCache:
+        if self.attention == "causal":  # the cache's slices attend both ways
+            raise MdlmError(f"{self.describe()} attends causally; a block cache needs full "
+                            "attention: use --cache none")
         return BlockCache.empty(batch, length, self.config.n_layers)
 
     def block_cache(self, tokens: Tensor, cache: BlockCache, rows: Tensor | None = None
@@ -286,7 +341,11 @@ class ReleasedBackbone(nn.Module, ABC):
         write_family_config(folder / self.config_file, self.raw)
 
     def describe(self) -> str:
-        return f"{self.title} {self.config.n_layers}x{self.config.hidden_size} ({self.source})"
+        text = f"{self.title} {self.config.n_layers}x{self.config.hidden_size} ({self.source})"
+        if self.conversion:
+            text += (f", converted from {self.conversion.get('source')} (shift "
+                     f"{'on' if self.shift else 'off'}, {self.attention} attention)")
+        return text
 
     def num_parameters(self) -> int:
         return count_parameters(self)

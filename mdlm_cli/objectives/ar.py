@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..engine.diffusion import without_mask
+from ..errors import MdlmError
 from ..models import KVCache, autocast_for, is_segmented, segment_starts, unwrap
 from .base import Objective
 
@@ -113,6 +114,9 @@ class Autoregressive(Objective):
     @classmethod
     def validate(cls, cfg) -> None:
         cls.refuse_time(cfg, "autoregressive")
+        if cfg.model.shift:  # the AR loss reads each position's own output
+            raise MdlmError("model.shift belongs to a diffusion model converted from an AR run; "
+                            "the ar objective predicts the next token without it")
 
     def denoiser(self,
                  model: nn.Module,

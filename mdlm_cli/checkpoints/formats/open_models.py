@@ -2,7 +2,9 @@
 folder (or hub id: config, safetensors and tokeniser files are fetched, never code) becomes a
 LoadedModel of its native backbone, its weights memory-mapped in their own dtype, with the
 config of LLaDA's training objective (MDLM's loss under the linear schedule: mask rate t,
-weight 1/t) and no time input, so that the denoiser is time-agnostic."""
+weight 1/t) and no time input, so that the denoiser is time-agnostic. A folder `mdlm convert`
+wrote (its config.json's conversion record) says so in state.json and in a note every command
+prints."""
 
 from __future__ import annotations
 
@@ -48,6 +50,9 @@ def load_open_model(found: Found, backbone_cls, max_length: int, *, device) -> L
                                      device)
     state = hf_state({}, label)
     state.update({"family": family, "sampling_defaults": dict(backbone_cls.sampling_defaults)})
+    if model.conversion:
+        state["converted_from"] = dict(model.conversion)
+        state["notes"] = [model.describe()]
     return LoadedModel(folder, model.eval(), config, tokenizer,
                        data_meta({}, config, tokenizer), state)
 
