@@ -78,17 +78,12 @@ def read_shape(raw: dict, name: str) -> GPT2Shape:
                         ) from None
 
 
-class Conv1D(nn.Module):
-    """GPT-2's projection: weight (in, out), y = x W + b (a Linear with its weight transposed)."""
+def Conv1D(n_in: int, n_out: int) -> nn.Module:  # noqa: N802 - GPT-2's own name for it
+    """GPT-2's projection: weight (in, out), y = x W + b (a Linear with its weight transposed).
+    transformers' own class, so that peft adapts it (LoRA with fan_in_fan_out)."""
+    from transformers.pytorch_utils import Conv1D as HFConv1D
 
-    def __init__(self, n_in: int, n_out: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(n_in, n_out))
-        self.bias = nn.Parameter(torch.zeros(n_out))
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)
-        return out.view(*x.shape[:-1], self.weight.shape[1])
+    return HFConv1D(n_out, n_in)  # its arguments are (nf = out, nx = in)
 
 
 class GPT2Attention(nn.Module):
@@ -162,6 +157,11 @@ class GPT2(ReleasedBackbone):
     model_type = MODEL_TYPE
     sampling_defaults: dict = {}  # no released diffusion GPT-2 to follow: mdlm's own defaults
     answer_tokens = None  # the rest of the window (models/protocols.py)
+    # LoRA's defaults (models/lora.py): the blocks' Conv1D projections, whose (in, out) weights
+    # peft adapts with fan_in_fan_out
+    lora_targets = ("c_attn", "c_proj", "c_fc")
+    lora_whole = ("wte", "wpe")
+    lora_fan_in_fan_out = True
     read_shape = staticmethod(read_shape)
     default_shift = True  # GPT-2's head predicts the next token
 

@@ -55,7 +55,7 @@ def block_pattern(names: tuple[str, ...]) -> str:
     same-named layer outside them (LLaDA's output layer is `transformer.ff_out`, its blocks'
     MLP output `blocks.N.ff_out`)."""
     alternatives = "|".join(re.escape(n) for n in names)
-    return rf"(.*\.)?(blocks|layers)\.\d+\.(.*\.)?({alternatives})"
+    return rf"(.*\.)?(blocks|layers|h)\.\d+\.(.*\.)?({alternatives})"  # h: GPT-2's blocks
 
 
 def peft_config(model: nn.Module, lora: LoraConfig, base: str):
@@ -74,7 +74,8 @@ def peft_config(model: nn.Module, lora: LoraConfig, base: str):
                  if any(n == w or n.endswith("." + w) for n in names)]
     return peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                            target_modules=targets, modules_to_save=whole or None,
-                           base_model_name_or_path=base)
+                           base_model_name_or_path=base,
+                           fan_in_fan_out=bool(getattr(type(model), "lora_fan_in_fan_out", False)))
 
 
 def add_lora(model: nn.Module, lora: LoraConfig, base: str) -> nn.Module:
@@ -86,7 +87,7 @@ def add_lora(model: nn.Module, lora: LoraConfig, base: str) -> nn.Module:
         model = peft.inject_adapter_in_model(config, model)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model"
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                         if isinstance(m, nn.Linear)})
+                         if type(m).__name__ in ("Linear", "Conv1D")})
         raise MdlmError(f"lora.targets: {str(e).splitlines()[0]} (its linear layers are named "
                         f"{', '.join(linear)})") from None
     model.lora_config = config  # what save_adapter writes

@@ -99,3 +99,21 @@ def test_bad_sources_end_in_one_line(sources, tmp_path, monkeypatch, case):
             "out-not-empty": "--force"}[case] in error
     written = sorted(p.name for p in tmp_path.iterdir() if p.name not in ("src", "empty-cache"))
     assert written == (["out"] if case == "out-not-empty" else [])
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
+def test_a_converted_model_lora_fine_tunes_and_samples(sources, text_file, tmp_path, monkeypatch,
+                                                       arch):
+    """LoRA on each converted backbone (GPT-2's Conv1D projections through peft's
+    fan_in_fan_out); the run samples with its adapter merged."""
+    monkeypatch.setenv("MDLM_CACHE", str(tmp_path / "cache"))
+    out, run = tmp_path / "converted", tmp_path / "run"
+    invoke("convert", sources[arch], "--out", out)
+    text = invoke("train", "--preset", "open-sft", "--no-print-config", "--set",
+                  f"train.init_from={out}", "--set", f"data.dataset={text_file}", "--set",
+                  "data.packing=wrap", "--set", "data.length=32", "--max-steps", "2", "--set",
+                  "train.global_batch_size=2", "--set", "train.micro_batch_size=2", "--set",
+                  "train.eval_rows=4", "--set", "lora.rank=2", "--out", run)
+    assert "LoRA: rank 2" in text
+    assert (run / "checkpoints" / "step-00000002" / "adapter" / "adapter_config.json").is_file()
+    invoke("sample", "-c", run, "-n", "1", "--length", "16", "--steps", "4")
