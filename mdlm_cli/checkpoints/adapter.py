@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from ..errors import MdlmError
-from ..models.lora import PREFIX, WEIGHTS, load_adapter, write_adapter
-from .folder import LoadedModel, load_weights
+from ..models.lora import WEIGHTS, load_adapter, put_adapter_tensors, write_adapter
+from .folder import LoadedModel
 
 ADAPTER = "adapter"
 ADAPTER_EMA = "adapter-ema"
@@ -44,29 +44,14 @@ def is_adapter_step(step_dir: Path) -> bool:
     return (step_dir / ADAPTER / WEIGHTS).is_file()
 
 
-def _put(model: nn.Module, folder: Path) -> None:
-    """The adapter tensors of `folder` into the adapted `model` (peft maps its file keys to
-    the parameters)."""
-    from peft import set_peft_model_state_dict
-
-    tensors = load_weights(folder / WEIGHTS)
-    tensors = {k.removeprefix(PREFIX): v for k, v in tensors.items()}
-    result = set_peft_model_state_dict(model, tensors)
-    missing = [k for k in result.missing_keys if "lora_" in k or "modules_to_save" in k]
-    if result.unexpected_keys or missing:
-        first = (result.unexpected_keys or missing)[0]
-        raise MdlmError(f"{folder} does not fit this run's adapters ({first}); the lora section "
-                        "must match the checkpoint's")
-
-
 def restore_adapters(step_dir: Path, model: nn.Module) -> dict[str, torch.Tensor] | None:
     """--resume of a LoRA run: its raw adapter into `model` in place; returns the EMA's
     tensors by parameter name (None where the step has no EMA)."""
     ema = None
     if (step_dir / ADAPTER_EMA / WEIGHTS).is_file():
-        _put(model, step_dir / ADAPTER_EMA)
+        put_adapter_tensors(model, step_dir / ADAPTER_EMA)
         ema = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    _put(model, step_dir / ADAPTER)
+    put_adapter_tensors(model, step_dir / ADAPTER)
     return ema
 
 

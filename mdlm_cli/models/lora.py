@@ -15,6 +15,7 @@ records the base the adapter was trained on, so loading it onto another base is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -181,20 +182,53 @@ def load_adapter(model: nn.Module, folder: str | Path, *, merge: bool = True) ->
     folder = Path(folder)
     check_adapter_folder(folder)
     record = read_record(folder)
-    try:
-        config = peft.PeftConfig.from_pretrained(str(folder))
-        wrapped = peft.PeftModel.from_pretrained(model, str(folder), config=config)
-    except (ValueError, RuntimeError, KeyError, OSError) as e:
+    config = read_config(folder)
+    try:  # what PeftModel.from_pretrained does, on the local folder only (never the Hub)
+        model = peft.inject_adapter_in_model(config, model)
+        model.lora_config = config
+        put_adapter_tensors(model, folder)
+    except (ValueError, RuntimeError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise MdlmError(f"{folder} does not fit this model ({model.describe()}): {first}"
                         ) from None
-    base = wrapped.get_base_model()
     if record is not None:
-        record.check(base, folder)
-    if merge:
-        return wrapped.merge_and_unload()
-    base.lora_config = config
-    return base
+        record.check(model, folder)
+    return merged(model) if merge else model
+
+
+def read_config(folder: Path):
+    """adapter_config.json as peft's LoraConfig (keys this peft does not know are dropped, as
+    its own loader does); another kind of adapter is refused."""
+    peft = _need_peft()
+    try:
+        attrs = peft.LoraConfig.from_json_file(str(folder / CONFIG))
+    except (OSError, ValueError) as e:
+        raise MdlmError(f"{folder / CONFIG} is not readable JSON ({type(e).__name__}); restore "
+                        "the adapter folder") from None
+    if attrs.get("peft_type", "LORA") != "LORA":
+        raise MdlmError(f"{folder} holds a {attrs['peft_type']} adapter; mdlm loads LoRA ones")
+    known = {f.name for f in dataclasses.fields(peft.LoraConfig)}
+    return peft.LoraConfig(**{k: v for k, v in attrs.items() if k in known})
+
+
+def put_adapter_tensors(model: nn.Module, folder: Path) -> None:
+    """The adapter tensors of `folder` into the adapted `model` (peft maps its file keys to
+    the parameters); one line where they do not fit."""
+    from peft import set_peft_model_state_dict
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(folder / WEIGHTS)
+    except (SafetensorError, OSError) as e:
+        raise MdlmError(f"{folder / WEIGHTS} is not a readable safetensors file ({e})") from None
+    result = set_peft_model_state_dict(model, {k.removeprefix(PREFIX): v
+                                               for k, v in tensors.items()})
+    missing = [k for k in result.missing_keys if "lora_" in k or "modules_to_save" in k]
+    if result.unexpected_keys or missing:
+        first = (result.unexpected_keys or missing)[0]
+        raise MdlmError(f"{folder} does not fit this model's adapters ({first}): another "
+                        "base or another lora section")
 
 
 def merged(model: nn.Module) -> nn.Module:
