@@ -9,7 +9,7 @@ from .commands.app import app
 
 # Importing a command module registers its commands; this order is the order of `mdlm --help`.
 COMMAND_MODULES = ("data", "train", "sample", "evaluate", "genppl", "lm_eval", "bench", "export",
-                   "convert", "serve", "classify", "glue", "reproduce")
+                   "convert", "rl", "serve", "classify", "glue", "reproduce")
 for _module in COMMAND_MODULES:
     importlib.import_module(f".commands.{_module}", __package__)
 

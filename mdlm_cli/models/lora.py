@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -250,3 +251,19 @@ def merged(model: nn.Module) -> nn.Module:
         setattr(model.get_submodule(parent) if parent else model, leaf, plain)
     del model.lora_config
     return model
+
+
+@contextmanager
+def adapters_off(model: nn.Module):
+    """`model` as its base for the duration (every adapter bypassed, nothing copied): the
+    reference policy of RL (mdlm rl)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)

@@ -1,0 +1,257 @@
+"""`mdlm rl`'s loop: group-relative policy optimisation of a diffusion LM's LoRA adapter
+(d1's diffu-GRPO and its successors, through the estimators' registry).
+
+Each step: P prompts from the data set, G rollouts each drawn with the chosen sampler (the
+policy, adapters on, no gradient), their rewards and group advantages; then mu inner
+iterations, each with one mask seed shared by the policy, the old policy (the adapters as they
+were when the rollouts were drawn) and the reference (the base: adapters off, nothing copied),
+the clipped-ratio loss with k3 KL, one AdamW step each. A prompt's G rows share a length and
+are scored together; the loss is averaged over the P groups. Held-out exact reward is measured
+every `eval_every` steps on a fixed seed; metrics.jsonl, the adapter (peft's folder format)
+and rl.json go to the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..config import LoraConfig
+from ..data.sft import encode_example, example_source
+from ..engine.settings import SamplingSettings
+from ..errors import MdlmError
+from ..generation.capabilities import capabilities_of
+from ..generation.layout import LayoutError, lay_out
+from ..generation.request import GenerationRequest
+from ..models.lora import adapters_off, add_lora, trainable, write_adapter
+from ..sample.generate import cut_at_eos, generate
+from .estimators import denoiser_logits, estimate, iteration_seeds
+from .grpo import group_advantages, grpo_loss, scored_through_eos
+from .rewards import load_reward
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    """`mdlm rl`'s choices (its flags)."""
+
+    data: str  # JSONL of prompt/response (data/sft.py), or a registered example set
+    out: Path
+    reward: tuple[str, ...] = ("exact",)
+    held_out: str | None = None  # the same format: exact reward measured on it
+    estimator: str = "d1"
+    group: int = 6  # G rollouts a prompt (d1: 6)
+    prompts: int = 4  # P prompts a step
+    iterations: int = 2  # mu inner iterations a step (d1: 12)
+    clip: float = 0.5
+    beta: float = 0.04
+    scale_rewards: bool = False  # divide advantages by the group's std (d1: no)
+    lr: float = 1e-4
+    max_steps: int = 100
+    minutes: float = 0.0  # stop after this much time (0: max_steps only)
+    answer_tokens: int = 16  # the completion's positions
+    lora: LoraConfig = field(default_factory=lambda: LoraConfig(rank=16, alpha=32.0))
+    eval_every: int = 10
+    eval_rows: int = 64
+    seed: int = 0
+
+    def validate(self) -> RLSettings:
+        for name in ("group", "prompts", "iterations", "max_steps", "answer_tokens",
+                     "eval_every", "eval_rows"):
+            if getattr(self, name) < 1:
+                raise MdlmError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.group < 2:
+            raise MdlmError("--group must be at least 2: an advantage is a reward against its "
+                            "group's mean")
+        if self.lora.rank < 1:
+            raise MdlmError("--lora-rank must be at least 1: mdlm rl trains an adapter (the "
+                            "reference is the base with it off)")
+        return self
+
+
+@dataclass
+class Policy:
+    """What the loop holds: the loaded model (its module adapted), the runtime, the sampling
+    settings of the rollouts."""
+
+    loaded: object
+    rt: object
+    sampling: SamplingSettings
+
+
+def read_prompts(source: str, tokenizer) -> list[tuple[list[int], dict]]:
+    """(prompt ids, the example's fields) of every example in `source`."""
+    examples = example_source(source).all_examples()
+    if not examples:
+        raise MdlmError(f"{source} holds no examples")
+    return [(encode_example(tokenizer, e)[0], e) for e in examples]
+
+
+def rollouts(policy: Policy, prompt: list[int], rows: int, answer: int, seed: int
+             ) -> tuple[Tensor, int]:
+    """`rows` completions of `prompt` by the policy (no gradient): tokens (rows, L) and where
+    the completion starts."""
+    loaded = policy.loaded
+    try:
+        layout = lay_out(capabilities_of(loaded), prompt, answer=answer, start=[])
+    except LayoutError as e:
+        raise MdlmError(f"a prompt does not fit: {e}") from None
+    template = layout.template(loaded.mask_id).unsqueeze(0).expand(rows, -1).clone()
+    request = GenerationRequest(policy.sampling, num_samples=rows, seed=seed, stop_at_eos=False)
+    loaded.model.eval()
+    with torch.no_grad():
+        records, _, _ = generate(loaded, policy.rt, request, length=layout.length,
+                                 prompt=template)
+    tokens = torch.tensor([r.tokens for r in records], device=policy.rt.device)
+    return tokens, len(prompt)
+
+
+def completions_text(loaded, tokens: Tensor, start: int) -> list[str]:
+    out = []
+    for row in tokens.tolist():
+        kept, length, _ = cut_at_eos(row, start, loaded.tokenizer.eos_id)
+        out.append(loaded.tokenizer.decode(kept[start:]))
+    return out
+
+
+@dataclass
+class Group:
+    """One prompt's rollouts, ready to score."""
+
+    tokens: Tensor  # (G, L)
+    completion: Tensor  # (G, L) bool
+    scored: Tensor  # (G, L) bool: through the first EOS
+    advantages: Tensor  # (G,)
+    old: list[Tensor | None]  # per inner iteration: the old policy's estimate (None: the first)
+    ref: list[Tensor]
+
+
+def logp(policy: Policy, group: Group, name: str, seed: int) -> Tensor:
+    loaded = policy.loaded
+    fn = denoiser_logits(loaded.denoiser(policy.rt.dtype))
+    return estimate(name, fn, group.tokens, group.completion, mask_id=loaded.mask_id,
+                    seed=seed).logp
+
+
+def prepare_group(policy: Policy, tokens: Tensor, start: int, advantages: Tensor,
+                  settings: RLSettings, seeds: list[int]) -> Group:
+    completion = torch.zeros_like(tokens, dtype=torch.bool)
+    completion[:, start:] = True
+    scored = scored_through_eos(tokens, completion, policy.loaded.tokenizer.eos_id)
+    group = Group(tokens, completion, scored, advantages, [], [])
+    model = policy.loaded.model
+    model.eval()  # dropout off: the three policies see the same network
+    with torch.no_grad():
+        group.old = [None] + [logp(policy, group, settings.estimator, s) for s in seeds[1:]]
+        with adapters_off(model):
+            group.ref = [logp(policy, group, settings.estimator, s) for s in seeds]
+    return group
+
+
+def held_out_reward(policy: Policy, held: list[tuple[list[int], dict]], reward,
+                    settings: RLSettings) -> float:
+    """The mean reward of one completion per held-out prompt (seed fixed: comparable steps)."""
+    scores = []
+    for i, (ids, fields) in enumerate(held[: settings.eval_rows]):
+        tokens, start = rollouts(policy, ids, 1, settings.answer_tokens, settings.seed + i)
+        text = completions_text(policy.loaded, tokens, start)
+        scores += reward([fields.get("prompt", "")], text,
+                         **{k: [v] for k, v in fields.items()})
+    return sum(scores) / len(scores)
+
+
+def adapt_policy(loaded, settings: RLSettings, checkpoint: str) -> torch.optim.Optimizer:
+    loaded.model = add_lora(loaded.model.float(), settings.lora, checkpoint)
+    params = [p for _, p in trainable(loaded.model)]
+    return torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+
+
+def step(policy: Policy, optimizer, batch: list[tuple[list[int], dict]], reward,
+         settings: RLSettings, seed: int) -> dict:
+    """One GRPO step over `batch`'s prompts; returns its log record."""
+    loaded, g = policy.loaded, settings.group
+    seeds = iteration_seeds(settings.iterations, torch.Generator().manual_seed(seed))
+    groups, rewards = [], []
+    for j, (ids, fields) in enumerate(batch):
+        tokens, start = rollouts(policy, ids, g, settings.answer_tokens, seed * 1000 + j)
+        text = completions_text(loaded, tokens, start)
+        values = reward([fields.get("prompt", "")] * g, text,
+                        **{k: [v] * g for k, v in fields.items()})
+        r = torch.tensor(values, dtype=torch.float32)
+        adv = group_advantages(r, g, scale=settings.scale_rewards).to(tokens.device)
+        groups.append(prepare_group(policy, tokens, start, adv, settings, seeds))
+        rewards += values
+    stats = []
+    loaded.model.train()
+    for i, s in enumerate(seeds):
+        for group in groups:
+            new = logp(policy, group, settings.estimator, s)
+            loss, st = grpo_loss(new, group.old[i], group.ref[i], group.advantages,
+                                 group.scored, clip=settings.clip, beta=settings.beta)
+            (loss / len(groups)).backward()
+            stats.append(st)
+        torch.nn.utils.clip_grad_norm_([p for _, p in trainable(loaded.model)], 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    mean = sum(rewards) / len(rewards)
+    return {"reward_mean": mean,
+            "reward_std": math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards)),
+            "kl": float(sum(float(s.kl) for s in stats) / len(stats)),
+            "clip_fraction": float(sum(float(s.clip_fraction) for s in stats) / len(stats)),
+            "tokens": sum(int(gr.tokens.numel()) for gr in groups)}
+
+
+def train_rl(policy: Policy, settings: RLSettings, checkpoint: str,
+             on_step: Callable[[int, dict], None]) -> dict:
+    """The loop; returns rl.json's record (written with the adapter into settings.out)."""
+    settings = settings.validate()
+    tokenizer = policy.loaded.tokenizer
+    examples = read_prompts(settings.data, tokenizer)
+    held = read_prompts(settings.held_out, tokenizer) if settings.held_out else []
+    reward = load_reward(list(settings.reward))
+    optimizer = adapt_policy(policy.loaded, settings, checkpoint)
+    settings.out.mkdir(parents=True, exist_ok=True)
+    log = (settings.out / "metrics.jsonl").open("w")
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(settings.seed))
+    t0, record, evals, seen = time.perf_counter(), {}, [], 0
+
+    def evaluate(n: int) -> None:
+        if held:
+            value = held_out_reward(policy, held, reward, settings)
+            evals.append({"step": n, "held_out_reward": value})
+            log.write(json.dumps(evals[-1]) + "\n")
+            on_step(n, evals[-1])
+
+    evaluate(0)
+    n = 0
+    while n < settings.max_steps:
+        if settings.minutes and time.perf_counter() - t0 > 60 * settings.minutes:
+            break
+        picks = [int(order[(n * settings.prompts + k) % len(examples)])
+                 for k in range(settings.prompts)]
+        record = step(policy, optimizer, [examples[i] for i in picks], reward, settings,
+                      settings.seed + n)
+        n += 1
+        seen += record["tokens"]
+        record.update(step=n, elapsed_s=time.perf_counter() - t0)
+        record["tokens_per_s"] = seen / max(record["elapsed_s"], 1e-9)  # rollout rows scored
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+        on_step(n, record)
+        if n % settings.eval_every == 0 and n < settings.max_steps:
+            evaluate(n)
+    evaluate(n)
+    log.close()
+    (settings.out / "adapter").mkdir(exist_ok=True)
+    write_adapter(policy.loaded.model, settings.out / "adapter")
+    summary = {"checkpoint": checkpoint, "steps": n, "seconds": time.perf_counter() - t0,
+               "held_out": evals, "settings": {**asdict(settings), "out": str(settings.out),
+                                               "lora": asdict(settings.lora)}}
+    (settings.out / "rl.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
