@@ -11,7 +11,7 @@ import typer
 from .app import app
 from .console import console, user_errors
 from .loading import loading_command, loading_from
-from .options import SeedOpt
+from .options import SeedOpt, float_in
 from .sampling_args import SamplingCommand, sampling_from
 from .sampling_parse import resolved
 
@@ -43,14 +43,18 @@ RLEstimatorOpt = Annotated[str, typer.Option(
 GroupOpt = Annotated[int, typer.Option(help="Rollouts per prompt (G).")]
 RLPromptsOpt = Annotated[int, typer.Option(help="Prompts per step (P).")]
 IterationsOpt = Annotated[int, typer.Option(help="Inner iterations per step (mu).")]
-ClipOpt = Annotated[float, typer.Option(help="PPO clip epsilon.")]
-BetaOpt = Annotated[float, typer.Option(help="k3 KL weight.")]
-RLLrOpt = Annotated[float, typer.Option(help="AdamW learning rate of the adapter.")]
+ClipOpt = Annotated[float, typer.Option(help="PPO clip epsilon.",
+                                        callback=float_in(0.0, 1.0, low_in=False))]
+BetaOpt = Annotated[float, typer.Option(help="k3 KL weight.", callback=float_in(0.0))]
+RLLrOpt = Annotated[float, typer.Option(help="AdamW learning rate of the adapter.",
+                                         callback=float_in(0.0, low_in=False))]
 RLMaxStepsOpt = Annotated[int, typer.Option(help="GRPO steps at most.")]
-MinutesOpt = Annotated[float, typer.Option(help="Stop after this many minutes (0: off).")]
+MinutesOpt = Annotated[float, typer.Option(help="Stop after this many minutes (0: off).",
+                                           callback=float_in(0.0))]
 AnswerTokensOpt = Annotated[int, typer.Option(help="Positions of each completion.")]
 LoraRankOpt = Annotated[int, typer.Option(help="The adapter's rank r.")]
-LoraAlphaOpt = Annotated[float, typer.Option(help="The adapter's alpha.")]
+LoraAlphaOpt = Annotated[float, typer.Option(help="The adapter's alpha.",
+                                             callback=float_in(0.0, low_in=False))]
 EvalEveryOpt = Annotated[int, typer.Option(help="Steps between held-out rewards.")]
 RLEvalRowsOpt = Annotated[int, typer.Option(help="Held-out prompts scored.")]
 

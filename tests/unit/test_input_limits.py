@@ -71,7 +71,8 @@ def test_a_config_float_out_of_its_range_is_refused(key, value):
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 @pytest.mark.parametrize(("command", "flag"), float_flags())
 def test_a_non_finite_float_flag_is_refused_in_one_line(command, flag, value):
-    required = ["--tasks", "t"] if command == "lm-eval" else []  # checked first
+    # the required options, checked first
+    required = {"lm-eval": ["--tasks", "t"], "rl": ["--data", "d", "--out", "o"]}.get(command, [])
     result = CliRunner().invoke(app, [command, *required, f"{flag}={value}"])
     assert result.exit_code == 1, result.output
     lines = result.output.strip().splitlines()

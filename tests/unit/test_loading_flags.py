@@ -23,7 +23,7 @@ def _commands() -> dict:
 def test_the_commands_that_load_a_checkpoint_have_the_group():
     grouped = {name for name, c in _commands().items() if isinstance(c, LoadingCommand)}
     assert grouped == {"sample", "semi-ar", "gen-ppl", "eval-ppl", "lm-eval", "classify",
-                       "serve", "bench-sampler"}
+                       "serve", "bench-sampler", "rl"}
     for name in grouped:
         flags = command_flags(name)
         assert LOADING <= flags, name

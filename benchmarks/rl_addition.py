@@ -1,0 +1,86 @@
+"""Issue 53's RL table on the CPU: a tiny DiT trained by SFT on digit addition (the preset
+rl-addition, data the code generates), then, from that start and for the same time, `mdlm rl`
+(estimators d1 and coupled) against SFT continued; held-out exact match of each, one
+completion per prompt with the same sampler and seed. `make rl-table` runs it (outside CI).
+
+    python benchmarks/rl_addition.py --minutes-sft 4 --minutes 3 --out benchmarks/rl-addition.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLING = ["--sampler", "ancestral", "--steps", "4", "--answer-tokens", "4"]
+
+
+def mdlm(*args) -> str:
+    out = subprocess.run([sys.executable, "-m", "mdlm_cli", *map(str, args)], cwd=ROOT,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"mdlm {' '.join(map(str, args[:2]))} failed:\n{out.stderr[-2000:]}")
+    return out.stdout + out.stderr
+
+
+def held_out_exact(checkpoint: Path, held: Path, adapter: Path | None, rows: int) -> float:
+    """Exact match of one completion per held-out prompt (4 sampler steps, seed 0)."""
+    from mdlm_cli.checkpoints.load import load_on_device
+    from mdlm_cli.engine.settings import SamplingSettings
+    from mdlm_cli.rl.loop import Policy, RLSettings, held_out_reward, read_prompts
+    from mdlm_cli.rl.rewards import load_reward
+
+    loaded, rt = load_on_device(checkpoint, device="cpu", adapter=adapter)
+    settings = RLSettings(data=str(held), out=Path("."), answer_tokens=4, eval_rows=rows)
+    policy = Policy(loaded, rt, SamplingSettings(sampler="ancestral", steps=4))
+    return held_out_reward(policy, read_prompts(str(held), loaded.tokenizer),
+                           load_reward(["exact"]), settings)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minutes-sft", type=float, default=4.0)
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--work", default="runs/rl-table")
+    parser.add_argument("--rows", type=int, default=200)
+    parser.add_argument("--out", default="benchmarks/rl-addition.json")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from mdlm_cli.rl.tasks import AdditionTask, write_addition_task
+
+    work = ROOT / args.work
+    files = write_addition_task(AdditionTask(max_digits=2, train=2000, held_out=args.rows,
+                                             seed=0), work / "data")
+    train = ["train", "--preset", "rl-addition", "--no-print-config",
+             "--set", f"data.dataset={files['train']}"]
+    sft = work / "sft"
+    mdlm(*train, "--out", sft, "--set", f"train.time_budget={args.minutes_sft}", "--resume")
+    rows = {"sft start": held_out_exact(sft, files["held_out"], None, args.rows)}
+    more = work / "sft-more"
+    mdlm(*train, "--out", more, "--set", f"train.init_from={sft}",
+         "--set", f"train.time_budget={args.minutes}", "--set", "optim.warmup_steps=1")
+    rows["sft continued"] = held_out_exact(more, files["held_out"], None, args.rows)
+    for estimator in ("d1", "coupled"):
+        out = work / f"rl-{estimator}"
+        mdlm("rl", "-c", sft, "--data", files["train"], "--held-out", files["held_out"],
+             "--out", out, "--estimator", estimator, "--minutes", args.minutes,
+             "--max-steps", 100000, "--eval-every", 100000, "--eval-rows", 32, "--lr", "3e-3",
+             "--group", 6, "--prompts", 4, "--iterations", 2, "--seed", 0, *SAMPLING)
+        rows[f"rl {estimator}"] = held_out_exact(sft, files["held_out"], out / "adapter",
+                                                 args.rows)
+    import torch
+
+    record = {"command": " ".join(sys.argv), "cpu": platform.processor() or platform.machine(),
+              "torch": torch.__version__, "minutes_sft": args.minutes_sft,
+              "minutes": args.minutes, "held_out_rows": args.rows, "exact_match": rows}
+    Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+    for name, value in rows.items():
+        print(f"{name:14s} {100 * value:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
