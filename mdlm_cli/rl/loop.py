@@ -194,6 +194,9 @@ def step(policy: Policy, optimizer, batch: list[tuple[list[int], dict]], reward,
             new = logp(policy, group, settings.estimator, s)
             loss, st = grpo_loss(new, group.old[i], group.ref[i], group.advantages,
                                  group.scored, clip=settings.clip, beta=settings.beta)
+            if not torch.isfinite(loss):  # before it reaches the weights: nothing is lost
+                raise MdlmError(f"the RL loss became {float(loss)} (the KL to the base "
+                                f"overflowed, {float(st.kl):.3g}); lower --lr or raise --beta")
             (loss / len(groups)).backward()
             stats.append(st)
         torch.nn.utils.clip_grad_norm_([p for _, p in trainable(loaded.model)], 1.0)
