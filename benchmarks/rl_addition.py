@@ -67,13 +67,17 @@ def main() -> None:
          "--set", f"train.time_budget={args.minutes}", "--set", "optim.warmup_steps=1",
          "--resume")  # a finished run is kept: the RL rows can be re-run alone
     rows["sft continued"] = held_out_exact(more, files["held_out"], None, args.rows)
-    for estimator in ("d1", "coupled"):
-        out = work / f"rl-{estimator}"
+    # d1 as its paper (the prompt masked with p 0.15), d1 with a clean prompt (the SFT model
+    # never saw a masked prompt), DiffuCoder's coupled pair
+    for name, estimator, options in (("d1", "d1", []),
+                                     ("d1-p0", "d1", ["--estimator-option", "p_mask_prompt=0"]),
+                                     ("coupled", "coupled", [])):
+        out = work / f"rl-{name}"
         mdlm("rl", "-c", sft, "--data", files["train"], "--held-out", files["held_out"],
-             "--out", out, "--estimator", estimator, "--minutes", args.minutes,
+             "--out", out, "--estimator", estimator, *options, "--minutes", args.minutes,
              "--max-steps", 100000, "--eval-every", 100000, "--eval-rows", 32, "--lr", args.lr,
              "--group", 6, "--prompts", 4, "--iterations", 2, "--seed", 0, *SAMPLING)
-        rows[f"rl {estimator}"] = held_out_exact(sft, files["held_out"], out / "adapter",
+        rows[f"rl {name}"] = held_out_exact(sft, files["held_out"], out / "adapter",
                                                  args.rows)
     import torch
 

@@ -37,6 +37,10 @@ RLOutOpt = Annotated[Path, typer.Option("--out", help="Folder for metrics.jsonl,
 RewardOpt = Annotated[list[str] | None, typer.Option(
     help="A reward, repeatable and summed: exact, exact:FIELD, format:REGEX, json:SCHEMA, "
          "length:N, pkg.module:function, each optionally W*SPEC.")]
+EstimatorOptionOpt = Annotated[list[str] | None, typer.Option(
+    "--estimator-option", metavar="KEY=VALUE",
+    help="An option of the estimator, repeatable (d1: p_mask_prompt; coupled: t_low, t_high, "
+         "full_pass; elbo: samples, schedule, antithetic).")]
 RLEstimatorOpt = Annotated[str, typer.Option(
     "--estimator", help="Likelihood estimator of the policy: d1, coupled or elbo.")]
 
@@ -67,6 +71,7 @@ def rl_cmd(
     held_out: HeldOutOpt = None,
     reward: RewardOpt = None,
     estimator: RLEstimatorOpt = "d1",
+    estimator_option: EstimatorOptionOpt = None,
     group: GroupOpt = 6,
     prompts: RLPromptsOpt = 4,
     iterations: IterationsOpt = 2,
@@ -89,7 +94,8 @@ def rl_cmd(
     with user_errors():
         settings = RLSettings(
             data=data, out=out, reward=tuple(reward or ["exact"]), held_out=held_out,
-            estimator=estimator, group=group, prompts=prompts, iterations=iterations,
+            estimator=estimator, estimator_options=_options(estimator_option or []),
+            group=group, prompts=prompts, iterations=iterations,
             clip=clip, beta=beta, lr=lr, max_steps=max_steps, minutes=minutes,
             answer_tokens=answer_tokens, lora=LoraConfig(rank=lora_rank, alpha=lora_alpha),
             eval_every=eval_every, eval_rows=eval_rows, seed=seed).validate()
@@ -98,6 +104,21 @@ def rl_cmd(
         summary = train_rl(policy, settings, loading.checkpoint, on_step=_print)
     console.print(f"Done: {summary['steps']} steps in {summary['seconds']:.0f} s; adapter in "
                   f"{out / 'adapter'}", markup=False, highlight=False)
+
+
+def _options(given: list[str]) -> dict:
+    """KEY=VALUE pairs, each value read as YAML (0.1, true, loglinear)."""
+    import yaml
+
+    from ..errors import MdlmError
+
+    out = {}
+    for pair in given:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise MdlmError(f"--estimator-option takes KEY=VALUE (got {pair!r})")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
 
 
 def _print(step: int, record: dict) -> None:

@@ -32,7 +32,7 @@ from ..generation.layout import LayoutError, lay_out
 from ..generation.request import GenerationRequest
 from ..models.lora import adapters_off, add_lora, trainable, write_adapter
 from ..sample.generate import cut_at_eos, generate
-from .estimators import denoiser_logits, estimate, iteration_seeds
+from .estimators import denoiser_logits, estimate, estimator_options, iteration_seeds
 from .grpo import group_advantages, grpo_loss, scored_through_eos
 from .rewards import load_reward
 
@@ -46,6 +46,8 @@ class RLSettings:
     reward: tuple[str, ...] = ("exact",)
     held_out: str | None = None  # the same format: exact reward measured on it
     estimator: str = "d1"
+    # the estimator's options (rl.estimator_options), e.g. {"p_mask_prompt": 0.0}
+    estimator_options: dict = field(default_factory=dict)
     group: int = 6  # G rollouts a prompt (d1: 6)
     prompts: int = 4  # P prompts a step
     iterations: int = 2  # mu inner iterations a step (d1: 12)
@@ -69,6 +71,7 @@ class RLSettings:
         if self.group < 2:
             raise MdlmError("--group must be at least 2: an advantage is a reward against its "
                             "group's mean")
+        estimator_options(self.estimator, **self.estimator_options)  # one line if wrong
         if self.lora.rank < 1:
             raise MdlmError("--lora-rank must be at least 1: mdlm rl trains an adapter (the "
                             "reference is the base with it off)")
@@ -132,11 +135,11 @@ class Group:
     ref: list[Tensor]
 
 
-def logp(policy: Policy, group: Group, name: str, seed: int) -> Tensor:
+def logp(policy: Policy, group: Group, settings: RLSettings, seed: int) -> Tensor:
     loaded = policy.loaded
     fn = denoiser_logits(loaded.denoiser(policy.rt.dtype))
-    return estimate(name, fn, group.tokens, group.completion, mask_id=loaded.mask_id,
-                    seed=seed).logp
+    return estimate(settings.estimator, fn, group.tokens, group.completion,
+                    mask_id=loaded.mask_id, seed=seed, **settings.estimator_options).logp
 
 
 def prepare_group(policy: Policy, tokens: Tensor, start: int, advantages: Tensor,
@@ -148,9 +151,9 @@ def prepare_group(policy: Policy, tokens: Tensor, start: int, advantages: Tensor
     model = policy.loaded.model
     model.eval()  # dropout off: the three policies see the same network
     with torch.no_grad():
-        group.old = [None] + [logp(policy, group, settings.estimator, s) for s in seeds[1:]]
+        group.old = [None] + [logp(policy, group, settings, s) for s in seeds[1:]]
         with adapters_off(model):
-            group.ref = [logp(policy, group, settings.estimator, s) for s in seeds]
+            group.ref = [logp(policy, group, settings, s) for s in seeds]
     return group
 
 
@@ -191,7 +194,7 @@ def step(policy: Policy, optimizer, batch: list[tuple[list[int], dict]], reward,
     loaded.model.train()
     for i, s in enumerate(seeds):
         for group in groups:
-            new = logp(policy, group, settings.estimator, s)
+            new = logp(policy, group, settings, s)
             loss, st = grpo_loss(new, group.old[i], group.ref[i], group.advantages,
                                  group.scored, clip=settings.clip, beta=settings.beta)
             if not torch.isfinite(loss):  # before it reaches the weights: nothing is lost

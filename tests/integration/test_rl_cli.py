@@ -71,6 +71,8 @@ def test_bad_rl_input_is_one_line(trained_runs, task, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "returned 1 values" in one_line_error(*rl_args(base, task, tmp_path / "o",
                                                           "--reward", "bad_reward:fn"))
+    assert "has no option" in one_line_error(*rl_args(base, task, tmp_path / "o",
+                                                      "--estimator-option", "p=1"))
     assert "--group must be at least 2" in one_line_error(
         *rl_args(base, task, tmp_path / "o", "--group", "1"))
     empty = tmp_path / "empty.jsonl"
