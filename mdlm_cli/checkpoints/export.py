@@ -19,7 +19,6 @@ its run, and swaps the new folder in so that a kill leaves one whole version.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,13 +28,14 @@ import torch
 from safetensors.torch import save_file
 
 from .. import __version__
-from ..build import config_dict, config_yaml
+from ..build import config_dict
 from ..errors import MdlmError
 from ..io.files import remove_stale_temporaries, swap_folder, temporary
 from ..models import HFMaskedLM
 from .folder import LoadedModel
 from .formats.reference import hf_config, reference_state_dict
 from .load import adapter_of, load_checkpoint
+from .model_card import model_card, read_results
 
 FORMAT = 1
 # merged against unmerged logits, relative to their size: float32 rounding of W + (a / r) B A
@@ -170,6 +170,15 @@ def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None
         )
 
 
+def probe_batch(loaded: LoadedModel, length: int = 64) -> torch.Tensor:
+    """The fixed random rows both checks compare logits on (seed 0), every third position
+    masked, as the samplers' inputs are."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, loaded.model.vocab_size, (2, min(length, loaded.length)), generator=gen)
+    x[:, ::3] = loaded.mask_id
+    return x
+
+
 @torch.no_grad()
 def verify_export(loaded: LoadedModel, folder: Path, length: int = 64) -> float:
     """Reload the folder and compare logits on a fixed random batch; returns the max abs
@@ -177,10 +186,7 @@ def verify_export(loaded: LoadedModel, folder: Path, length: int = 64) -> float:
     reloaded = load_checkpoint(folder, device="cpu")
     if reloaded.tokenizer.fingerprint != loaded.tokenizer.fingerprint:
         raise MdlmError(f"{folder}: the exported tokenizer does not reload identically")
-    gen = torch.Generator().manual_seed(0)
-    vocab = loaded.model.vocab_size
-    x = torch.randint(0, vocab, (2, min(length, loaded.length)), generator=gen)
-    x[:, ::3] = loaded.mask_id  # include masked positions, as the samplers do
+    x = probe_batch(loaded, length)
     device = next(loaded.model.parameters()).device
     a = loaded.model(x.to(device)).float().cpu()
     b = reloaded.model(x).float()
@@ -194,9 +200,7 @@ def verify_merge(loaded: LoadedModel, base: str, adapter: Path) -> str:
     from ..models.lora import load_adapter
 
     unmerged = load_adapter(load_checkpoint(base, device="cpu").model, adapter, merge=False)
-    x = torch.randint(0, loaded.model.vocab_size, (2, min(64, loaded.length)),
-                      generator=torch.Generator().manual_seed(0))
-    x[:, ::3] = loaded.mask_id
+    x = probe_batch(loaded)
     a, b = loaded.model(x).float(), unmerged.eval()(x).float()
     diff, scale = float((a - b).abs().max()), float(b.abs().max())
     if diff > MERGE_TOLERANCE * max(scale, 1.0):
@@ -204,112 +208,6 @@ def verify_merge(loaded: LoadedModel, base: str, adapter: Path) -> str:
                         "the export is not the adapted model")
     return f"Verified: the merged adapter gives the unmerged model's logits (max difference " \
            f"{diff:.2g})"
-
-
-def read_results(paths: list[str]) -> list[dict]:
-    """Evaluation records for the model card: JSON objects, JSON lists of objects, or JSONL."""
-    records: list[dict] = []
-    for path in paths:
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise MdlmError(f"cannot read --results {path}: {e.strerror or e}") from None
-        try:
-            data = json.loads(text)
-            items = data if isinstance(data, list) else [data]
-        except json.JSONDecodeError:
-            try:
-                items = [json.loads(line) for line in text.splitlines() if line.strip()]
-            except json.JSONDecodeError as e:
-                raise MdlmError(
-                    f"--results {path} is neither JSON nor JSONL ({e.msg}, line {e.lineno})"
-                ) from None
-        for item in items:
-            if not isinstance(item, dict):
-                raise MdlmError(f"--results {path} must hold JSON objects (one per evaluation)")
-            scalar = (str, int, float, bool, type(None))
-            records.append({k: v for k, v in item.items() if isinstance(v, scalar)})
-    return records
-
-
-CARD_HEADER = ["---", "library_name: mdlm", "tags:", "- mdlm", "- masked-diffusion",
-               "- diffusion-language-model", "---", ""]
-CARD_FILES = {  # what the folder holds, by what was exported
-    "hf": "This is the Hugging Face masked LM's own folder "
-          "(`AutoModelForMaskedLM.from_pretrained` loads it as it is), fine-tuned with MDLM; "
-          "`config.json` also holds mdlm's section; ",
-    "dit": "`config.json` carries the reference implementation's `MDLMConfig` fields and "
-           "`model.safetensors` its parameter names (`backbone.*`); ",
-}
-NO_CODE = ("there is no Python code in this folder, so nothing needs `trust_remote_code`. The "
-           "tokenizer files sit next to them.")
-
-
-def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: str) -> str:
-    """README.md of an export: what the model is (a table), how to sample from it, its
-    evaluation results and the config it was trained with."""
-    files = CARD_FILES["hf" if isinstance(loaded.model, HFMaskedLM) else "dit"]
-    intro = ("A masked diffusion language model (MDLM, Sahoo et al. 2024, arXiv:2406.07524) "
-             f"exported by `mdlm` {__version__}.")
-    lines = [*CARD_HEADER, f"# {loaded.config.name}", "", intro, "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in _card_rows(loaded, config["mdlm"]["weights"])]
-    sample = f"mdlm sample --checkpoint {where} --sampler first-hitting -n 4"
-    lines += ["", "## Use", "", "```bash", sample, "```", "", files + NO_CODE, ""]
-    lines += ["## Evaluation results", "", *_card_results(loaded.state, results)]
-    config_text = config_yaml(loaded.config).rstrip()
-    lines += ["", "## Training configuration", "", "```yaml", config_text, "```", ""]
-    return "\n".join(lines)
-
-
-def _card_rows(loaded: LoadedModel, weights: str) -> list[tuple[str, str]]:
-    """The model card's table: architecture, objective, data, schedule, training."""
-    cfg, state, tok = loaded.config, loaded.state, loaded.tokenizer
-    millions = loaded.model.num_parameters() / 1e6
-    dataset = cfg.data.dataset if not Path(cfg.data.dataset).suffix else Path(cfg.data.dataset).name
-    if isinstance(loaded.model, HFMaskedLM):
-        backbone = f"{loaded.model.describe()}, {millions:.1f}M parameters"
-    else:
-        c = loaded.model.config
-        backbone = (f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, "
-                    f"cond dim {c.cond_dim}, {millions:.1f}M parameters")
-    diffusion = cfg.diffusion
-    schedule = f"{diffusion.schedule} (eps {diffusion.eps:g})"
-    schedule += f", discrete T={diffusion.T}" if diffusion.T else ", continuous time"
-    rows = [
-        ("backbone", backbone),
-        ("objective", f"{diffusion.objective} ({loaded.objective.description})"),
-        ("vocabulary", f"{loaded.model.vocab_size} ({tok.name}, mask id {tok.mask_id})"),
-        ("sequence length", f"{loaded.length} ({cfg.data.packing} packing)"),
-        ("time conditioning", "on" if cfg.model.time_conditioning else "off"),
-        ("schedule", schedule),
-        ("weights", weights),
-        ("training data", dataset),
-    ]
-    if isinstance(state.get("step"), int):
-        steps = f"{state['step']:,}"
-        if isinstance(state.get("tokens_seen"), int):
-            steps += f" ({state['tokens_seen']:,} tokens)"
-        rows.append(("training steps", steps))
-    if state.get("source"):
-        rows.append(("imported from", f"`{state['source']}` ({state.get('format', '?')})"))
-    return rows
-
-
-def _card_results(state: dict, results: list[dict]) -> list[str]:
-    """The model card's evaluation lines: the run's validation bounds, then `--results`."""
-    lines = []
-    bounds = (("best_valid_nats", "best validation bound"), ("valid_nats", "last validation bound"))
-    for key, label in bounds:
-        if isinstance(state.get(key), int | float):
-            perplexity = math.exp(min(state[key], 700))
-            lines.append(f"- {label}: {state[key]:.4f} nats/token, perplexity <= {perplexity:.2f}")
-    for record in results:
-        lines.append("- " + ", ".join(f"{k}: {_fmt(v)}" for k, v in record.items()))
-    if not lines:
-        lines.append(
-            "None recorded with this checkpoint (pass `mdlm export --results FILE` to add some)."
-        )
-    return lines
 
 
 def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:
@@ -337,10 +235,6 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:
         reason = text.splitlines()[0] if text else type(e).__name__
         raise MdlmError(f"cannot push to {repo_id!r}: {reason}") from None
     return f"https://huggingface.co/{repo_id}"
-
-
-def _fmt(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 @dataclass
