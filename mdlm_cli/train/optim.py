@@ -49,6 +49,11 @@ class EMA:
         params = [p.detach() for p in model.parameters()]
         torch._foreach_lerp_(ema_params, params, 1.0 - decay)
 
+    @contextmanager
+    def swapped(self, model: torch.nn.Module):
+        """The module holding the averages: its own copy (`model` is left as it is)."""
+        yield self.model
+
 
 class AdapterEMA:
     """The EMA of a LoRA run: of its trainable tensors only (the adapters, and the layers

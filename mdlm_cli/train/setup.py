@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,12 +69,10 @@ class Run:
     def evaluation_weights(self):
         """The module to evaluate, in eval mode: the EMA's weights where the run has one (a
         LoRA run's averages swapped into the model for the duration), else the model's."""
+        held = self.ema.swapped(self.model) if self.ema is not None else nullcontext(self.model)
         try:
-            if isinstance(self.ema, AdapterEMA):
-                with self.ema.swapped(self.model) as model:
-                    yield model.eval()
-            else:
-                yield (self.ema.model if self.ema is not None else self.model).eval()
+            with held as model:
+                yield model.eval()
         finally:
             self.model.train()
 
