@@ -50,6 +50,9 @@ IterationsOpt = Annotated[int, typer.Option(help="Inner iterations per step (mu)
 ClipOpt = Annotated[float, typer.Option(help="PPO clip epsilon.",
                                         callback=float_in(0.0, 1.0, low_in=False))]
 BetaOpt = Annotated[float, typer.Option(help="k3 KL weight.", callback=float_in(0.0))]
+KlMaxOpt = Annotated[float, typer.Option(
+    help="Bound of each token's k3 KL term (verl's low_var_kl: 10); 0: unbounded, as d1.",
+    callback=float_in(0.0))]
 RLLrOpt = Annotated[float, typer.Option(help="AdamW learning rate of the adapter.",
                                          callback=float_in(0.0, low_in=False))]
 RLMaxStepsOpt = Annotated[int, typer.Option(help="GRPO steps at most.")]
@@ -77,6 +80,7 @@ def rl_cmd(
     iterations: IterationsOpt = 2,
     clip: ClipOpt = 0.5,
     beta: BetaOpt = 0.04,
+    kl_max: KlMaxOpt = 10.0,
     lr: RLLrOpt = 1e-4,
     max_steps: RLMaxStepsOpt = 100,
     minutes: MinutesOpt = 0.0,
@@ -96,7 +100,7 @@ def rl_cmd(
             data=data, out=out, reward=tuple(reward or ["exact"]), held_out=held_out,
             estimator=estimator, estimator_options=_options(estimator_option or []),
             group=group, prompts=prompts, iterations=iterations,
-            clip=clip, beta=beta, lr=lr, max_steps=max_steps, minutes=minutes,
+            clip=clip, beta=beta, kl_max=kl_max, lr=lr, max_steps=max_steps, minutes=minutes,
             answer_tokens=answer_tokens, lora=LoraConfig(rank=lora_rank, alpha=lora_alpha),
             eval_every=eval_every, eval_rows=eval_rows, seed=seed).validate()
         loaded, rt = loading.load()

@@ -4,7 +4,7 @@ calls, each a plain function over tensors or strings (docs/rl.md).
     from mdlm_cli import rl
     seeds = rl.iteration_seeds(mu)                     # one mask seed per inner iteration
     new = rl.estimate("d1", policy_logits, tokens, completion, mask_id=m, seed=seeds[i])
-    loss, stats = rl.grpo_loss(new.logp, old, ref, advantages, scored, clip=0.5, beta=0.04)
+    loss, stats = rl.grpo_loss(new.logp, old, ref, advantages, scored, rl.GrpoTerms())
     reward = rl.load_reward(["2*exact", "0.5*format:^\\d+$"])
 
 estimators.py: per-token log-probabilities of a completion (`ESTIMATORS`: d1, coupled,
@@ -22,12 +22,13 @@ from .estimators import (
     get_estimator,
     iteration_seeds,
 )
-from .grpo import GrpoStats, group_advantages, grpo_loss, k3_kl, scored_through_eos
+from .grpo import GrpoStats, GrpoTerms, group_advantages, grpo_loss, k3_kl, scored_through_eos
 from .rewards import REWARDS, Reward, extract_answer, load_reward
 from .tasks import AdditionTask, addition_splits, exact_match, write_addition_task
 
 __all__ = [
-    "ESTIMATORS", "REWARDS", "AdditionTask", "Estimate", "EstimatorSpec", "GrpoStats", "Reward",
+    "ESTIMATORS", "REWARDS", "AdditionTask", "Estimate", "EstimatorSpec", "GrpoStats", "GrpoTerms",
+    "Reward",
     "addition_splits", "denoiser_logits", "estimate", "estimator_options", "exact_match",
     "extract_answer", "get_estimator", "group_advantages", "grpo_loss", "iteration_seeds",
     "k3_kl", "load_reward", "scored_through_eos", "write_addition_task",

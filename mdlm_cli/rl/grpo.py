@@ -46,12 +46,37 @@ def group_advantages(rewards: Tensor, group_size: int, *, scale: bool = False,
     return advantages.reshape(-1)
 
 
-def k3_kl(new: Tensor, ref: Tensor) -> Tensor:
+def k3_kl(new: Tensor, ref: Tensor, kl_max: float = 0.0) -> Tensor:
     """Per-token k3 estimate of KL(pi_theta || pi_ref) (Schulman's "Approximating KL
     divergence"; DeepSeekMath eq. 4): exp(ref - new) - (ref - new) - 1, >= 0, zero where
-    new == ref."""
+    new == ref. With `kl_max` > 0 each token's term is bounded there (verl's `low_var_kl`
+    bounds it at 10): a token the policy has pushed far below the reference then stops
+    pulling, where the exponential would overflow the loss (d1 and TRL do not bound it)."""
     delta = ref - new
+    if kl_max > 0:
+        delta = delta.clamp(-20.0, 20.0)  # exp stays finite; bounded below anyway
+        return (torch.exp(delta) - delta - 1).clamp(max=kl_max)
     return torch.exp(delta) - delta - 1
+
+
+@dataclass(frozen=True)
+class GrpoTerms:
+    """The loss's settings: the PPO clip epsilon, the KL weight beta, the normalisation
+    (`NORMS`) and the bound of each token's k3 term (`kl_max`, 0: none, d1's)."""
+
+    clip: float = 0.5
+    beta: float = 0.04
+    norm: str = "token"
+    kl_max: float = 10.0
+
+    def validate(self) -> GrpoTerms:
+        if self.norm not in NORMS:
+            raise MdlmError(f"norm must be one of: {', '.join(NORMS)} (got {self.norm!r})")
+        if not self.clip > 0:
+            raise MdlmError(f"clip must be positive (got {self.clip})")
+        if not self.kl_max >= 0:
+            raise MdlmError(f"kl_max must be at least 0 (got {self.kl_max}; 0: unbounded)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -85,8 +110,7 @@ def _reduce(per_token: Tensor, scored: Tensor, norm: str) -> Tensor:
 
 
 def grpo_loss(new: Tensor, old: Tensor | None, ref: Tensor | None, advantages: Tensor,
-              scored: Tensor, *, clip: float = 0.5, beta: float = 0.04,
-              norm: str = "token") -> tuple[Tensor, GrpoStats]:
+              scored: Tensor, terms: GrpoTerms | None = None) -> tuple[Tensor, GrpoStats]:
     """The GRPO loss of one inner iteration and its stats.
 
     `new`, `old`, `ref`: (B, L) per-token log-probability estimates under the policy (with
@@ -94,10 +118,11 @@ def grpo_loss(new: Tensor, old: Tensor | None, ref: Tensor | None, advantages: T
     one seed; `old` None means the first iteration (mu = 1), where d1 and TRL use
     `new.detach()` (ratio 1, the gradient that of log p); `ref` None needs `beta = 0`.
     `advantages` (B,) (`group_advantages`), `scored` (B, L) bool: the tokens the loss counts
-    (`scored_through_eos`). Per token, as d1's `compute_loss`:
+    (`scored_through_eos`); `terms` clip, beta, norm and kl_max (`GrpoTerms()` by default).
+    Per token, as d1's `compute_loss` (but for the bound kl_max, which d1 does not have):
 
         r = exp(new - old)
-        loss_i = -min(r A, clip(r, 1 - clip, 1 + clip) A) + beta * k3(new, ref)
+        loss_i = -min(r A, clip(r, 1 - clip, 1 + clip) A) + beta * min(k3(new, ref), kl_max)
 
     reduced by `norm`: "token" (d1's and DiffuCoder's `(loss * mask).sum() / mask.sum()`, one
     mean over every scored token of the batch, TRL's `loss_type="bnpo"`) or "sequence" (each
@@ -108,10 +133,8 @@ def grpo_loss(new: Tensor, old: Tensor | None, ref: Tensor | None, advantages: T
     `per_token_loss1 < per_token_loss2` instead: the tokens outside the range on the side
     where the unclipped term wins, not the clipped ones.
     """
-    if norm not in NORMS:
-        raise MdlmError(f"norm must be one of: {', '.join(NORMS)} (got {norm!r})")
-    if not clip > 0:
-        raise MdlmError(f"clip must be positive (got {clip})")
+    terms = (terms or GrpoTerms()).validate()
+    clip, beta, norm = terms.clip, terms.beta, terms.norm
     if ref is None and beta != 0:
         raise MdlmError(f"beta {beta} needs the reference's log-probabilities; pass ref= or "
                         "set beta to 0")
@@ -124,7 +147,7 @@ def grpo_loss(new: Tensor, old: Tensor | None, ref: Tensor | None, advantages: T
     a = advantages.to(new.dtype)[:, None]
     unclipped, clipped = ratio * a, torch.clamp(ratio, 1 - clip, 1 + clip) * a
     policy = -torch.min(unclipped, clipped)
-    kl = k3_kl(new, ref) if ref is not None else torch.zeros_like(new)
+    kl = k3_kl(new, ref, terms.kl_max) if ref is not None else torch.zeros_like(new)
     loss = _reduce(policy + beta * kl if beta else policy, scored, norm)
     region = ((ratio < 1 - clip) & (a < 0)) | ((ratio > 1 + clip) & (a > 0))
     with torch.no_grad():

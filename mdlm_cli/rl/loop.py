@@ -33,7 +33,7 @@ from ..generation.request import GenerationRequest
 from ..models.lora import adapters_off, add_lora, trainable, write_adapter
 from ..sample.generate import cut_at_eos, generate
 from .estimators import denoiser_logits, estimate, estimator_options, iteration_seeds
-from .grpo import group_advantages, grpo_loss, scored_through_eos
+from .grpo import GrpoTerms, group_advantages, grpo_loss, scored_through_eos
 from .rewards import load_reward
 
 
@@ -53,6 +53,7 @@ class RLSettings:
     iterations: int = 2  # mu inner iterations a step (d1: 12)
     clip: float = 0.5
     beta: float = 0.04
+    kl_max: float = 10.0  # each token's k3 bounded here (0: unbounded, as d1)
     scale_rewards: bool = False  # divide advantages by the group's std (d1: no)
     lr: float = 1e-4
     max_steps: int = 100
@@ -72,10 +73,15 @@ class RLSettings:
             raise MdlmError("--group must be at least 2: an advantage is a reward against its "
                             "group's mean")
         estimator_options(self.estimator, **self.estimator_options)  # one line if wrong
+        self.terms.validate()
         if self.lora.rank < 1:
             raise MdlmError("--lora-rank must be at least 1: mdlm rl trains an adapter (the "
                             "reference is the base with it off)")
         return self
+
+    @property
+    def terms(self) -> GrpoTerms:
+        return GrpoTerms(clip=self.clip, beta=self.beta, kl_max=self.kl_max)
 
 
 @dataclass
@@ -196,10 +202,11 @@ def step(policy: Policy, optimizer, batch: list[tuple[list[int], dict]], reward,
         for group in groups:
             new = logp(policy, group, settings, s)
             loss, st = grpo_loss(new, group.old[i], group.ref[i], group.advantages,
-                                 group.scored, clip=settings.clip, beta=settings.beta)
+                                 group.scored, settings.terms)
             if not torch.isfinite(loss):  # before it reaches the weights: nothing is lost
                 raise MdlmError(f"the RL loss became {float(loss)} (the KL to the base "
-                                f"overflowed, {float(st.kl):.3g}); lower --lr or raise --beta")
+                                f"overflowed, {float(st.kl):.3g}); lower --lr, raise "
+                                "--beta or bound it with --kl-max")
             (loss / len(groups)).backward()
             stats.append(st)
         torch.nn.utils.clip_grad_norm_([p for _, p in trainable(loaded.model)], 1.0)

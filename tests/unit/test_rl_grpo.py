@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.rl import group_advantages, grpo_loss, k3_kl, scored_through_eos
+from mdlm_cli.rl import GrpoTerms, group_advantages, grpo_loss, k3_kl, scored_through_eos
 
 
 def test_group_advantages_centre_each_group_and_scale_only_when_asked():
@@ -42,7 +42,7 @@ def ratios_case():
 def test_clipped_ratio_loss_token_mean_and_clip_fraction():
     new, old, adv = ratios_case()
     scored = torch.ones(2, 3, dtype=torch.bool)
-    loss, stats = grpo_loss(new, old, None, adv, scored, clip=0.5, beta=0.0)
+    loss, stats = grpo_loss(new, old, None, adv, scored, GrpoTerms(clip=0.5, beta=0.0))
     per_token = [-1, -1.5, -0.25, 1, 0.5, 2]
     assert loss.item() == pytest.approx(sum(per_token) / 6)
     assert stats.policy == pytest.approx(sum(per_token) / 6)
@@ -59,8 +59,8 @@ def test_clipped_ratio_loss_token_mean_and_clip_fraction():
 def test_sequence_and_token_normalisations_differ_as_defined():
     new, old, adv = ratios_case()
     scored = torch.tensor([[True, True, False], [True, True, True]])
-    token, _ = grpo_loss(new, old, None, adv, scored, clip=0.5, beta=0.0, norm="token")
-    seq, _ = grpo_loss(new, old, None, adv, scored, clip=0.5, beta=0.0, norm="sequence")
+    token, _ = grpo_loss(new, old, None, adv, scored, GrpoTerms(beta=0.0, norm="token"))
+    seq, _ = grpo_loss(new, old, None, adv, scored, GrpoTerms(beta=0.0, norm="sequence"))
     assert token.item() == pytest.approx((-1 - 1.5 + 1 + 0.5 + 2) / 5)
     assert seq.item() == pytest.approx(((-1 - 1.5) / 2 + (1 + 0.5 + 2) / 3) / 2)
 
@@ -70,12 +70,34 @@ def test_kl_term_adds_beta_times_k3_over_the_scored_tokens():
     ref = torch.log(torch.tensor([[0.25, 0.5], [0.5, 0.125]]))
     scored = torch.tensor([[True, True], [True, False]])
     adv = torch.tensor([1.0, -1.0])
-    loss, stats = grpo_loss(new, None, ref, adv, scored, clip=0.5, beta=0.04)
+    loss, stats = grpo_loss(new, None, ref, adv, scored, GrpoTerms(clip=0.5, beta=0.04))
     k = k3_kl(new, ref)
     kl = (k[0, 0] + k[0, 1] + k[1, 0]).item() / 3
     # old = new.detach(): ratio 1, so the policy term is -A per token
     assert loss.item() == pytest.approx((-1 - 1 + 1) / 3 + 0.04 * kl)
     assert stats.kl == pytest.approx(kl) and stats.ratio == pytest.approx(1.0)
+
+
+def test_kl_max_bounds_each_tokens_k3_and_stops_its_pull_there():
+    """A token the policy pushed 100 nats below the reference: unbounded, k3 overflows float32
+    (d1's form, kl_max 0); bounded at 10 the term is 10 with no gradient, and the tokens under
+    the bound keep their exact k3 and its gradient."""
+    ref = torch.tensor([[-1.0, -1.0]])
+    new = torch.tensor([[-101.0, -1.5]], requires_grad=True)
+    assert not torch.isfinite(k3_kl(new, ref, 0.0)[0, 0])  # exp(100) in float32: inf
+    bounded = k3_kl(new, ref, 10.0)
+    assert bounded[0, 0].item() == 10.0
+    assert bounded[0, 1].item() == pytest.approx(math.exp(0.5) - 0.5 - 1, rel=1e-6)
+    bounded.sum().backward()
+    assert new.grad[0, 0] == 0  # no pull past the bound
+    assert new.grad[0, 1].item() == pytest.approx(-(math.exp(0.5) - 1), rel=1e-5)
+    scored = torch.ones(1, 2, dtype=torch.bool)
+    loss, stats = grpo_loss(new, None, ref, torch.tensor([1.0]), scored, GrpoTerms(kl_max=0.0))
+    assert not torch.isfinite(loss)
+    loss, stats = grpo_loss(new, None, ref, torch.tensor([1.0]), scored)  # default: bounded
+    assert torch.isfinite(loss) and stats.kl == pytest.approx((10 + bounded[0, 1].item()) / 2)
+    with pytest.raises(MdlmError, match="kl_max must be at least 0"):
+        grpo_loss(new, None, ref, torch.tensor([1.0]), scored, GrpoTerms(kl_max=-1.0))
 
 
 def test_loss_refuses_what_it_cannot_compute():
@@ -84,9 +106,9 @@ def test_loss_refuses_what_it_cannot_compute():
     with pytest.raises(MdlmError, match="beta 0.04 needs the reference"):
         grpo_loss(new, old, None, adv, scored)
     with pytest.raises(MdlmError, match="norm must be one of: token, sequence"):
-        grpo_loss(new, old, None, adv, scored, beta=0.0, norm="row")
+        grpo_loss(new, old, None, adv, scored, GrpoTerms(beta=0.0, norm="row"))
     with pytest.raises(MdlmError, match="do not fit"):
-        grpo_loss(new, old, None, adv[:1], scored, beta=0.0)
+        grpo_loss(new, old, None, adv[:1], scored, GrpoTerms(beta=0.0))
 
 
 def test_scored_through_eos_keeps_the_first_eos_and_nothing_after():
