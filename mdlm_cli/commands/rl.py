@@ -22,7 +22,11 @@ prompts, and trains a fresh LoRA adapter on the clipped-ratio loss with a k3 KL 
 (the adapter switched off). The adapter is written in peft's format to OUT/adapter: use it
 with --adapter on any command.
 
+--preset NAME takes a shipped configuration (presets/rl/: d1-gsm8k is d1's LLaDA-8B-Instruct
+GSM8K run) as the defaults; flags given still win. --dry-run prints what would run.
+
 [dim]Examples:[/]
+  mdlm rl --preset d1-gsm8k --out runs/d1-gsm8k --dry-run
   mdlm rl -c runs/add-sft --data add/train.jsonl --held-out add/held_out.jsonl --out runs/add-rl
   mdlm rl -c LLADA --data gsm8k.jsonl --reward exact --estimator coupled --group 6 --out rl
   mdlm eval-ppl -c runs/add-sft --adapter runs/add-rl/adapter
@@ -44,6 +48,19 @@ EstimatorOptionOpt = Annotated[list[str] | None, typer.Option(
 RLEstimatorOpt = Annotated[str, typer.Option(
     "--estimator", help="Likelihood estimator of the policy: d1, coupled or elbo.")]
 
+RLPresetOpt = Annotated[str | None, typer.Option(
+    "--preset", is_eager=True, callback=lambda ctx, value: _preset(ctx, value),
+    help="A configuration of this command (presets/rl/NAME.yaml or a .yaml path) as its "
+         "defaults; flags given still win.")]
+RLDryRunOpt = Annotated[bool, typer.Option(
+    help="Print the resolved settings and stop: nothing is loaded or trained.")]
+PromptTemplateOpt = Annotated[str, typer.Option(
+    help="Each prompt's text in this template, at {prompt} (d1: its format instructions "
+         "first).")]
+LoraDropoutOpt = Annotated[float, typer.Option(help="Dropout on the adapter's input.",
+                                               callback=float_in(0.0, 1.0, high_in=False))]
+LoraQuantizeOpt = Annotated[str, typer.Option(
+    help="none, or 4bit: the base in nf4 (QLoRA; CUDA and bitsandbytes only).")]
 GroupOpt = Annotated[int, typer.Option(help="Rollouts per prompt (G).")]
 RLPromptsOpt = Annotated[int, typer.Option(help="Prompts per step (P).")]
 IterationsOpt = Annotated[int, typer.Option(help="Inner iterations per step (mu).")]
@@ -71,6 +88,8 @@ def rl_cmd(
     ctx: typer.Context,
     data: DataOpt,
     out: RLOutOpt,
+    preset: RLPresetOpt = None,
+    dry_run: RLDryRunOpt = False,
     held_out: HeldOutOpt = None,
     reward: RewardOpt = None,
     estimator: RLEstimatorOpt = "d1",
@@ -85,29 +104,73 @@ def rl_cmd(
     max_steps: RLMaxStepsOpt = 100,
     minutes: MinutesOpt = 0.0,
     answer_tokens: AnswerTokensOpt = 16,
+    prompt_template: PromptTemplateOpt = "{prompt}",
     lora_rank: LoraRankOpt = 16,
     lora_alpha: LoraAlphaOpt = 32.0,
+    lora_dropout: LoraDropoutOpt = 0.0,
+    lora_quantize: LoraQuantizeOpt = "none",
     eval_every: EvalEveryOpt = 10,
     eval_rows: RLEvalRowsOpt = 64,
     seed: SeedOpt = 0,
 ) -> None:
-    from ..config import LoraConfig
-    from ..rl.loop import Policy, RLSettings, train_rl
-
+    from ..rl.loop import Policy, train_rl
     sampling, loading = sampling_from(ctx), loading_from(ctx)
     with user_errors():
-        settings = RLSettings(
-            data=data, out=out, reward=tuple(reward or ["exact"]), held_out=held_out,
-            estimator=estimator, estimator_options=_options(estimator_option or []),
-            group=group, prompts=prompts, iterations=iterations,
-            clip=clip, beta=beta, kl_max=kl_max, lr=lr, max_steps=max_steps, minutes=minutes,
-            answer_tokens=answer_tokens, lora=LoraConfig(rank=lora_rank, alpha=lora_alpha),
-            eval_every=eval_every, eval_rows=eval_rows, seed=seed).validate()
+        settings = _settings(ctx.params)
+        if dry_run:
+            return _show(settings, loading.checkpoint, sampling)
         loaded, rt = loading.load()
         policy = Policy(loaded, rt, resolved(sampling, loaded))
         summary = train_rl(policy, settings, loading.checkpoint, on_step=_print)
     console.print(f"Done: {summary['steps']} steps in {summary['seconds']:.0f} s; adapter in "
                   f"{out / 'adapter'}", markup=False, highlight=False)
+
+
+def _settings(params: dict):
+    """RLSettings from the command's own values (the loading and sampling groups are taken
+    out before): the fields of the same name, the repeated and the LoRA flags gathered."""
+    import dataclasses
+
+    from ..config import LoraConfig
+    from ..config.checks import check_choice
+    from ..config.sections import QUANTIZE
+    from ..rl.loop import RLSettings
+
+    check_choice(params["lora_quantize"], QUANTIZE, "--lora-quantize")
+    same = {f.name for f in dataclasses.fields(RLSettings)} & set(params)
+    return RLSettings(
+        **{k: params[k] for k in same - {"reward", "estimator_options", "lora"}},
+        reward=tuple(params["reward"] or ["exact"]),
+        estimator_options=_options(params["estimator_option"] or []),
+        lora=LoraConfig(rank=params["lora_rank"], alpha=params["lora_alpha"],
+                        dropout=params["lora_dropout"], quantize=params["lora_quantize"]),
+    ).validate()
+
+
+def _preset(ctx: typer.Context, value: str | None) -> str | None:
+    """--preset's values become the command's defaults (click's default_map), so a flag given on
+    the command line still wins; read before the other options are."""
+    if value is None or ctx.resilient_parsing:
+        return value
+    from ..rl.presets import read_rl_preset
+
+    valid = {p.name for p in ctx.command.params} - {"preset", "dry_run"}
+    with user_errors():
+        ctx.default_map = {**(ctx.default_map or {}), **read_rl_preset(value, valid)}
+    return value
+
+
+def _show(settings, checkpoint: str | None, sampling) -> None:
+    """--dry-run's report: the checkpoint, the RL settings and the rollouts' sampling flags."""
+    import dataclasses
+    import json
+
+    record = {"checkpoint": checkpoint, **dataclasses.asdict(settings),
+              "sampling": dataclasses.asdict(sampling) if dataclasses.is_dataclass(sampling)
+              else str(sampling)}
+    console.print(json.dumps(record, indent=2, default=str), markup=False, highlight=False,
+                  soft_wrap=True)
+    console.print("Dry run: nothing loaded or trained.", markup=False, highlight=False)
 
 
 def _options(given: list[str]) -> dict:

@@ -29,7 +29,7 @@ import hashlib
 import json
 import re
 from abc import abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,12 +68,19 @@ def check_example(record, where: str) -> dict:
                 f"{where}: 'messages' must be a list of {{role, content}} strings, at least two, "
                 "the last one the assistant's (the response)"
             )
-        return {"messages": msgs}
+        return {**_fields(record), "messages": msgs}
     if not all(isinstance(record.get(k), str) for k in ("prompt", "response")):
         raise MdlmError(
             f"{where}: an example needs string 'prompt' and 'response' fields (or 'messages')"
         )
-    return {"prompt": record["prompt"], "response": record["response"]}
+    return {**_fields(record), "prompt": record["prompt"], "response": record["response"]}
+
+
+def _fields(record: dict) -> dict:
+    """The example's other fields (a reference answer, a task id, ...), kept for what reads
+    them (`mdlm rl`'s rewards take the data set's fields); the packing reads only the prompt
+    and the response."""
+    return {k: v for k, v in record.items() if k not in ("prompt", "response", "messages")}
 
 
 def read_examples(path: Path) -> list[dict]:
@@ -121,19 +128,41 @@ class LocalExamples(ExampleSource):
 @dataclass
 class HubExamples(ExampleSource):
     """`hub:ORG/NAME`: a Hugging Face data set of prompt/response or messages records (its
-    train split, divided into train/valid/test as local files are)."""
+    train split, divided into train/valid/test as local files are). A named one (`EXAMPLE_SOURCES`)
+    may read its own fields as the prompt and response (`prompt_field`, `response_field`), its
+    `config` and `split`, and derive further fields (`derive`: GSM8K's answer after `####`)."""
 
     hub_id: str = ""
+    config: str | None = None
+    split: str = "train"
+    prompt_field: str = "prompt"
+    response_field: str = "response"
+    derive: Callable[[dict], dict] | None = None
 
     @property
     def fingerprint(self) -> str:
-        return f"hub-sft:{self.hub_id}:v1"
+        named = (self.config, self.split, self.prompt_field) != (None, "train", "prompt")
+        return f"hub-sft:{self.hub_id}" + (f":{self.config}:{self.split}" if named else "") + ":v1"
 
     def all_examples(self, load_dataset=None) -> list[dict]:
-        hub = HubDataset(self.name, self.description, hub_id=self.hub_id,
-                         split_specs={"train": "train"})
+        hub = HubDataset(self.name, self.description, hub_id=self.hub_id, config=self.config,
+                         split_specs={"train": self.split})
         rows = hub.load("train", load_dataset)
-        return [check_example(dict(row), f"{self.hub_id} row {i}") for i, row in enumerate(rows)]
+        return [check_example(self._record(dict(row)), f"{self.hub_id} row {i}")
+                for i, row in enumerate(rows)]
+
+    def _record(self, row: dict) -> dict:
+        if (self.prompt_field, self.response_field) != ("prompt", "response"):
+            row["prompt"] = row.pop(self.prompt_field, None)
+            row["response"] = row.pop(self.response_field, None)
+        return {**row, **self.derive(row)} if self.derive else row
+
+
+def gsm8k_answer(row: dict) -> dict:
+    """GSM8K's reference answer: the text after `####` in its solution (d1's
+    `extract_hash_answer`), the `answer` field the `exact` reward reads first."""
+    solution = row.get("response") or ""
+    return {"answer": solution.split("####")[-1].strip()} if "####" in solution else {}
 
 
 @dataclass
@@ -164,7 +193,15 @@ class SentencePairs(ExampleSource):
         return pairs
 
 
-EXAMPLE_SOURCES = {"bigtxt-next": SentencePairs()}
+def _gsm8k(split: str) -> HubExamples:
+    return HubExamples(name=f"gsm8k-{split}", hub_id="openai/gsm8k", config="main", split=split,
+                       prompt_field="question", response_field="answer", derive=gsm8k_answer,
+                       description=f"GSM8K's {split} split (openai/gsm8k, main): the question, "
+                                   "the worked solution, its answer after #### (hub)")
+
+
+EXAMPLE_SOURCES = {"bigtxt-next": SentencePairs(), "gsm8k": _gsm8k("train"),
+                   "gsm8k-test": _gsm8k("test")}
 
 
 def holds_examples(name_or_path: str) -> bool:

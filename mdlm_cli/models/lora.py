@@ -80,6 +80,41 @@ def peft_config(model: nn.Module, lora: LoraConfig, base: str):
                            fan_in_fan_out=bool(getattr(type(model), "lora_fan_in_fan_out", False)))
 
 
+def prepare_base(model: nn.Module, lora, rt) -> nn.Module:
+    """The frozen base an adapter trains on, for runtime `rt` (its device and dtype): in bf16
+    where the run computes in bf16 (a frozen weight needs no float32 master copy: LLaDA-8B's
+    weights are 16 GB, not 32), in nf4 with lora.quantize=4bit (QLoRA), else as it is."""
+    if lora.quantize == "4bit":
+        return quantize_base(model, rt.device)
+    return model.to(torch.bfloat16) if rt.dtype == torch.bfloat16 else model
+
+
+def quantize_base(model: nn.Module, device: torch.device) -> nn.Module:
+    """The base's linear layers inside its blocks as bitsandbytes' 4-bit nf4 (its output layer
+    and embeddings stay as they are), computing in bf16: QLoRA's base. CUDA only."""
+    if device.type != "cuda":
+        raise MdlmError(f"lora.quantize=4bit needs a CUDA GPU (bitsandbytes' 4-bit kernels); "
+                        f"this run is on {device.type}: use lora.quantize=none")
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise MdlmError("lora.quantize=4bit needs bitsandbytes: pip install bitsandbytes"
+                        ) from None
+    pattern = block_pattern(tuple(getattr(type(model), "lora_targets", ())) or ("",))
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear) or not re.fullmatch(pattern, name):
+            continue
+        q = bnb.nn.Linear4bit(module.in_features, module.out_features, module.bias is not None,
+                              compute_dtype=torch.bfloat16, quant_type="nf4")
+        q.weight = bnb.nn.Params4bit(module.weight.data.cpu(), requires_grad=False,
+                                     quant_type="nf4")
+        if module.bias is not None:
+            q.bias = nn.Parameter(module.bias.data, requires_grad=False)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, q.to(device))
+    return model
+
+
 def add_lora(model: nn.Module, lora: LoraConfig, base: str) -> nn.Module:
     """Inject fresh adapters into `model` in place (B = 0: the function is unchanged) and
     freeze everything else; returns the model."""

@@ -30,7 +30,7 @@ from ..errors import MdlmError
 from ..generation.capabilities import capabilities_of
 from ..generation.layout import LayoutError, lay_out
 from ..generation.request import GenerationRequest
-from ..models.lora import adapters_off, add_lora, trainable, write_adapter
+from ..models.lora import adapters_off, add_lora, prepare_base, trainable, write_adapter
 from ..sample.generate import cut_at_eos, generate
 from .estimators import denoiser_logits, estimate, estimator_options, iteration_seeds
 from .grpo import GrpoTerms, group_advantages, grpo_loss, scored_through_eos
@@ -59,6 +59,7 @@ class RLSettings:
     max_steps: int = 100
     minutes: float = 0.0  # stop after this much time (0: max_steps only)
     answer_tokens: int = 16  # the completion's positions
+    prompt_template: str = "{prompt}"  # each prompt's text in it (d1: its system prompt first)
     lora: LoraConfig = field(default_factory=lambda: LoraConfig(rank=16, alpha=32.0))
     eval_every: int = 10
     eval_rows: int = 64
@@ -73,6 +74,10 @@ class RLSettings:
             raise MdlmError("--group must be at least 2: an advantage is a reward against its "
                             "group's mean")
         estimator_options(self.estimator, **self.estimator_options)  # one line if wrong
+        if "{prompt}" not in self.prompt_template:
+            raise MdlmError(f"--prompt-template {self.prompt_template!r} must hold {{prompt}}, "
+                            "where each example's prompt goes")
+        fill_template(self.prompt_template, "")
         self.terms.validate()
         if self.lora.rank < 1:
             raise MdlmError("--lora-rank must be at least 1: mdlm rl trains an adapter (the "
@@ -94,12 +99,28 @@ class Policy:
     sampling: SamplingSettings
 
 
-def read_prompts(source: str, tokenizer) -> list[tuple[list[int], dict]]:
-    """(prompt ids, the example's fields) of every example in `source`."""
+def fill_template(template: str, prompt: str) -> str:
+    """`template` with the example's prompt at `{prompt}` (its only field)."""
+    try:
+        return template.format(prompt=prompt)
+    except (KeyError, IndexError, ValueError) as e:
+        raise MdlmError(f"--prompt-template {template!r} must hold {{prompt}} and no other "
+                        f"field ({type(e).__name__}: {e}); write a literal brace as {{{{ or }}}}"
+                        ) from None
+
+
+def read_prompts(source: str, tokenizer, template: str = "{prompt}"
+                 ) -> list[tuple[list[int], dict]]:
+    """(prompt ids, the example's fields) of every example in `source`, each prompt/response
+    example's prompt put in `template` (a conversation's messages are taken as they are)."""
     examples = example_source(source).all_examples()
     if not examples:
         raise MdlmError(f"{source} holds no examples")
-    return [(encode_example(tokenizer, e)[0], e) for e in examples]
+    out = []
+    for e in examples:
+        shown = e if "messages" in e else {**e, "prompt": fill_template(template, e["prompt"])}
+        out.append((encode_example(tokenizer, shown)[0], e))
+    return out
 
 
 def rollouts(policy: Policy, prompt: list[int], rows: int, answer: int, seed: int
@@ -175,8 +196,12 @@ def held_out_reward(policy: Policy, held: list[tuple[list[int], dict]], reward,
     return sum(scores) / len(scores)
 
 
-def adapt_policy(loaded, settings: RLSettings, checkpoint: str) -> torch.optim.Optimizer:
-    loaded.model = add_lora(loaded.model.float(), settings.lora, checkpoint)
+def adapt_policy(policy: Policy, settings: RLSettings, checkpoint: str) -> torch.optim.Optimizer:
+    """The policy's module adapted (a fresh adapter on the base, as `mdlm train`'s LoRA runs
+    hold it: bf16 where the run computes in bf16, nf4 with 4-bit) and its optimizer."""
+    loaded = policy.loaded
+    base = prepare_base(loaded.model, settings.lora, policy.rt)
+    loaded.model = add_lora(base, settings.lora, checkpoint)
     params = [p for _, p in trainable(loaded.model)]
     return torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
 
@@ -225,10 +250,11 @@ def train_rl(policy: Policy, settings: RLSettings, checkpoint: str,
     """The loop; returns rl.json's record (written with the adapter into settings.out)."""
     settings = settings.validate()
     tokenizer = policy.loaded.tokenizer
-    examples = read_prompts(settings.data, tokenizer)
-    held = read_prompts(settings.held_out, tokenizer) if settings.held_out else []
+    examples = read_prompts(settings.data, tokenizer, settings.prompt_template)
+    held = (read_prompts(settings.held_out, tokenizer, settings.prompt_template)
+            if settings.held_out else [])
     reward = load_reward(list(settings.reward))
-    optimizer = adapt_policy(policy.loaded, settings, checkpoint)
+    optimizer = adapt_policy(policy, settings, checkpoint)
     settings.out.mkdir(parents=True, exist_ok=True)
     log = (settings.out / "metrics.jsonl").open("w")
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(settings.seed))

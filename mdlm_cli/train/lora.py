@@ -5,7 +5,6 @@ lora.quantize=4bit: QLoRA, Dettmers et al., 2023), adapters injected (models/lor
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import torch
@@ -16,8 +15,7 @@ from ..checkpoints.adapter import restore_adapters
 from ..checkpoints.folder import read_optimizer_state
 from ..config import Config
 from ..distributed import load_full_optimizer_state
-from ..errors import MdlmError
-from ..models.lora import add_lora, block_pattern, trainable
+from ..models.lora import add_lora, prepare_base, trainable
 from .memory_model import describe, estimate, plan_of, shape_of
 from .optim import AdapterEMA
 
@@ -27,11 +25,7 @@ def adapt(model: nn.Module, cfg: Config, rt, console: Console) -> nn.Module:
     frozen: in bf16 where the run computes in bf16 (a frozen weight needs no float32 master
     copy: LLaDA-8B's weights are 16 GB, not 32), in nf4 with lora.quantize=4bit."""
     lora = cfg.lora
-    if lora.quantize == "4bit":
-        model = quantize_base(model, rt.device)
-    elif rt.dtype == torch.bfloat16:
-        model = model.to(torch.bfloat16)
-    model = add_lora(model, lora, cfg.train.init_from)
+    model = add_lora(prepare_base(model, lora, rt), lora, cfg.train.init_from)
     total = sum(p.numel() for p in model.parameters())
     mine = sum(p.numel() for _, p in trainable(model))
     console.print(f"LoRA: rank {lora.rank}, alpha {lora.alpha:g}, "
@@ -39,32 +33,6 @@ def adapt(model: nn.Module, cfg: Config, rt, console: Console) -> nn.Module:
                   f"({100 * mine / total:.2f}%)", highlight=False)
     console.print(describe(estimate(shape_of(model), plan_of(cfg, model, dtype=rt.dtype))),
                   highlight=False)
-    return model
-
-
-def quantize_base(model: nn.Module, device: torch.device) -> nn.Module:
-    """The base's linear layers inside its blocks as bitsandbytes' 4-bit nf4 (its output layer
-    and embeddings stay as they are), computing in bf16: QLoRA's base. CUDA only."""
-    if device.type != "cuda":
-        raise MdlmError(f"lora.quantize=4bit needs a CUDA GPU (bitsandbytes' 4-bit kernels); "
-                        f"this run is on {device.type}: use lora.quantize=none")
-    try:
-        import bitsandbytes as bnb
-    except ImportError:
-        raise MdlmError("lora.quantize=4bit needs bitsandbytes: pip install bitsandbytes"
-                        ) from None
-    pattern = block_pattern(tuple(getattr(type(model), "lora_targets", ())) or ("",))
-    for name, module in list(model.named_modules()):
-        if not isinstance(module, nn.Linear) or not re.fullmatch(pattern, name):
-            continue
-        q = bnb.nn.Linear4bit(module.in_features, module.out_features, module.bias is not None,
-                              compute_dtype=torch.bfloat16, quant_type="nf4")
-        q.weight = bnb.nn.Params4bit(module.weight.data.cpu(), requires_grad=False,
-                                     quant_type="nf4")
-        if module.bias is not None:
-            q.bias = nn.Parameter(module.bias.data, requires_grad=False)
-        parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, q.to(device))
     return model
 
 

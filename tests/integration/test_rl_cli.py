@@ -79,3 +79,67 @@ def test_bad_rl_input_is_one_line(trained_runs, task, tmp_path, monkeypatch):
     empty.write_text("")
     assert "empty.jsonl" in one_line_error(*rl_args(base, {**task, "train": empty},
                                                     tmp_path / "o"))
+
+
+def test_the_d1_preset_validates_and_flags_given_win(tmp_path):
+    """presets/rl/d1-gsm8k.yaml is d1's run as flags: it resolves without loading anything, and
+    a flag on the command line replaces the preset's value."""
+    text = invoke("rl", "--preset", "d1-gsm8k", "--out", tmp_path / "d1", "--dry-run")
+    record = json.loads(text[: text.rindex("}") + 1])
+    assert record["checkpoint"] == "GSAI-ML/LLaDA-8B-Instruct" and record["data"] == "gsm8k"
+    assert (record["group"], record["iterations"], record["clip"], record["beta"]) == (6, 12, 0.5,
+                                                                                      0.04)
+    assert record["estimator_options"] == {"p_mask_prompt": 0.15} and record["kl_max"] == 0
+    assert record["lora"]["rank"] == 128 and record["lora"]["quantize"] == "4bit"
+    assert record["sampling"]["steps"] == 128 and record["sampling"]["temperature"] == 0.9
+    assert record["sampling"]["options"] == {"k_schedule": "llada", "block_length": 32}
+    assert record["prompt_template"].endswith("</answer>\n\n\n{prompt}")
+    assert "Dry run" in text and not (tmp_path / "d1").exists()
+    text = invoke("rl", "--preset", "d1-gsm8k", "--out", tmp_path / "d1", "--dry-run",
+                  "--group", "4", "--steps", "64")
+    record = json.loads(text[: text.rindex("}") + 1])
+    assert record["group"] == 4 and record["sampling"]["steps"] == 64
+
+
+def test_bad_presets_templates_and_quantization_are_one_line(trained_runs, task, tmp_path):
+    _, base = trained_runs
+    assert "unknown rl preset 'nope'; choose one of: d1-gsm8k" in one_line_error(
+        "rl", "--preset", "nope", "--out", tmp_path / "o")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: x.jsonl\ngroop: 3\n")
+    assert "unknown option groop" in one_line_error("rl", "--preset", bad, "--out", tmp_path)
+    assert "must hold {prompt}" in one_line_error(
+        *rl_args(base, task, tmp_path / "o", "--prompt-template", "no field"))
+    assert "no other field" in one_line_error(
+        *rl_args(base, task, tmp_path / "o", "--prompt-template", "{prompt} {x}"))
+    assert "--lora-quantize must be one of" in one_line_error(
+        *rl_args(base, task, tmp_path / "o", "--lora-quantize", "8bit"))
+    if not torch.cuda.is_available():
+        assert "needs a CUDA GPU" in one_line_error(
+            *rl_args(base, task, tmp_path / "o", "--lora-quantize", "4bit"))
+    assert not (tmp_path / "o" / "adapter").exists()
+
+
+def test_rewards_see_the_data_sets_fields_and_the_templated_prompt(trained_runs, tmp_path,
+                                                                  monkeypatch):
+    """A field beyond prompt/response (here `target`) reaches the reward, one value per
+    completion; --prompt-template changes the prompt the model sees, not the one rewards get."""
+    _, base = trained_runs
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"b{i}", "response": "c", "target": i}) + "\n"
+                            for i in range(4)))
+    module = tmp_path / "seen_reward.py"
+    module.write_text("SEEN = []\n"
+                      "def fn(prompts, completions, **fields):\n"
+                      "    SEEN.append((list(prompts), list(fields['target'])))\n"
+                      "    return [float(c[:1] < 'm') for c in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import seen_reward
+
+    invoke("rl", "-c", base, "--data", data, "--out", tmp_path / "rl", "--group", "2",
+           "--prompts", "1", "--answer-tokens", "4", "--steps", "4", "--max-steps", "2",
+           "--reward", "seen_reward:fn", "--prompt-template", "a {prompt}")
+    assert len(seen_reward.SEEN) == 2
+    for prompts, targets in seen_reward.SEEN:
+        assert len(set(targets)) == 1 and len(targets) == 2  # a prompt's value, G times
+        assert prompts == [f"b{targets[0]}"] * 2

@@ -397,3 +397,25 @@ def test_responses_of_a_left_to_right_model_are_drawn_by_prompt_length():
     prompts = [Prompt([2] * n, "") for n in (3, 5, 3, 3, 5, 4)]
     assert batches_of(prompts, 2, same_length=False) == [[0, 1], [2, 3], [4, 5]]
     assert batches_of(prompts, 2, same_length=True) == [[0, 2], [3], [5], [1, 4]]
+
+
+def test_gsm8k_reads_question_and_answer_and_keeps_the_hash_answer():
+    """The named source `gsm8k` (openai/gsm8k, main, train): the question is the prompt, the
+    worked solution the response, its text after #### the `answer` field (d1's reference), and
+    every other field stays on the example (what `mdlm rl`'s rewards read)."""
+    from mdlm_cli.data.sft import example_source
+
+    calls = []
+
+    def load_dataset(hub_id, config, split, revision=None):
+        calls.append((hub_id, config, split))
+        return [{"question": "2 + 3?", "answer": "2 + 3 = 5\n#### 5", "id": 7}]
+
+    examples = example_source("gsm8k").all_examples(load_dataset)
+    assert calls == [("openai/gsm8k", "main", "train")]
+    assert examples == [{"id": 7, "answer": "5", "prompt": "2 + 3?",
+                         "response": "2 + 3 = 5\n#### 5"}]
+    example_source("gsm8k-test").all_examples(load_dataset)
+    assert calls[-1] == ("openai/gsm8k", "main", "test")
+    # a plain hub id keeps its fingerprint (data prepared from it stays valid)
+    assert example_source("hub:org/qa").fingerprint == "hub-sft:org/qa:v1"
