@@ -24,17 +24,12 @@ import torch
 from torch import Tensor
 
 from ..config import LoraConfig
-from ..data.sft import encode_example, example_source
-from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
-from ..generation.capabilities import capabilities_of
-from ..generation.layout import LayoutError, lay_out
-from ..generation.request import GenerationRequest
 from ..models.lora import adapters_off, add_lora, prepare_base, trainable, write_adapter
-from ..sample.generate import cut_at_eos, generate
 from .estimators import denoiser_logits, estimate, estimator_options, iteration_seeds
 from .grpo import GrpoTerms, group_advantages, grpo_loss, scored_through_eos
 from .rewards import load_reward
+from .rollouts import Policy, completions_text, fill_template, read_prompts, rollouts
 
 
 @dataclass(frozen=True)
@@ -90,67 +85,6 @@ class RLSettings:
 
 
 @dataclass
-class Policy:
-    """What the loop holds: the loaded model (its module adapted), the runtime, the sampling
-    settings of the rollouts."""
-
-    loaded: object
-    rt: object
-    sampling: SamplingSettings
-
-
-def fill_template(template: str, prompt: str) -> str:
-    """`template` with the example's prompt at `{prompt}` (its only field)."""
-    try:
-        return template.format(prompt=prompt)
-    except (KeyError, IndexError, ValueError) as e:
-        raise MdlmError(f"--prompt-template {template!r} must hold {{prompt}} and no other "
-                        f"field ({type(e).__name__}: {e}); write a literal brace as {{{{ or }}}}"
-                        ) from None
-
-
-def read_prompts(source: str, tokenizer, template: str = "{prompt}"
-                 ) -> list[tuple[list[int], dict]]:
-    """(prompt ids, the example's fields) of every example in `source`, each prompt/response
-    example's prompt put in `template` (a conversation's messages are taken as they are)."""
-    examples = example_source(source).all_examples()
-    if not examples:
-        raise MdlmError(f"{source} holds no examples")
-    out = []
-    for e in examples:
-        shown = e if "messages" in e else {**e, "prompt": fill_template(template, e["prompt"])}
-        out.append((encode_example(tokenizer, shown)[0], e))
-    return out
-
-
-def rollouts(policy: Policy, prompt: list[int], rows: int, answer: int, seed: int
-             ) -> tuple[Tensor, int]:
-    """`rows` completions of `prompt` by the policy (no gradient): tokens (rows, L) and where
-    the completion starts."""
-    loaded = policy.loaded
-    try:
-        layout = lay_out(capabilities_of(loaded), prompt, answer=answer, start=[])
-    except LayoutError as e:
-        raise MdlmError(f"a prompt does not fit: {e}") from None
-    template = layout.template(loaded.mask_id).unsqueeze(0).expand(rows, -1).clone()
-    request = GenerationRequest(policy.sampling, num_samples=rows, seed=seed, stop_at_eos=False)
-    loaded.model.eval()
-    with torch.no_grad():
-        records, _, _ = generate(loaded, policy.rt, request, length=layout.length,
-                                 prompt=template)
-    tokens = torch.tensor([r.tokens for r in records], device=policy.rt.device)
-    return tokens, len(prompt)
-
-
-def completions_text(loaded, tokens: Tensor, start: int) -> list[str]:
-    out = []
-    for row in tokens.tolist():
-        kept, length, _ = cut_at_eos(row, start, loaded.tokenizer.eos_id)
-        out.append(loaded.tokenizer.decode(kept[start:]))
-    return out
-
-
-@dataclass
 class Group:
     """One prompt's rollouts, ready to score."""
 
@@ -187,10 +121,10 @@ def prepare_group(policy: Policy, tokens: Tensor, start: int, advantages: Tensor
 def held_out_reward(policy: Policy, held: list[tuple[list[int], dict]], reward,
                     settings: RLSettings) -> float:
     """The mean reward of one completion per held-out prompt (seed fixed: comparable steps)."""
-    scores = []
-    for i, (ids, fields) in enumerate(held[: settings.eval_rows]):
-        tokens, start = rollouts(policy, ids, 1, settings.answer_tokens, settings.seed + i)
-        text = completions_text(policy.loaded, tokens, start)
+    scores, rows = [], held[: settings.eval_rows]
+    drawn = rollouts(policy, [ids for ids, _ in rows], 1, settings.answer_tokens, settings.seed)
+    for (ids, fields), tokens in zip(rows, drawn, strict=True):
+        text = completions_text(policy.loaded, tokens, len(ids))
         scores += reward([fields.get("prompt", "")], text,
                          **{k: [v] for k, v in fields.items()})
     return sum(scores) / len(scores)
@@ -212,8 +146,9 @@ def step(policy: Policy, optimizer, batch: list[tuple[list[int], dict]], reward,
     loaded, g = policy.loaded, settings.group
     seeds = iteration_seeds(settings.iterations, torch.Generator().manual_seed(seed))
     groups, rewards = [], []
-    for j, (ids, fields) in enumerate(batch):
-        tokens, start = rollouts(policy, ids, g, settings.answer_tokens, seed * 1000 + j)
+    drawn = rollouts(policy, [ids for ids, _ in batch], g, settings.answer_tokens, seed)
+    for (ids, fields), tokens in zip(batch, drawn, strict=True):
+        start = len(ids)
         text = completions_text(loaded, tokens, start)
         values = reward([fields.get("prompt", "")] * g, text,
                         **{k: [v] * g for k, v in fields.items()})
