@@ -80,6 +80,11 @@ LoraRankOpt = Annotated[int, typer.Option(help="The adapter's rank r.")]
 LoraAlphaOpt = Annotated[float, typer.Option(help="The adapter's alpha.",
                                              callback=float_in(0.0, low_in=False))]
 EvalEveryOpt = Annotated[int, typer.Option(help="Steps between held-out rewards.")]
+SaveEveryOpt = Annotated[int, typer.Option(help="Steps between the states --resume goes on "
+                                                "from (OUT/resume; also saved at the end).")]
+RLResumeOpt = Annotated[bool, typer.Option(help="Go on from OUT's saved state, with the same "
+                                                "settings (max steps, minutes and cadences may "
+                                                "change).")]
 RLEvalRowsOpt = Annotated[int, typer.Option(help="Held-out prompts scored.")]
 
 
@@ -111,19 +116,24 @@ def rl_cmd(
     lora_quantize: LoraQuantizeOpt = "none",
     eval_every: EvalEveryOpt = 10,
     eval_rows: RLEvalRowsOpt = 64,
+    save_every: SaveEveryOpt = 100,
+    resume: RLResumeOpt = False,
     seed: SeedOpt = 0,
 ) -> None:
-    from ..rl.loop import Policy, train_rl
     sampling, loading = sampling_from(ctx), loading_from(ctx)
     with user_errors():
         settings = _settings(ctx.params)
-        if dry_run:
-            return _show(settings, loading.checkpoint, sampling)
-        loaded, rt = loading.load()
-        policy = Policy(loaded, rt, resolved(sampling, loaded))
-        summary = train_rl(policy, settings, loading.checkpoint, on_step=_print)
+        (_show if dry_run else _run)(settings, loading, sampling)
+
+
+def _run(settings, loading, sampling) -> None:
+    from ..rl.loop import Policy, train_rl
+
+    loaded, rt = loading.load()
+    policy = Policy(loaded, rt, resolved(sampling, loaded))
+    summary = train_rl(policy, settings, loading.checkpoint, on_step=_print)
     console.print(f"Done: {summary['steps']} steps in {summary['seconds']:.0f} s; adapter in "
-                  f"{out / 'adapter'}", markup=False, highlight=False)
+                  f"{settings.out / 'adapter'}", markup=False, highlight=False)
 
 
 def _settings(params: dict):
@@ -160,12 +170,12 @@ def _preset(ctx: typer.Context, value: str | None) -> str | None:
     return value
 
 
-def _show(settings, checkpoint: str | None, sampling) -> None:
+def _show(settings, loading, sampling) -> None:
     """--dry-run's report: the checkpoint, the RL settings and the rollouts' sampling flags."""
     import dataclasses
     import json
 
-    record = {"checkpoint": checkpoint, **dataclasses.asdict(settings),
+    record = {"checkpoint": loading.checkpoint, **dataclasses.asdict(settings),
               "sampling": dataclasses.asdict(sampling) if dataclasses.is_dataclass(sampling)
               else str(sampling)}
     console.print(json.dumps(record, indent=2, default=str), markup=False, highlight=False,

@@ -17,7 +17,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from .estimators import denoiser_logits, estimate, estimator_options, iteration_
 from .grpo import GrpoTerms, group_advantages, grpo_loss, scored_through_eos
 from .rewards import load_reward
 from .rollouts import Policy, completions_text, fill_template, read_prompts, rollouts
+from .run_state import RunState, check_out, restore_state, save_state, settings_record
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,13 @@ class RLSettings:
     lora: LoraConfig = field(default_factory=lambda: LoraConfig(rank=16, alpha=32.0))
     eval_every: int = 10
     eval_rows: int = 64
+    save_every: int = 100  # steps between the saved states --resume goes on from
+    resume: bool = False  # go on from the folder's saved state (run_state.py)
     seed: int = 0
 
     def validate(self) -> RLSettings:
         for name in ("group", "prompts", "iterations", "max_steps", "answer_tokens",
-                     "eval_every", "eval_rows"):
+                     "eval_every", "eval_rows", "save_every"):
             if getattr(self, name) < 1:
                 raise MdlmError(f"--{name.replace('_', '-')} must be at least 1")
         if self.group < 2:
@@ -135,7 +138,9 @@ def adapt_policy(policy: Policy, settings: RLSettings, checkpoint: str) -> torch
     hold it: bf16 where the run computes in bf16, nf4 with 4-bit) and its optimizer."""
     loaded = policy.loaded
     base = prepare_base(loaded.model, settings.lora, policy.rt)
-    loaded.model = add_lora(base, settings.lora, checkpoint)
+    with torch.random.fork_rng(devices=[]):  # peft draws A from torch's RNG: --seed fixes it
+        torch.manual_seed(settings.seed)
+        loaded.model = add_lora(base, settings.lora, checkpoint)
     params = [p for _, p in trainable(loaded.model)]
     return torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
 
@@ -182,50 +187,64 @@ def step(policy: Policy, optimizer, batch: list[tuple[list[int], dict]], reward,
 
 def train_rl(policy: Policy, settings: RLSettings, checkpoint: str,
              on_step: Callable[[int, dict], None]) -> dict:
-    """The loop; returns rl.json's record (written with the adapter into settings.out)."""
+    """The loop; returns rl.json's record (written with the adapter into settings.out). With
+    `settings.resume` it goes on from the folder's saved state (run_state.py)."""
     settings = settings.validate()
+    out, resume = settings.out, settings.resume
+    check_out(out, resume)
     tokenizer = policy.loaded.tokenizer
     examples = read_prompts(settings.data, tokenizer, settings.prompt_template)
     held = (read_prompts(settings.held_out, tokenizer, settings.prompt_template)
             if settings.held_out else [])
     reward = load_reward(list(settings.reward))
     optimizer = adapt_policy(policy, settings, checkpoint)
-    settings.out.mkdir(parents=True, exist_ok=True)
-    log = (settings.out / "metrics.jsonl").open("w")
+    out.mkdir(parents=True, exist_ok=True)
+    state = restore_state(out, policy.loaded.model, optimizer, settings) if resume else RunState()
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(settings.seed))
-    t0, record, evals, seen = time.perf_counter(), {}, [], 0
+    t0 = time.perf_counter() - state.elapsed_s
+    with (out / "metrics.jsonl").open("a" if resume else "w") as log:
 
-    def evaluate(n: int) -> None:
-        if held:
-            value = held_out_reward(policy, held, reward, settings)
-            evals.append({"step": n, "held_out_reward": value})
-            log.write(json.dumps(evals[-1]) + "\n")
-            on_step(n, evals[-1])
+        def evaluate(n: int) -> None:
+            if held:
+                state.evals.append({"step": n, "held_out_reward": held_out_reward(
+                    policy, held, reward, settings)})
+                log.write(json.dumps(state.evals[-1]) + "\n")
+                on_step(n, state.evals[-1])
 
-    evaluate(0)
-    n = 0
-    while n < settings.max_steps:
-        if settings.minutes and time.perf_counter() - t0 > 60 * settings.minutes:
-            break
-        picks = [int(order[(n * settings.prompts + k) % len(examples)])
-                 for k in range(settings.prompts)]
-        record = step(policy, optimizer, [examples[i] for i in picks], reward, settings,
-                      settings.seed + n)
-        n += 1
-        seen += record["tokens"]
-        record.update(step=n, elapsed_s=time.perf_counter() - t0)
-        record["tokens_per_s"] = seen / max(record["elapsed_s"], 1e-9)  # rollout rows scored
-        log.write(json.dumps(record) + "\n")
-        log.flush()
-        on_step(n, record)
-        if n % settings.eval_every == 0 and n < settings.max_steps:
-            evaluate(n)
-    evaluate(n)
-    log.close()
-    (settings.out / "adapter").mkdir(exist_ok=True)
-    write_adapter(policy.loaded.model, settings.out / "adapter")
-    summary = {"checkpoint": checkpoint, "steps": n, "seconds": time.perf_counter() - t0,
-               "held_out": evals, "settings": {**asdict(settings), "out": str(settings.out),
-                                               "lora": asdict(settings.lora)}}
-    (settings.out / "rl.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        if not resume:
+            evaluate(0)
+        while state.step < settings.max_steps:
+            if settings.minutes and time.perf_counter() - t0 > 60 * settings.minutes:
+                break
+            n = state.step
+            picks = [int(order[(n * settings.prompts + k) % len(examples)])
+                     for k in range(settings.prompts)]
+            record = step(policy, optimizer, [examples[i] for i in picks], reward, settings,
+                          settings.seed + n)
+            state.step, state.seen = n + 1, state.seen + record["tokens"]
+            state.elapsed_s = time.perf_counter() - t0
+            record.update(step=state.step, elapsed_s=state.elapsed_s,
+                          tokens_per_s=state.seen / max(state.elapsed_s, 1e-9))
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            on_step(state.step, record)
+            if state.step % settings.eval_every == 0 and state.step < settings.max_steps:
+                evaluate(state.step)
+            if state.step % settings.save_every == 0:
+                save_state(out, policy.loaded.model, optimizer, state, settings)
+        if not state.evals or state.evals[-1]["step"] != state.step:
+            evaluate(state.step)
+    return finish(policy, optimizer, settings, checkpoint, state)
+
+
+def finish(policy: Policy, optimizer, settings: RLSettings, checkpoint: str,
+           state: RunState) -> dict:
+    """The final adapter, the saved state and rl.json; returns rl.json's record."""
+    out = settings.out
+    save_state(out, policy.loaded.model, optimizer, state, settings)
+    (out / "adapter").mkdir(exist_ok=True)
+    write_adapter(policy.loaded.model, out / "adapter")
+    summary = {"checkpoint": checkpoint, "steps": state.step, "seconds": state.elapsed_s,
+               "held_out": state.evals, "settings": settings_record(settings)}
+    (out / "rl.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary

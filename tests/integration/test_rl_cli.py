@@ -143,3 +143,37 @@ def test_rewards_see_the_data_sets_fields_and_the_templated_prompt(trained_runs,
     for prompts, targets in seen_reward.SEEN:
         assert len(set(targets)) == 1 and len(targets) == 2  # a prompt's value, G times
         assert prompts == [f"b{targets[0]}"] * 2
+
+
+def test_a_resumed_rl_run_takes_the_steps_an_uninterrupted_one_takes(trained_runs, task,
+                                                                    tmp_path):
+    """2 steps, then --resume to 4, against 4 steps at once: the same records for steps 3 and
+    4 (rewards, KL, clip fraction: the same rollouts and the same adapter and optimizer), and
+    the same adapter at the end."""
+    from safetensors.torch import load_file
+
+    _, base = trained_runs
+    more = ("--reward", FIRST_HALF, "--lr", "0.05", "--save-every", "2", "--eval-every", "100")
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    invoke(*rl_args(base, task, whole, "--max-steps", "4", *more))
+    invoke(*rl_args(base, task, split, "--max-steps", "2", *more))
+    assert "already holds an RL run" in one_line_error(
+        *rl_args(base, task, split, "--max-steps", "4", *more))
+    assert "--resume: group was 4 in this run, now 3" in one_line_error(
+        *rl_args(base, task, split, "--max-steps", "4", *more, "--resume", "--group", "3"))
+    invoke(*rl_args(base, task, split, "--max-steps", "4", *more, "--resume"))
+
+    def steps(folder):
+        records = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["reward_mean"], r["kl"], r["clip_fraction"]) for r in records
+                if "reward_mean" in r]
+
+    assert [s[0] for s in steps(split)] == [1, 2, 3, 4]
+    for got, want in zip(steps(split), steps(whole), strict=True):
+        assert got == pytest.approx(want)
+    a = load_file(whole / "adapter" / "adapter_model.safetensors")
+    b = load_file(split / "adapter" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((split / "rl.json").read_text())["steps"] == 4
+    assert "holds no saved RL state" in one_line_error(
+        *rl_args(base, task, tmp_path / "fresh", "--resume"))
