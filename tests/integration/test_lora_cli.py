@@ -149,3 +149,72 @@ def test_lora_trains_every_objective_of_the_dit(tmp_path, objective):
     assert (run / "checkpoints" / "step-00000002" / "adapter" / "adapter_config.json").is_file()
     invoke("eval-ppl", "-c", run, "--split", "valid", "--rows", "8")
     invoke("sample", "-c", run, "--num-samples", "1", "--steps", "4")
+
+
+@pytest.mark.slow
+def test_the_server_serves_an_adapter_as_the_run_it_came_from(lora_run, tmp_path):
+    """`mdlm serve -c BASE --adapter A` answers a seeded completion with the tokens the LoRA run
+    itself gives (`-c RUN`), and unlike the base alone."""
+    from .test_serve import free_port, request, start_server, stop_server, wait_healthy
+
+    base, run = lora_run
+    ema = run / "checkpoints" / "step-00000004" / "adapter-ema"
+    body = json.dumps({"prompt": "the ", "max_tokens": 12, "seed": 3, "steps": 12,
+                       "sampler": "ancestral"}).encode()
+    texts = {}
+    for name, args in {"adapter": [base, "--adapter", str(ema)], "run": [run],
+                       "base": [base]}.items():
+        port, log = free_port(), tmp_path / f"{name}.log"
+        proc = start_server(args[0], port, *args[1:], "--precision", "fp32", log=log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, proc, log)
+            status, out = request(f"{url}/v1/completions", body, key=None)
+            assert status == 200, out
+            texts[name] = out["choices"][0]["text"]
+        finally:
+            stop_server(proc)
+    assert texts["adapter"] == texts["run"]
+    assert texts["adapter"] != texts["base"]
+
+
+@pytest.mark.slow
+def test_lm_eval_takes_the_adapter_as_a_model_arg_and_a_flag(lora_run, tmp_path, monkeypatch):
+    """lm-eval's registered model with `adapter=` scores as the LoRA run does, and so does
+    `mdlm lm-eval --adapter`; the base alone scores otherwise."""
+    pytest.importorskip("lm_eval")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    import mdlm_cli.eval.lm_eval.adapter  # noqa: F401 - registers `mdlm`
+
+    from .test_lm_eval import DOCS, TASKS
+
+    base, run = lora_run
+    ema = run / "checkpoints" / "step-00000004" / "adapter-ema"
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    (tasks / "t_last_word.yaml").write_text(
+        f"task: t_last_word\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {tasks / 'docs.jsonl'}\ntest_split: test\n{TASKS['t_last_word']}")
+    manager = TaskManager(include_path=str(tasks), include_defaults=False)
+
+    def scores(model_args: str) -> list[float]:
+        out = lm_eval.simple_evaluate(model="mdlm", model_args=model_args, device="cpu",
+                                      tasks=["t_last_word"], bootstrap_iters=0, log_samples=True,
+                                      task_manager=manager)
+        return [s["resps"][0][0][0] for s in out["samples"]["t_last_word"]]
+
+    common = "mc_samples=2,batch_size=2,seed=0"
+    adapted = scores(f"checkpoint={base},adapter={ema},{common}")
+    assert adapted == scores(f"checkpoint={run},{common}")
+    assert adapted != scores(f"checkpoint={base},{common}")
+    flags = ["--tasks", "t_last_word", "--include-path", tasks, "-k", "2", "--batch-size", "2",
+             "--device", "cpu", "--bootstrap-iters", "0"]
+    for name, args in {"adapter": ["-c", base, "--adapter", ema], "run": ["-c", run]}.items():
+        invoke("lm-eval", *args, *flags, "--json", tmp_path / f"{name}.json")
+    perplexity = {name: json.loads((tmp_path / f"{name}.json").read_text())["results"]
+                  ["t_last_word"]["perplexity,none"] for name in ("adapter", "run")}
+    assert perplexity["adapter"] == perplexity["run"]
