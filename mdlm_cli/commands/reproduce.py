@@ -36,6 +36,14 @@ LauncherOpt = Annotated[str, typer.Option(
          "node.")]
 EmitOpt = Annotated[str | None, typer.Option(
     help="slurm: write job scripts (OUT/slurm) instead of running.")]
+StandInModelOpt = Annotated[list[str] | None, typer.Option(
+    "--model", help="KEY=FOLDER: run the recipe's published model KEY from a local folder (a "
+    "local copy of its weights; at --scale tiny a tiny folder in its layout). Repeatable.")]
+StandInTaskOpt = Annotated[list[str] | None, typer.Option(
+    "--task", help="TASK=LOCAL: run the recipe's lm-eval task TASK as the local task LOCAL of "
+    "--include-path (a stand-in for a hub data set; --scale tiny only). Repeatable.")]
+StandInPathOpt = Annotated[str | None, typer.Option(
+    "--include-path", help="--task: the folder of the local lm-eval task YAML files.")]
 GpusOpt = Annotated[int, typer.Option(help="--emit slurm: GPUs per node.")]
 NodesOpt = Annotated[int, typer.Option(help="--emit slurm: nodes per training job.")]
 
@@ -54,6 +62,9 @@ def reproduce_cmd(
     emit: EmitOpt = None,
     gpus: GpusOpt = 8,
     nodes: NodesOpt = 1,
+    model: StandInModelOpt = None,
+    task: StandInTaskOpt = None,
+    include_path: StandInPathOpt = None,
 ) -> None:
     """Run a paper table: train its models, evaluate its rows, report ours beside the paper's.
 
@@ -66,15 +77,18 @@ def reproduce_cmd(
       mdlm reproduce demo --report                       # reproduce/demo/report.md
       mdlm reproduce table8 --emit slurm --gpus 8        # job scripts for a cluster
       mdlm reproduce demo --scale tiny --out /tmp/smoke  # plumbing check in a minute
+      mdlm reproduce llada-base-gen --model llada=/data/LLaDA-8B-Base  # local weights
+      mdlm reproduce llada-base-gen --scale tiny --rows gsm8k --model llada=tiny/ \\
+          --task gsm8k=my_gsm8k --include-path my_tasks/   # stand-ins: the plumbing offline
     """
-    from ..recipes import list_recipes, load_recipe, plan
+    from ..recipes import list_recipes, plan
 
     with user_errors():
         if list_tables:
             return _print_list(list_recipes(command_flags))
         if table is None:
             raise MdlmError("give a table (mdlm reproduce --list shows them)")
-        recipe = load_recipe(table, command_flags)
+        recipe = _load(table, scale, model, task, include_path)
         out_dir, runs_dir = _out_dir(out, recipe.name, scale), Path(runs)
         selected = [r.strip() for r in rows.split(",") if r.strip()] if rows else None
         jobs = plan(recipe, out=out_dir, runs=runs_dir, scale=scale, rows=selected)
@@ -82,11 +96,23 @@ def reproduce_cmd(
             return _report(recipe, out_dir, runs_dir, scale)
         if dry_run:
             chosen = [r for r in recipe.rows if selected is None or r.name in selected]
-            return _print_plan(jobs, launcher, scale, chosen)
+            return _print_plan(jobs, launcher, scale, chosen, recipe.stand_ins)
         if emit is not None:
             return _emit(emit, jobs, out_dir, nodes=nodes, gpus=gpus)
         _run(jobs, out_dir, launcher, scale)
         _report(recipe, out_dir, runs_dir, scale)
+
+
+def _load(table: str, scale: str, models: list[str] | None, tasks: list[str] | None,
+          include_path: str | None):
+    """The recipe, with --model / --task stand-ins for its published models and hub tasks."""
+    from ..recipes import load_recipe, parse_pairs, stand_in
+
+    pairs = parse_pairs(tasks, "--task")
+    if pairs and scale != "tiny":
+        raise MdlmError("--task runs stand-in tasks, not the paper's: give --scale tiny")
+    return stand_in(load_recipe(table, command_flags), models=parse_pairs(models, "--model"),
+                    tasks=pairs, include_path=include_path)
 
 
 def _out_dir(out: str | None, name: str, scale: str) -> Path:
@@ -139,11 +165,13 @@ def _print_list(recipes) -> None:
                   "table's training runs; an estimate, not a measurement[/]")
 
 
-def _print_plan(jobs, launcher: str, scale: str, rows) -> None:
+def _print_plan(jobs, launcher: str, scale: str, rows, stand_ins: list[str]) -> None:
     from ..recipes.plan import scale_label
 
     sys.stdout.write(f"# {len(jobs)} jobs, {scale_label(scale)}; in order, each skipped when its "
                      "output exists\n")
+    for line in stand_ins:
+        sys.stdout.write(f"# stand-in: {line}\n")
     for job in jobs:
         sys.stdout.write(("# done: " if job.done() else "") + job.command(launcher) + "\n")
     sys.stdout.write("# rows (the paper's value and where it comes from):\n")

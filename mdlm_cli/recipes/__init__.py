@@ -4,5 +4,7 @@ run on them, and the paper's numbers; `mdlm reproduce` plans, runs and reports t
 from .plan import Job, plan
 from .report import report_rows
 from .schema import Recipe, list_recipes, load_recipe
+from .stand_in import parse_pairs, stand_in
 
-__all__ = ["Job", "Recipe", "list_recipes", "load_recipe", "plan", "report_rows"]
+__all__ = ["Job", "Recipe", "list_recipes", "load_recipe", "parse_pairs", "plan", "report_rows",
+           "stand_in"]

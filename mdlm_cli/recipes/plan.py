@@ -32,6 +32,7 @@ TINY_MODEL = [
     "train.compile=false",
 ]
 TINY_STEPS = 6
+TINY_GEN_LENGTH = 8  # lm-eval's --gen-length at --scale tiny: a few tokens of a tiny window
 TINY_ARGS = {
     "eval-ppl": {"rows": 32},
     "gen-ppl": {"num-samples": 2},
@@ -160,6 +161,29 @@ def _tiny(command: str, args: dict) -> dict:
         args.update(length=64, stride=16)  # two 32-token windows of the tiny model
     if command == "sample":  # the tiny model's own L (a tiny AR refuses the paper's 1,024)
         args.pop("length", None)
+    if command == "lm-eval":
+        args = _tiny_lm_eval(args)
+    return args
+
+
+def _tiny_lm_eval(args: dict) -> dict:
+    """lm-eval at --scale tiny: at most TINY_GEN_LENGTH new tokens in blocks that divide them,
+    the steps a multiple of the blocks (LLaDA's rule), and at most 4 Monte-Carlo passes."""
+    args = dict(args)
+    if "mc-samples" in args:
+        args["mc-samples"] = min(int(args["mc-samples"]), 4)
+    if "gen-length" not in args:
+        return args
+    length = min(int(args["gen-length"]), TINY_GEN_LENGTH)
+    block = min(int(args.get("block-length") or length), length)
+    block = block if length % block == 0 else length  # one block where it would not divide
+    blocks = length // block
+    args["gen-length"] = length
+    if "block-length" in args:
+        args["block-length"] = block
+    if "steps" in args:
+        steps = max(blocks, min(int(args["steps"]), length))
+        args["steps"] = steps - steps % blocks
     return args
 
 

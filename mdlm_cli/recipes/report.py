@@ -61,6 +61,11 @@ def _value(recipe: Recipe, row: Row, record: dict) -> tuple[float | None, float 
     if m == "seconds":  # bench-sampler's seconds_per_sample, or a sample's seconds (per sample)
         seconds = record.get("seconds_per_sample", record.get("seconds"))
         return seconds, None, f"NFE {record.get('nfe', float('nan')):.0f}"
+    if m == "accuracy" and row.score is not None:  # the row's lm-eval key, e.g. a filter's
+        metric, _, kept = row.score.partition(",")
+        stderr = record.get(f"{metric}_stderr,{kept}")
+        return record.get(row.score), stderr if isinstance(stderr, float) else None, (
+            f"lm-eval {row.score}")
     if m == "accuracy" and "best" not in record:  # lm-eval's acc (and stderr), or a glue task's
         if "acc,none" in record:
             return record["acc,none"], record.get("acc_stderr,none"), "lm-eval acc"
@@ -131,6 +136,8 @@ def _pick(records: list[dict], pick: dict) -> dict | None:
 def _training(recipe: Recipe, row: Row, runs: Path, scale: str, jobs_log: dict) -> tuple[str, str]:
     model = recipe.models[row.model]
     folder = Path(run_dir(model, runs, scale))
+    if model.stands_in_for is not None:  # mdlm reproduce --model: a local folder instead
+        return f"{model.checkpoint}, standing in for {model.stands_in_for}", ""
     if model.checkpoint is not None:
         return f"published {model.checkpoint}", ""
     try:
@@ -227,6 +234,8 @@ def markdown(recipe: Recipe, rows: list[ReportRow], scale_text: str) -> str:
         )
         + ".",
         "",
+        *([f"Stand-ins (mdlm reproduce --model / --task): {'; '.join(recipe.stand_ins)}.", ""]
+          if recipe.stand_ins else []),
         "| row | paper | ours | difference | | training | hardware | status |",
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -21,8 +21,11 @@
         # commands run on the model, in order; the last one's output is the row's result
         steps:
           - eval-ppl: {mc-samples: 1}
-        # optional: which record of the output (eval-ppl, bench-sampler)
+        # optional: which record of the output (eval-ppl, bench-sampler, lm-eval's task)
         pick: {dataset: lambada}
+        # optional, metric accuracy: which key of an lm-eval record is the row's value, as
+        # lm-eval names it (metric,filter); default acc,none
+        score: "exact_match,flexible-extract"
         paper: {value: 27.04, source: "Tab. 8, MDLM"}
         # optional: paper.disagrees: "..." says which source gives another value for the
         # same measurement; the report prints it beside the row
@@ -63,6 +66,7 @@ class Model:
     checkpoint: str | None = None  # a published model instead of a training run
     init_from: str | None = None  # the key of the table's model whose weights this run starts from
     base: Model | None = None  # that model, resolved when the recipe loads
+    stands_in_for: str | None = None  # the published checkpoint a local folder replaces
 
 
 @dataclass
@@ -83,6 +87,7 @@ class Row:
     x: float | None = None  # for `plot: series`
     series: str | None = None
     reduce: str | None = None  # metric tokens: median | max | mean of the samples' lengths
+    score: str | None = None  # metric accuracy: the lm-eval record's key (metric,filter)
 
 
 @dataclass
@@ -97,6 +102,7 @@ class Recipe:
     plot: str | None = None
     notes: str = ""
     statistic: str = "se"
+    stand_ins: list[str] = field(default_factory=list)  # what stands in for the hub (stand_in.py)
 
 
 def tables_dir() -> Path:
@@ -174,6 +180,9 @@ def _recipe(name: str, data: dict, where: str) -> Recipe:
         if (metric == "tokens") != (row.reduce is not None) and not row.paper_only:
             raise MdlmError(f"{where}: rows[{i}] ({row.name}): reduce (one of "
                             f"{', '.join(REDUCTIONS)}) goes with metric tokens, and only with it")
+        if row.score is not None and metric != "accuracy":
+            raise MdlmError(f"{where}: rows[{i}] ({row.name}): score (an lm-eval record's key) "
+                            "goes with metric accuracy")
     if not rows:
         raise MdlmError(f"{where} has no rows")
     if len({r.name for r in rows}) != len(rows):
@@ -239,7 +248,7 @@ def _row(value, models: dict[str, Model], where: str) -> Row:
         value,
         where,
         ("name", "label", "model", "steps", "paper", "pick", "paper_only", "x", "series",
-         "reduce"),
+         "reduce", "score"),
     )
     if value.get("reduce") not in (None, *REDUCTIONS):
         raise MdlmError(f"{where}: reduce must be one of {', '.join(REDUCTIONS)}")
@@ -262,7 +271,11 @@ def _row(value, models: dict[str, Model], where: str) -> Row:
         value.get("x"),
         value.get("series"),
         value.get("reduce"),
+        None if value.get("score") is None else str(value["score"]),
     )
+    if row.score is not None and "," not in row.score:
+        raise MdlmError(f"{where} ({row.name}): score names an lm-eval record's key as "
+                        f"metric,filter (e.g. exact_match,flexible-extract; got {row.score!r})")
     if not row.paper_only and (row.model not in models or not row.steps):
         raise MdlmError(
             f"{where} ({row.name}) needs a model (one of: {', '.join(models)}) and steps, "
