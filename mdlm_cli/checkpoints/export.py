@@ -1,15 +1,19 @@
 """`mdlm export`: a Hugging Face-style folder that mdlm loads back and the Hub can host.
 
     FOLDER/
-      config.json        the reference's MDLMConfig fields (vocab_size, model_length, hidden_dim,
-                         cond_dim, n_blocks, n_heads, dropout, time_conditioning) plus an "mdlm"
+      config.json        the layout's own config (a DiT: the reference's MDLMConfig fields;
+                         LLaDA, Dream: the release's; GPT-2 and hf-mlm: theirs) plus an "mdlm"
                          section: the full training config, data metadata, state, weights kind
-      model.safetensors  the DiT under the reference's names (backbone.*, rotary_emb.inv_freq
-                         included), so the reference's own Hugging Face class can load it too
-      tokenizer files    the tokeniser's own files and mdlm_tokenizer.json (no pickles)
+      model.safetensors  the weights under the layout's names (a DiT: the reference's
+                         backbone.*, so its own Hugging Face class can load it too); shards and
+                         model.safetensors.index.json past 5 GB (released.py)
+      tokenizer files    the tokeniser's own files (chat template included) and
+                         mdlm_tokenizer.json (no pickles)
       README.md          model card: architecture, usage, evaluation results, training config
 
-No Python code is written: loading needs no trust_remote_code.
+Which layout each backbone gets is export_layouts.py's; a fine-tuned or LoRA-merged LLaDA or
+Dream becomes a folder in its release's layout, which the released loaders read back. No
+Python code is written: loading needs no trust_remote_code.
 
 config.json's "mdlm" section (with its "format" and the list of "files") marks the folder as
 an mdlm export: `--overwrite` replaces only such a folder, never the source checkpoint or
@@ -25,21 +29,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from .. import __version__
 from ..build import config_dict
 from ..errors import MdlmError
 from ..io.files import remove_stale_temporaries, swap_folder, temporary
-from ..models import HFMaskedLM
+from .export_layouts import export_layout
 from .folder import LoadedModel
-from .formats.reference import hf_config, reference_state_dict
 from .load import adapter_of, load_checkpoint
 from .model_card import model_card, read_results
 
 FORMAT = 1
 # merged against unmerged logits, relative to their size: float32 rounding of W + (a / r) B A
 MERGE_TOLERANCE = 1e-4
+# weights in bf16 / fp16: this many of the dtype's eps (bf16: 0.125 of the logits' size; the
+# merged model must also be closer to the unmerged one than the base is: verify_merge)
+ROUNDING_STEPS = 16
 
 
 def weights_kind(loaded: LoadedModel, ema: bool) -> str:
@@ -62,43 +67,15 @@ def mdlm_section(loaded: LoadedModel, weights: str) -> dict:
     }
 
 
-def write_model_files(loaded: LoadedModel, folder: Path, weights: str) -> dict:
-    """model.safetensors and config.json; returns config.json's content. A DiT under the
-    reference's names and fields; an hf-mlm model as the Hugging Face model's own folder
-    (transformers loads it as it is), with mdlm's section added to its config.json."""
-    if isinstance(loaded.model, HFMaskedLM):
-        config = loaded.model.save_pretrained_folder(folder)
-        config["mdlm"] = mdlm_section(loaded, weights)
-    else:
-        save_file(
-            reference_state_dict(loaded.model),
-            folder / "model.safetensors",
-            metadata={"format": "pt"},
-        )
-        config = hf_config(loaded, mdlm_section(loaded, weights))  # the reference's fields + mdlm's
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return config
-
-
 def export_folder(loaded: LoadedModel, out: str | Path, *,
                   weights: str,
                   results: list[dict] | None = None,
                   overwrite: bool = False,
                   hub_id: str | None = None) -> Path:
-    """Write the folder beside `out`, then swap it in (files.swap_folder); `hub_id` is where
-    it will be pushed, for the model card's usage line."""
-    from ..models import DiT
-
-    # the formats export writes: the reference's, or HF's own
-    if not isinstance(loaded.model, DiT | HFMaskedLM):
-        raise MdlmError(
-            "mdlm export writes the reference DiT format or a Hugging Face masked LM's; a "
-            f"{loaded.config.model.backbone} model is shared as its run folder (safetensors, "
-            "config.yaml, tokenizer files)"
-        )
-    if loaded.config.model.shift:  # the reference's config.json has no field that says it
-        raise MdlmError("mdlm export of a shifted DiT (an AR run mdlm convert made a diffusion "
-                        "model) is not done yet; share its run folder")
+    """Write the folder beside `out` in the backbone's layout (export_layouts.py), then swap it
+    in (files.swap_folder); `hub_id` is where it will be pushed, for the model card's usage
+    line."""
+    layout = export_layout(loaded)  # refused before anything is written
     out = Path(out)
     check_export_target(loaded, out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -107,11 +84,10 @@ def export_folder(loaded: LoadedModel, out: str | Path, *,
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        config = write_model_files(loaded, tmp, weights)
-        loaded.tokenizer.save(tmp)
-        card = model_card(loaded, config, results or [], hub_id or str(out))
+        config = layout.write(loaded, tmp, mdlm_section(loaded, weights))  # tokeniser too
+        card = model_card(loaded, config, results or [], hub_id or str(out), layout.card(loaded))
         (tmp / "README.md").write_text(card)
-        config["mdlm"]["files"] = sorted(["config.json", *(p.name for p in tmp.iterdir())])
+        config["mdlm"]["files"] = sorted({"config.json", *(p.name for p in tmp.iterdir())})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         swap_folder(tmp, out)
     finally:
@@ -193,21 +169,38 @@ def verify_export(loaded: LoadedModel, folder: Path, length: int = 64) -> float:
     return float((a - b).abs().max())
 
 
+def merge_tolerance(dtype: torch.dtype) -> float:
+    """How far merged logits may be from unmerged ones, relative to their size: float32
+    rounding of W + (a / r) B A, or, for weights kept in bf16 / fp16 (the releases of LLaDA and
+    Dream), the rounding of every merged weight to that precision and of the computation in it
+    (a few percent of the logits' size on the tiny test models: ROUNDING_STEPS of its eps)."""
+    if dtype == torch.float32 or not dtype.is_floating_point:
+        return MERGE_TOLERANCE
+    return max(MERGE_TOLERANCE, ROUNDING_STEPS * torch.finfo(dtype).eps)
+
+
 @torch.no_grad()
 def verify_merge(loaded: LoadedModel, base: str, adapter: Path) -> str:
     """The merged weights (`loaded`) against the base with the adapter unmerged (peft's layers,
-    W x + (alpha / r) B A x): the same logits up to float rounding, or an error."""
-    from ..models.lora import load_adapter
+    W x + (alpha / r) B A x): the same logits up to rounding (merge_tolerance), and closer to
+    them than the base itself (the adapter switched off), or an error."""
+    from ..models.lora import adapters_off, load_adapter
 
     unmerged = load_adapter(load_checkpoint(base, device="cpu").model, adapter, merge=False)
     x = probe_batch(loaded)
     a, b = loaded.model(x).float(), unmerged.eval()(x).float()
+    with adapters_off(unmerged):
+        effect = float((unmerged(x).float() - b).abs().max())  # what the adapter changes
+    dtype = next(loaded.model.parameters()).dtype
     diff, scale = float((a - b).abs().max()), float(b.abs().max())
-    if diff > MERGE_TOLERANCE * max(scale, 1.0):
-        raise MdlmError(f"merging {adapter} changed the logits by {diff:.3g} (of {scale:.3g}); "
-                        "the export is not the adapted model")
+    if diff > merge_tolerance(dtype) * max(scale, 1.0) or (effect > 0 and diff >= effect):
+        raise MdlmError(f"merging {adapter} changed the logits by {diff:.3g} (of {scale:.3g}; "
+                        f"the adapter itself changes them by {effect:.3g}); the export is not "
+                        "the adapted model")
+    precision = "" if dtype == torch.float32 else f", {str(dtype).removeprefix('torch.')} " \
+        "rounding of the merged weights"
     return f"Verified: the merged adapter gives the unmerged model's logits (max difference " \
-           f"{diff:.2g})"
+           f"{diff:.2g}{precision}; the adapter changes them by {effect:.2g})"
 
 
 def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import __version__
 from ..build import config_yaml
 from ..errors import MdlmError
-from ..models import HFMaskedLM
+from ..models import DiT
 from .folder import LoadedModel
 
 
@@ -43,21 +43,15 @@ def read_results(paths: list[str]) -> list[dict]:
 
 CARD_HEADER = ["---", "library_name: mdlm", "tags:", "- mdlm", "- masked-diffusion",
                "- diffusion-language-model", "---", ""]
-CARD_FILES = {  # what the folder holds, by what was exported
-    "hf": "This is the Hugging Face masked LM's own folder "
-          "(`AutoModelForMaskedLM.from_pretrained` loads it as it is), fine-tuned with MDLM; "
-          "`config.json` also holds mdlm's section; ",
-    "dit": "`config.json` carries the reference implementation's `MDLMConfig` fields and "
-           "`model.safetensors` its parameter names (`backbone.*`); ",
-}
 NO_CODE = ("there is no Python code in this folder, so nothing needs `trust_remote_code`. The "
            "tokenizer files sit next to them.")
 
 
-def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: str) -> str:
-    """README.md of an export: what the model is (a table), how to sample from it, its
-    evaluation results and the config it was trained with."""
-    files = CARD_FILES["hf" if isinstance(loaded.model, HFMaskedLM) else "dit"]
+def model_card(loaded: LoadedModel, config: dict, results: list[dict], where: str,
+               files: str) -> str:
+    """README.md of an export: what the model is (a table), how to sample from it, what the
+    folder holds (`files`: its layout's sentence, export_layouts.py), its evaluation results
+    and the config it was trained with."""
     intro = ("A masked diffusion language model (MDLM, Sahoo et al. 2024, arXiv:2406.07524) "
              f"exported by `mdlm` {__version__}.")
     lines = [*CARD_HEADER, f"# {loaded.config.name}", "", intro, "", "| | |", "|---|---|"]
@@ -75,12 +69,14 @@ def _card_rows(loaded: LoadedModel, weights: str) -> list[tuple[str, str]]:
     cfg, state, tok = loaded.config, loaded.state, loaded.tokenizer
     millions = loaded.model.num_parameters() / 1e6
     dataset = cfg.data.dataset if not Path(cfg.data.dataset).suffix else Path(cfg.data.dataset).name
-    if isinstance(loaded.model, HFMaskedLM):
-        backbone = f"{loaded.model.describe()}, {millions:.1f}M parameters"
-    else:
+    if isinstance(loaded.model, DiT):
         c = loaded.model.config
         backbone = (f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, "
                     f"cond dim {c.cond_dim}, {millions:.1f}M parameters")
+        if cfg.model.shift:
+            backbone += ", shifted (logits at i read from i - 1)"
+    else:
+        backbone = f"{loaded.model.describe()}, {millions:.1f}M parameters"
     diffusion = cfg.diffusion
     schedule = f"{diffusion.schedule} (eps {diffusion.eps:g})"
     schedule += f", discrete T={diffusion.T}" if diffusion.T else ", continuous time"

@@ -46,7 +46,9 @@ def export_cmd(
 ) -> None:
     """Export a checkpoint as a Hugging Face-style folder that mdlm (and the Hub) can load.
 
-    EMA weights by default, the reference's parameter names and config.json fields, no Python code.
+    EMA weights by default, no Python code; the backbone's layout: a DiT under the reference's
+    parameter names and config.json fields, a LLaDA or Dream run (full or LoRA, merged) in its
+    release's layout, a converted model in the layout mdlm convert wrote.
 
     [dim]Examples:[/]
       mdlm export --checkpoint runs/owt --out exports/mdlm-owt-mine
@@ -55,6 +57,7 @@ def export_cmd(
       mdlm sample --checkpoint exports/mdlm-owt-mine                   # loads back
       mdlm export --checkpoint runs/owt-lora --out exports/merged      # a LoRA run, merged
       mdlm export -c runs/owt --merge-adapter ADAPTER --out exports/m  # a peft adapter, merged
+      mdlm export -c runs/llada-sft --out exports/llada-sft            # LLaDA's released layout
     """
     from ..checkpoints.export import ExportOptions, export_checkpoint
 

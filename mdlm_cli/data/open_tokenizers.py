@@ -38,7 +38,7 @@ def _content(token) -> str | None:
     return token.get("content") if isinstance(token, dict) else token
 
 
-def _fast_tokenizer(folder: Path):
+def fast_tokenizer(folder: Path):
     from transformers import PreTrainedTokenizerFast
 
     if not (folder / "tokenizer.json").is_file():
@@ -51,8 +51,11 @@ def _fast_tokenizer(folder: Path):
     extra = [_content(t) for t in settings.get("additional_special_tokens") or []]
     if extra:
         kwargs["additional_special_tokens"] = extra
-    if isinstance(settings.get("chat_template"), str):
-        kwargs["chat_template"] = settings["chat_template"]
+    template = settings.get("chat_template")
+    if not isinstance(template, str) and (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text()  # transformers 5 writes it apart
+    if isinstance(template, str):
+        kwargs["chat_template"] = template
     if isinstance(settings.get("model_max_length"), int):
         kwargs["model_max_length"] = settings["model_max_length"]
     try:
@@ -71,7 +74,7 @@ def open_model_tokenizer(folder: Path) -> dict:
     if not isinstance(config.get("mask_token_id"), int):
         raise MdlmError(f"{folder}/config.json has no integer mask_token_id; a {family} folder "
                         "names its mask token there")
-    hf = _fast_tokenizer(folder)
+    hf = fast_tokenizer(folder)
     rows = next((config[k] for k in FAMILY_VOCAB_KEYS[family] if config.get(k)), None)
     if not isinstance(rows, int):
         raise MdlmError(f"{folder}/config.json has no vocabulary size "

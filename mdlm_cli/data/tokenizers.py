@@ -155,17 +155,20 @@ def load_tokenizer(name: str, cache_root: str | Path | None = None) -> Tokenizer
 
 
 def _folder_tokenizer(path: Path) -> Tokenizer:
-    from .open_tokenizers import open_model_family, open_model_tokenizer
+    from .open_tokenizers import fast_tokenizer, open_model_family, open_model_tokenizer
 
     meta_path = path / META_FILE
-    if not meta_path.is_file() and open_model_family(path):  # LLaDA, Dream: no AutoTokenizer
+    family = open_model_family(path)  # LLaDA, Dream, mdlm's GPT-2: no AutoTokenizer
+    if not meta_path.is_file() and family:
         return Tokenizer(path.name, **open_model_tokenizer(path))
     if not meta_path.is_file():
         return _wrap_hf(path.name, _hf_from_pretrained(str(path)))
     meta = json.loads(meta_path.read_text())
     if meta.get("type") in ("char", "dna"):
         return TOKENIZERS[meta["type"]].factory(meta["type"], None)
-    hf = _hf_from_pretrained(str(path))
+    # an mdlm export of such a folder: its tokeniser read as the release's (AutoTokenizer would
+    # read config.json, whose model_type transformers does not know)
+    hf = fast_tokenizer(path) if family else _hf_from_pretrained(str(path))
     return Tokenizer(meta["name"], hf=hf, mask_id=meta["mask_id"], bos_id=meta["bos_id"],
                      eos_id=meta["eos_id"], pad_id=meta["pad_id"], vocab_size=meta["vocab_size"])
 

@@ -340,6 +340,16 @@ class ReleasedBackbone(nn.Module, ABC):
     def save_checkpoint_files(self, folder: Path) -> None:
         write_family_config(folder / self.config_file, self.raw)
 
+    def released_layout(self) -> tuple[dict, dict[str, Tensor]]:
+        """This model in its family's released layout (`mdlm export`): config.json and the
+        tensors by name. The state-dict adapter is the identity: `build_network` builds the
+        release's own module tree, so the state dict is the folder's weights, key for key (as
+        `assign_weights` checks when it loads one); config.json is the folder's own (its
+        conversion record included), its dtype the weights'."""
+        weights = {k: v.detach() for k, v in self.state_dict().items()}
+        dtype = str(next(iter(weights.values())).dtype).removeprefix("torch.")
+        return {**self.raw, "torch_dtype": dtype}, weights
+
     def describe(self) -> str:
         text = f"{self.title} {self.config.n_layers}x{self.config.hidden_size} ({self.source})"
         if self.conversion:

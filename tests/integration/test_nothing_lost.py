@@ -80,7 +80,7 @@ def test_export_overwrite_is_atomic(tmp_path, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device", str(out))
 
-    monkeypatch.setattr("mdlm_cli.checkpoints.export.save_file", disk_full)
+    monkeypatch.setattr("mdlm_cli.checkpoints.released.save_file", disk_full)
     assert "no space left" in one_line_error("export", "-c", run, "--out", out, "--overwrite")
     assert tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["exported", "run"]
 

@@ -180,16 +180,6 @@ def test_force_replaces_a_folder_and_the_record_names_the_source(sources, tmp_pa
     assert not model.shifted_logits and "converted from" in model.describe()
 
 
-def test_exporting_a_shifted_dit_is_refused_not_silently_unshifted(tmp_path):
-    """The reference's layout cannot say the shift: refused before anything is written."""
-    from mdlm_cli.checkpoints.export import export_folder
-
-    convert(ConvertRequest(str(write_ar_run(tmp_path / "ar")), tmp_path / "out"))
-    with pytest.raises(MdlmError, match="shifted DiT"):
-        export_folder(load_checkpoint(tmp_path / "out"), tmp_path / "export", weights="raw")
-    assert not (tmp_path / "export").exists()
-
-
 @pytest.mark.parametrize("objective", ["ar", "bd3lm"])
 def test_the_dit_shift_is_refused_where_it_has_no_meaning(objective):
     from mdlm_cli.build import resolve_config

@@ -20,18 +20,17 @@ target, shift, attention, how the mask was added) is written with the weights (c
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from safetensors import SafetensorError
-from safetensors.torch import save_file
 
 from ...errors import MdlmError
 from ...io.files import swap_folder, temporary, write_failure
 from ...models import BACKBONES
 from ...models.open_weights import ATTENTIONS
+from ..released import write_released
 from .ar_run import TARGET_OBJECTIVE, convert_ar_run
 from .hf_folder import Target, build_target
 from .source import is_mdlm_run, load_source_tokenizer, local_folder, read_causal_folder
@@ -109,15 +108,14 @@ def convert(request: ConvertRequest) -> Converted:
 
 
 def write_folder(out: Path, target: Target) -> None:
-    """model.safetensors, config.json and the tokeniser files, into a temporary sibling of
-    `out` that then takes its name (replacing what was there: --force)."""
+    """The weights and config.json (released.write_released, as `mdlm export` writes them) and
+    the tokeniser files, into a temporary sibling of `out` that then takes its name (replacing
+    what was there: --force)."""
     tmp = temporary(out)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        weights = {k: v.contiguous() for k, v in target.weights.items()}
-        save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(target.config, indent=2))
+        write_released(tmp, target.config, target.weights)  # the writer export shares
         target.tokenizer.save_pretrained(str(tmp))
         swap_folder(tmp, out)
     except (OSError, SafetensorError) as e:

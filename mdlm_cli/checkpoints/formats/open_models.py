@@ -4,7 +4,8 @@ LoadedModel of its native backbone, its weights memory-mapped in their own dtype
 config of LLaDA's training objective (MDLM's loss under the linear schedule: mask rate t,
 weight 1/t) and no time input, so that the denoiser is time-agnostic. A folder `mdlm convert`
 wrote (its config.json's conversion record) says so in state.json and in a note every command
-prints."""
+prints. A folder `mdlm export` wrote (config.json's "mdlm" section) keeps the config, data and
+state of the run it came from."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 
 from ...build import config_from_dict
 from ...data.tokenizers import Tokenizer, load_tokenizer
+from ...errors import MdlmError
 from ..folder import LoadedModel
-from .assemble import data_meta, hf_state
+from .assemble import data_meta, export_section, hf_state
 from .base import Format, Found
 
 DEFAULT_LENGTH = 4096  # rows of at most this many tokens (at most the model's positions)
@@ -42,19 +44,38 @@ def folder_tokenizer(folder: Path, label: str) -> Tokenizer:
 
 def load_open_model(found: Found, backbone_cls, max_length: int, *, device) -> LoadedModel:
     """The folder as a `backbone_cls` (models.llada.LLaDA or models.dream.Dream) on `device`;
-    state.json says its family and its sampling defaults (the family's transfer schedule)."""
+    state.json says its family and its sampling defaults (the family's transfer schedule).
+    An `mdlm export` of a fine-tuned model (config.json's "mdlm" section) gets the config,
+    data and state it was trained with, its model read from this folder."""
     folder, label, family = found.path, found.label, backbone_cls.family
+    mdlm_meta = export_section(found.config)
     tokenizer = folder_tokenizer(folder, label)
-    config = open_model_config(label, family, max_length)
+    config = exported_config(mdlm_meta, label, family) or open_model_config(label, family,
+                                                                            max_length)
     model = backbone_cls.from_folder(config.model, tokenizer.vocab_size, folder, found.config,
                                      device)
-    state = hf_state({}, label)
-    state.update({"family": family, "sampling_defaults": dict(backbone_cls.sampling_defaults)})
+    state = hf_state(mdlm_meta, label)
+    state.update({"family": family, "sampling_defaults": {
+        **backbone_cls.sampling_defaults, **(state.get("sampling_defaults") or {})}})
     if model.conversion:
         state["converted_from"] = dict(model.conversion)
         state["notes"] = [model.describe()]
     return LoadedModel(folder, model.eval(), config, tokenizer,
-                       data_meta({}, config, tokenizer), state)
+                       data_meta(mdlm_meta, config, tokenizer), state)
+
+
+def exported_config(mdlm_meta: dict, label: str, family: str):
+    """The config an export saved, its model and tokeniser this folder; None for a release
+    (or an export whose config this version cannot read: the release's defaults then)."""
+    saved = mdlm_meta.get("config")
+    if not isinstance(saved, dict):
+        return None
+    data = {**(saved.get("data") or {}), "tokenizer": label}
+    model = {"backbone": family, "hf_model": label, "time_conditioning": False}
+    try:
+        return config_from_dict({**saved, "data": data, "model": model})
+    except MdlmError:
+        return None
 
 
 def released_format(backbone_cls, description: str) -> Format:

@@ -219,6 +219,7 @@ def model_config(weights: dict[str, torch.Tensor], partial: Partial,
         mlp_ratio=mlp.shape[0] // hidden if mlp is not None and mlp.shape[0] % hidden == 0 else 4,
         dropout=recorded.get("dropout", 0.1),
         time_conditioning=recorded.get("time_conditioning", False),
+        shift=recorded.get("shift", False),  # only an export's "mdlm" section records it
     )
     return cfg, partial.vocab_size or vocab, inferred
 

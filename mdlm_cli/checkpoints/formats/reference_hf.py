@@ -7,7 +7,7 @@ with weights_only=True) holding the reference's `backbone.*` keys."""
 from __future__ import annotations
 
 from ..folder import LoadedModel
-from .assemble import load_dit_folder
+from .assemble import export_section, load_dit_folder
 from .base import Format, Found
 from .reference import partial_from_hf_config
 
@@ -19,6 +19,9 @@ def detect(found: Found) -> bool:
 
 def load(found: Found, *, ema: bool, device) -> LoadedModel:
     partial = partial_from_hf_config(found.config, found.path / "config.json")
+    saved_model = (export_section(found.config).get("config") or {}).get("model") or {}
+    if isinstance(saved_model.get("shift"), bool):  # MDLMConfig has no field for it
+        partial.model["shift"] = saved_model["shift"]
     return load_dit_folder(found, partial, device=device)
 
 
