@@ -71,6 +71,23 @@ def test_a_converted_folder_fine_tunes_and_keeps_its_shift(sources, text_file, t
     assert saved["mdlm_conversion"]["shift"] is True
 
 
+def test_a_converted_ar_run_fine_tunes_and_keeps_its_shift(sources, text_file, tmp_path,
+                                                           monkeypatch):
+    """train.init_from of a converted AR run: model.shift adopted, never restated."""
+    import yaml
+
+    monkeypatch.setenv("MDLM_CACHE", str(tmp_path / "cache"))
+    out, run = tmp_path / "converted", tmp_path / "run"
+    invoke("convert", sources["ar"], "--out", out)
+    invoke("train", "--preset", "test", "--no-print-config", "--set", f"train.init_from={out}",
+           "--set", f"data.dataset={text_file}", "--max-steps", "2", "--set",
+           "train.eval_rows=4", "--out", run)
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["shift"] is True
+    error = one_line_error("train", "--preset", "test", "--set", f"train.init_from={out}",
+                           "--set", "model.shift=false", "--out", tmp_path / "refused")
+    assert "contradicts train.init_from" in error and not (tmp_path / "refused").exists()
+
+
 @pytest.mark.parametrize("case", ["encoder", "auto_map", "gpt-neox", "no-weights", "not-cached",
                                   "out-not-empty"])
 def test_bad_sources_end_in_one_line(sources, tmp_path, monkeypatch, case):
