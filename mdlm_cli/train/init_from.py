@@ -69,6 +69,15 @@ def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
         f"; {fresh} fresh time-conditioning tensors)" if fresh else ")")
 
 
+def check_source(spec: str) -> None:
+    """Before any data is prepared: a local path that does not exist is refused at once (a
+    hub id, owner/name, is the loader's to find)."""
+    is_path = len(Path(spec).parts) > 2 or spec.startswith((".", "/", "~"))
+    if is_path and not Path(spec).expanduser().exists():
+        raise MdlmError(f"train.init_from {spec} does not exist; write it first (a run folder, "
+                        "or the --out of mdlm convert)")
+
+
 def _check_shift(spec: str, loaded, model: nn.Module) -> None:
     """A diffusion model's shift is kept (an AR source's is the fine-tune's choice)."""
     theirs, ours = has_shifted_logits(unwrap(loaded.model)), has_shifted_logits(unwrap(model))

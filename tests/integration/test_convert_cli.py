@@ -92,6 +92,17 @@ def test_a_converted_folder_fine_tunes_with_dreams_token_weights(sources, text_f
     assert any("loss" in r for r in logged)
 
 
+def test_the_diffugpt_s_preset_without_its_converted_folder_stops_before_any_data(
+        tmp_path, monkeypatch):
+    """Its train.init_from (runs/convert/gpt2) not written yet: one line, before OpenWebText
+    would be downloaded and prepared."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MDLM_CACHE", str(tmp_path / "cache"))
+    error = one_line_error("train", "--preset", "diffugpt-s", "--no-print-config")
+    assert "train.init_from runs/convert/gpt2 does not exist" in error
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "runs").exists()
+
+
 def test_a_converted_ar_run_fine_tunes_and_keeps_its_shift(sources, text_file, tmp_path,
                                                            monkeypatch):
     """train.init_from of a converted AR run: model.shift adopted, never restated."""

@@ -250,3 +250,31 @@ def test_an_ar_run_as_init_from_leaves_the_shift_to_the_run(tmp_path):
         (run / "checkpoints" / "step-00000001" / "config.yaml").read_text())  # as training does
     assert not resolve_config("test", [f"train.init_from={run}"]).model.shift
     assert resolve_config("test", [f"train.init_from={run}", "model.shift=true"]).model.shift
+
+
+def test_the_diffugpt_s_preset_takes_a_converted_gpt2_at_its_init_from(tmp_path, monkeypatch):
+    """presets/diffugpt-s.yaml validates alone, and with a (tiny, 1024-position) GPT-2 converted
+    to its train.init_from it is that folder's shifted gpt2 model, trained as DiffuGPT was."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from mdlm_cli.build import resolve_config
+
+    from ..causal_lm_folders import TOKENS
+    from ..open_model_folders import write_tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config("diffugpt-s").train.init_from == "runs/convert/gpt2"
+    source = tmp_path / "gpt2"
+    AutoModelForCausalLM.from_config(GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=81, n_positions=1024, bos_token_id=80,
+        eos_token_id=80)).save_pretrained(source)
+    specials, settings, _ = TOKENS["gpt2"]
+    write_tokenizer(source, specials, {**settings, "tokenizer_class": "PreTrainedTokenizerFast"})
+    convert(ConvertRequest(str(source), tmp_path / "runs" / "convert" / "gpt2"))
+    cfg = resolve_config("diffugpt-s")
+    assert (cfg.model.backbone, cfg.data.tokenizer, cfg.data.length) == (
+        "gpt2", "runs/convert/gpt2", 1024)
+    assert (cfg.diffusion.objective, cfg.diffusion.schedule, cfg.diffusion.loss_weighting) == (
+        "mdlm", "linear", "nelbo")
+    assert (cfg.optim.lr, cfg.train.global_batch_size, cfg.train.max_steps) == (3e-4, 160, 160000)
+    assert load_checkpoint("runs/convert/gpt2").model.shifted_logits
