@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= dev
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-minilm demo demo-ar rl-table test test-fast lint clean
+.PHONY: setup setup-minilm demo demo-ar rl-table conversion-table test test-fast lint clean
 
 setup: $(VENV)/.installed
 
@@ -44,6 +44,12 @@ demo: setup
 # against SFT continued for the same time; about 15 minutes on 2 cores (outside CI)
 rl-table: setup
 	$(BIN)/python benchmarks/rl_addition.py --out benchmarks/rl-addition.json
+
+# issue 54's conversion table (benchmarks/conversion_table.py): the demo's AR twin, then MDLM
+# from scratch (1x and 2x the steps), train.init_from of it without the shift, and mdlm convert
+# with the shift, each fine-tuned for the same fixed steps; about 45 minutes on 2 cores (outside CI)
+conversion-table: setup
+	$(BIN)/python benchmarks/conversion_table.py --out benchmarks/conversion-table.json
 
 demo-ar: setup
 	$(BIN)/mdlm prepare-data --preset demo-ar

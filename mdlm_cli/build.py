@@ -5,7 +5,8 @@ the registries lives here, one layer above the backbones (models.BACKBONES), the
 (objectives.OBJECTIVES) and the schedules (engine.SCHEDULES): the names a config gives, which
 model keys its backbone reads, whether the backbone attends the way the objective needs, and
 each backbone's and objective's own checks; and what a released folder named by
-`train.init_from` fixes in the other sections (`adopt_released_folder`).
+`train.init_from` fixes in the other sections (`adopt_released_folder`), or an mdlm diffusion
+run named there fixes in the model section (`adopt_run_shift`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def resolve_config(preset: str | None, overrides: typing.Sequence[str] = (),
     """defaults < preset < --set overrides < explicit flags ({"train.seed": 3, ...}, None = unset),
     checked as a whole; a LLaDA or Dream folder as `train.init_from` fixes its model, tokenizer
     and objective (`adopt_released_folder`)."""
-    return config_from_dict(adopt_released_folder(merge_sources(preset, overrides, flags)))
+    merged = merge_sources(preset, overrides, flags)
+    return config_from_dict(adopt_run_shift(adopt_released_folder(merged)))
 
 
 def config_from_dict(data: dict) -> Config:
@@ -178,3 +180,38 @@ def _same(given, value) -> bool:
     if isinstance(given, str) and isinstance(value, str) and Path(given).is_dir():
         return Path(given).resolve() == Path(value).resolve()
     return False
+
+
+def adopt_run_shift(data: dict) -> dict:
+    """The DiT's `model.shift` of the mdlm diffusion run that `train.init_from` names (an AR run
+    that `mdlm convert` made an MDLM run, or a fine-tune of one): adopted where the merged
+    config leaves it unset, refused in one line where it says otherwise, so a fine-tune reads
+    each position's logits where the weights were trained to give them. An AR run (causal
+    objective) fixes nothing: whether its fine-tune shifts is the run's choice."""
+    spec = (data.get("train") or {}).get("init_from")
+    saved = _run_config(spec) if isinstance(spec, str) and spec else None
+    model = data.get("model") or {}
+    if saved is None or model.get("backbone", "dit") != "dit":
+        return data
+    saved_model = saved.get("model") or {}
+    objective = OBJECTIVES.get((saved.get("diffusion") or {}).get("objective", "mdlm"))
+    if saved_model.get("backbone", "dit") != "dit" or objective is None or objective.causal:
+        return data
+    shift = bool(saved_model.get("shift", False))
+    given = model.get("shift", shift)
+    if given != shift:
+        where = "one position to the left" if shift else "at their own position"
+        raise MdlmError(f"model.shift={given!r} contradicts train.init_from {spec}, trained with "
+                        f"model.shift={shift} (its logits read {where}); remove the setting")
+    return {**data, "model": {**model, "shift": shift}} if shift else data
+
+
+def _run_config(spec: str) -> dict | None:
+    """The saved config.yaml of an mdlm run or step folder; None for anything else (the loader
+    says what is wrong with an unreadable one)."""
+    path = Path(spec) / "config.yaml"
+    try:
+        saved = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return None
+    return saved if isinstance(saved, dict) else None

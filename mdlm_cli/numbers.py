@@ -17,6 +17,7 @@ CONFIG_RANGES = {
     "diffusion.clip_max": (0.0, 1.0, False, True),
     "diffusion.clip_search_widths": (0.0, 1.0, False, True),  # each width
     "diffusion.clip_search_delta": (0.0, 1.0, False, True),
+    "diffusion.cart_p": (0.0, 1.0, False, True),  # mdlm's CART: the geometric distribution's p
 }
 
 

@@ -65,6 +65,7 @@ def train_cmd(
     precision: TrainPrecisionOpt = None,
 ) -> None:
     from ..distributed import is_main_process
+    from ..train.init_from import check_source
     from ..train.loop import train
     from ..train.memory_check import check_train_memory
 
@@ -77,6 +78,8 @@ def train_cmd(
             err_console.rule(f"config: {escape(cfg.name)}")
             err_console.print(config_yaml(cfg).rstrip(), highlight=False, markup=False)
             err_console.rule()
+        if cfg.train.init_from and not resume:  # before the memory check measures its model
+            check_source(cfg.train.init_from)
         check_train_memory(cfg)
         result = train(cfg, resume=resume, console=err_console, time_limit_s=time_limit * 60,
                        override_resume_config=override_resume_config)

@@ -88,6 +88,12 @@ class DiffusionConfig:
     # the model gives the mask token probability 0 (d3pm: the reference's subs_masking)
     zero_masking: bool = True
     carry_over: bool = True  # unmasked tokens are copied; off adds the t = 0 reconstruction term
+    # mdlm's training loss (docs/conversion.md#loss-weighting; evaluation keeps the bound):
+    # nelbo (each masked token weighted -alpha'/(1 - alpha), 1/t under the linear schedule) |
+    # cart (Dream's token-level weights: a geometric distribution, parameter cart_p, over the
+    # distance to each clean token)
+    loss_weighting: str = "nelbo"
+    cart_p: float = 0.3
     # bd3lm (docs/bd3lm.md): L' per block, training's t ~ U[clip_min, clip_max], its search
     block_size: int = 0
     clip_min: float = 0.0

@@ -183,13 +183,48 @@ def nelbo_terms(denoiser: Denoiser, x0: Tensor, t: Tensor, *, mask_id: int,
     (the forward process runs on them, the context is part of every z_t), so with an
     exact denoiser its expectation is the exact conditional NLL.
     """
+    nll, masked = _masked_nll(denoiser, x0, t, mask_id, schedule, masking or Masking())
+    return loss_weight(t, schedule, T).to(nll.dtype) * sum_per_sequence(nll, masked)
+
+
+def cart_weights(masked: Tensor, context: Tensor, p: float) -> Tensor:
+    """Dream's context-adaptive token-level weights (CART, Ye et al. 2025, "Dream 7B"): (B, L)
+    float32, at each masked position n (masked (B, L) bool)
+
+        w_n = 1/2 * sum_{i != n} context_i * p (1 - p)^(|n - i| - 1),
+
+    a geometric distribution Geo(p) over the distance to each clean token i (context (B, L)
+    bool: the unmasked real tokens), so a masked token with clean neighbours weighs up to 1 and
+    one far from any weighs little; 0 at every other position. No time enters: the weights
+    replace the bound's w(t) = -alpha'/(1 - alpha) (1/t under the linear schedule)."""
+    idx = torch.arange(masked.shape[1], device=masked.device)
+    distance = (idx[None, :] - idx[:, None]).abs()  # (L, L), symmetric
+    geo = 0.5 * p * (1.0 - p) ** (distance - 1).clamp(min=0).float()
+    geo = geo.masked_fill(distance == 0, 0.0)
+    return (context.float() @ geo) * masked.float()
+
+
+def cart_terms(denoiser: Denoiser, x0: Tensor, t: Tensor, *, mask_id: int, schedule: Schedule,
+               p: float, masking: Masking | None = None) -> Tensor:
+    """Dream's training loss per sequence (B,): x0 masked at time t as for the NELBO, each masked
+    token's -log p_theta weighted by `cart_weights` (p: the geometric distribution's) instead of
+    w(t). A training loss only, not a bound: evaluation keeps `nelbo_terms`."""
     m = masking or Masking()
+    nll, masked = _masked_nll(denoiser, x0, t, mask_id, schedule, m)
+    real = torch.ones_like(masked) if m.attention_mask is None else m.attention_mask.bool()
+    weights = cart_weights(masked, real & ~masked, p)[masked]  # (N,)
+    return sum_per_sequence(weights.to(nll.dtype) * nll, masked)
+
+
+def _masked_nll(denoiser: Denoiser, x0: Tensor, t: Tensor, mask_id: int, schedule: Schedule,
+                m: Masking) -> tuple[Tensor, Tensor]:
+    """x0 masked at time t (eq. 4) and -log p_theta(x0) at its masked positions: (nll (N,),
+    masked (B, L) bool)."""
     z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=m.generator,
                       attention_mask=m.attention_mask, targets=m.targets)
     masked = z_t == mask_id
     logits = call_denoiser(denoiser, z_t, t, output_mask=masked, attention_mask=m.attention_mask)
-    nll = masked_nll(logits, x0[masked], mask_id)  # (N,)
-    return loss_weight(t, schedule, T).to(nll.dtype) * sum_per_sequence(nll, masked)
+    return masked_nll(logits, x0[masked], mask_id), masked
 
 
 def nelbo(denoiser: Denoiser, x0: Tensor, *, mask_id: int, schedule: str | Schedule = "loglinear",

@@ -118,6 +118,15 @@ class Objective(ABC):
         scored, but attended (the conditional bound, or the exact conditional NLL, of the
         targets given the context; what `mdlm lm-eval` scores)."""
 
+    def training_terms(self, denoiser: Any, x0: Tensor, t: Tensor | None, *,
+                       generator: torch.Generator | None, attention_mask: Tensor | None,
+                       targets: Tensor | None = None) -> Tensor:
+        """The loss the train loop minimises, per sequence (B,): the bound's own `loss_terms`,
+        unless the objective weights its training loss otherwise (mdlm's
+        diffusion.loss_weighting); evaluation always scores `loss_terms`."""
+        return self.loss_terms(denoiser, x0, t, generator=generator,
+                               attention_mask=attention_mask, targets=targets)
+
     def greedy_tokens(self, denoiser: Any, x0: Tensor, targets: Tensor,
                       attention_mask: Tensor | None = None) -> Tensor:
         """The model's most likely token at each target position in one call, (B, L) (x0

@@ -9,7 +9,8 @@ starts with its function unchanged). The optimizer, EMA and step start fresh.
 
 A LLaDA or Dream folder fixes the run's model (build.adopt_released_folder: model.hf_model is
 the folder), whose backbone is built from that folder's weights already: they are not read a
-second time.
+second time. A diffusion run's shift (the DiT's model.shift, which build.adopt_run_shift adopts
+from a run folder) must be the run's own: a fine-tune never silently reads the wrong position.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from torch import nn
 
 from ..checkpoints.folder import weight_mismatch
 from ..data.tokenizers import Tokenizer
+from ..engine.protocols import has_shifted_logits
 from ..errors import MdlmError
+from ..models import unwrap
 from ..models.open_weights import ReleasedBackbone
 
 FRESH = (
@@ -46,6 +49,7 @@ def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
             f"{loaded.tokenizer.vocab_size}) is not this run's {tokenizer.name} "
             f"({tokenizer.vocab_size})"
         )
+    _check_shift(spec, loaded, model)
     weights, target = loaded.model.state_dict(), model.state_dict()
     missing, unexpected, reshaped = weight_mismatch(target, weights,
                                                     may_lack=lambda k: any(f in k for f in FRESH))
@@ -63,6 +67,24 @@ def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
     fresh = len(set(target) - set(weights))
     return f"{spec} ({loaded.objective.name} model, {len(weights)} tensors" + (
         f"; {fresh} fresh time-conditioning tensors)" if fresh else ")")
+
+
+def check_source(spec: str) -> None:
+    """Before any data is prepared: a local path that does not exist is refused at once (a
+    hub id, owner/name, is the loader's to find)."""
+    is_path = len(Path(spec).parts) > 2 or spec.startswith((".", "/", "~"))
+    if is_path and not Path(spec).expanduser().exists():
+        raise MdlmError(f"train.init_from {spec} does not exist; write it first (a run folder, "
+                        "or the --out of mdlm convert)")
+
+
+def _check_shift(spec: str, loaded, model: nn.Module) -> None:
+    """A diffusion model's shift is kept (an AR source's is the fine-tune's choice)."""
+    theirs, ours = has_shifted_logits(unwrap(loaded.model)), has_shifted_logits(unwrap(model))
+    if not loaded.objective.causal and theirs != ours:
+        raise MdlmError(f"train.init_from {spec} was trained with its logits read "
+                        f"{'one position to the left' if theirs else 'in place'}; set "
+                        f"model.shift={str(theirs).lower()} to fine-tune it")
 
 
 def _same_source(source: str, spec: str) -> bool:

@@ -138,7 +138,7 @@ def _step(run: Run, step: int) -> tuple[float, int, float]:
             rc_stream = generator(device, derive_seed(tc.seed, "rc", step, micro))
             x0, attention_mask = rc_augment(x0, attention_mask, run.tokenizer.complement,
                                             rc_stream)
-        terms = run.objective.loss_terms(
+        terms = run.objective.training_terms(
             run.denoiser,
             x0,
             None if t is None else t[sl],

@@ -100,6 +100,12 @@ def set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *,
     inherited = 0 if os.environ.get("OMP_NUM_THREADS") else start.state.threads or 0
     rt = Runtime.create(str(dist.device), cfg.train.precision, cfg.train.threads or inherited)
     check_data(cfg)  # the backbone's checks of the data config, before any data is prepared
+    lora = cfg.lora.rank > 0
+    reads_init = cfg.train.init_from and (start.step_dir is None or lora)
+    if reads_init:
+        from .init_from import check_source
+
+        check_source(cfg.train.init_from)
     data = prepare_data(cfg, console, load_dataset, wait=dist.local_rank != 0)
     tokenizer = data.tokenizer()
     train_split, valid_split = data.split("train"), data.split("valid")
@@ -116,9 +122,8 @@ def set_up(cfg: Config, dist: Dist, console: Console, start: ResumePoint, *,
                         f"{tokenizer.name} has none")
     if tc.checkpointing:
         _checkpointing(model)
-    lora = cfg.lora.rank > 0
     # a fresh run only, or a LoRA run (its base is frozen and not saved: read again on resume)
-    if tc.init_from and (start.step_dir is None or lora):
+    if reads_init:
         from .init_from import initialise_from
 
         console.print(f"Initialised from {initialise_from(model, tc.init_from, tokenizer)}")

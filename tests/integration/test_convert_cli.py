@@ -71,6 +71,55 @@ def test_a_converted_folder_fine_tunes_and_keeps_its_shift(sources, text_file, t
     assert saved["mdlm_conversion"]["shift"] is True
 
 
+def test_a_converted_folder_fine_tunes_with_dreams_token_weights(sources, text_file, tmp_path,
+                                                                 monkeypatch):
+    """diffusion.loss_weighting=cart: two steps of Dream's CART loss, the run's config says it,
+    its final bound is the NELBO as ever."""
+    import yaml
+
+    monkeypatch.setenv("MDLM_CACHE", str(tmp_path / "cache"))
+    out, run = tmp_path / "converted", tmp_path / "run"
+    invoke("convert", sources["qwen2"], "--out", out)
+    invoke("train", "--preset", "open-sft", "--no-print-config", "--set",
+           f"train.init_from={out}", "--set", f"data.dataset={text_file}", "--set",
+           "data.packing=wrap", "--set", "data.length=32", "--max-steps", "2", "--set",
+           "train.global_batch_size=2", "--set", "train.micro_batch_size=2", "--set",
+           "train.eval_rows=4", "--set", "diffusion.loss_weighting=cart", "--out", run)
+    saved = yaml.safe_load((run / "config.yaml").read_text())["diffusion"]
+    assert (saved["loss_weighting"], saved["cart_p"]) == ("cart", 0.3)
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in logged if "loss" in r)
+    assert any("loss" in r for r in logged)
+
+
+def test_the_diffugpt_s_preset_without_its_converted_folder_stops_before_any_data(
+        tmp_path, monkeypatch):
+    """Its train.init_from (runs/convert/gpt2) not written yet: one line, before OpenWebText
+    would be downloaded and prepared."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MDLM_CACHE", str(tmp_path / "cache"))
+    error = one_line_error("train", "--preset", "diffugpt-s", "--no-print-config")
+    assert "train.init_from runs/convert/gpt2 does not exist" in error
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_converted_ar_run_fine_tunes_and_keeps_its_shift(sources, text_file, tmp_path,
+                                                           monkeypatch):
+    """train.init_from of a converted AR run: model.shift adopted, never restated."""
+    import yaml
+
+    monkeypatch.setenv("MDLM_CACHE", str(tmp_path / "cache"))
+    out, run = tmp_path / "converted", tmp_path / "run"
+    invoke("convert", sources["ar"], "--out", out)
+    invoke("train", "--preset", "test", "--no-print-config", "--set", f"train.init_from={out}",
+           "--set", f"data.dataset={text_file}", "--max-steps", "2", "--set",
+           "train.eval_rows=4", "--out", run)
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["shift"] is True
+    error = one_line_error("train", "--preset", "test", "--set", f"train.init_from={out}",
+                           "--set", "model.shift=false", "--out", tmp_path / "refused")
+    assert "contradicts train.init_from" in error and not (tmp_path / "refused").exists()
+
+
 @pytest.mark.parametrize("case", ["encoder", "auto_map", "gpt-neox", "no-weights", "not-cached",
                                   "out-not-empty"])
 def test_bad_sources_end_in_one_line(sources, tmp_path, monkeypatch, case):

@@ -205,3 +205,66 @@ def test_a_hub_id_is_read_from_the_local_cache(sources, tmp_path, monkeypatch):
     done = convert(ConvertRequest("me/tiny-qwen", tmp_path / "out"))
     assert done.backbone == "dream" and done.record["source"] == "me/tiny-qwen"
     assert load_checkpoint(tmp_path / "out").model.shifted_logits
+
+
+def test_a_converted_ar_run_as_init_from_keeps_its_shift(tmp_path):
+    """train.init_from of a converted (shifted) run adopts model.shift, so its weights load
+    into a DiT that reads where they were trained; saying otherwise is refused in one line."""
+    from mdlm_cli.build import resolve_config
+    from mdlm_cli.data.tokenizers import load_tokenizer
+    from mdlm_cli.models import build_model
+    from mdlm_cli.train.init_from import initialise_from
+
+    run, out = write_ar_run(tmp_path / "ar"), tmp_path / "out"
+    convert(ConvertRequest(str(run), out))
+    cfg = resolve_config("test", [f"train.init_from={out}"])
+    assert cfg.model.shift and resolve_config("test", [f"train.init_from={out}",
+                                                       "model.shift=true"]).model.shift
+    with pytest.raises(MdlmError, match="model.shift=False contradicts"):
+        resolve_config("test", [f"train.init_from={out}", "model.shift=false"])
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    model = build_model(cfg.model, tokenizer.vocab_size)
+    initialise_from(model, str(out), tokenizer)
+    assert model.shifted_logits
+    unshifted = build_model(resolve_config("test").model, tokenizer.vocab_size)
+    with pytest.raises(MdlmError, match="set model.shift=true"):  # the loader's own check
+        initialise_from(unshifted, str(out), tokenizer)
+
+
+def test_an_ar_run_as_init_from_leaves_the_shift_to_the_run(tmp_path):
+    """An AR source fixes no shift: off is today's conversion by init_from, on is the shift."""
+    from mdlm_cli.build import resolve_config
+
+    run = write_ar_run(tmp_path / "ar")
+    (run / "config.yaml").write_text(
+        (run / "checkpoints" / "step-00000001" / "config.yaml").read_text())  # as training does
+    assert not resolve_config("test", [f"train.init_from={run}"]).model.shift
+    assert resolve_config("test", [f"train.init_from={run}", "model.shift=true"]).model.shift
+
+
+def test_the_diffugpt_s_preset_takes_a_converted_gpt2_at_its_init_from(tmp_path, monkeypatch):
+    """presets/diffugpt-s.yaml validates alone, and with a (tiny, 1024-position) GPT-2 converted
+    to its train.init_from it is that folder's shifted gpt2 model, trained as DiffuGPT was."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from mdlm_cli.build import resolve_config
+
+    from ..causal_lm_folders import TOKENS
+    from ..open_model_folders import write_tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config("diffugpt-s").train.init_from == "runs/convert/gpt2"
+    source = tmp_path / "gpt2"
+    AutoModelForCausalLM.from_config(GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=81, n_positions=1024, bos_token_id=80,
+        eos_token_id=80)).save_pretrained(source)
+    specials, settings, _ = TOKENS["gpt2"]
+    write_tokenizer(source, specials, {**settings, "tokenizer_class": "PreTrainedTokenizerFast"})
+    convert(ConvertRequest(str(source), tmp_path / "runs" / "convert" / "gpt2"))
+    cfg = resolve_config("diffugpt-s")
+    assert (cfg.model.backbone, cfg.data.tokenizer, cfg.data.length) == (
+        "gpt2", "runs/convert/gpt2", 1024)
+    assert (cfg.diffusion.objective, cfg.diffusion.schedule, cfg.diffusion.loss_weighting) == (
+        "mdlm", "linear", "nelbo")
+    assert (cfg.optim.lr, cfg.train.global_batch_size, cfg.train.max_steps) == (3e-4, 160, 160000)
+    assert load_checkpoint("runs/convert/gpt2").model.shifted_logits
