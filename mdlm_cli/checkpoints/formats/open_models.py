@@ -55,8 +55,11 @@ def load_open_model(found: Found, backbone_cls, max_length: int, *, device) -> L
     model = backbone_cls.from_folder(config.model, tokenizer.vocab_size, folder, found.config,
                                      device)
     state = hf_state(mdlm_meta, label)
+    defaults = dict(backbone_cls.sampling_defaults)
+    if model.shifted_logits:  # a converted causal LM: its block loop is Fast-dLLM's Dream
+        defaults["k_schedule"] = "dream"  # loop, whose transfer schedule is Dream's
     state.update({"family": family, "sampling_defaults": {
-        **backbone_cls.sampling_defaults, **(state.get("sampling_defaults") or {})}})
+        **defaults, **(state.get("sampling_defaults") or {})}})
     if model.conversion:
         state["converted_from"] = dict(model.conversion)
         state["notes"] = [model.describe()]
