@@ -49,6 +49,7 @@ def config_from_dict(data: dict) -> Config:
     backbone, objective = BACKBONES[cfg.model.backbone], OBJECTIVES[cfg.diffusion.objective]
     _check_attention(cfg, backbone, objective)
     _check_packing(cfg, backbone)
+    _check_annealing(cfg, backbone, objective)
     backbone.validate_config(cfg)
     _check_own_keys(cfg, objective)
     objective.validate(cfg)
@@ -106,6 +107,19 @@ def _check_attention(cfg: Config, backbone, objective) -> None:
             f"{cfg.diffusion.objective} objective needs {kind} attention "
             f"({CAUSAL_ALTERNATIVE[objective.causal]})"
         )
+
+
+def _check_annealing(cfg: Config, backbone, objective) -> None:
+    """train.attention_anneal_steps needs a backbone that anneals (`anneals_attention`) and an
+    objective that trains full attention."""
+    if not cfg.train.attention_anneal_steps:
+        return
+    if not getattr(backbone, "anneals_attention", False):
+        raise MdlmError(f"train.attention_anneal_steps: the {cfg.model.backbone} backbone cannot "
+                        "anneal its attention (dit, llada, dream and gpt2 can); set it to 0")
+    if objective.causal:
+        raise MdlmError(f"train.attention_anneal_steps anneals towards full attention; the "
+                        f"{cfg.diffusion.objective} objective attends causally; set it to 0")
 
 
 def _check_own_keys(cfg: Config, objective) -> None:

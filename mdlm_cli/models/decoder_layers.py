@@ -69,12 +69,20 @@ def shift_states(h: Tensor) -> Tensor:
 
 def causal_keys(attention_mask: Tensor | None, length: int, device) -> Tensor:
     """SDPA's boolean mask (B | 1, 1, L, L) of causal attention (query i attends keys <= i),
+    padded keys left out."""
+    allowed = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return restricted_keys(allowed, attention_mask)
+
+
+def restricted_keys(allowed: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """SDPA's boolean mask (B | 1, 1, L, L) of the (query, key) pairs `allowed` (L, L) gives,
     padded keys left out. Each query keeps its own key, padded or not, so that no row is masked
-    whole (SDPA's output there would be NaN, and 0 * NaN spreads it to the other rows)."""
-    allowed = torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
+    whole (SDPA's output there would be NaN, and 0 * NaN spreads it to the other rows);
+    `allowed` must hold the diagonal (causal and annealed masks do: models/anneal.py)."""
+    allowed = allowed[None, None]
     if attention_mask is None:
         return allowed
-    own = torch.eye(length, dtype=torch.bool, device=device)[None, None]
+    own = torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device)[None, None]
     return allowed & (attention_mask.bool()[:, None, None, :] | own)
 
 

@@ -29,8 +29,9 @@ from torch import Tensor, nn
 from ..errors import MdlmError
 from ..io.files import read_json_object
 from ..memory import check_weights_fit
+from .anneal import AttentionAnneal
 from .block_cache import BlockCache, BlockCall
-from .decoder_layers import causal_keys, key_padding_mask, shift_states
+from .decoder_layers import causal_keys, key_padding_mask, restricted_keys, shift_states
 from .hf_mlm import model_folder
 from .section import keys_of, read_section
 from .tied import count_parameters
@@ -229,6 +230,11 @@ class ReleasedBackbone(nn.Module, ABC):
     default_shift: ClassVar[bool] = False
     shift_fixed: ClassVar[bool] = False
 
+    # attention annealing while training (train.attention_anneal_steps, models/anneal.py): the
+    # training loop sets each pass's; None is the model's own attention
+    anneals_attention = True
+    attention_anneal: AttentionAnneal | None = None
+
     # gradient checkpointing (train.checkpointing): each block's activations are recomputed in
     # the backward pass instead of kept, so training memory holds one block's, not all of them
     checkpointing = False
@@ -294,7 +300,13 @@ class ReleasedBackbone(nn.Module, ABC):
 
     def attention_keys(self, attention_mask: Tensor | None, length: int, device) -> Tensor | None:
         """The keys each query attends (SDPA's boolean mask): every real one, or with causal
-        attention (a conversion's equivalence check) those up to its own."""
+        attention (a conversion's equivalence check) those up to its own; while training under
+        an anneal (models/anneal.py), the causal ones and the anneal's random share of the
+        others."""
+        anneal = self.attention_anneal if self.training else None
+        allowed = None if anneal is None else anneal.allowed(length, device)
+        if allowed is not None:
+            return restricted_keys(allowed, attention_mask)
         if self.attention == "causal":
             return causal_keys(attention_mask, length, device)
         return key_padding_mask(attention_mask)
@@ -329,8 +341,13 @@ class ReleasedBackbone(nn.Module, ABC):
 
     @classmethod
     def check_data(cls, cfg, tokenizer) -> None:
-        _, raw = read_folder_config(cfg.model.hf_model)
-        check_folder_data(cfg, tokenizer, raw, cls.read_shape(raw, cfg.model.hf_model).max_length)
+        name = cfg.model.hf_model
+        _, raw = read_folder_config(name)
+        check_folder_data(cfg, tokenizer, raw, cls.read_shape(raw, name).max_length)
+        if cfg.train.attention_anneal_steps and read_conversion(raw, name).get(
+                "attention") == "causal":
+            raise MdlmError(f"train.attention_anneal_steps anneals towards full attention; {name} "
+                            "attends causally (convert it with --attention full)")
 
     @classmethod
     def from_checkpoint(cls, cfg, vocab_size: int, folder: Path, *, causal: bool = False):

@@ -157,6 +157,9 @@ class BD3LM(Objective):
         if not getattr(BACKBONES[cfg.model.backbone], "takes_query_masks", False):
             raise MdlmError(f"the bd3lm objective needs the block attention mask, which the "
                             f"{cfg.model.backbone} backbone cannot take; use model.backbone=dit")
+        if cfg.train.attention_anneal_steps:
+            raise MdlmError("train.attention_anneal_steps anneals MDLM's full attention; the "
+                            "bd3lm objective's block mask is not annealed; set it to 0")
         if cfg.data.packing == "sft-pack":
             raise MdlmError("the bd3lm objective does not take several examples per row; use "
                             "data.packing=sft")
