@@ -22,6 +22,7 @@ from .engine.schedules import SCHEDULES
 from .errors import MdlmError
 from .io.files import read_json_object
 from .models import BACKBONES
+from .models.open_weights import conversion_diffusion
 from .objectives import OBJECTIVES
 
 # a backbone that only attends one way, and the objectives it then cannot serve
@@ -130,7 +131,8 @@ def _check_own_keys(cfg: Config, objective) -> None:
 
 
 # what the open diffusion LLMs were trained with, whatever the folder: LLaDA's objective (MDLM's
-# loss under the linear schedule) and no time input (a time-agnostic denoiser)
+# loss under the linear schedule) and no time input (a time-agnostic denoiser); a converted
+# folder's record may name another target objective (`conversion_diffusion`: BD3-LM's blocks)
 RELEASED_FIXES = {("diffusion", "objective"): "mdlm", ("diffusion", "schedule"): "linear",
                   ("model", "time_conditioning"): False}
 
@@ -169,7 +171,8 @@ def adopt_released_folder(data: dict) -> dict:
         raise MdlmError(f"model.{key}={data['model'][key]!r} contradicts {what}, whose "
                         f"config.json fixes the model's sizes); remove model.{key}")
     fixed = {("model", "backbone"): backbone, ("model", "hf_model"): spec,
-             ("data", "tokenizer"): spec, **RELEASED_FIXES}
+             ("data", "tokenizer"): spec, **RELEASED_FIXES,
+             **{("diffusion", k): v for k, v in conversion_diffusion(raw).items()}}
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     for (section, key), value in fixed.items():
         given = out.setdefault(section, {}).get(key, value)

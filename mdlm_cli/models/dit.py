@@ -28,7 +28,7 @@ from ..config import ModelConfig
 from ..errors import MdlmError
 from .anneal import AttentionAnneal
 from .block_cache import BlockCache, BlockCall
-from .decoder_layers import shift_states
+from .decoder_layers import predecessor_states, shift_states
 from .dit_layers import (
     DDitFinalLayer,
     EmbeddingLayer,
@@ -192,9 +192,6 @@ class DiT(nn.Module):
             )
         if not 0.0 <= m.dropout < 1.0:
             raise MdlmError(f"model.dropout must be in [0, 1) (got {m.dropout})")
-        if m.shift and cfg.diffusion.block_size:  # block_size is BD3-LM's own key
-            raise MdlmError("model.shift is for MDLM targets: BD3-LM's pass over [x_t, x_0] "
-                            "with a shift is not done yet; set model.shift=false")
 
     @classmethod
     def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *,
@@ -204,6 +201,12 @@ class DiT(nn.Module):
 
     def save_checkpoint_files(self, folder: Path) -> None:
         """Nothing beside the weights: the config builds it."""
+
+    @property
+    def kv_cache_blocks(self) -> bool:
+        """BD3-LM's sampling (objectives/bd3lm.py) may keep the finished blocks' keys and values
+        (`kv_cache`): a shifted DiT decodes none, and recomputes them instead."""
+        return not self.config.shift
 
     @property
     def shifted_logits(self) -> bool:
@@ -252,7 +255,11 @@ class DiT(nn.Module):
         if self.training and self.attention_anneal is not None:
             key_mask = self._annealed(key_mask, tokens.shape[1], tokens.device)
         x, c = self.trunk(tokens, sigma, key_mask, positions)
-        x = shift_states(x) if self.config.shift else x  # the conditioning is per row
+        if self.config.shift and key_mask is not None and key_mask.dim() == 3 \
+                and positions is not None and positions.dim() == 1:  # BD3-LM's [x_t, x_0]
+            x = predecessor_states(x, key_mask[:, None], positions)
+        elif self.config.shift:
+            x = shift_states(x)  # the conditioning is per row
         if output_mask is not None:
             rows, cols = output_mask.nonzero().unbind(1)  # the one host synchronisation: N varies
             return self.output_layer(x[rows, cols], c[rows])  # (N, V)
