@@ -119,6 +119,7 @@ def test_block_sampling_fills_the_rows_after_the_prompt(loaded, case):
     (dict(target="bd3lm"), "--block-size"),
     (dict(block_size=4), "has no blocks"),
     (dict(target="bd3lm", block_size=4, attention="causal"), "block mask"),
+    (dict(target="bd3lm", block_size=128), "exceeds the 64 positions"),
 ])
 def test_bad_block_targets_are_refused_before_anything_is_written(tmp_path, request_, message):
     src = write_causal_lm(tmp_path / "src", "gpt2")

@@ -120,6 +120,10 @@ def convert(request: ConvertRequest) -> Converted:
                         "with the shift on only (drop --no-shift)")
     record["architecture"] = src.layout.architecture
     target = build_target(src, load_source_tokenizer(path, request.source), record)
+    positions = backbone.read_shape(target.config, request.source).max_length
+    if request.block_size > positions:
+        raise MdlmError(f"--block-size {request.block_size} exceeds the {positions} positions "
+                        f"of {request.source}; choose a divisor of the rows' length")
     write_folder(out, target)
     return Converted(out, src.layout.backbone, target.record, len(target.weights))
 
