@@ -23,6 +23,7 @@ from .engine.schedules import SCHEDULES
 from .errors import MdlmError
 from .io.files import read_json_object
 from .models import BACKBONES
+from .models.open_weights import conversion_diffusion
 from .objectives import OBJECTIVES
 
 # a backbone that only attends one way, and the objectives it then cannot serve
@@ -51,6 +52,7 @@ def config_from_dict(data: dict) -> Config:
     backbone, objective = BACKBONES[cfg.model.backbone], OBJECTIVES[cfg.diffusion.objective]
     _check_attention(cfg, backbone, objective)
     _check_packing(cfg, backbone)
+    _check_annealing(cfg, backbone, objective)
     backbone.validate_config(cfg)
     _check_own_keys(cfg, objective)
     objective.validate(cfg)
@@ -110,6 +112,19 @@ def _check_attention(cfg: Config, backbone, objective) -> None:
         )
 
 
+def _check_annealing(cfg: Config, backbone, objective) -> None:
+    """train.attention_anneal_steps needs a backbone that anneals (`anneals_attention`) and an
+    objective that trains full attention."""
+    if not cfg.train.attention_anneal_steps:
+        return
+    if not getattr(backbone, "anneals_attention", False):
+        raise MdlmError(f"train.attention_anneal_steps: the {cfg.model.backbone} backbone cannot "
+                        "anneal its attention (dit, llada, dream and gpt2 can); set it to 0")
+    if objective.causal:
+        raise MdlmError(f"train.attention_anneal_steps anneals towards full attention; the "
+                        f"{cfg.diffusion.objective} objective attends causally; set it to 0")
+
+
 def _check_own_keys(cfg: Config, objective) -> None:
     """A diffusion key that only other objectives read (their `own_keys`), moved from its
     default, is refused: no switch is silently ignored."""
@@ -118,7 +133,8 @@ def _check_own_keys(cfg: Config, objective) -> None:
 
 
 # what the open diffusion LLMs were trained with, whatever the folder: LLaDA's objective (MDLM's
-# loss under the linear schedule) and no time input (a time-agnostic denoiser)
+# loss under the linear schedule) and no time input (a time-agnostic denoiser); a converted
+# folder's record may name another target objective (`conversion_diffusion`: BD3-LM's blocks)
 RELEASED_FIXES = {("diffusion", "objective"): "mdlm", ("diffusion", "schedule"): "linear",
                   ("model", "time_conditioning"): False}
 
@@ -157,7 +173,8 @@ def adopt_released_folder(data: dict) -> dict:
         raise MdlmError(f"model.{key}={data['model'][key]!r} contradicts {what}, whose "
                         f"config.json fixes the model's sizes); remove model.{key}")
     fixed = {("model", "backbone"): backbone, ("model", "hf_model"): spec,
-             ("data", "tokenizer"): spec, **RELEASED_FIXES}
+             ("data", "tokenizer"): spec, **RELEASED_FIXES,
+             **{("diffusion", k): v for k, v in conversion_diffusion(raw).items()}}
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     for (section, key), value in fixed.items():
         given = out.setdefault(section, {}).get(key, value)

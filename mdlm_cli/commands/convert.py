@@ -18,7 +18,11 @@ ConvertOutOpt = Annotated[str, typer.Option(
     "--out", help="Folder to write: the target family's released layout (a Hugging Face "
                   "source) or an mdlm run folder (an AR run).", show_default=False)]
 TargetOpt = Annotated[str, typer.Option(
-    help="The diffusion objective the model becomes: mdlm (BD3-LM is not done yet).")]
+    help="The diffusion objective the model becomes: mdlm | bd3lm (block diffusion: needs "
+         "--block-size).")]
+BlockSizeOpt = Annotated[int, typer.Option(
+    "--block-size", help="Tokens per block of a bd3lm target (a divisor of the rows' length).",
+    show_default=False)]
 ShiftOpt = Annotated[bool | None, typer.Option(
     "--shift/--no-shift", show_default=False,
     help="Read a masked token's logits from the position before it, as the AR head was "
@@ -37,11 +41,13 @@ def convert_cmd(
     shift: ShiftOpt = None,
     attention: AttentionOpt = "full",
     force: ReplaceOutOpt = False,
+    block_size: BlockSizeOpt = 0,
 ) -> None:
     """Convert a causal LM into a masked diffusion model that keeps every weight.
 
     LLaMA becomes the llada backbone, Qwen2 the dream backbone, GPT-2 the gpt2 backbone and an
     mdlm AR run the bidirectional DiT; a mask token is added where the vocabulary has none.
+    --target bd3lm makes it a block diffusion model (BD3-LM) with --block-size tokens a block.
     The result is an ordinary --checkpoint, untrained as a diffusion model: fine-tune it with
     train.init_from (docs/conversion.md).
 
@@ -49,6 +55,7 @@ def convert_cmd(
       mdlm convert models/llama-tiny --out runs/llama-mdlm        # a LLaMA folder
       mdlm convert Qwen/Qwen2.5-0.5B --out runs/qwen-mdlm          # from the HF cache
       mdlm convert runs/demo-ar --out runs/demo-ar-mdlm            # an mdlm AR run
+      mdlm convert models/llama-tiny --out runs/llama-bd3 --target bd3lm --block-size 32
       mdlm convert models/gpt2 --out runs/gpt2-check --attention causal --force
       mdlm sample --checkpoint runs/llama-mdlm                     # loads as any model
     """
@@ -58,6 +65,6 @@ def convert_cmd(
 
     with user_errors():
         request = ConvertRequest(source, Path(out), target=target, shift=shift,
-                                 attention=attention, force=force)
+                                 attention=attention, force=force, block_size=block_size)
         console.print(convert(request).summary(), markup=False, highlight=False,
                       soft_wrap=True)

@@ -39,6 +39,9 @@ def validate_sections(cfg: Config) -> None:
         raise MdlmError(f"train.ema must be in [0, 1) (got {cfg.train.ema})")
     _check_optim(cfg.optim)
     _check_lora(cfg)
+    if cfg.train.attention_anneal_steps < 0:
+        raise MdlmError("train.attention_anneal_steps must be 0 (off) or a number of steps (got "
+                        f"{cfg.train.attention_anneal_steps})")
     if cfg.train.threads < 0:
         raise MdlmError("train.threads must be 0 (the default choice) or a positive count "
                         f"(got {cfg.train.threads})")
@@ -125,7 +128,8 @@ def _check_lora(cfg: Config) -> None:
 # (and a LoRA run its base, train.init_from: its frozen weights are read from there again)
 RESUME_KEYS = {"data": ("dataset", "tokenizer", "length", "packing", "pad_as_eos"), "model": None,
                "diffusion": None, "optim": None,
-               "train": ("global_batch_size", "seed", "ema", "init_from"), "lora": None}
+               "train": ("global_batch_size", "seed", "ema", "init_from",
+                         "attention_anneal_steps"), "lora": None}
 
 
 def resume_differences(saved: Config, new: Config) -> dict[str, list]:

@@ -130,6 +130,9 @@ class TrainConfig:
     compile: bool = False
     # gradient checkpointing: blocks' activations recomputed in the backward pass (LLaDA, Dream)
     checkpointing: bool = False
+    # DiffuLLaMA's attention annealing, 0 = off: training step s attends causally plus a random
+    # share min(1, (s + 1) / steps) of the other (query, key) pairs (models/anneal.py)
+    attention_anneal_steps: int = 0
     threads: int = 0  # CPU threads, 0 = torch default
     # under torchrun: ddp (replicated) | fsdp (FSDP2 fully_shard: sharded weights/optimizer)
     parallel: str = "ddp"

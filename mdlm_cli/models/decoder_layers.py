@@ -3,7 +3,8 @@ RMSNorm, rotary embeddings at the config's theta, grouped-query SDPA attention o
 sequence, and the SwiGLU feed-forward. Each family's module (llada.py, dream.py) holds its own
 projections under its release's weight names and calls these; the GPT-2 backbone (gpt2.py)
 shares the attention (without rotary), the causal mask of a converted model's test setting and
-the shift (`shift_states`: Dream's, and any converted causal LM's, one place for it).
+the shift (`shift_states`: Dream's, and any converted causal LM's, one place for it; over
+BD3-LM's x_t ⊕ x_0 pass, `predecessor_states`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ def rotary_tables(length: int, head_dim: int, theta: float, device) -> tuple[Ten
     return angles.cos(), angles.sin()
 
 
+def position_angles(tokens: Tensor, start: int, positions: Tensor | None, head_dim: int,
+                    theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin (n, head_dim) of `tokens` (B, n): at positions start .. start + n - 1, or at
+    `positions` (n,) where given (BD3-LM's x_0 copy at x_t's positions)."""
+    if positions is None:
+        cos, sin = rotary_tables(start + tokens.shape[1], head_dim, theta, tokens.device)
+        return cos[start:], sin[start:]  # the positions' absolute angles
+    end = int(positions.max()) + 1 if positions.numel() else 0
+    cos, sin = rotary_tables(end, head_dim, theta, tokens.device)
+    return cos[positions], sin[positions]
+
+
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, full_precision: bool) -> Tensor:
     """Rotate (B, H, L, head_dim) by position, the halves-split convention of both releases.
     LLaDA rotates in float32 (rope_full_precision); Dream in the activations' dtype."""
@@ -67,14 +80,41 @@ def shift_states(h: Tensor) -> Tensor:
     return torch.cat([h[:, :1], h[:, :-1]], dim=1)
 
 
+def predecessor_states(h: Tensor, keys: Tensor, positions: Tensor) -> Tensor:
+    """The shift over a pass with per-query keys and given positions (BD3-LM's x_t ⊕ x_0, both
+    halves at positions 0..L-1): the states (B, N, H) each position's logits are read from,
+    those of the key it attends at the position before its own, or its own where it attends
+    none (position 0). `keys` (B | 1, 1, N, N) bool, `positions` (N,).
+
+    The previous token as the query sees it, which an AR head predicts from: in BD3-LM's pass
+    a noisy position inside a block reads the noisy one before it (same block); a block's first
+    reads the clean copy's last state of the block before, which sees the clean blocks only.
+    The block mask makes that key unique. Over plain positions 0..N-1 with every earlier key
+    attended it is `shift_states`."""
+    before = positions[None, :] == positions[:, None] - 1  # (N, N): key one position earlier
+    seen = keys[:, 0].bool() & before  # (B | 1, N, N)
+    own = torch.arange(h.shape[1], device=h.device)
+    index = torch.where(seen.any(-1), seen.float().argmax(-1), own)  # (B | 1, N)
+    index = index.expand(h.shape[0], -1)[..., None].expand(-1, -1, h.shape[-1])
+    return h.gather(1, index)
+
+
 def causal_keys(attention_mask: Tensor | None, length: int, device) -> Tensor:
     """SDPA's boolean mask (B | 1, 1, L, L) of causal attention (query i attends keys <= i),
+    padded keys left out."""
+    allowed = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return restricted_keys(allowed, attention_mask)
+
+
+def restricted_keys(allowed: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """SDPA's boolean mask (B | 1, 1, L, L) of the (query, key) pairs `allowed` (L, L) gives,
     padded keys left out. Each query keeps its own key, padded or not, so that no row is masked
-    whole (SDPA's output there would be NaN, and 0 * NaN spreads it to the other rows)."""
-    allowed = torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
+    whole (SDPA's output there would be NaN, and 0 * NaN spreads it to the other rows);
+    `allowed` must hold the diagonal (causal and annealed masks do: models/anneal.py)."""
+    allowed = allowed[None, None]
     if attention_mask is None:
         return allowed
-    own = torch.eye(length, dtype=torch.bool, device=device)[None, None]
+    own = torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device)[None, None]
     return allowed & (attention_mask.bool()[:, None, None, :] | own)
 
 

@@ -26,8 +26,9 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..errors import MdlmError
+from .anneal import AttentionAnneal
 from .block_cache import BlockCache, BlockCall
-from .decoder_layers import shift_states
+from .decoder_layers import predecessor_states, shift_states
 from .dit_layers import (
     DDitFinalLayer,
     EmbeddingLayer,
@@ -170,6 +171,9 @@ class DiT(nn.Module):
     family = answer_tokens = None  # not a released family (models/protocols.py)
     packs_segments = True  # attention and positions per segment (data.packing=sft-pack)
     takes_query_masks = True  # a (B | 1, 1, L, L) attention mask and shared positions
+    # attention annealing while training (train.attention_anneal_steps, models/anneal.py)
+    anneals_attention = True
+    attention_anneal: AttentionAnneal | None = None
     # LoRA's defaults (models/lora.py): each block's attention and MLP projections; with
     # lora.train_embeddings, the embedding and output layer whole
     lora_targets = ("attn_qkv", "attn_out", "mlp.0", "mlp.2")
@@ -188,9 +192,6 @@ class DiT(nn.Module):
             )
         if not 0.0 <= m.dropout < 1.0:
             raise MdlmError(f"model.dropout must be in [0, 1) (got {m.dropout})")
-        if m.shift and cfg.diffusion.block_size:  # block_size is BD3-LM's own key
-            raise MdlmError("model.shift is for MDLM targets: BD3-LM's pass over [x_t, x_0] "
-                            "with a shift is not done yet; set model.shift=false")
 
     @classmethod
     def from_checkpoint(cls, cfg: ModelConfig, vocab_size: int, folder: Path, *,
@@ -200,6 +201,12 @@ class DiT(nn.Module):
 
     def save_checkpoint_files(self, folder: Path) -> None:
         """Nothing beside the weights: the config builds it."""
+
+    @property
+    def kv_cache_blocks(self) -> bool:
+        """BD3-LM's sampling (objectives/bd3lm.py) may keep the finished blocks' keys and values
+        (`kv_cache`): a shifted DiT decodes none, and recomputes them instead."""
+        return not self.config.shift
 
     @property
     def shifted_logits(self) -> bool:
@@ -245,12 +252,33 @@ class DiT(nn.Module):
             key_mask = attention_mask[:, 0].bool()  # per query, as the packed examples' mask
         elif attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()
+        if self.training and self.attention_anneal is not None:
+            key_mask = self._annealed(key_mask, tokens.shape[1], tokens.device)
         x, c = self.trunk(tokens, sigma, key_mask, positions)
-        x = shift_states(x) if self.config.shift else x  # the conditioning is per row
+        if self.config.shift and key_mask is not None and key_mask.dim() == 3 \
+                and positions is not None and positions.dim() == 1:  # BD3-LM's [x_t, x_0]
+            x = predecessor_states(x, key_mask[:, None], positions)
+        elif self.config.shift:
+            x = shift_states(x)  # the conditioning is per row
         if output_mask is not None:
             rows, cols = output_mask.nonzero().unbind(1)  # the one host synchronisation: N varies
             return self.output_layer(x[rows, cols], c[rows])  # (N, V)
         return self.output_layer(x, c)  # (B, L, V)
+
+    def _annealed(self, key_mask: torch.Tensor | None, length: int,
+                  device: torch.device) -> torch.Tensor | None:
+        """The keys a training pass attends under the anneal (models/anneal.py), per query
+        (B | 1, L, L): the anneal's causal and random pairs, within `key_mask`'s (padded keys
+        out, each query keeping its own key; packed examples' segments kept)."""
+        allowed = self.attention_anneal.allowed(length, device)
+        if allowed is None:
+            return key_mask
+        if key_mask is None:
+            return allowed[None]
+        if key_mask.dim() == 2:  # (B, L): padded keys
+            own = torch.eye(length, dtype=torch.bool, device=device)
+            key_mask = key_mask[:, None, :] | own
+        return key_mask & allowed
 
     def trunk(self, tokens: torch.Tensor, sigma: torch.Tensor,
               key_mask: torch.Tensor | None = None,

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ..errors import MdlmError
 from .block_cache import BlockCall
-from .decoder_layers import Heads, RMSNorm, attend, rotary_tables, swiglu
+from .decoder_layers import Heads, RMSNorm, attend, position_angles, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
 CONFIG_FILE = "dream_config.json"  # the release's config.json, beside an mdlm checkpoint's weights
@@ -169,27 +169,25 @@ class Dream(ReleasedBackbone):
         return list(self.model.layers)
 
     def hidden_states(self, tokens: Tensor, attention_mask: Tensor | None,
-                      call: BlockCall | None = None) -> Tensor:
+                      call: BlockCall | None = None, positions: Tensor | None = None) -> Tensor:
         """The final norm's output (B, L, H), unshifted; with a block `call`, of the positions
-        [call.start, call.start + n) that `tokens` (B, n) hold, at their absolute rotary angles."""
+        [call.start, call.start + n) that `tokens` (B, n) hold, at their absolute rotary angles;
+        with `positions` (L,), at those."""
         s, decoder = self.config, self.model
         x = decoder.embed_tokens(tokens)
-        start = 0 if call is None else call.start
-        cos, sin = rotary_tables(start + tokens.shape[1], s.hidden_size // s.n_heads,
-                                 s.rope_theta, tokens.device)
+        rotary = position_angles(tokens, 0 if call is None else call.start, positions,
+                                 s.hidden_size // s.n_heads, s.rope_theta)
         keys = self.attention_keys(attention_mask, tokens.shape[1], tokens.device)
         for i, layer in enumerate(decoder.layers):
-            x = self.run_block(layer, x, (cos[start:], sin[start:]), keys,
-                               None if call is None else (call, i))
+            x = self.run_block(layer, x, rotary, keys, None if call is None else (call, i))
         return decoder.norm(x)
 
-    def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:
-        """Each position's logits from the states one to its left, as Dream's generation reads
-        them. A cached call's slice is shifted within itself, as Fast-dLLM's modeling_dream.py:
-        the slice's first position reads its own output (Fast-dLLM's loop decides that
-        position from the full pass: engine/dream_blocks.py)."""
-        h = self.read_positions(h)  # Dream's shift: i is read from i - 1
-        h = h if output_mask is None else h[output_mask]
+    def _head(self, h: Tensor) -> Tensor:
+        """The output layer. Each position's logits come from the states one to its left, as
+        Dream's generation reads them (`read_positions`, before this). A cached call's slice is
+        shifted within itself, as Fast-dLLM's modeling_dream.py: the slice's first position
+        reads its own output (Fast-dLLM's loop decides that position from the full pass:
+        engine/dream_blocks.py)."""
         weight = self.model.embed_tokens.weight if self.config.tied else self.lm_head.weight
         return nn.functional.linear(h, weight)[..., : self.vocab_size].float()
 

@@ -175,15 +175,20 @@ class GPT2(ReleasedBackbone):
         return list(self.transformer.h)
 
     def hidden_states(self, tokens: Tensor, attention_mask: Tensor | None,
-                      call: BlockCall | None = None) -> Tensor:
+                      call: BlockCall | None = None, positions: Tensor | None = None) -> Tensor:
         """ln_f of the last block's output (B, L, H), unshifted; with a block `call`, of the
-        positions [call.start, call.start + n) that `tokens` (B, n) hold."""
+        positions [call.start, call.start + n) that `tokens` (B, n) hold; with `positions`
+        (L,), at those (the learned embedding of each token's own position)."""
         t, s = self.transformer, self.config
         start = 0 if call is None else call.start
-        if start + tokens.shape[1] > s.max_length:
-            raise MdlmError(f"{tokens.shape[1] + start} positions exceed GPT-2's learned "
+        end = start + tokens.shape[1]
+        if positions is None:
+            positions = torch.arange(start, end, device=tokens.device)
+        elif positions.numel():
+            end = int(positions.max()) + 1
+        if end > s.max_length:
+            raise MdlmError(f"{end} positions exceed GPT-2's learned "
                             f"{s.max_length}; use rows of at most {s.max_length} tokens")
-        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         x = t.wte(tokens) + t.wpe(positions)[None]  # (B, L, H)
         x = nn.functional.dropout(x, s.dropout[0], self.training)
         keys = self.attention_keys(attention_mask, tokens.shape[1], tokens.device)
@@ -191,9 +196,7 @@ class GPT2(ReleasedBackbone):
             x = block(x, keys, None if call is None else (call, i))
         return t.ln_f(x)
 
-    def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:
-        h = self.read_positions(h)
-        h = h if output_mask is None else h[output_mask]
+    def _head(self, h: Tensor) -> Tensor:
         weight = self.transformer.wte.weight if self.config.tied else self.lm_head.weight
         return nn.functional.linear(h, weight)[..., : self.vocab_size].float()
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ..errors import MdlmError
 from .block_cache import BlockCall
-from .decoder_layers import Heads, RMSNorm, attend, rotary_tables, swiglu
+from .decoder_layers import Heads, RMSNorm, attend, position_angles, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
 CONFIG_FILE = "llada_config.json"  # the release's config.json, beside an mdlm checkpoint's weights
@@ -160,26 +160,23 @@ class LLaDA(ReleasedBackbone):
         return list(self.model.transformer.blocks)
 
     def hidden_states(self, tokens: Tensor, attention_mask: Tensor | None,
-                      call: BlockCall | None = None) -> Tensor:
+                      call: BlockCall | None = None, positions: Tensor | None = None) -> Tensor:
         """ln_f of the last block's output, (B, L, H); with a block `call`, of the positions
-        [call.start, call.start + n) that `tokens` (B, n) hold."""
+        [call.start, call.start + n) that `tokens` (B, n) hold; with `positions` (L,), at
+        those."""
         s, t = self.config, self.model.transformer
         x = t.wte(tokens)
         if s.input_emb_norm:
             x = x * math.sqrt(s.hidden_size)
         x = nn.functional.dropout(x, s.dropout[0], self.training)
-        start = 0 if call is None else call.start
-        cos, sin = rotary_tables(start + tokens.shape[1], s.hidden_size // s.n_heads,
-                                 s.rope_theta, tokens.device)
-        rotary = (cos[start:], sin[start:])  # the positions' absolute angles
+        rotary = position_angles(tokens, 0 if call is None else call.start, positions,
+                                 s.hidden_size // s.n_heads, s.rope_theta)
         keys = self.attention_keys(attention_mask, tokens.shape[1], tokens.device)
         for i, block in enumerate(t.blocks):
             x = self.run_block(block, x, rotary, keys, None if call is None else (call, i))
         return t.ln_f(x)
 
-    def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:
-        h = self.read_positions(h)
-        h = h if output_mask is None else h[output_mask]
+    def _head(self, h: Tensor) -> Tensor:
         t = self.model.transformer
         weight = t.wte.weight if self.config.weight_tying else t.ff_out.weight
         logits = nn.functional.linear(h, weight)

@@ -1,8 +1,7 @@
-"""The released folders of the open diffusion LLMs (LLaDA, Dream): their config.json and sharded
-safetensors, read without their Python files, and a backbone built on the meta device whose
-parameters then become the memory-mapped tensors themselves (`load_state_dict(assign=True)`),
-so that loading holds the weights about once, in the checkpoint's dtype. `ReleasedBackbone`
-is what both families' backbones share; each adds its network (models/llada.py, dream.py,
+"""The released folders of the open diffusion LLMs (LLaDA, Dream): their config.json, read without
+their Python files, and a backbone built on the meta device whose parameters then become the
+folder's memory-mapped tensors (models/folder_weights.py). `ReleasedBackbone` is what both
+families' backbones share; each adds its network (models/llada.py, dream.py,
 and gpt2.py: mdlm's own layout of a converted GPT-2).
 
 A folder written by `mdlm convert` (checkpoints/convert/) carries its conversion record in
@@ -14,7 +13,6 @@ keeps beside them). A released folder has none: its family's own behaviour, bit 
 from __future__ import annotations
 
 import json
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,25 +20,26 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from ..errors import MdlmError
 from ..io.files import read_json_object
-from ..memory import check_weights_fit
+from .anneal import AttentionAnneal
 from .block_cache import BlockCache, BlockCall
-from .decoder_layers import causal_keys, key_padding_mask, shift_states
+from .decoder_layers import (
+    causal_keys,
+    key_padding_mask,
+    predecessor_states,
+    restricted_keys,
+    shift_states,
+)
+from .folder_weights import fill_released, materialise
 from .hf_mlm import model_folder
 from .section import keys_of, read_section
 from .tied import count_parameters
 
 CONVERSION_KEY = "mdlm_conversion"  # config.json's record of a folder `mdlm convert` wrote
 ATTENTIONS = ("full", "causal")  # full: diffusion; causal: the conversion's equivalence check
-INDEX = "model.safetensors.index.json"
-# bytes per element of the safetensors dtypes the releases use (others count 4)
-STORED_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
-SINGLE = "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -56,97 +55,6 @@ def read_folder_config(name: str) -> tuple[Path, dict]:
     """The local folder of `name` (a folder or a hub id, code never fetched) and its config."""
     folder = model_folder(name)
     return folder, read_json_object(folder / "config.json")
-
-
-def shard_files(folder: Path) -> list[Path]:
-    """The safetensors files of a folder: model.safetensors, or the shards its index names,
-    each checked to be there (one line naming the first that is not)."""
-    if (folder / SINGLE).is_file():
-        return [folder / SINGLE]
-    index = folder / INDEX
-    if not index.is_file():
-        raise MdlmError(f"{folder} has a config.json but no {SINGLE} nor {INDEX}")
-    try:
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise MdlmError(f"{index} is not a valid safetensors index ({type(e).__name__})") from None
-    for shard in shards:
-        if not (folder / shard).is_file():
-            raise MdlmError(f"{folder} lacks the shard {shard} that {INDEX} names; the download "
-                            "is incomplete (fetch the folder again)")
-    return [folder / s for s in shards]
-
-
-def weight_bytes(shards: list[Path], dtype: torch.dtype | None = None) -> int:
-    """The bytes the shards' tensors take in memory, as stored or cast to `dtype` (from the
-    safetensors headers: nothing is read but them)."""
-    from safetensors import safe_open
-
-    total = 0
-    for shard in shards:
-        try:
-            with safe_open(shard, framework="pt") as f:
-                for key in f.keys():
-                    piece = f.get_slice(key)
-                    size = dtype.itemsize if dtype is not None else STORED_BYTES.get(
-                        piece.get_dtype(), 4)
-                    total += math.prod(piece.get_shape()) * size
-        except (SafetensorError, OSError) as e:
-            raise MdlmError(f"{shard} is not a readable safetensors file ({e}); the checkpoint "
-                            "is corrupted") from None
-    return total
-
-
-def read_shards(shards: list[Path]) -> dict[str, torch.Tensor]:
-    """Every tensor of the shards, memory-mapped on the CPU (pages are read as they are used)."""
-    weights: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        try:
-            weights.update(load_file(shard))
-        except (SafetensorError, OSError) as e:
-            raise MdlmError(f"{shard} is not a readable safetensors file ({e}); the checkpoint is "
-                            "corrupted") from None
-    return weights
-
-
-def assign_weights(model: nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
-    """Make `weights` the parameters of a meta-built `model`, key for key and shape for shape,
-    or one line naming the first mismatch."""
-    target = model.state_dict()
-    missing = sorted(set(target) - set(weights))
-    unexpected = sorted(set(weights) - set(target))
-    if missing or unexpected:
-        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
-        raise MdlmError(f"{source} does not fit its config.json ({what}; {len(missing)} missing, "
-                        f"{len(unexpected)} unexpected tensors)")
-    for key, value in target.items():
-        if tuple(value.shape) != tuple(weights[key].shape):
-            raise MdlmError(f"{source}: {key} has shape {tuple(weights[key].shape)}, its "
-                            f"config.json gives {tuple(value.shape)}")
-    model.load_state_dict(weights, strict=True, assign=True)
-
-
-def fill_released(
-    model: nn.Module,
-    folder: Path,
-    device: torch.device | str = "cpu",
-    *,
-    dtype: torch.dtype | None = None,
-) -> nn.Module:
-    """Give a meta-built `model` the folder's weights (in their own dtype unless `dtype`) on
-    `device`; refused in one line first when the weights cannot fit there."""
-    shards = shard_files(folder)
-    check_weights_fit(str(folder), weight_bytes(shards, dtype), torch.device(device))
-    assign_weights(model, read_shards(shards), str(folder))
-    if dtype is not None:
-        model.to(dtype)
-    return model.to(device)
-
-
-def materialise(model: nn.Module) -> nn.Module:
-    """A meta-built `model` with uninitialised float32 CPU parameters, to be overwritten by a
-    checkpoint's weights (no time is spent on an initialisation that is thrown away)."""
-    return model.to_empty(device="cpu").float()
 
 
 def refuse(name: str, key: str, value: Any, why: str) -> MdlmError:
@@ -165,6 +73,16 @@ def read_conversion(raw: dict, name: str) -> dict:
         raise MdlmError(f"{name}: config.json's {CONVERSION_KEY} has attention "
                         f"{record['attention']!r}; one of {', '.join(ATTENTIONS)}")
     return record
+
+
+def conversion_diffusion(raw: dict) -> dict:
+    """The `diffusion:` keys a converted folder's record fixes beyond LLaDA's objective: its
+    target objective and that objective's keys (bd3lm's block size); {} for a released folder."""
+    record = raw.get(CONVERSION_KEY) or {}
+    keys = {"objective": record["target"]} if "target" in record else {}
+    if record.get("block_size"):
+        keys["block_size"] = int(record["block_size"])
+    return keys
 
 
 def read_family_config(folder: Path, file: str) -> dict:
@@ -229,6 +147,13 @@ class ReleasedBackbone(nn.Module, ABC):
     default_shift: ClassVar[bool] = False
     shift_fixed: ClassVar[bool] = False
 
+    # attention annealing while training (train.attention_anneal_steps, models/anneal.py): the
+    # training loop sets each pass's; None is the model's own attention
+    anneals_attention = True
+    attention_anneal: AttentionAnneal | None = None
+    # BD3-LM's pass (objectives/bd3lm.py): a (B | 1, 1, L, L) attention mask and positions
+    takes_query_masks = True
+
     # gradient checkpointing (train.checkpointing): each block's activations are recomputed in
     # the backward pass instead of kept, so training memory holds one block's, not all of them
     checkpointing = False
@@ -267,18 +192,34 @@ class ReleasedBackbone(nn.Module, ABC):
 
     @abstractmethod
     def hidden_states(self, tokens: Tensor, attention_mask: Tensor | None,
-                      call: BlockCall | None = None) -> Tensor:
+                      call: BlockCall | None = None, positions: Tensor | None = None) -> Tensor:
         """The last layer's normed states (B, n, d) of `tokens` (B, n); with a block `call`,
-        at positions [call.start, call.start + n), the other keys read from its cache."""
+        at positions [call.start, call.start + n), the other keys read from its cache; with
+        `positions` (n,), each token at its own (BD3-LM's x_t ⊕ x_0: 0..L-1 twice)."""
 
     @abstractmethod
-    def _logits(self, h: Tensor, output_mask: Tensor | None) -> Tensor:
+    def _head(self, h: Tensor) -> Tensor:
         """The family's output layer over states `h`: float32 logits over the tokeniser's rows."""
 
+    def _logits(self, h: Tensor, output_mask: Tensor | None, read: Tensor | None = None
+                ) -> Tensor:
+        """The logits of states `h` read where `read_positions` says (or from the states `read`
+        gives, already shifted: a pass with its own positions), at `output_mask`'s positions."""
+        h = self.read_positions(h) if read is None else read
+        return self._head(h if output_mask is None else h[output_mask])
+
     def forward(self, tokens: Tensor, sigma: Tensor | None = None,
-                attention_mask: Tensor | None = None, output_mask: Tensor | None = None) -> Tensor:
-        """Logits (B, L, V) in float32, or (N, V) at the N True positions of `output_mask`."""
-        return self._logits(self.hidden_states(tokens, attention_mask), output_mask)
+                attention_mask: Tensor | None = None, output_mask: Tensor | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        """Logits (B, L, V) in float32, or (N, V) at the N True positions of `output_mask`.
+        `attention_mask` (B | 1, 1, L, L) bool says which keys each query attends and
+        `positions` (L,) each token's position (BD3-LM's pass: `takes_query_masks`); with the
+        shift, a position's logits are then read from the key it attends at the position
+        before its own (decoder_layers.predecessor_states)."""
+        h = self.hidden_states(tokens, attention_mask, positions=positions)
+        if positions is None or not self.shift:
+            return self._logits(h, output_mask, None if positions is None else h)
+        return self._logits(h, output_mask, predecessor_states(h, attention_mask, positions))
 
     @property
     def shifted_logits(self) -> bool:
@@ -294,7 +235,15 @@ class ReleasedBackbone(nn.Module, ABC):
 
     def attention_keys(self, attention_mask: Tensor | None, length: int, device) -> Tensor | None:
         """The keys each query attends (SDPA's boolean mask): every real one, or with causal
-        attention (a conversion's equivalence check) those up to its own."""
+        attention (a conversion's equivalence check) those up to its own; while training under
+        an anneal (models/anneal.py), the causal ones and the anneal's random share of the
+        others; a (B | 1, 1, L, L) mask as given (BD3-LM's block masks: the objective's)."""
+        if attention_mask is not None and attention_mask.dim() == 4:
+            return attention_mask.bool()
+        anneal = self.attention_anneal if self.training else None
+        allowed = None if anneal is None else anneal.allowed(length, device)
+        if allowed is not None:
+            return restricted_keys(allowed, attention_mask)
         if self.attention == "causal":
             return causal_keys(attention_mask, length, device)
         return key_padding_mask(attention_mask)
@@ -329,8 +278,13 @@ class ReleasedBackbone(nn.Module, ABC):
 
     @classmethod
     def check_data(cls, cfg, tokenizer) -> None:
-        _, raw = read_folder_config(cfg.model.hf_model)
-        check_folder_data(cfg, tokenizer, raw, cls.read_shape(raw, cfg.model.hf_model).max_length)
+        name = cfg.model.hf_model
+        _, raw = read_folder_config(name)
+        check_folder_data(cfg, tokenizer, raw, cls.read_shape(raw, name).max_length)
+        if cfg.train.attention_anneal_steps and read_conversion(raw, name).get(
+                "attention") == "causal":
+            raise MdlmError(f"train.attention_anneal_steps anneals towards full attention; {name} "
+                            "attends causally (convert it with --attention full)")
 
     @classmethod
     def from_checkpoint(cls, cfg, vocab_size: int, folder: Path, *, causal: bool = False):

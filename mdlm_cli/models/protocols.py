@@ -17,6 +17,10 @@ Optional members, each read where it is needed and absent on most backbones:
   cache, start, rows=None) -> logits`: Fast-dLLM's block cache (models/block_cache.py: one
   full pass stores every position's keys and values; a call on positions [start, start + n)
   attends to them, its own replacing theirs), on bidirectional time-agnostic models (the DiT);
+- `anneals_attention: bool` (class attribute) and `attention_anneal`: it attends, while
+  training, through the `AttentionAnneal` the training loop sets there (models/anneal.py:
+  DiffuLLaMA's causal-to-full schedule, train.attention_anneal_steps), its own attention when
+  None or in eval mode (the DiT, llada, dream, gpt2);
 - `blocks`: the modules FSDP2 shards one by one;
 - `features(tokens)` -> hidden states (B, L, H) and `rcps` (DNA encoders): what
   `mdlm classify` fine-tunes.

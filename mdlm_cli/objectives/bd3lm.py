@@ -43,8 +43,12 @@ SEARCH_BATCHES = 100  # validation batches of a search at most (the reference's 
 
 
 class BlockDenoiser:
-    """The block denoiser of engine/blocks.py over the DiT: one call on [z_t, x0] (B, 2L) with
-    the block attention mask and positions 0..L-1 twice; logits of the z_t half only."""
+    """The block denoiser of engine/blocks.py over a backbone that `takes_query_masks` (the DiT,
+    a converted llada, dream or gpt2 folder): one call on [z_t, x0] (B, 2L) with the block
+    attention mask and positions 0..L-1 twice; logits of the z_t half only. A shifted backbone
+    reads each position's logits from the key it attends one position before (a block's first
+    position: the clean copy's last state of the block before: predecessor_states in
+    models/decoder_layers.py)."""
 
     supports_output_mask = True
     samples_by_blocks = True  # engine.sample refuses it: BD3LM.sample draws block by block
@@ -156,7 +160,11 @@ class BD3LM(Objective):
         cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
         if not getattr(BACKBONES[cfg.model.backbone], "takes_query_masks", False):
             raise MdlmError(f"the bd3lm objective needs the block attention mask, which the "
-                            f"{cfg.model.backbone} backbone cannot take; use model.backbone=dit")
+                            f"{cfg.model.backbone} backbone cannot take; use the dit backbone, "
+                            "or a folder mdlm convert --target bd3lm wrote (llada, dream, gpt2)")
+        if cfg.train.attention_anneal_steps:
+            raise MdlmError("train.attention_anneal_steps anneals MDLM's full attention; the "
+                            "bd3lm objective's block mask is not annealed; set it to 0")
         if cfg.data.packing == "sft-pack":
             raise MdlmError("the bd3lm objective does not take several examples per row; use "
                             "data.packing=sft")
@@ -308,6 +316,9 @@ class BD3LM(Objective):
                             f"{', '.join(BLOCK_STEPS)}")
         if prompt is not None and len(prompt) >= length:
             raise MdlmError(f"the prompt is {len(prompt)} tokens; the length is {length}")
+        # the exact cache where the model keeps finished blocks' keys and values (the unshifted
+        # DiT: `kv_cache_blocks`); the others recompute the finished blocks at every call
+        cache = cache and bool(getattr(unwrap(model), "kv_cache_blocks", False))
         blocks = (CachedBlocks(model, autocast_dtype) if cache
                   else RecomputedBlocks(model, self.block_size, autocast_dtype))
         device = next(model.parameters()).device

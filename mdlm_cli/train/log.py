@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ..models.anneal import anneal_ratio
 from ..objectives.bound import BoundResult
 from ..perf import Peak, mfu, mfu_text
 from .state import TrainState
@@ -84,6 +85,8 @@ def log_window(run: Logged, window: Window, log, progress: Progress, task, *, lr
     record = {"step": done, "loss": mean_loss, "ppl_bound": math.exp(min(mean_loss, 700)), "lr": lr,
               "tokens": run.state.tokens_seen, "tokens_per_s": tokens_per_s, "mfu": utilisation,
               "grad_norm": grad_norm, "elapsed_s": elapsed_s}
+    if run.cfg.train.attention_anneal_steps:  # the last step's share of non-causal pairs
+        record["attention_ratio"] = anneal_ratio(done - 1, run.cfg.train.attention_anneal_steps)
     log.write(json.dumps(record) + "\n")
     log.flush()
     speed = f"{tokens_per_s:.0f} tok/s" + (f", {mfu_text(utilisation)}" if utilisation else "")

@@ -26,6 +26,7 @@ from ..config import Config
 from ..data.dna import rc_augment
 from ..distributed import StopSignals, barrier, clip_grad_norm, session, set_gradient_sync
 from ..errors import MdlmError
+from ..models.anneal import AttentionAnneal, anneal_ratio, set_attention_anneal
 from ..objectives.bound import BoundResult, SplitSweep
 from ..runtime import derive_seed, generator
 from .budget import WARM_STEPS, BudgetFit, Cadence, Pause, apply_fitted_steps, check_time_budget
@@ -133,6 +134,10 @@ def _step(run: Run, step: int) -> tuple[float, int, float]:
         gen = generator(device, derive_seed(tc.seed, "step", step, "micro", micro))
         torch.manual_seed(derive_seed(tc.seed, "dropout", step, micro))
         set_gradient_sync(run.net, i == run.accum - 1)
+        if tc.attention_anneal_steps:  # its own stream: the other draws are a plain run's
+            set_attention_anneal(run.model, AttentionAnneal(
+                anneal_ratio(step, tc.attention_anneal_steps),
+                generator(device, derive_seed(tc.seed, "anneal", step, micro))))
         x0, attention_mask, targets = run.train_split.batch_with_targets(rows[sl], device)
         if cfg.data.rc_augment:  # its own stream: the other draws are those of a run without it
             rc_stream = generator(device, derive_seed(tc.seed, "rc", step, micro))

@@ -35,14 +35,16 @@ from .ar_run import TARGET_OBJECTIVE, convert_ar_run
 from .hf_folder import Target, build_target
 from .source import is_mdlm_run, load_source_tokenizer, local_folder, read_causal_folder
 
-TARGETS = tuple(TARGET_OBJECTIVE)  # mdlm; BD3-LM targets are not done yet (docs/conversion.md)
+TARGETS = tuple(TARGET_OBJECTIVE)  # mdlm, bd3lm (block diffusion: --block-size)
+BLOCK_TARGETS = ("bd3lm",)  # the targets that take a block size
 
 
 @dataclass(frozen=True)
 class ConvertRequest:
-    """What `mdlm convert` is asked: the source, the output folder, the target objective, the
-    shift (None: on, as every supported source's head predicts the next token), the attention
-    (full for diffusion, causal for the equivalence check) and whether `out` may be replaced."""
+    """What `mdlm convert` is asked: the source, the output folder, the target objective (and
+    a block target's block size), the shift (None: on, as every supported source's head
+    predicts the next token), the attention (full for diffusion, causal for the equivalence
+    check) and whether `out` may be replaced."""
 
     source: str
     out: Path
@@ -50,13 +52,23 @@ class ConvertRequest:
     shift: bool | None = None
     attention: str = "full"
     force: bool = False
+    block_size: int = 0
 
     def validate(self) -> None:
         if self.target not in TARGETS:
-            raise MdlmError(f"--target {self.target!r}: one of {', '.join(TARGETS)} (BD3-LM "
-                            "targets are not done yet)")
+            raise MdlmError(f"--target {self.target!r}: one of {', '.join(TARGETS)}")
+        blocks = self.target in BLOCK_TARGETS
+        if blocks and self.block_size <= 0:
+            raise MdlmError(f"--target {self.target} needs --block-size N, the tokens per block "
+                            "(a divisor of the rows' length, e.g. 32)")
+        if not blocks and self.block_size:
+            raise MdlmError(f"--block-size applies to --target {', '.join(BLOCK_TARGETS)}; "
+                            f"the {self.target} target has no blocks")
         if self.attention not in ATTENTIONS:
             raise MdlmError(f"--attention {self.attention!r}: one of {', '.join(ATTENTIONS)}")
+        if blocks and self.attention != "full":
+            raise MdlmError(f"--attention {self.attention}: a {self.target} model attends "
+                            "through its block mask; convert it with full attention")
         out = Path(self.out)
         if out.exists() and not out.is_dir():
             raise MdlmError(f"--out {out} is a file; name a folder")
@@ -77,8 +89,10 @@ class Converted:
 
     def summary(self) -> str:
         r = self.record
+        blocks = f", block size {r['block_size']}" if r.get("block_size") else ""
         return (f"Converted {r['source']} ({r['architecture']}) onto the {self.backbone} "
-                f"backbone: {self.tensors} tensors, shift {'on' if r['shift'] else 'off'}, "
+                f"backbone as {r['target']}{blocks}: {self.tensors} tensors, shift "
+                f"{'on' if r['shift'] else 'off'}, "
                 f"{r['attention']} attention; mask: {r['mask']}"
                 f"; written to {self.out}")
 
@@ -92,6 +106,8 @@ def convert(request: ConvertRequest) -> Converted:
     record = {"source": request.source, "target": request.target,
               "shift": True if request.shift is None else request.shift,
               "attention": request.attention}
+    if request.block_size:
+        record["block_size"] = request.block_size
     if is_mdlm_run(path):
         record["architecture"] = "mdlm AR run (DiT)"
         return Converted(out, "dit", record, convert_ar_run(path, out, record))
@@ -103,6 +119,10 @@ def convert(request: ConvertRequest) -> Converted:
                         "with the shift on only (drop --no-shift)")
     record["architecture"] = src.layout.architecture
     target = build_target(src, load_source_tokenizer(path, request.source), record)
+    positions = backbone.read_shape(target.config, request.source).max_length
+    if request.block_size > positions:
+        raise MdlmError(f"--block-size {request.block_size} exceeds the {positions} positions "
+                        f"of {request.source}; choose a divisor of the rows' length")
     write_folder(out, target)
     return Converted(out, src.layout.backbone, target.record, len(target.weights))
 

@@ -17,13 +17,17 @@ from ...models import DiT, build_model, unwrap
 from ..load import load_checkpoint
 from ..save import CheckpointContents, save_checkpoint
 
-TARGET_OBJECTIVE = {"mdlm": "mdlm"}  # --target -> objectives.OBJECTIVES
+TARGET_OBJECTIVE = {"mdlm": "mdlm", "bd3lm": "bd3lm"}  # --target -> objectives.OBJECTIVES
 
 
-def converted_run_config(loaded, target: str, shift: bool):
-    """The AR run's config with the target objective and the shift; the rest as it trained."""
+def converted_run_config(loaded, record: dict):
+    """The AR run's config with the target objective (a block target's block size), and the
+    shift; the rest as it trained."""
+    target, shift = record["target"], record["shift"]
     data = config_dict(loaded.config)
     data["diffusion"] = {**data["diffusion"], "objective": TARGET_OBJECTIVE[target]}
+    if record.get("block_size"):
+        data["diffusion"]["block_size"] = record["block_size"]
     data["model"] = {**data["model"], "shift": shift}
     data["description"] = f"converted from {loaded.path} by mdlm convert"
     return config_from_dict(data)
@@ -42,7 +46,7 @@ def convert_ar_run(path: Path, out: Path, record: dict) -> int:
         raise MdlmError("the DiT's attention follows its objective (full for mdlm); --attention "
                         "causal applies to Hugging Face sources only")
     record["mask"] = f"the run's own (id {loaded.mask_id})"
-    cfg = converted_run_config(loaded, record["target"], record["shift"])
+    cfg = converted_run_config(loaded, record)
     model = build_model(cfg.model, source.vocab_size)
     model.load_state_dict(source.state_dict(), strict=True)  # the same DiT: every key fits
     state = {"step": 0, "converted_from": record,

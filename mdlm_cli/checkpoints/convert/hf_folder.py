@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from ...models import BACKBONES
-from ...models.open_weights import CONVERSION_KEY, FolderModelConfig, assign_weights
+from ...models.folder_weights import assign_weights
+from ...models.open_weights import CONVERSION_KEY, FolderModelConfig
 from .layouts import Layout
 from .source import CausalFolder
 from .vocab import add_mask_token, grow_rows, special_ids

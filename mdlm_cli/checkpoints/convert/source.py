@@ -16,8 +16,8 @@ import torch
 from ...errors import MdlmError
 from ...io.files import read_json_object
 from ...io.hub import HUB_FILES, is_hub_id
+from ...models.folder_weights import read_shards, shard_files
 from ...models.hf_mlm import REMOTE_CODE_HINT
-from ...models.open_weights import read_shards, shard_files
 from .layouts import LAYOUTS, Layout, supported
 
 # config.json's model_type of the encoders mdlm reads as masked LMs (backbone hf-mlm)

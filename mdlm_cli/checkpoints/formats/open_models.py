@@ -14,6 +14,8 @@ from pathlib import Path
 from ...build import config_from_dict
 from ...data.tokenizers import Tokenizer, load_tokenizer
 from ...errors import MdlmError
+from ...models.open_weights import conversion_diffusion
+from ...objectives import OBJECTIVES
 from ..folder import LoadedModel
 from .assemble import data_meta, export_section, hf_state
 from .base import Format, Found
@@ -23,14 +25,19 @@ DEFAULT_LENGTH = 4096  # rows of at most this many tokens (at most the model's p
 EVAL_ROWS = 100_000
 
 
-def open_model_config(label: str, backbone: str, max_length: int):
-    """mdlm's config for a released folder: MDLM under the linear schedule, no time input."""
+def open_model_config(label: str, backbone: str, max_length: int, diffusion: dict | None = None):
+    """mdlm's config for a released folder: MDLM under the linear schedule, no time input; a
+    converted folder's `diffusion` keys (its target objective: models.open_weights.
+    conversion_diffusion) replace MDLM's, the rows whole blocks."""
+    diffusion = {"objective": "mdlm", "schedule": "linear", **(diffusion or {})}
+    length = min(max_length, DEFAULT_LENGTH)
+    length -= length % diffusion.get("block_size", 1)
     return config_from_dict({
         "name": label.rstrip("/").split("/")[-1], "description": f"imported from {label}",
-        "data": {"dataset": "c4", "tokenizer": label, "length": min(max_length, DEFAULT_LENGTH),
+        "data": {"dataset": "c4", "tokenizer": label, "length": length,
                  "packing": "wrap", "max_rows": EVAL_ROWS, "max_eval_rows": EVAL_ROWS},
         "model": {"backbone": backbone, "hf_model": label, "time_conditioning": False},
-        "diffusion": {"objective": "mdlm", "schedule": "linear"},
+        "diffusion": diffusion,
     })
 
 
@@ -50,14 +57,16 @@ def load_open_model(found: Found, backbone_cls, max_length: int, *, device) -> L
     folder, label, family = found.path, found.label, backbone_cls.family
     mdlm_meta = export_section(found.config)
     tokenizer = folder_tokenizer(folder, label)
-    config = exported_config(mdlm_meta, label, family) or open_model_config(label, family,
-                                                                            max_length)
+    config = exported_config(mdlm_meta, label, family) or open_model_config(
+        label, family, max_length, conversion_diffusion(found.config))
     model = backbone_cls.from_folder(config.model, tokenizer.vocab_size, folder, found.config,
                                      device)
     state = hf_state(mdlm_meta, label)
-    defaults = dict(backbone_cls.sampling_defaults)
-    if model.shifted_logits:  # a converted causal LM: its block loop is Fast-dLLM's Dream
-        defaults["k_schedule"] = "dream"  # loop, whose transfer schedule is Dream's
+    # the family's transfer schedule is for its whole-row samplers, not block-by-block ones
+    by_blocks = OBJECTIVES[config.diffusion.objective].samples_by_blocks
+    defaults = {} if by_blocks else dict(backbone_cls.sampling_defaults)
+    if model.shifted_logits and not by_blocks:  # a converted causal LM: its block loop is
+        defaults["k_schedule"] = "dream"  # Fast-dLLM's Dream loop, whose schedule is Dream's
     state.update({"family": family, "sampling_defaults": {
         **defaults, **(state.get("sampling_defaults") or {})}})
     if model.conversion:
