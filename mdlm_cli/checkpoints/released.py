@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..models.open_weights import INDEX, SINGLE
+from ..models.folder_weights import INDEX, SINGLE
 
 # transformers' own default (`max_shard_size="5GB"`): an 8B model in bf16 is four shards
 SHARD_BYTES = 5 * 10**9

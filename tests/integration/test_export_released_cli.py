@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from mdlm_cli.checkpoints.load import load_checkpoint
-from mdlm_cli.models.open_weights import read_shards, shard_files
+from mdlm_cli.models.folder_weights import read_shards, shard_files
 from tests.open_model_folders import write_dream, write_llada
 
 from .conftest import invoke, one_line_error

@@ -16,7 +16,7 @@ from mdlm_cli.checkpoints.convert import ConvertRequest, convert
 from mdlm_cli.checkpoints.export import export_folder, verify_export, verify_merge
 from mdlm_cli.checkpoints.load import load_checkpoint
 from mdlm_cli.errors import MdlmError
-from mdlm_cli.models.open_weights import INDEX, read_shards, shard_files
+from mdlm_cli.models.folder_weights import INDEX, read_shards, shard_files
 
 from ..causal_lm_folders import ARCHS, write_ar_run, write_causal_lm
 from ..open_model_folders import write_llada
