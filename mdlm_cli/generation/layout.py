@@ -10,8 +10,15 @@ Python API alike (docs/sampling.md, "How long a row is"):
   as their releases' generate functions), else the rest of the model's window (a DiT or an
   AR model trained on rows of L tokens), never a silent canvas of the whole window for a
   model whose release denoises prompt + answer only;
+- a model that generates block by block (bd3lm, `Capabilities.block_size` L') rounds its
+  row up to whole blocks, the positions after the answer drawn too (the row is
+  `-(-(start + prompt + answer) // L') * L'` long); its default answer is the rest of the
+  window, one block at least; it takes no suffix;
 - the row must fit the window (the trained L), unless the caller allows longer rows or the
   model generates block by block (bd3lm: rows grow past L).
+
+Instead of an answer a caller may ask for the row's whole `length` (`mdlm sample --length`):
+the answer is then what the row leaves after the start and the prompt.
 """
 
 from __future__ import annotations
@@ -37,8 +44,14 @@ class LayoutError(MdlmError):
 class RowLayout:
     start: tuple[int, ...]
     prompt: tuple[int, ...]
-    answer: int  # positions the sampler fills
+    answer: int  # the answer's positions as asked (what a surface hands out at most)
     suffix: tuple[int, ...] = ()
+    block_size: int = 0  # L' of a block model: the row rounded up to whole blocks
+
+    @property
+    def asked(self) -> int:
+        """The row's positions before any block rounding."""
+        return self.answer_start + self.answer + len(self.suffix)
 
     @property
     def prefix(self) -> list[int]:
@@ -51,33 +64,62 @@ class RowLayout:
 
     @property
     def length(self) -> int:
-        return self.answer_start + self.answer + len(self.suffix)
+        """The row's positions: `asked`, rounded up to whole blocks for a block model."""
+        if not self.block_size:
+            return self.asked
+        return -(-self.asked // self.block_size) * self.block_size
+
+    @property
+    def rounded(self) -> bool:
+        """Whether block rounding added positions after the answer."""
+        return self.length != self.asked
 
     def template(self, mask_id: int) -> torch.Tensor:
         """(length,) the fixed tokens, `mask_id` at the answer's positions."""
         row = torch.full((self.length,), mask_id, dtype=torch.long)
         row[: self.answer_start] = torch.tensor(self.prefix, dtype=torch.long)
         if self.suffix:
-            row[self.answer_start + self.answer :] = torch.tensor(self.suffix, dtype=torch.long)
+            at = self.answer_start + self.answer
+            row[at : at + len(self.suffix)] = torch.tensor(self.suffix, dtype=torch.long)
         return row
 
 
 def lay_out(caps: Capabilities, prompt: Sequence[int], *, answer: int | None = None,
             suffix: Sequence[int] = (), start: Sequence[int] | None = None,
-            longer: bool = False) -> RowLayout:
+            longer: bool = False, length: int | None = None) -> RowLayout:
     """The row of one prompt (the module's rule). `start`: the tokens before the prompt
-    (default the model's row start); `longer`: a row may pass the window (`--allow-longer`)."""
+    (default the model's row start); `longer`: a row may pass the window (`--allow-longer`);
+    `length`: the row's whole length instead of an `answer` (`--length`)."""
     start = caps.row_start if start is None else tuple(start)
+    block = caps.block_size
+    if block and suffix:
+        raise LayoutError("a model that generates block by block takes no suffix", "suffix")
     fixed = len(start) + len(prompt) + len(suffix)
-    room = None if caps.block_size or longer else caps.window - fixed
+    if length is not None:
+        if answer is not None:
+            raise LayoutError("give the answer's length or the row's, not both")
+        answer = length - fixed
+        if answer < 1:
+            raise LayoutError(f"the prompt is {fixed} tokens (the row start included); the "
+                              f"row's length is {length}", "length")
+    room = None if block or longer else caps.window - fixed
     if answer is None:
-        answer = caps.answer_tokens if caps.answer_tokens is not None else room
-        answer = answer if room is None or answer is None else min(answer, room)
+        answer = _default_answer(caps, fixed, room)
     if answer is None:  # no window and no default: nothing says how long
         raise LayoutError("say how many tokens to generate (max_tokens / --max-new-tokens)")
     if answer < 1 or room is not None and answer > room:
         raise LayoutError(_too_long(len(prompt), len(suffix), len(start), answer, caps.window))
-    return RowLayout(start, tuple(prompt), answer, tuple(suffix))
+    return RowLayout(start, tuple(prompt), answer, tuple(suffix), block)
+
+
+def _default_answer(caps: Capabilities, fixed: int, room: int | None) -> int | None:
+    """An answer not asked for: the family's default (cut to the room), else the rest of the
+    window (a block model's: one block at least, its rows growing past the window)."""
+    if caps.answer_tokens is not None:
+        return caps.answer_tokens if room is None else min(caps.answer_tokens, room)
+    if caps.block_size:
+        return max(caps.window - fixed, caps.block_size)
+    return room
 
 
 def _too_long(prompt: int, suffix: int, start: int, answer: int, window: int) -> str:

@@ -19,10 +19,11 @@ from ..checkpoints.folder import LoadedModel
 from ..data.chat import end_of_turn_ids
 from ..errors import MdlmError
 from ..generation.request import GenerationRequest
-from .blocks import draw_blocks, samples_by_blocks
+from .blocks import block_layout, draw_blocks, samples_by_blocks
 from .generate import (
     Drawn,
     answer_start,
+    check_prompt_ids,
     generate,
     prompt_parts,
     semi_ar_plan,
@@ -38,14 +39,9 @@ from .generate import (
 def draw(loaded: LoadedModel, rt, request: GenerationRequest, *, length: int | None = None,
          prompt: torch.Tensor | None = None, on_batch: Callable[[int], None] | None = None,
          extra: dict[str, Any] | None = None, stop_ids: list[int] | None = None) -> Drawn:
-    """The request's samples in batches (`generate`; a bd3lm model's block by block,
-    sample/blocks.py), rows of `length` with the template `prompt`; `extra` joins each JSONL
-    record; its `stop_at_eos` None: as the model was trained (`stops_at_eos`)."""
-    if samples_by_blocks(loaded):  # the template's fixed prefix, else the row's start
-        start = (torch.tensor(loaded.row_start(), dtype=torch.long) if prompt is None
-                 else prompt[: answer_start(prompt, loaded.mask_id)])
-        return draw_blocks(loaded, rt, request, length=length,
-                           prompt=start if len(start) else None, on_batch=on_batch, extra=extra)
+    """The request's samples in batches (`generate`; a bd3lm model's go through
+    `sample_blocks_window`), rows of `length` with the template `prompt`; `extra` joins each
+    JSONL record; its `stop_at_eos` None: as the model was trained (`stops_at_eos`)."""
     records, stats, seconds = generate(loaded, rt, request, length=length, prompt=prompt,
                                        on_batch=on_batch, stop_ids=stop_ids)
     fields = {**request.settings.record(), "nfe": stats.nfe, "ncs": stats.ncs,
@@ -62,12 +58,10 @@ def sample_window(loaded: LoadedModel, rt, request: GenerationRequest,
     ends at the template's end-of-turn token or EOS (unless `stop_at_eos` is False)."""
     r = request.validate()
     if samples_by_blocks(loaded):
-        refuse_in_blocks(r.infill, r.chat)
+        return sample_blocks_window(loaded, rt, r, on_batch)
     ids = None if r.prompt_ids is None else list(r.prompt_ids)
     parts = None if r.infill is not None else prompt_parts(loaded, r.prompt, ids, r.chat)
     length = window_for(loaded, r.length, r.max_new_tokens, parts)
-    if samples_by_blocks(loaded):
-        return sample_blocks_window(loaded, rt, r, length, on_batch)
     length = checked_length(loaded, length, r.rows_per_call, r.num_samples, rt.device,
                             r.allow_longer)
     fixed = template(loaded, length, prompt=r.prompt, infill=r.infill, prompt_ids=ids,
@@ -81,21 +75,20 @@ def sample_window(loaded: LoadedModel, rt, request: GenerationRequest,
     return drawn
 
 
-def sample_blocks_window(loaded: LoadedModel, rt, request: GenerationRequest, length: int,
+def sample_blocks_window(loaded: LoadedModel, rt, request: GenerationRequest,
                          on_batch: Callable[[int], None] | None) -> Drawn:
     """`mdlm sample` of a bd3lm model: left to right over blocks, so a prefix only (the
-    prompt or prompt ids; else the row's start, BOS, as the reference's first token)."""
+    row's start, BOS, as the reference's first token, then the prompt; raw prompt ids
+    alone), the row laid out by the one rule with block rounding (`block_layout`)."""
     r = request
     refuse_in_blocks(r.infill, r.chat)
-    ids = None if r.prompt_ids is None else list(r.prompt_ids)
-    fixed = template(loaded, length, prompt=r.prompt, prompt_ids=ids)
-    start = (torch.tensor(loaded.row_start(), dtype=torch.long) if fixed is None
-             else fixed[: answer_start(fixed, loaded.mask_id)])
+    ids = None if r.prompt_ids is None else check_prompt_ids(loaded, list(r.prompt_ids))
+    start, prompt = prompt_parts(loaded, r.prompt, ids)
+    layout = block_layout(loaded, prompt, start, answer=r.max_new_tokens, length=r.length)
     extra = {k: v for k, v in r.record().items() if k != "infill"}
-    drawn = draw_blocks(loaded, rt, r, length=length, prompt=start if len(start) else None,
-                        on_batch=on_batch, extra=extra)
-    if fixed is not None:
-        with_responses(loaded, drawn.records, len(start))
+    drawn = draw_blocks(loaded, rt, r, layout, on_batch=on_batch, extra=extra)
+    if r.prompt is not None or ids is not None:
+        with_responses(loaded, drawn.records, layout.answer_start)
     return drawn
 
 

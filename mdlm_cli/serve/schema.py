@@ -137,6 +137,7 @@ class Row:
     n_prompt: int  # prompt tokens (without the row start)
     n_suffix: int = 0
     echo: str = ""  # the prompt's text, for echo
+    length: int = 0  # a prefix-only row's positions (bd3lm: generation/layout.py's rounded row)
 
 
 @dataclass
