@@ -19,12 +19,19 @@ Python API alike (docs/sampling.md, "How long a row is"):
 
 Instead of an answer a caller may ask for the row's whole `length` (`mdlm sample --length`):
 the answer is then what the row leaves after the start and the prompt.
+
+A semi-AR row (MDLM §4.2, `lay_out_semi_ar`: `mdlm semi-ar`, the server's `stride`, lm-eval
+past the window) is the same start + prompt + answer, drawn as the window L, then
+extensions of `stride` L' new tokens (default L // 2), each keeping the last L - L' tokens
+as its clean prefix, as many as the row needs, the last cut to the row; the prompt must be
+shorter than the window, and an answer not asked for is the rest of the window.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -47,6 +54,8 @@ class RowLayout:
     answer: int  # the answer's positions as asked (what a surface hands out at most)
     suffix: tuple[int, ...] = ()
     block_size: int = 0  # L' of a block model: the row rounded up to whole blocks
+    stride: int = 0  # semi-AR: new tokens per extension after the first window, else 0
+    window: int = 0  # semi-AR: the window each extension is drawn in (the model's L)
 
     @property
     def asked(self) -> int:
@@ -68,6 +77,13 @@ class RowLayout:
         if not self.block_size:
             return self.asked
         return -(-self.asked // self.block_size) * self.block_size
+
+    @property
+    def extensions(self) -> int:
+        """Semi-AR: the windows drawn after the first, `stride` new tokens each."""
+        if not self.stride:
+            return 0
+        return max(math.ceil((self.length - self.window) / self.stride), 0)
 
     @property
     def rounded(self) -> bool:
@@ -120,6 +136,29 @@ def _default_answer(caps: Capabilities, fixed: int, room: int | None) -> int | N
     if caps.block_size:
         return max(caps.window - fixed, caps.block_size)
     return room
+
+
+def semi_ar_stride(caps: Capabilities, stride: int | None) -> int:
+    """Semi-AR's new tokens per extension: as asked, else half the window (MDLM §4.2)."""
+    return caps.window // 2 if stride is None else stride
+
+
+def lay_out_semi_ar(caps: Capabilities, prompt: Sequence[int], *, stride: int | None = None,
+                    answer: int | None = None, start: Sequence[int] | None = None,
+                    length: int | None = None) -> RowLayout:
+    """The semi-AR row of one prompt (the module's rule): start + prompt + answer (as asked,
+    or what `length` leaves, else the rest of the window), the prompt shorter than the
+    window, drawn as the window then `extensions` of `stride` (default L // 2)."""
+    start = caps.row_start if start is None else tuple(start)
+    fixed = len(start) + len(prompt)
+    if fixed >= caps.window:
+        raise LayoutError(f"a semi-AR prompt must be shorter than the window: {fixed} tokens, "
+                          f"window {caps.window}", "prompt")
+    if answer is None and length is None:
+        answer = caps.window - fixed
+    row = lay_out(replace(caps, block_size=0), prompt, answer=answer, start=start,
+                  longer=True, length=length)
+    return replace(row, stride=semi_ar_stride(caps, stride), window=caps.window)
 
 
 def _too_long(prompt: int, suffix: int, start: int, answer: int, window: int) -> str:

@@ -18,6 +18,8 @@ from .. import engine
 from ..checkpoints.folder import LoadedModel
 from ..data.chat import end_of_turn_ids
 from ..errors import MdlmError
+from ..generation.capabilities import capabilities_of
+from ..generation.layout import LayoutError, RowLayout, lay_out_semi_ar
 from ..generation.request import GenerationRequest
 from .blocks import block_layout, draw_blocks, samples_by_blocks
 from .generate import (
@@ -26,7 +28,6 @@ from .generate import (
     check_prompt_ids,
     generate,
     prompt_parts,
-    semi_ar_plan,
     semi_ar_records,
     stops_at_eos,
     template,
@@ -129,15 +130,15 @@ def semi_ar_blocks(loaded: LoadedModel, rt, request: GenerationRequest, *,
                    stride: int | None = None, source: str | None = None,
                    on_text: Callable[[str], None] | None = None) -> SemiArDrawn:
     """`mdlm semi-ar` (MDLM §4.2): each round keeps the last L - L' tokens as a clean prefix
-    and samples L' = `stride` new ones, up to the request's `length` tokens (its prompt: the
-    first window's prefix). With one sample, no EOS stop and `on_text`, the text is handed to
-    `on_text` block by block. `source`: what an error calls the model (default: its path)."""
+    and samples L' = `stride` new ones, over the row `semi_ar_layout` lays out (its prompt:
+    the first window's prefix). With one sample, no EOS stop and `on_text`, the text is
+    handed to `on_text` block by block. `source`: what an error calls the model (default: its
+    path)."""
     r = request.validate()
     window, tok, how = loaded.length, loaded.tokenizer, r.settings
-    stop, limit, length = semi_ar_plan(loaded, r.length, r.prompt, r.max_new_tokens,
-                                       r.stop_at_eos)
-    stride, length = semi_ar_lengths(loaded, stride, length, r.num_samples, rt.device, source)
-    start = prompt_prefix(loaded, r.prompt)
+    stop = stops_at_eos(loaded, r.stop_at_eos)
+    layout = semi_ar_layout(loaded, r, stride, rt.device, source)
+    start = torch.tensor(layout.prefix, dtype=torch.long) if r.prompt else None
     streaming = on_text is not None and r.num_samples == 1 and not stop
     if streaming and start is not None:
         on_text(tok.decode(start.tolist()))
@@ -147,53 +148,54 @@ def semi_ar_blocks(loaded: LoadedModel, rt, request: GenerationRequest, *,
             on_text(tok.decode(new[0].tolist()))
 
     t0 = time.perf_counter()
-    plan = engine.SemiArPlan(r.num_samples, window, stride, loaded.mask_id,
-                             target_length=length, prompt=start,
+    plan = engine.SemiArPlan(r.num_samples, window, layout.stride, loaded.mask_id,
+                             target_length=layout.length, prompt=start,
                              stop_token=tok.eos_id if stop else None, device=rt.device)
     result = engine.semi_ar(
         loaded.denoiser(rt.dtype), how, plan, schedule=loaded.objective.schedule,
         generator=torch.Generator(device=rt.device).manual_seed(r.seed),
         hooks=engine.SampleHooks(on_block=on_block))
     seconds = time.perf_counter() - t0
-    tokens = result.tokens[:, :limit]
-    fields = {**how.record(), "window": window, "stride": stride, "seed": r.seed,
+    tokens = result.tokens
+    fields = {**how.record(), "window": window, "stride": layout.stride, "seed": r.seed,
               "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
               "ncs": result.stats.ncs, "seconds": seconds / r.num_samples}
     records = semi_ar_records(loaded, tokens, start, stop)
     if start is not None:
         with_responses(loaded, records, len(start))
-    return SemiArDrawn(records, result.stats, seconds, fields, window=window, stride=stride,
-                       length=tokens.shape[1], streamed=streaming)
+    return SemiArDrawn(records, result.stats, seconds, fields, window=window,
+                       stride=layout.stride, length=tokens.shape[1], streamed=streaming)
 
 
-def prompt_prefix(loaded: LoadedModel, prompt: str | None) -> torch.Tensor | None:
-    """The prompt's tokens (the first window's clean prefix), or None."""
-    if not prompt:
-        return None
-    start = template(loaded, loaded.length, prompt=prompt)
-    return start[start != loaded.mask_id]
-
-
-def semi_ar_lengths(loaded: LoadedModel, stride: int | None, length: int | None,
-                    num_samples: int, device, source: str | None = None) -> tuple[int, int]:
-    """(stride, total length) for a diffusion model's window; left-to-right models are
-    refused, and windows that cannot fit in memory."""
+def semi_ar_layout(loaded: LoadedModel, request: GenerationRequest, stride: int | None,
+                   device, source: str | None = None) -> RowLayout:
+    """The semi-AR row of `mdlm semi-ar` by the one rule (generation/layout.py's
+    `lay_out_semi_ar`): the row start and the prompt (nothing without a prompt), then
+    `max_new_tokens`, or the row's `length` in all (default two windows, at least one);
+    left-to-right models are refused, and windows that cannot fit in memory."""
     from ..memory import Workload, check_memory
 
-    window = loaded.length
-    work = Workload(num_samples, window, what=f"sampling {num_samples} windows of {window} tokens",
-                    fix="lower --num-samples")
+    r, window = request, loaded.length
+    work = Workload(r.num_samples, window, fix="lower --num-samples",
+                    what=f"sampling {r.num_samples} windows of {window} tokens")
     check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, work,
                  device=device)
     if loaded.objective.causal:
         name, objective = source or loaded.path, loaded.objective.name
         raise MdlmError(f"{name} is a left-to-right ({objective}) model; it generates up to its "
                         "length with mdlm sample (semi-ar is for diffusion models)")
-    stride = window // 2 if stride is None else stride
-    length = 2 * window if length is None else length
-    if length < window:
-        raise MdlmError(f"--length must be at least the window ({window})")
-    return stride, length
+    length = r.length
+    if r.max_new_tokens is None:
+        length = 2 * window if length is None else length
+        if length < window:
+            raise MdlmError(f"--length must be at least the window ({window})")
+    text = r.prompt
+    start, prompt = (loaded.row_start(), loaded.tokenizer.encode(text)) if text else ([], [])
+    try:
+        return lay_out_semi_ar(capabilities_of(loaded), prompt, stride=stride, start=start,
+                               answer=r.max_new_tokens, length=length)
+    except LayoutError as e:
+        raise MdlmError(str(e)) from None
 
 
 def write_samples(path: str, drawn: Drawn) -> None:

@@ -210,19 +210,6 @@ def generate(loaded: LoadedModel, rt, request: GenerationRequest, *, length: int
     return records, stats, seconds
 
 
-def semi_ar_plan(loaded: LoadedModel,
-                 length: int | None,
-                 prompt: str | None,
-                 max_new_tokens: int | None,
-                 stop_at_eos: bool | None) -> tuple[bool, int | None, int | None]:
-    """semi-ar's (stop at EOS, tokens kept per sample (None: all), total length to run): with
-    `max_new_tokens` the blocks run to at least one window, then are cut."""
-    if max_new_tokens is None:
-        return stops_at_eos(loaded, stop_at_eos), None, length
-    limit = window_for(loaded, length, max_new_tokens, prompt_parts(loaded, prompt))
-    return stops_at_eos(loaded, stop_at_eos), limit, max(limit, loaded.length)
-
-
 def semi_ar_records(loaded: LoadedModel,
                     tokens: torch.Tensor,
                     prefix: torch.Tensor | None,

@@ -3,7 +3,7 @@ infilling, stop strings, echo) and mdlm's semi-AR fields, checked and made into 
 
 from __future__ import annotations
 
-from ..generation.layout import LayoutError, lay_out
+from ..generation.layout import LayoutError, lay_out, lay_out_semi_ar, semi_ar_stride
 from .blocks import block_rows
 from .json_schema import json_request, json_rows
 from .schema import (
@@ -93,7 +93,7 @@ def _stride(body: dict, served: Served) -> int | None:
         raise invalid(BLOCKS_ONLY.format(what="takes no stride or semi_ar") + "; max_tokens may "
                       "pass its length", "stride" if stride is not None else "semi_ar")
     if stride is None and semi_ar:
-        stride = window // 2
+        stride = semi_ar_stride(served.capabilities, None)
     if stride is not None and served.loaded.objective.causal:
         raise invalid(
             f"semi-AR is for diffusion models; a left-to-right "
@@ -124,7 +124,7 @@ def prompt_rows(
     loaded = served.loaded
     start = loaded.row_start() if start is None else start
     if stride is not None:
-        return _semi_ar_rows(prompts, suffix, max_tokens, served, limits, start)
+        return _semi_ar_rows(prompts, suffix, max_tokens, stride, served, limits, start)
     caps, longest = served.capabilities, max(prompts, key=len)
     try:  # one answer length for all: what the longest prompt leaves, where none is asked
         max_tokens = lay_out(caps, longest, answer=max_tokens, suffix=suffix, start=start).answer
@@ -139,25 +139,27 @@ def prompt_rows(
 
 
 def _semi_ar_rows(prompts: list[list[int]], suffix: list[int], max_tokens: int | None,
-                  served: Served, limits: Limits, start: list[int]) -> tuple[list[Row], int]:
-    """The prefix row of a semi-AR request (MDLM §4.2): one prompt, shorter than the window,
-    up to `max_semi_ar_windows` windows of new tokens (default: one window's worth)."""
+                  stride: int, served: Served, limits: Limits,
+                  start: list[int]) -> tuple[list[Row], int]:
+    """The prefix row of a semi-AR request by the one rule (generation/layout.py's
+    `lay_out_semi_ar`, MDLM §4.2): one prompt, shorter than the window, then `max_tokens`
+    (default: the rest of the window), up to `max_semi_ar_windows` windows in all."""
     window, prompt = served.loaded.length, prompts[0]
     if suffix or len(prompts) > 1:
         raise invalid("semi-AR (stride) takes one prompt and no suffix",
                       "stride" if not suffix else "suffix")
-    if len(start) + len(prompt) >= window:
-        raise invalid(f"a semi-AR prompt must be shorter than the window: "
-                      f"{len(start) + len(prompt)} tokens, window {window}", "prompt",
-                      "context_length_exceeded")
-    room = limits.max_semi_ar_windows * window - len(start) - len(prompt)
-    max_tokens = window - len(start) - len(prompt) if max_tokens is None else max_tokens
-    if max_tokens > room:
-        raise invalid(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
-                      f"semi-AR limit of {room + len(prompt) + len(start)} tokens", "max_tokens",
-                      "context_length_exceeded")
-    row = Row(None, start + prompt, len(prompt), 0, served.loaded.tokenizer.decode(prompt))
-    return [row], max_tokens
+    try:
+        layout = lay_out_semi_ar(served.capabilities, prompt, stride=stride, answer=max_tokens,
+                                 start=start)
+    except LayoutError as e:
+        raise invalid(str(e), e.param, "context_length_exceeded") from None
+    most = limits.max_semi_ar_windows * window
+    if layout.length > most:
+        raise invalid(f"prompt ({len(prompt)} tokens) + max_tokens ({layout.answer}) exceeds the "
+                      f"semi-AR limit of {most} tokens", "max_tokens", "context_length_exceeded")
+    row = Row(None, layout.prefix, len(prompt), 0, served.loaded.tokenizer.decode(prompt),
+              length=layout.length)
+    return [row], layout.answer
 
 
 def _max_tokens(body: dict) -> int | None:

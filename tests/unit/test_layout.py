@@ -114,3 +114,17 @@ def test_a_request_is_checked_once_across_its_fields(fields, message):
         GenerationRequest(**fields).validate()
     ok = GenerationRequest(num_samples=5, batch_size=2, prompt_ids=(3, 4), chat=None).validate()
     assert ok.rows_per_call == 2 and ok.conditioned and ok.record()["prompt_ids"] == [3, 4]
+
+
+def test_a_semi_ar_row_is_the_window_then_stride_sized_extensions():
+    from mdlm_cli.generation.layout import lay_out_semi_ar
+
+    row = lay_out_semi_ar(DIT, [5] * 3, answer=60)  # 1 + 3 + 60 = 64: the window, 2 x 16 more
+    assert (row.length, row.stride, row.window, row.extensions) == (64, 16, 32, 2)
+    odd = lay_out_semi_ar(DIT, [5] * 3, stride=8, answer=61)  # 65: 5 extensions, the last cut
+    assert (odd.length, odd.extensions) == (65, 5)
+    short = lay_out_semi_ar(LLADA, [5] * 3)  # not asked: the rest of the window, not 128
+    assert (short.answer, short.length, short.extensions) == (4096 - 4, 4096, 0)
+    assert lay_out_semi_ar(DIT, [], start=[], length=64).answer == 64  # the row in all
+    with pytest.raises(LayoutError, match="shorter than the window: 32 tokens"):
+        lay_out_semi_ar(DIT, [5] * 31)

@@ -416,3 +416,20 @@ def test_only_loopback_addresses_count_as_loopback():
 
     assert all(map(is_loopback, ("127.0.0.1", "localhost", "::1", "127.0.0.2")))
     assert not any(map(is_loopback, ("0.0.0.0", "192.168.1.4", "example.org", "::")))
+
+
+@pytest.mark.parametrize("body", [{"stride": 8, "max_tokens": 100}, {"semi_ar": True},
+                                  {"stride": 4, "max_tokens": 5}])
+def test_a_semi_ar_requests_row_is_the_one_rules(body):
+    """The server's semi-AR row (prompt_rows) is generation/layout.py's: the window, then
+    stride-sized extensions; without max_tokens the rest of the window; stride by default
+    half of it."""
+    from mdlm_cli.generation.layout import lay_out_semi_ar
+
+    served = served_model("mdlm")
+    plan = parse_completion({"prompt": "xy", **body}, served, Limits())
+    rule = lay_out_semi_ar(served.capabilities, TOK.encode("xy"), stride=body.get("stride"),
+                           answer=body.get("max_tokens"))
+    assert (plan.rows[0].length, plan.max_tokens, plan.stride) == (rule.length, rule.answer,
+                                                                   rule.stride)
+    assert plan.rows[0].prefix == rule.prefix
