@@ -17,6 +17,11 @@ Python API alike (docs/sampling.md, "How long a row is"):
 - the row must fit the window (the trained L), unless the caller allows longer rows or the
   model generates block by block (bd3lm: rows grow past L).
 
+An infill template (`lay_out_infill`: `mdlm sample --infill`, `/v1/mdlm/infill`) is the same
+row: its text before the first span is the prompt, the answer the rest of the row (the
+window, or the row's `length`), over which the template's spans and the text between and
+after them lie; every position after the template is free too.
+
 Instead of an answer a caller may ask for the row's whole `length` (`mdlm sample --length`):
 the answer is then what the row leaves after the start and the prompt.
 
@@ -56,6 +61,8 @@ class RowLayout:
     block_size: int = 0  # L' of a block model: the row rounded up to whole blocks
     stride: int = 0  # semi-AR: new tokens per extension after the first window, else 0
     window: int = 0  # semi-AR: the window each extension is drawn in (the model's L)
+    inside: tuple[int, ...] = ()  # fixed tokens over the answer from its start (an infill
+    # template after its first span: mask_id at each span, the text between and after them)
 
     @property
     def asked(self) -> int:
@@ -97,6 +104,9 @@ class RowLayout:
         if self.suffix:
             at = self.answer_start + self.answer
             row[at : at + len(self.suffix)] = torch.tensor(self.suffix, dtype=torch.long)
+        if self.inside:
+            at = self.answer_start
+            row[at : at + len(self.inside)] = torch.tensor(self.inside, dtype=torch.long)
         return row
 
 
@@ -159,6 +169,21 @@ def lay_out_semi_ar(caps: Capabilities, prompt: Sequence[int], *, stride: int | 
     row = lay_out(replace(caps, block_size=0), prompt, answer=answer, start=start,
                   longer=True, length=length)
     return replace(row, stride=semi_ar_stride(caps, stride), window=caps.window)
+
+
+def lay_out_infill(caps: Capabilities, template: Sequence[int], *,
+                   start: Sequence[int] | None = None, length: int | None = None,
+                   longer: bool = False) -> RowLayout:
+    """The row of an infill `template` (its tokens, `caps.mask_id` at each position to fill):
+    the text before its first span the prompt, the rest of the row (`length`, default the
+    window) its answer, the template after the first span laid over it (`inside`)."""
+    first = list(template).index(caps.mask_id)
+    row = lay_out(caps, template[:first], start=start, longer=longer,
+                  length=caps.window if length is None else length)
+    if len(template) - first > row.answer:
+        raise LayoutError(_too_long(first, 0, len(row.start), len(template) - first,
+                                    caps.window), "template")
+    return replace(row, inside=tuple(template[first:]))
 
 
 def _too_long(prompt: int, suffix: int, start: int, answer: int, window: int) -> str:

@@ -18,7 +18,7 @@ from ..config import SFT_PACKINGS
 from ..data.chat import chat_prompt_ids
 from ..errors import MdlmError
 from ..generation.capabilities import capabilities_of
-from ..generation.layout import lay_out
+from ..generation.layout import lay_out, lay_out_infill
 from ..generation.request import GenerationRequest
 from ..io.files import write_text_atomic
 
@@ -80,6 +80,10 @@ def template(loaded: LoadedModel, length: int, *, prompt: str | None = None,
             raise MdlmError("--infill needs at least one <mask> or <mask:N> span")
     if len(ids) > length:
         raise MdlmError(f"the prompt is {len(ids)} tokens; the sequence length is {length}")
+    if infill is not None:  # the one rule's infill row (the caller checked `length`)
+        start = len(loaded.row_start())
+        return lay_out_infill(capabilities_of(loaded), ids[start:], start=ids[:start],
+                              length=length, longer=True).template(mask_id)
     out = torch.full((length,), mask_id, dtype=torch.long)
     out[: len(ids)] = torch.tensor(ids, dtype=torch.long)
     return out

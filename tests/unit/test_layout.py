@@ -128,3 +128,14 @@ def test_a_semi_ar_row_is_the_window_then_stride_sized_extensions():
     assert lay_out_semi_ar(DIT, [], start=[], length=64).answer == 64  # the row in all
     with pytest.raises(LayoutError, match="shorter than the window: 32 tokens"):
         lay_out_semi_ar(DIT, [5] * 31)
+
+
+def test_an_infill_template_is_a_prompt_then_an_answer_the_template_lies_over():
+    from mdlm_cli.generation.layout import lay_out_infill
+
+    row = lay_out_infill(DIT, [5, 9, 9, 6, 9])  # "a<mask:2>b<mask>": 5 before the first span
+    assert (row.prompt, row.answer, row.length) == ((5,), 30, 32)  # the window, all after free
+    assert row.template(9).tolist() == [1, 5, 9, 9, 6] + [9] * 27
+    assert lay_out_infill(DIT, [9, 6], length=8).template(9).tolist() == [1, 9, 6] + [9] * 5
+    with pytest.raises(LayoutError, match="exceeds the window"):
+        lay_out_infill(DIT, [5, 9] + [6] * 30)
