@@ -21,6 +21,7 @@ from .schema import (
     get_int,
     get_value,
     invalid,
+    make_plan,
 )
 from .served import Served
 
@@ -66,18 +67,15 @@ def _prompts(body: dict, served: Served, limits: Limits) -> list[list[int]]:
     return out
 
 
-def stop_strings(body: dict) -> list[str]:
+def stop_strings(body: dict) -> tuple[str, ...]:
+    """`stop`: a string or a list of them (the request's `validate` checks them)."""
     stop = body.get("stop")
     if stop is None:
-        return []
+        return ()
     stop = [stop] if isinstance(stop, str) else stop
-    if (
-        not isinstance(stop, list)
-        or not 1 <= len(stop) <= 4
-        or not all(isinstance(s, str) and s for s in stop)
-    ):
+    if not isinstance(stop, list) or not stop:
         raise invalid("stop must be a non-empty string or a list of 1 to 4 of them", "stop")
-    return stop
+    return tuple(stop)
 
 
 def _stride(body: dict, served: Served) -> int | None:
@@ -205,9 +203,9 @@ def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
         if len(prompts) != 1:
             raise invalid("a json_schema response_format takes one prompt", "prompt")
         rows, max_tokens, constraint = json_rows(schema, prompts[0], _max_tokens(body), served)
-        plan = Plan(rows=rows, max_tokens=max_tokens, constraint=constraint,
-                    **common_fields(body, served, limits, "completion"))
-        return check_states(plan)
+        common = common_fields(body, served, limits, "completion")
+        return check_states(make_plan(common, rows, constraint=constraint,
+                                      max_new_tokens=max_tokens))
     suffix_text = get_value(body, "suffix", (str,), "", "a string")
     if suffix_text and served.block_size:
         raise invalid(BLOCKS_ONLY.format(what="cannot infill a suffix"), "suffix")
@@ -221,13 +219,8 @@ def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
     max_tokens = _max_tokens(body)
     rows, max_tokens = prompt_rows(prompts, suffix, max_tokens, stride, served, limits)
     common = common_fields(body, served, limits, "completion")
-    plan = Plan(
-        rows=rows,
-        max_tokens=max_tokens,
-        stride=stride,
-        stop=stop_strings(body),
-        echo=get_bool(body, "echo"),
-        **common,
-    )
+    plan = make_plan(common, rows, max_new_tokens=max_tokens, stride=stride,
+                     stop=stop_strings(body), echo=get_bool(body, "echo"),
+                     suffix_ids=tuple(suffix))
     plan.logprobs = _logprobs(body, plan, served, limits)
     return check_states(plan)

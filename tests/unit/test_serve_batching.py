@@ -433,3 +433,24 @@ def test_a_semi_ar_requests_row_is_the_one_rules(body):
     assert (plan.rows[0].length, plan.max_tokens, plan.stride) == (rule.length, rule.answer,
                                                                    rule.stride)
     assert plan.rows[0].prefix == rule.prefix
+
+
+def test_the_http_body_becomes_one_generation_request_validated_once():
+    """The plan holds the request the body makes (generation/request.py's type, as `mdlm
+    sample`'s): n, seed, the answer as the row rule resolved it, stops, echo, stride and
+    suffix; a broken rule of the request is a 400 naming its field."""
+    from mdlm_cli.generation.request import GenerationRequest
+
+    served = served_model("mdlm")
+    plan = parse_completion({"prompt": "ab", "n": 3, "seed": 7, "stop": ["x", "yz"],
+                             "echo": True, "suffix": "cd", "max_tokens": 5}, served, Limits())
+    request = plan.request
+    assert isinstance(request, GenerationRequest) and request.settings is plan.settings
+    assert (request.num_samples, request.seed, request.max_new_tokens) == (3, 7, 5)
+    assert request.stop == ("x", "yz") and request.echo and request.suffix_ids == tuple(
+        TOK.encode("cd"))
+    semi = parse_completion({"prompt": "ab", "semi_ar": True}, served, Limits()).request
+    assert semi.stride == 16 and semi.max_new_tokens == 32 - len(served.capabilities.row_start) - 2
+    with pytest.raises(ApiError) as e:
+        parse_completion({"prompt": "ab", "stop": ["a", "b", "c", "d", "e"]}, served, Limits())
+    assert e.value.param == "stop" and "1 to 4" in e.value.message
