@@ -1,6 +1,7 @@
 """Samples of a block diffusion (bd3lm) model as `mdlm sample`, `gen-ppl --sample-first` and
 `bench`-free callers draw them: block by block with the exact key/value cache of the finished
-blocks (`BD3LM.sample`), any length (a multiple of L'), each sample cut at its first EOS after
+blocks (`BD3LM.sample`), rows laid out by the one rule (generation/layout.py: rounded up to
+whole blocks of L', past the training length), each sample cut at its first EOS after
 the prompt, its `length` and `ended` in the record."""
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 from ..checkpoints.folder import LoadedModel
 from ..engine.block_sampling import BlockRows
 from ..errors import MdlmError, MdlmWarning
+from ..generation.capabilities import capabilities_of
+from ..generation.layout import LayoutError, RowLayout, lay_out
 from ..generation.request import GenerationRequest
 from .generate import Drawn, SampleRecord, cut_at_eos
 
@@ -23,31 +26,37 @@ def samples_by_blocks(loaded: LoadedModel) -> bool:
     return loaded.objective.samples_by_blocks
 
 
-def block_length(loaded: LoadedModel, length: int | None) -> int:
-    """Tokens per sample: `length` (default the training length) rounded up to a multiple of
-    L', with a note when rounded. No --allow-longer: the blocks go on past the training
-    length (the paper's variable-length generation)."""
-    block = loaded.objective.block_size
-    length = length or loaded.length
-    rounded = -(-length // block) * block
-    if rounded != length:
-        warnings.warn(f"--length {length} rounded up to {rounded}, a multiple of the block "
-                      f"size {block}", MdlmWarning, stacklevel=2)
-    return rounded
+def block_layout(loaded: LoadedModel, prompt: list[int], start: list[int], *,
+                 answer: int | None = None, length: int | None = None) -> RowLayout:
+    """The row of a bd3lm sample by the one rule (generation/layout.py): `start` + `prompt`
+    + the answer (`answer`, or what the row's `length` leaves, else the rest of the
+    training length, one block at least), rounded up to whole blocks of L', with a note
+    when rounded. No --allow-longer: the blocks go on past the training length (the
+    paper's variable-length generation)."""
+    try:
+        layout = lay_out(capabilities_of(loaded), prompt, answer=answer, start=start,
+                         length=length)
+    except LayoutError as e:
+        raise MdlmError(str(e).replace("max_tokens / ", "")) from None
+    if layout.rounded:
+        asked = f"--length {length}" if length is not None else f"a row of {layout.asked}"
+        warnings.warn(f"{asked} rounded up to {layout.length}, a multiple of the block size "
+                      f"{layout.block_size}", MdlmWarning, stacklevel=2)
+    return layout
 
 
-def draw_blocks(loaded: LoadedModel, rt, request: GenerationRequest, *,
-                length: int | None = None, prompt: torch.Tensor | None = None,
+def draw_blocks(loaded: LoadedModel, rt, request: GenerationRequest, layout: RowLayout, *,
                 on_batch: Callable[[int], None] | None = None,
                 extra: dict[str, Any] | None = None):
-    """The request's samples in batches, one generator seeded with its seed for all; `prompt`
-    (P,) the fixed first tokens, rows of up to `length` (a multiple of L'). Stops at EOS unless
-    the request's `stop_at_eos` is False (the paper's variable-length sampling). Returns a
-    `Drawn`."""
+    """The request's samples in batches, one generator seeded with its seed for all, rows of
+    up to `layout.length` positions (whole blocks) after its fixed prefix (the row start and
+    the prompt). Stops at EOS unless the request's `stop_at_eos` is False (the paper's
+    variable-length sampling). Returns a `Drawn`."""
     from ..memory import Workload, check_memory
 
     how, num_samples, seed = request.settings, request.num_samples, request.seed
-    length = block_length(loaded, length)
+    length = layout.length
+    prompt = torch.tensor(layout.prefix, dtype=torch.long) if layout.prefix else None
     batch = request.rows_per_call
     work = Workload(batch, length,
                     what=f"sampling {num_samples} x {length} tokens ({batch} per batch)",
@@ -60,7 +69,7 @@ def draw_blocks(loaded: LoadedModel, rt, request: GenerationRequest, *,
         raise MdlmError(f"the tokenizer {loaded.tokenizer.name!r} has no EOS to stop at; add "
                         "--no-stop-at-eos")
     gen = torch.Generator(device=rt.device).manual_seed(seed)
-    start = 0 if prompt is None else len(prompt)
+    start = layout.answer_start
     records, stats, t0 = [], None, time.perf_counter()
     for first in range(0, num_samples, batch):
         n = min(batch, num_samples - first)

@@ -18,14 +18,16 @@ from .. import engine
 from ..checkpoints.folder import LoadedModel
 from ..data.chat import end_of_turn_ids
 from ..errors import MdlmError
+from ..generation.capabilities import capabilities_of
+from ..generation.layout import LayoutError, RowLayout, lay_out_semi_ar
 from ..generation.request import GenerationRequest
-from .blocks import draw_blocks, samples_by_blocks
+from .blocks import block_layout, draw_blocks, samples_by_blocks
 from .generate import (
     Drawn,
     answer_start,
+    check_prompt_ids,
     generate,
     prompt_parts,
-    semi_ar_plan,
     semi_ar_records,
     stops_at_eos,
     template,
@@ -38,14 +40,9 @@ from .generate import (
 def draw(loaded: LoadedModel, rt, request: GenerationRequest, *, length: int | None = None,
          prompt: torch.Tensor | None = None, on_batch: Callable[[int], None] | None = None,
          extra: dict[str, Any] | None = None, stop_ids: list[int] | None = None) -> Drawn:
-    """The request's samples in batches (`generate`; a bd3lm model's block by block,
-    sample/blocks.py), rows of `length` with the template `prompt`; `extra` joins each JSONL
-    record; its `stop_at_eos` None: as the model was trained (`stops_at_eos`)."""
-    if samples_by_blocks(loaded):  # the template's fixed prefix, else the row's start
-        start = (torch.tensor(loaded.row_start(), dtype=torch.long) if prompt is None
-                 else prompt[: answer_start(prompt, loaded.mask_id)])
-        return draw_blocks(loaded, rt, request, length=length,
-                           prompt=start if len(start) else None, on_batch=on_batch, extra=extra)
+    """The request's samples in batches (`generate`; a bd3lm model's go through
+    `sample_blocks_window`), rows of `length` with the template `prompt`; `extra` joins each
+    JSONL record; its `stop_at_eos` None: as the model was trained (`stops_at_eos`)."""
     records, stats, seconds = generate(loaded, rt, request, length=length, prompt=prompt,
                                        on_batch=on_batch, stop_ids=stop_ids)
     fields = {**request.settings.record(), "nfe": stats.nfe, "ncs": stats.ncs,
@@ -62,12 +59,10 @@ def sample_window(loaded: LoadedModel, rt, request: GenerationRequest,
     ends at the template's end-of-turn token or EOS (unless `stop_at_eos` is False)."""
     r = request.validate()
     if samples_by_blocks(loaded):
-        refuse_in_blocks(r.infill, r.chat)
+        return sample_blocks_window(loaded, rt, r, on_batch)
     ids = None if r.prompt_ids is None else list(r.prompt_ids)
     parts = None if r.infill is not None else prompt_parts(loaded, r.prompt, ids, r.chat)
     length = window_for(loaded, r.length, r.max_new_tokens, parts)
-    if samples_by_blocks(loaded):
-        return sample_blocks_window(loaded, rt, r, length, on_batch)
     length = checked_length(loaded, length, r.rows_per_call, r.num_samples, rt.device,
                             r.allow_longer)
     fixed = template(loaded, length, prompt=r.prompt, infill=r.infill, prompt_ids=ids,
@@ -81,21 +76,20 @@ def sample_window(loaded: LoadedModel, rt, request: GenerationRequest,
     return drawn
 
 
-def sample_blocks_window(loaded: LoadedModel, rt, request: GenerationRequest, length: int,
+def sample_blocks_window(loaded: LoadedModel, rt, request: GenerationRequest,
                          on_batch: Callable[[int], None] | None) -> Drawn:
     """`mdlm sample` of a bd3lm model: left to right over blocks, so a prefix only (the
-    prompt or prompt ids; else the row's start, BOS, as the reference's first token)."""
+    row's start, BOS, as the reference's first token, then the prompt; raw prompt ids
+    alone), the row laid out by the one rule with block rounding (`block_layout`)."""
     r = request
     refuse_in_blocks(r.infill, r.chat)
-    ids = None if r.prompt_ids is None else list(r.prompt_ids)
-    fixed = template(loaded, length, prompt=r.prompt, prompt_ids=ids)
-    start = (torch.tensor(loaded.row_start(), dtype=torch.long) if fixed is None
-             else fixed[: answer_start(fixed, loaded.mask_id)])
+    ids = None if r.prompt_ids is None else check_prompt_ids(loaded, list(r.prompt_ids))
+    start, prompt = prompt_parts(loaded, r.prompt, ids)
+    layout = block_layout(loaded, prompt, start, answer=r.max_new_tokens, length=r.length)
     extra = {k: v for k, v in r.record().items() if k != "infill"}
-    drawn = draw_blocks(loaded, rt, r, length=length, prompt=start if len(start) else None,
-                        on_batch=on_batch, extra=extra)
-    if fixed is not None:
-        with_responses(loaded, drawn.records, len(start))
+    drawn = draw_blocks(loaded, rt, r, layout, on_batch=on_batch, extra=extra)
+    if r.prompt is not None or ids is not None:
+        with_responses(loaded, drawn.records, layout.answer_start)
     return drawn
 
 
@@ -136,15 +130,15 @@ def semi_ar_blocks(loaded: LoadedModel, rt, request: GenerationRequest, *,
                    stride: int | None = None, source: str | None = None,
                    on_text: Callable[[str], None] | None = None) -> SemiArDrawn:
     """`mdlm semi-ar` (MDLM §4.2): each round keeps the last L - L' tokens as a clean prefix
-    and samples L' = `stride` new ones, up to the request's `length` tokens (its prompt: the
-    first window's prefix). With one sample, no EOS stop and `on_text`, the text is handed to
-    `on_text` block by block. `source`: what an error calls the model (default: its path)."""
+    and samples L' = `stride` new ones, over the row `semi_ar_layout` lays out (its prompt:
+    the first window's prefix). With one sample, no EOS stop and `on_text`, the text is
+    handed to `on_text` block by block. `source`: what an error calls the model (default: its
+    path)."""
     r = request.validate()
     window, tok, how = loaded.length, loaded.tokenizer, r.settings
-    stop, limit, length = semi_ar_plan(loaded, r.length, r.prompt, r.max_new_tokens,
-                                       r.stop_at_eos)
-    stride, length = semi_ar_lengths(loaded, stride, length, r.num_samples, rt.device, source)
-    start = prompt_prefix(loaded, r.prompt)
+    stop = stops_at_eos(loaded, r.stop_at_eos)
+    layout = semi_ar_layout(loaded, r, stride, rt.device, source)
+    start = torch.tensor(layout.prefix, dtype=torch.long) if r.prompt else None
     streaming = on_text is not None and r.num_samples == 1 and not stop
     if streaming and start is not None:
         on_text(tok.decode(start.tolist()))
@@ -154,53 +148,54 @@ def semi_ar_blocks(loaded: LoadedModel, rt, request: GenerationRequest, *,
             on_text(tok.decode(new[0].tolist()))
 
     t0 = time.perf_counter()
-    plan = engine.SemiArPlan(r.num_samples, window, stride, loaded.mask_id,
-                             target_length=length, prompt=start,
+    plan = engine.SemiArPlan(r.num_samples, window, layout.stride, loaded.mask_id,
+                             target_length=layout.length, prompt=start,
                              stop_token=tok.eos_id if stop else None, device=rt.device)
     result = engine.semi_ar(
         loaded.denoiser(rt.dtype), how, plan, schedule=loaded.objective.schedule,
         generator=torch.Generator(device=rt.device).manual_seed(r.seed),
         hooks=engine.SampleHooks(on_block=on_block))
     seconds = time.perf_counter() - t0
-    tokens = result.tokens[:, :limit]
-    fields = {**how.record(), "window": window, "stride": stride, "seed": r.seed,
+    tokens = result.tokens
+    fields = {**how.record(), "window": window, "stride": layout.stride, "seed": r.seed,
               "checkpoint": str(loaded.path), "nfe": result.stats.nfe,
               "ncs": result.stats.ncs, "seconds": seconds / r.num_samples}
     records = semi_ar_records(loaded, tokens, start, stop)
     if start is not None:
         with_responses(loaded, records, len(start))
-    return SemiArDrawn(records, result.stats, seconds, fields, window=window, stride=stride,
-                       length=tokens.shape[1], streamed=streaming)
+    return SemiArDrawn(records, result.stats, seconds, fields, window=window,
+                       stride=layout.stride, length=tokens.shape[1], streamed=streaming)
 
 
-def prompt_prefix(loaded: LoadedModel, prompt: str | None) -> torch.Tensor | None:
-    """The prompt's tokens (the first window's clean prefix), or None."""
-    if not prompt:
-        return None
-    start = template(loaded, loaded.length, prompt=prompt)
-    return start[start != loaded.mask_id]
-
-
-def semi_ar_lengths(loaded: LoadedModel, stride: int | None, length: int | None,
-                    num_samples: int, device, source: str | None = None) -> tuple[int, int]:
-    """(stride, total length) for a diffusion model's window; left-to-right models are
-    refused, and windows that cannot fit in memory."""
+def semi_ar_layout(loaded: LoadedModel, request: GenerationRequest, stride: int | None,
+                   device, source: str | None = None) -> RowLayout:
+    """The semi-AR row of `mdlm semi-ar` by the one rule (generation/layout.py's
+    `lay_out_semi_ar`): the row start and the prompt (nothing without a prompt), then
+    `max_new_tokens`, or the row's `length` in all (default two windows, at least one);
+    left-to-right models are refused, and windows that cannot fit in memory."""
     from ..memory import Workload, check_memory
 
-    window = loaded.length
-    work = Workload(num_samples, window, what=f"sampling {num_samples} windows of {window} tokens",
-                    fix="lower --num-samples")
+    r, window = request, loaded.length
+    work = Workload(r.num_samples, window, fix="lower --num-samples",
+                    what=f"sampling {r.num_samples} windows of {window} tokens")
     check_memory(loaded.model, loaded.config.model, loaded.tokenizer.vocab_size, work,
                  device=device)
     if loaded.objective.causal:
         name, objective = source or loaded.path, loaded.objective.name
         raise MdlmError(f"{name} is a left-to-right ({objective}) model; it generates up to its "
                         "length with mdlm sample (semi-ar is for diffusion models)")
-    stride = window // 2 if stride is None else stride
-    length = 2 * window if length is None else length
-    if length < window:
-        raise MdlmError(f"--length must be at least the window ({window})")
-    return stride, length
+    length = r.length
+    if r.max_new_tokens is None:
+        length = 2 * window if length is None else length
+        if length < window:
+            raise MdlmError(f"--length must be at least the window ({window})")
+    text = r.prompt
+    start, prompt = (loaded.row_start(), loaded.tokenizer.encode(text)) if text else ([], [])
+    try:
+        return lay_out_semi_ar(capabilities_of(loaded), prompt, stride=stride, start=start,
+                               answer=r.max_new_tokens, length=length)
+    except LayoutError as e:
+        raise MdlmError(str(e)) from None
 
 
 def write_samples(path: str, drawn: Drawn) -> None:

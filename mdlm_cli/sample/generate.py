@@ -18,7 +18,7 @@ from ..config import SFT_PACKINGS
 from ..data.chat import chat_prompt_ids
 from ..errors import MdlmError
 from ..generation.capabilities import capabilities_of
-from ..generation.layout import lay_out
+from ..generation.layout import lay_out, lay_out_infill
 from ..generation.request import GenerationRequest
 from ..io.files import write_text_atomic
 
@@ -80,6 +80,10 @@ def template(loaded: LoadedModel, length: int, *, prompt: str | None = None,
             raise MdlmError("--infill needs at least one <mask> or <mask:N> span")
     if len(ids) > length:
         raise MdlmError(f"the prompt is {len(ids)} tokens; the sequence length is {length}")
+    if infill is not None:  # the one rule's infill row (the caller checked `length`)
+        start = len(loaded.row_start())
+        return lay_out_infill(capabilities_of(loaded), ids[start:], start=ids[:start],
+                              length=length, longer=True).template(mask_id)
     out = torch.full((length,), mask_id, dtype=torch.long)
     out[: len(ids)] = torch.tensor(ids, dtype=torch.long)
     return out
@@ -208,19 +212,6 @@ def generate(loaded: LoadedModel, rt, request: GenerationRequest, *, length: int
     records = [SampleRecord(i, loaded.tokenizer.decode(row.tolist()), row.tolist())
                for i, row in enumerate(tokens.cpu())]
     return records, stats, seconds
-
-
-def semi_ar_plan(loaded: LoadedModel,
-                 length: int | None,
-                 prompt: str | None,
-                 max_new_tokens: int | None,
-                 stop_at_eos: bool | None) -> tuple[bool, int | None, int | None]:
-    """semi-ar's (stop at EOS, tokens kept per sample (None: all), total length to run): with
-    `max_new_tokens` the blocks run to at least one window, then are cut."""
-    if max_new_tokens is None:
-        return stops_at_eos(loaded, stop_at_eos), None, length
-    limit = window_for(loaded, length, max_new_tokens, prompt_parts(loaded, prompt))
-    return stops_at_eos(loaded, stop_at_eos), limit, max(limit, loaded.length)
 
 
 def semi_ar_records(loaded: LoadedModel,

@@ -18,6 +18,7 @@ import torch
 
 from .. import engine
 from ..engine.block_sampling import BlockHooks, BlockRows
+from ..generation.layout import LayoutError, lay_out
 from ..generation.text import ChoiceText
 from .events import Emit, TextDelta
 from .generation import Outcome
@@ -25,32 +26,31 @@ from .schema import Limits, Plan, Row, invalid
 from .served import Served
 
 
-def block_length(prefix: int, max_tokens: int, block_size: int) -> int:
-    """Positions a row needs: its prefix and `max_tokens`, rounded up to whole blocks (as
-    `mdlm sample --length` is rounded)."""
-    return -(-(prefix + max_tokens) // block_size) * block_size
-
-
 def block_rows(prompts: list[list[int]], max_tokens: int | None, served: Served,
                limits: Limits, start: list[int] | None = None) -> tuple[list[Row], int]:
-    """One prefix-only `Row` per prompt and the new tokens: `max_tokens`, by default the rest
-    of the training length (one block at least). The blocks go on past that length, up to
+    """One prefix-only `Row` per prompt and the new tokens, each row laid out by the one rule
+    (generation/layout.py: start + prompt + answer, rounded up to whole blocks of L';
+    `max_tokens`, by default what the longest prompt's rule gives: the rest of the training
+    length, one block at least, the same for all). The blocks go on past that length, up to
     `max_semi_ar_windows` training lengths (the positions semi-AR may reach); `start` as
     `prompt_rows`'s."""
-    loaded = served.loaded
-    start = loaded.row_start() if start is None else start
-    block = served.block_size
-    longest = len(start) + max(len(p) for p in prompts)
-    if max_tokens is None:
-        max_tokens = max(loaded.length - longest, block)
-    most = limits.max_semi_ar_windows * loaded.length
-    size = block_length(longest, max_tokens, block)
+    loaded, caps = served.loaded, served.capabilities
+    longest = max(prompts, key=len)
+    try:
+        max_tokens = lay_out(caps, longest, answer=max_tokens, start=start).answer
+        layouts = [lay_out(caps, ids, answer=max_tokens, start=start) for ids in prompts]
+    except LayoutError as e:
+        raise invalid(str(e), e.param, "context_length_exceeded") from None
+    most, size = limits.max_semi_ar_windows * loaded.length, max(r.length for r in layouts)
     if size > most:
-        raise invalid(f"prompt and row start ({longest} tokens) + max_tokens ({max_tokens}) "
-                      f"are {size} positions in blocks of {block}; the server's limit is {most} "
+        raise invalid(f"prompt and row start ({max(r.answer_start for r in layouts)} tokens) + "
+                      f"max_tokens ({max_tokens}) are {size} positions in blocks of "
+                      f"{caps.block_size}; the server's limit is {most} "
                       f"({limits.max_semi_ar_windows} training lengths)", "max_tokens",
                       "context_length_exceeded")
-    rows = [Row(None, start + ids, len(ids), 0, loaded.tokenizer.decode(ids)) for ids in prompts]
+    decode = loaded.tokenizer.decode
+    rows = [Row(None, r.prefix, len(ids), 0, decode(ids), length=r.length)
+            for r, ids in zip(layouts, prompts, strict=True)]
     return rows, max_tokens
 
 
@@ -82,7 +82,7 @@ def run_blocks(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
                 _send(emit, first + j, mine[j].feed(new))
             return all(t.finish_reason is not None for t in mine)
 
-        rows = BlockRows(plan.n, block_length(prefix, plan.max_tokens, plan.block_size),
+        rows = BlockRows(plan.n, row.length,
                          torch.tensor(row.prefix, dtype=torch.long) if prefix else None)
         out = loaded.objective.sample(
             loaded.model, how.with_(steps=how.steps or 1), rows, generator=generator,

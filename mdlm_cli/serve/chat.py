@@ -6,7 +6,6 @@ names); and the chat shapes of choices and stream chunks (`message`, `delta`).""
 
 from __future__ import annotations
 
-from ..data.chat import end_of_turn_ids
 from .completion import check_logprobs, prompt_rows, stop_strings
 from .json_schema import json_request, json_rows
 from .schema import (
@@ -19,6 +18,7 @@ from .schema import (
     get_int,
     get_value,
     invalid,
+    make_plan,
 )
 from .served import Served
 
@@ -107,9 +107,9 @@ def parse_chat(body: dict, served: Served, limits: Limits) -> Plan:
                                        semi_ar=False, start=[])
     else:
         rows, max_tokens, constraint = json_rows(schema, ids, _max_tokens(body), served, start=[])
-    plan = Plan(rows=rows, max_tokens=max_tokens, stop=stop_strings(body),
-                end_ids=tuple(end_of_turn_ids(tok)), constraint=constraint,
-                **common_fields(body, served, limits, "chat"))
+    common = common_fields(body, served, limits, "chat")
+    plan = make_plan(common, rows, constraint=constraint, max_new_tokens=max_tokens,
+                     stop=stop_strings(body), end_ids=served.capabilities.end_of_turn)
     plan.logprobs = _top_logprobs(body, plan, served, limits)
     return plan
 

@@ -3,7 +3,7 @@ infilling, stop strings, echo) and mdlm's semi-AR fields, checked and made into 
 
 from __future__ import annotations
 
-from ..generation.layout import LayoutError, lay_out
+from ..generation.layout import LayoutError, lay_out, lay_out_semi_ar, semi_ar_stride
 from .blocks import block_rows
 from .json_schema import json_request, json_rows
 from .schema import (
@@ -21,6 +21,7 @@ from .schema import (
     get_int,
     get_value,
     invalid,
+    make_plan,
 )
 from .served import Served
 
@@ -66,18 +67,15 @@ def _prompts(body: dict, served: Served, limits: Limits) -> list[list[int]]:
     return out
 
 
-def stop_strings(body: dict) -> list[str]:
+def stop_strings(body: dict) -> tuple[str, ...]:
+    """`stop`: a string or a list of them (the request's `validate` checks them)."""
     stop = body.get("stop")
     if stop is None:
-        return []
+        return ()
     stop = [stop] if isinstance(stop, str) else stop
-    if (
-        not isinstance(stop, list)
-        or not 1 <= len(stop) <= 4
-        or not all(isinstance(s, str) and s for s in stop)
-    ):
+    if not isinstance(stop, list) or not stop:
         raise invalid("stop must be a non-empty string or a list of 1 to 4 of them", "stop")
-    return stop
+    return tuple(stop)
 
 
 def _stride(body: dict, served: Served) -> int | None:
@@ -93,7 +91,7 @@ def _stride(body: dict, served: Served) -> int | None:
         raise invalid(BLOCKS_ONLY.format(what="takes no stride or semi_ar") + "; max_tokens may "
                       "pass its length", "stride" if stride is not None else "semi_ar")
     if stride is None and semi_ar:
-        stride = window // 2
+        stride = semi_ar_stride(served.capabilities, None)
     if stride is not None and served.loaded.objective.causal:
         raise invalid(
             f"semi-AR is for diffusion models; a left-to-right "
@@ -124,7 +122,7 @@ def prompt_rows(
     loaded = served.loaded
     start = loaded.row_start() if start is None else start
     if stride is not None:
-        return _semi_ar_rows(prompts, suffix, max_tokens, served, limits, start)
+        return _semi_ar_rows(prompts, suffix, max_tokens, stride, served, limits, start)
     caps, longest = served.capabilities, max(prompts, key=len)
     try:  # one answer length for all: what the longest prompt leaves, where none is asked
         max_tokens = lay_out(caps, longest, answer=max_tokens, suffix=suffix, start=start).answer
@@ -139,25 +137,27 @@ def prompt_rows(
 
 
 def _semi_ar_rows(prompts: list[list[int]], suffix: list[int], max_tokens: int | None,
-                  served: Served, limits: Limits, start: list[int]) -> tuple[list[Row], int]:
-    """The prefix row of a semi-AR request (MDLM §4.2): one prompt, shorter than the window,
-    up to `max_semi_ar_windows` windows of new tokens (default: one window's worth)."""
+                  stride: int, served: Served, limits: Limits,
+                  start: list[int]) -> tuple[list[Row], int]:
+    """The prefix row of a semi-AR request by the one rule (generation/layout.py's
+    `lay_out_semi_ar`, MDLM §4.2): one prompt, shorter than the window, then `max_tokens`
+    (default: the rest of the window), up to `max_semi_ar_windows` windows in all."""
     window, prompt = served.loaded.length, prompts[0]
     if suffix or len(prompts) > 1:
         raise invalid("semi-AR (stride) takes one prompt and no suffix",
                       "stride" if not suffix else "suffix")
-    if len(start) + len(prompt) >= window:
-        raise invalid(f"a semi-AR prompt must be shorter than the window: "
-                      f"{len(start) + len(prompt)} tokens, window {window}", "prompt",
-                      "context_length_exceeded")
-    room = limits.max_semi_ar_windows * window - len(start) - len(prompt)
-    max_tokens = window - len(start) - len(prompt) if max_tokens is None else max_tokens
-    if max_tokens > room:
-        raise invalid(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
-                      f"semi-AR limit of {room + len(prompt) + len(start)} tokens", "max_tokens",
-                      "context_length_exceeded")
-    row = Row(None, start + prompt, len(prompt), 0, served.loaded.tokenizer.decode(prompt))
-    return [row], max_tokens
+    try:
+        layout = lay_out_semi_ar(served.capabilities, prompt, stride=stride, answer=max_tokens,
+                                 start=start)
+    except LayoutError as e:
+        raise invalid(str(e), e.param, "context_length_exceeded") from None
+    most = limits.max_semi_ar_windows * window
+    if layout.length > most:
+        raise invalid(f"prompt ({len(prompt)} tokens) + max_tokens ({layout.answer}) exceeds the "
+                      f"semi-AR limit of {most} tokens", "max_tokens", "context_length_exceeded")
+    row = Row(None, layout.prefix, len(prompt), 0, served.loaded.tokenizer.decode(prompt),
+              length=layout.length)
+    return [row], layout.answer
 
 
 def _max_tokens(body: dict) -> int | None:
@@ -203,9 +203,9 @@ def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
         if len(prompts) != 1:
             raise invalid("a json_schema response_format takes one prompt", "prompt")
         rows, max_tokens, constraint = json_rows(schema, prompts[0], _max_tokens(body), served)
-        plan = Plan(rows=rows, max_tokens=max_tokens, constraint=constraint,
-                    **common_fields(body, served, limits, "completion"))
-        return check_states(plan)
+        common = common_fields(body, served, limits, "completion")
+        return check_states(make_plan(common, rows, constraint=constraint,
+                                      max_new_tokens=max_tokens))
     suffix_text = get_value(body, "suffix", (str,), "", "a string")
     if suffix_text and served.block_size:
         raise invalid(BLOCKS_ONLY.format(what="cannot infill a suffix"), "suffix")
@@ -219,13 +219,8 @@ def parse_completion(body: dict, served: Served, limits: Limits) -> Plan:
     max_tokens = _max_tokens(body)
     rows, max_tokens = prompt_rows(prompts, suffix, max_tokens, stride, served, limits)
     common = common_fields(body, served, limits, "completion")
-    plan = Plan(
-        rows=rows,
-        max_tokens=max_tokens,
-        stride=stride,
-        stop=stop_strings(body),
-        echo=get_bool(body, "echo"),
-        **common,
-    )
+    plan = make_plan(common, rows, max_new_tokens=max_tokens, stride=stride,
+                     stop=stop_strings(body), echo=get_bool(body, "echo"),
+                     suffix_ids=tuple(suffix))
     plan.logprobs = _logprobs(body, plan, served, limits)
     return check_states(plan)

@@ -194,7 +194,7 @@ def _semi_ar(
     try:
         semi = engine.SemiArPlan(
             plan.num_rows, loaded.length, plan.stride, loaded.mask_id,
-            target_length=len(prefix) + plan.max_tokens,
+            target_length=plan.rows[0].length,
             prompt=torch.tensor(prefix, dtype=torch.long) if prefix else None,
             device=served.device)
         return engine.semi_ar(denoiser, plan=semi, hooks=hooks, **kwargs).stats

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.constraints import Span, SpanConstraint, language_tables
+from ..generation.layout import lay_out
 from .schema import BLOCKS_ONLY, Row, invalid
 
 PAD = "pad"  # the state after a value's end: only spaces follow
@@ -325,10 +326,13 @@ def json_request(body: dict, served) -> tuple[dict | None, dict]:
 
 def json_rows(schema: dict, ids: list[int], max_tokens: int | None,
               served, start: list[int] | None = None) -> tuple[list[Row], int, JsonConstraint]:
-    """The one row of a schema request: row start (or `start`), prompt, the skeleton, EOS to
-    the end of the window; the new tokens (the skeleton's) and the constraint."""
-    loaded = served.loaded
-    prefix = (loaded.row_start() if start is None else start) + ids
+    """The one row of a schema request, laid out by the one rule (generation/layout.py): row
+    start (or `start`) + prompt + the skeleton as the answer + a suffix of EOS to the end of
+    the window (the rows a model trained at L ends in); the new tokens (the skeleton's) and
+    the constraint."""
+    loaded, caps = served.loaded, served.capabilities
+    start = list(caps.row_start) if start is None else start
+    prefix = start + ids
     constraint = JsonConstraint(schema, loaded.tokenizer, len(prefix))
     n = len(constraint.ids)
     if len(prefix) + n > loaded.length:
@@ -338,8 +342,9 @@ def json_rows(schema: dict, ids: list[int], max_tokens: int | None,
     if max_tokens is not None and max_tokens < n:
         raise invalid(f"the schema's JSON takes {n} tokens; max_tokens is {max_tokens}",
                       "max_tokens")
-    fixed = torch.full((loaded.length,), loaded.tokenizer.eos_id, dtype=torch.long)
-    fixed[: len(prefix)] = torch.tensor(prefix, dtype=torch.long)
-    fixed[len(prefix) : len(prefix) + n] = torch.tensor(constraint.ids, dtype=torch.long)
-    row = Row(fixed, prefix, len(ids), 0, loaded.tokenizer.decode(ids))
+    eos = [loaded.tokenizer.eos_id] * (loaded.length - len(prefix) - n)
+    layout = lay_out(caps, ids, answer=n, suffix=eos, start=start)
+    fixed = layout.template(loaded.mask_id)
+    fixed[layout.answer_start : layout.answer_start + n] = torch.tensor(constraint.ids)
+    row = Row(fixed, layout.prefix, len(ids), 0, loaded.tokenizer.decode(ids))
     return [row], n, constraint

@@ -7,7 +7,7 @@ Every mistake is an `ApiError` (OpenAI's error shape, 4xx); nothing in a request
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ import torch
 from ..engine.sampling import SamplerSpec, get_sampler, option_names
 from ..engine.settings import SamplingSettings, SettingsError
 from ..errors import MdlmError
+from ..generation.request import GenerationRequest, RequestError
 from ..sample.generate import template
 from .served import Served
 
@@ -137,6 +138,7 @@ class Row:
     n_prompt: int  # prompt tokens (without the row start)
     n_suffix: int = 0
     echo: str = ""  # the prompt's text, for echo
+    length: int = 0  # a prefix-only row's positions (bd3lm: generation/layout.py's rounded row)
 
 
 @dataclass
@@ -144,21 +146,50 @@ class Plan:
     """What one request runs: a sampler on every (prompt, choice) row with its own generator."""
 
     endpoint: str  # completion | infill | chat
-    settings: SamplingSettings  # checked, with the sampler that runs (a fallback's name)
-    seed: int
-    n: int
+    # what the body asks, validated once (generation/request.py): the settings (with the
+    # sampler that runs, a fallback's name), seed, n, the answer's length as the row rule
+    # resolved it, stops, the end of a turn, echo, stride and suffix
+    request: GenerationRequest
     rows: list[Row]
-    max_tokens: int
-    stride: int | None = None  # semi-AR
-    stop: list[str] = field(default_factory=list)
-    echo: bool = False
     stream: bool = False
     states: bool = False
     include_usage: bool = False
     logprobs: int | None = None  # alternatives per token, None = no log-probabilities
-    end_ids: tuple[int, ...] = ()  # chat: the tokens that end the turn (EOS included)
     constraint: Any = None  # a `JsonConstraint` (json_schema.py): the rows' skeleton
     block_size: int = 0  # L' of a bd3lm model: generated block by block (serve/blocks.py)
+
+    # what the worker and the responses read of the request
+    @property
+    def settings(self) -> SamplingSettings:
+        return self.request.settings
+
+    @property
+    def seed(self) -> int:
+        return self.request.seed
+
+    @property
+    def n(self) -> int:
+        return self.request.num_samples
+
+    @property
+    def max_tokens(self) -> int:
+        return self.request.max_new_tokens
+
+    @property
+    def stride(self) -> int | None:
+        return self.request.stride
+
+    @property
+    def stop(self) -> list[str]:
+        return list(self.request.stop)
+
+    @property
+    def echo(self) -> bool:
+        return self.request.echo
+
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        return self.request.end_ids
 
     @property
     def num_rows(self) -> int:
@@ -294,16 +325,29 @@ def common_fields(body: dict, served: Served, limits: Limits, endpoint: str) -> 
     if set(stream_options) - {"include_usage"}:
         raise invalid("stream_options takes only include_usage", "stream_options")
     seed = get_int(body, "seed", 0, 2**63 - 1, None)
+    request = GenerationRequest(settings, num_samples=get_int(body, "n", 1, limits.max_n, 1),
+                                seed=secrets.randbits(63) if seed is None else seed)
     return dict(
         endpoint=endpoint,
-        settings=settings,
-        seed=secrets.randbits(63) if seed is None else seed,
-        n=get_int(body, "n", 1, limits.max_n, 1),
+        request=request,
         stream=stream,
         states=get_bool(body, "stream_states"),
         include_usage=get_bool(stream_options, "include_usage"),
         block_size=served.block_size,
     )
+
+
+def make_plan(common: dict, rows: list[Row], *, constraint: Any = None, **asked: Any) -> Plan:
+    """The plan of `common_fields` and the rows laid out, its request given the fields the
+    endpoint asks (`max_new_tokens` resolved by the row rule, `stop`, ...) and validated
+    once (`GenerationRequest.validate`; a broken rule is a 400 naming its field)."""
+    try:
+        request = common["request"].with_(**asked).validate()
+    except RequestError as e:
+        raise invalid(str(e), e.param) from None
+    except MdlmError as e:
+        raise invalid(str(e)) from None
+    return Plan(**{**common, "request": request}, rows=rows, constraint=constraint)
 
 
 def check_states(plan: Plan) -> Plan:
@@ -345,10 +389,6 @@ def parse_infill(body: dict, served: Served, limits: Limits) -> Plan:
     start = len(loaded.row_start())
     n_fixed = int((fixed[start:] != loaded.mask_id).sum())
     row = Row(fixed, fixed[:start].tolist(), n_fixed)
-    return check_states(
-        Plan(
-            rows=[row],
-            max_tokens=int((fixed == loaded.mask_id).sum()),
-            **common_fields(body, served, limits, "infill"),
-        )
-    )
+    common = common_fields(body, served, limits, "infill")
+    return check_states(make_plan(common, [row],
+                                  max_new_tokens=int((fixed == loaded.mask_id).sum())))

@@ -90,3 +90,17 @@ def test_eval_ppl_of_block_size_1_is_an_exact_nll_whose_first_token_has_no_conte
     report = " ".join(invoke("eval-ppl", "-c", out, "--split", "valid", "--rows", "8").split())
     assert "exact likelihood of the bd3lm model" in report
     assert "the first from no context" in report and "given BOS" not in report
+
+
+def test_a_prompt_near_the_training_length_gets_one_block_at_least(bd3_run, tmp_path):
+    """The one rule's default answer for a block model (generation/layout.py): the rest of the
+    training length, one block at least. A 30-token prompt of a 32-token run gets a block (8):
+    38 positions, rounded up to 40. (Before, `mdlm sample` kept such a row at 32 positions,
+    2 of them free, and refused a prompt past 32 tokens; the server gave one block.)"""
+    for prompt, row in (("x" * 30, 40), ("x" * 40, 48), ("the ", 32)):
+        out = tmp_path / f"{len(prompt)}.jsonl"
+        invoke("sample", "-c", bd3_run, "--prompt", prompt, "-n", "2", "--no-stop-at-eos",
+               "--out", out, "--quiet")
+        got = records(out)
+        assert {r["max_length"] for r in got} == {row}
+        assert all(len(r["tokens"]) == row for r in got)

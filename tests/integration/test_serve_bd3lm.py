@@ -268,3 +268,26 @@ def test_mdlm_serve_of_a_bd3lm_run_streams_to_the_openai_client_and_the_page(bd3
         assert "first-hitting" in status and "seed 2" in status and text.strip()
     finally:
         stop_server(proc)
+
+
+@pytest.mark.parametrize("prompt, max_tokens", [("the ", 99), ("the ", None), ("x" * 30, None),
+                                                (["a", "the  cat"], 13)])
+def test_each_rows_positions_are_the_one_rules(bd3_run, prompt, max_tokens):
+    """A completion's rows are generation/layout.py's (rounded up to whole blocks); without
+    max_tokens, the rest of the training length after the longest prompt, one block at
+    least (30 tokens of 32: one block, 38 positions rounded up to 40)."""
+    from mdlm_cli.generation.layout import lay_out
+
+    served = served_from(bd3_run)
+    body = {"prompt": prompt, "seed": 0, **({} if max_tokens is None else
+                                            {"max_tokens": max_tokens})}
+    plan = parse_completion(body, served, Limits())
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    ids = [served.loaded.tokenizer.encode(p) for p in prompts]
+    caps = served.capabilities
+    asked = lay_out(caps, max(ids, key=len), answer=max_tokens).answer
+    assert plan.max_tokens == asked
+    assert [r.length for r in plan.rows] == [lay_out(caps, i, answer=asked).length for i in ids]
+    assert all(r.length % BLOCK == 0 for r in plan.rows)
+    if prompt == "x" * 30:
+        assert plan.max_tokens == BLOCK and plan.rows[0].length == 40

@@ -364,3 +364,30 @@ def test_a_task_may_take_its_own_number_of_passes():
     assert lm.mc_samples == 6  # the default back once the call is done
     with pytest.raises(MdlmError, match="task_mc_samples expects task=K"):
         MdlmLM(ModelArgs(task_mc_samples="mmlu:1"), loaded=loaded_model("mdlm"))
+
+
+@pytest.mark.parametrize("max_gen", [6, 40])
+def test_generate_after_lays_its_row_out_by_the_one_rule(max_gen, monkeypatch):
+    """One window: the row start, the context and max_gen masks (lay_out); past it, the
+    semi-AR row (lay_out_semi_ar): the engine gets the rule's row."""
+    from mdlm_cli.generation.capabilities import capabilities_of
+    from mdlm_cli.generation.layout import lay_out, lay_out_semi_ar
+
+    loaded = loaded_model("mdlm")
+    seen = {}
+    real_sample, real_semi = engine.sample, engine.semi_ar
+    monkeypatch.setattr(engine, "sample", lambda *a, **k: seen.setdefault("one", k) and
+                        real_sample(*a, **k))
+    monkeypatch.setattr(engine, "semi_ar", lambda *a, **k: seen.setdefault("semi", k) and
+                        real_semi(*a, **k))
+    context = ids("it was the")
+    generate_after(loaded, context, max_gen=max_gen,
+                   settings=GenerationSettings(engine.SamplingSettings("first-hitting"), stride=8))
+    caps = capabilities_of(loaded)
+    if max_gen + len(context) + len(caps.row_start) <= loaded.length:
+        rule = lay_out(caps, context, answer=max_gen)
+        assert seen["one"]["prompt"].tolist() == rule.template(loaded.mask_id).tolist()
+    else:
+        rule = lay_out_semi_ar(caps, context, stride=8, answer=max_gen)
+        assert seen["semi"]["target_length"] == rule.length
+        assert seen["semi"]["prompt"].tolist() == rule.prefix

@@ -416,3 +416,41 @@ def test_only_loopback_addresses_count_as_loopback():
 
     assert all(map(is_loopback, ("127.0.0.1", "localhost", "::1", "127.0.0.2")))
     assert not any(map(is_loopback, ("0.0.0.0", "192.168.1.4", "example.org", "::")))
+
+
+@pytest.mark.parametrize("body", [{"stride": 8, "max_tokens": 100}, {"semi_ar": True},
+                                  {"stride": 4, "max_tokens": 5}])
+def test_a_semi_ar_requests_row_is_the_one_rules(body):
+    """The server's semi-AR row (prompt_rows) is generation/layout.py's: the window, then
+    stride-sized extensions; without max_tokens the rest of the window; stride by default
+    half of it."""
+    from mdlm_cli.generation.layout import lay_out_semi_ar
+
+    served = served_model("mdlm")
+    plan = parse_completion({"prompt": "xy", **body}, served, Limits())
+    rule = lay_out_semi_ar(served.capabilities, TOK.encode("xy"), stride=body.get("stride"),
+                           answer=body.get("max_tokens"))
+    assert (plan.rows[0].length, plan.max_tokens, plan.stride) == (rule.length, rule.answer,
+                                                                   rule.stride)
+    assert plan.rows[0].prefix == rule.prefix
+
+
+def test_the_http_body_becomes_one_generation_request_validated_once():
+    """The plan holds the request the body makes (generation/request.py's type, as `mdlm
+    sample`'s): n, seed, the answer as the row rule resolved it, stops, echo, stride and
+    suffix; a broken rule of the request is a 400 naming its field."""
+    from mdlm_cli.generation.request import GenerationRequest
+
+    served = served_model("mdlm")
+    plan = parse_completion({"prompt": "ab", "n": 3, "seed": 7, "stop": ["x", "yz"],
+                             "echo": True, "suffix": "cd", "max_tokens": 5}, served, Limits())
+    request = plan.request
+    assert isinstance(request, GenerationRequest) and request.settings is plan.settings
+    assert (request.num_samples, request.seed, request.max_new_tokens) == (3, 7, 5)
+    assert request.stop == ("x", "yz") and request.echo and request.suffix_ids == tuple(
+        TOK.encode("cd"))
+    semi = parse_completion({"prompt": "ab", "semi_ar": True}, served, Limits()).request
+    assert semi.stride == 16 and semi.max_new_tokens == 32 - len(served.capabilities.row_start) - 2
+    with pytest.raises(ApiError) as e:
+        parse_completion({"prompt": "ab", "stop": ["a", "b", "c", "d", "e"]}, served, Limits())
+    assert e.value.param == "stop" and "1 to 4" in e.value.message

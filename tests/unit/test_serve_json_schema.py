@@ -328,3 +328,23 @@ def test_a_bpe_vocabulary_writes_valid_json_too(tmp_path):
     out = run_plan(plan, served, served.denoiser, lambda ev: None)
     for choice in out.choices:
         assert valid(json.loads(choice["text"]), schema), choice["text"]
+
+
+def test_a_schema_row_is_the_one_rules_with_eos_to_the_window():
+    """json_rows lays its row out by generation/layout.py: the row start, the prompt, the
+    skeleton as the answer, EOS to the end of the window as the suffix."""
+    from mdlm_cli.generation.layout import lay_out
+    from mdlm_cli.serve.json_schema import json_rows
+
+    served = json_served()
+    tok, ids = served.loaded.tokenizer, served.loaded.tokenizer.encode("name: ")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    [row], n, constraint = json_rows(schema, ids, None, served)
+    start = list(served.capabilities.row_start)
+    rest = served.loaded.length - len(start) - len(ids) - n
+    rule = lay_out(served.capabilities, ids, answer=n, suffix=[tok.eos_id] * rest)
+    assert len(row.template) == rule.length == served.loaded.length
+    assert row.prefix == rule.prefix and n == len(constraint.ids)
+    at = rule.answer_start
+    assert row.template[at : at + n].tolist() == constraint.ids
+    assert row.template[at + n :].tolist() == [tok.eos_id] * rest

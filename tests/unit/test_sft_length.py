@@ -193,3 +193,18 @@ def test_eval_ppl_of_a_model_before_fine_tuning_on_the_held_out_responses(toy_ru
     assert res.exit_code == 0, res.output
     valid = json.loads((tmp_path / "e.json").read_text())["results"][0]
     assert valid["kind"] == "exact" and valid["tokens"] == result.final_valid.tokens == 3 * 8
+
+
+def test_semi_ar_rows_are_the_one_rules(toy_run, tmp_path):
+    """`mdlm semi-ar`'s rows (generation/layout.py's semi-AR rule): the row start, the prompt
+    and --max-new-tokens, else --length in all (default two windows). Without a prompt the
+    row has no row start, so --max-new-tokens N keeps N tokens (it kept one more, counting
+    a row start that was never there)."""
+    run, _ = toy_run
+    out = tmp_path / "s.jsonl"
+    for flags, tokens in ((["--prompt", "c", "--max-new-tokens", "13"], 2 + 13),
+                          (["--max-new-tokens", "13"], 13), (["--length", "21"], 21), ([], 20)):
+        res = CliRunner().invoke(app, ["semi-ar", "--checkpoint", str(run), "--stride", "4",
+                                       "--no-stop-at-eos", "-n", "1", "--out", str(out), *flags])
+        assert res.exit_code == 0, res.output
+        assert len(json.loads(out.read_text())["tokens"]) == tokens, flags

@@ -12,6 +12,8 @@ import torch
 from ... import engine
 from ...checkpoints.folder import LoadedModel
 from ...errors import MdlmError
+from ...generation.capabilities import capabilities_of
+from ...generation.layout import lay_out, lay_out_semi_ar
 from ...runtime import derive_seed, generator
 
 
@@ -30,7 +32,9 @@ class GenerationSettings:
 
 def generation_plan(start: int, context: int, max_gen: int, length: int, *, causal: bool,
                     stride: int) -> tuple[int, int]:
-    """(context tokens kept, tokens generated), `start` being the row start's length. Within
+    """(context tokens kept, tokens generated), `start` being the row start's length; the row
+    itself is the one rule's (generation/layout.py: `lay_out`, past the window
+    `lay_out_semi_ar`). Within
     one window the context is truncated from the left to leave room for `max_gen` new tokens
     (as the harness's HF models do). Past the window a diffusion model generates
     semi-autoregressively (the context then fills at most the first window's L - L'); a
@@ -70,7 +74,8 @@ def generate_after(
     keep, gen = generation_plan(
         len(start), len(context), max_gen, length, causal=loaded.objective.causal, stride=stride
     )
-    prompt = torch.tensor(start + context[len(context) - keep:], dtype=torch.long)
+    if gen < 1:
+        return []
     how = settings.how.with_(**(drawing or {}))
     options = {
         "mask_id": mask_id,
@@ -81,22 +86,25 @@ def generate_after(
         ),
     }
     denoiser = loaded.denoiser(settings.dtype)
-    if len(prompt) + gen <= length:
-        row = torch.cat([prompt, torch.full((gen,), mask_id, dtype=torch.long)])
-        tokens = engine.sample(denoiser, how, num_samples=1, length=len(row), prompt=row,
-                               **options)[0]
-    else:
+    caps = capabilities_of(loaded, denoiser)
+    kept = context[len(context) - keep:]
+    if len(start) + keep + gen <= length:  # one window: the one rule's row
+        row = lay_out(caps, kept, answer=gen, start=start)
+        tokens = engine.sample(denoiser, how, num_samples=1, length=row.length,
+                               prompt=row.template(mask_id), **options)[0]
+    else:  # the one rule's semi-AR row: the window, then extensions of `stride`
+        row = lay_out_semi_ar(caps, kept, stride=stride, answer=gen, start=start)
         tokens = engine.semi_ar(
             denoiser,
             how,
             num_samples=1,
-            window=length,
-            stride=stride,
-            prompt=prompt,
-            target_length=len(prompt) + gen,
+            window=row.window,
+            stride=row.stride,
+            prompt=torch.tensor(row.prefix, dtype=torch.long),
+            target_length=row.length,
             **options,
         ).tokens[0]
-    return tokens[len(prompt):].tolist()
+    return tokens[row.answer_start:].tolist()
 
 
 def cut_generation(tokenizer, tokens: list[int], until: list[str],
