@@ -22,8 +22,8 @@ prompts, and trains a fresh LoRA adapter on the clipped-ratio loss with a k3 KL 
 (the adapter switched off). The adapter is written in peft's format to OUT/adapter: use it
 with --adapter on any command.
 
---preset NAME takes a shipped configuration (presets/rl/: d1-gsm8k is d1's LLaDA-8B-Instruct
-GSM8K run) as the defaults; flags given still win. --dry-run prints what would run.
+A --preset (presets/rl/*.yaml; d1-gsm8k is d1's LLaDA-8B-Instruct GSM8K run) gives the
+defaults; flags given still win. --dry-run prints what would run.
 
 [dim]Examples:[/]
   mdlm rl --preset d1-gsm8k --out runs/d1-gsm8k --dry-run
