@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +43,27 @@ def held_out_exact(checkpoint: Path, held: Path, adapter: Path | None, rows: int
                            load_reward(["exact"]), settings)
 
 
+def cpu_name() -> str:
+    """The CPU's model name and whether it has AMX / AVX512-BF16 (lscpu's), for the record."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), platform.machine())
+    flags = [f for f in ("amx_bf16", "avx512_bf16") if f in info]
+    return f"{name} ({', '.join(flags) or 'no bf16 extensions'}), {os.cpu_count()} cores"
+
+
+def rl_summary(out: Path) -> dict:
+    """An RL row's steps, seconds and its KL: the mean of the last 50 steps, and the largest."""
+    summary = json.loads((out / "rl.json").read_text())
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    kl = [r["kl"] for r in steps if "kl" in r]
+    return {"steps": summary["steps"], "seconds": round(summary["seconds"], 1),
+            "kl_last_50": sum(kl[-50:]) / max(len(kl[-50:]), 1), "kl_max": max(kl, default=0.0)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes-sft", type=float, default=4.0)
@@ -55,6 +78,7 @@ def main() -> None:
     from mdlm_cli.rl.tasks import AdditionTask, write_addition_task
 
     work = ROOT / args.work
+    load, runs = os.getloadavg()[0], {}
     files = write_addition_task(AdditionTask(max_digits=2, train=2000, held_out=args.rows,
                                              seed=0), work / "data")
     train = ["train", "--preset", "rl-addition", "--no-print-config",
@@ -73,18 +97,20 @@ def main() -> None:
                                      ("d1-p0", "d1", ["--estimator-option", "p_mask_prompt=0"]),
                                      ("coupled", "coupled", [])):
         out = work / f"rl-{name}"
+        shutil.rmtree(out, ignore_errors=True)  # an RL row is always run again
         mdlm("rl", "-c", sft, "--data", files["train"], "--held-out", files["held_out"],
              "--out", out, "--estimator", estimator, *options, "--minutes", args.minutes,
              "--max-steps", 100000, "--eval-every", 100000, "--eval-rows", 32, "--lr", args.lr,
              "--group", 6, "--prompts", 4, "--iterations", 2, "--seed", 0, *SAMPLING)
         rows[f"rl {name}"] = held_out_exact(sft, files["held_out"], out / "adapter",
                                                  args.rows)
+        runs[f"rl {name}"] = rl_summary(out)
     import torch
 
-    record = {"command": " ".join(sys.argv), "cpu": platform.processor() or platform.machine(),
+    record = {"command": " ".join(sys.argv), "cpu": cpu_name(), "load_at_start": load,
               "torch": torch.__version__, "minutes_sft": args.minutes_sft,
               "minutes": args.minutes, "held_out_rows": args.rows, "rl_lr": args.lr,
-              "exact_match": rows}
+              "exact_match": rows, "rl_runs": runs}
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     for name, value in rows.items():
         print(f"{name:14s} {100 * value:5.1f}%")
