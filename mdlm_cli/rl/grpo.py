@@ -18,6 +18,7 @@ named and tested, and TRL need not be a dependency.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -91,12 +92,16 @@ class GrpoStats:
     tokens: int  # scored tokens in the batch
 
 
-def scored_through_eos(tokens: Tensor, completion: Tensor, eos_id: int) -> Tensor:
+def scored_through_eos(tokens: Tensor, completion: Tensor,
+                       eos_id: int | Sequence[int]) -> Tensor:
     """(B, L) bool: the completion up to and including its first EOS (all of it without one):
     d1's and DiffuCoder's `completion_mask` ("mask everything after the first EOS token"), the
-    EOS itself scored so the policy learns where to stop."""
+    EOS itself scored so the policy learns where to stop. `eos_id`: an id, or the ids that each
+    end a completion (EOS and a chat model's end of turn)."""
     completion = completion.bool()
-    eos = completion & (tokens == eos_id)
+    ids = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id),
+                       device=tokens.device)
+    eos = completion & torch.isin(tokens, ids)  # any of the ids ends it (a chat turn's end)
     seen_before = (torch.cumsum(eos.int(), dim=1) - eos.int()) > 0  # an EOS earlier in the row
     return completion & ~seen_before
 

@@ -26,11 +26,12 @@ from torch import Tensor
 from ..config import LoraConfig
 from ..errors import MdlmError
 from ..models.lora import adapters_off, add_lora, prepare_base, trainable, write_adapter
+from ..runtime import derive_seed
 from .estimators import denoiser_logits, estimate, estimator_options, iteration_seeds
 from .grpo import GrpoTerms, group_advantages, grpo_loss, scored_through_eos
 from .rewards import load_reward
 from .rollouts import Policy, completions_text, fill_template, read_prompts, rollouts
-from .run_state import RunState, check_out, restore_state, save_state, settings_record
+from .run_state import RunState, check_out, restore_state, run_record, save_state, settings_record
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def prepare_group(policy: Policy, tokens: Tensor, start: int, advantages: Tensor
                   settings: RLSettings, seeds: list[int]) -> Group:
     completion = torch.zeros_like(tokens, dtype=torch.bool)
     completion[:, start:] = True
-    scored = scored_through_eos(tokens, completion, policy.loaded.tokenizer.eos_id)
+    scored = scored_through_eos(tokens, completion, policy.end_ids)
     group = Group(tokens, completion, scored, advantages, [], [])
     model = policy.loaded.model
     model.eval()  # dropout off: the three policies see the same network
@@ -127,7 +128,7 @@ def held_out_reward(policy: Policy, held: list[tuple[list[int], dict]], reward,
     scores, rows = [], held[: settings.eval_rows]
     drawn = rollouts(policy, [ids for ids, _ in rows], 1, settings.answer_tokens, settings.seed)
     for (ids, fields), tokens in zip(rows, drawn, strict=True):
-        text = completions_text(policy.loaded, tokens, len(ids))
+        text = completions_text(policy, tokens, len(ids))
         scores += reward([fields.get("prompt", "")], text,
                          **{k: [v] for k, v in fields.items()})
     return sum(scores) / len(scores)
@@ -154,7 +155,7 @@ def step(policy: Policy, optimizer, batch: list[tuple[list[int], dict]], reward,
     drawn = rollouts(policy, [ids for ids, _ in batch], g, settings.answer_tokens, seed)
     for (ids, fields), tokens in zip(batch, drawn, strict=True):
         start = len(ids)
-        text = completions_text(loaded, tokens, start)
+        text = completions_text(policy, tokens, start)
         values = reward([fields.get("prompt", "")] * g, text,
                         **{k: [v] * g for k, v in fields.items()})
         r = torch.tensor(values, dtype=torch.float32)
@@ -164,6 +165,9 @@ def step(policy: Policy, optimizer, batch: list[tuple[list[int], dict]], reward,
     stats = []
     loaded.model.train()
     for i, s in enumerate(seeds):
+        # dropout's draws (the adapter's, the model's) from a stream of the step and iteration:
+        # a resumed run draws what the uninterrupted one drew
+        torch.manual_seed(derive_seed(settings.seed, "rl-dropout", seed, i))
         for group in groups:
             new = logp(policy, group, settings, s)
             loss, st = grpo_loss(new, group.old[i], group.ref[i], group.advantages,
@@ -199,7 +203,9 @@ def train_rl(policy: Policy, settings: RLSettings, checkpoint: str,
     reward = load_reward(list(settings.reward))
     optimizer = adapt_policy(policy, settings, checkpoint)
     out.mkdir(parents=True, exist_ok=True)
-    state = restore_state(out, policy.loaded.model, optimizer, settings) if resume else RunState()
+    run = run_record(settings, checkpoint, policy.sampling)
+    state = (restore_state(out, policy.loaded.model, optimizer, run, settings.eval_every)
+             if resume else RunState())
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(settings.seed))
     t0 = time.perf_counter() - state.elapsed_s
     with (out / "metrics.jsonl").open("a" if resume else "w") as log:
@@ -231,20 +237,19 @@ def train_rl(policy: Policy, settings: RLSettings, checkpoint: str,
             if state.step % settings.eval_every == 0 and state.step < settings.max_steps:
                 evaluate(state.step)
             if state.step % settings.save_every == 0:
-                save_state(out, policy.loaded.model, optimizer, state, settings)
+                save_state(out, policy.loaded.model, optimizer, state, run)
         if not state.evals or state.evals[-1]["step"] != state.step:
             evaluate(state.step)
-    return finish(policy, optimizer, settings, checkpoint, state)
+    return finish(policy, optimizer, settings, run, state)
 
 
-def finish(policy: Policy, optimizer, settings: RLSettings, checkpoint: str,
-           state: RunState) -> dict:
+def finish(policy: Policy, optimizer, settings: RLSettings, run: dict, state: RunState) -> dict:
     """The final adapter, the saved state and rl.json; returns rl.json's record."""
     out = settings.out
-    save_state(out, policy.loaded.model, optimizer, state, settings)
+    save_state(out, policy.loaded.model, optimizer, state, run)
     (out / "adapter").mkdir(exist_ok=True)
     write_adapter(policy.loaded.model, out / "adapter")
-    summary = {"checkpoint": checkpoint, "steps": state.step, "seconds": state.elapsed_s,
+    summary = {"checkpoint": run["checkpoint"], "steps": state.step, "seconds": state.elapsed_s,
                "held_out": state.evals, "settings": settings_record(settings)}
     (out / "rl.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary

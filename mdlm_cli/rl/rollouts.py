@@ -5,6 +5,7 @@ sampler), the prompts of one length batched into one call."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -27,6 +28,15 @@ class Policy:
     rt: object
     sampling: SamplingSettings
 
+    @cached_property
+    def end_ids(self) -> tuple[int, ...]:
+        """The ids that end a completion: EOS, and a chat model's end of turn (the generation
+        layer's `Capabilities.end_of_turn`): nothing after them is scored or rewarded."""
+        return capabilities_of(self.loaded).end_of_turn
+
+
+RESERVED_FIELDS = ("prompts", "completions")  # the reward function's own arguments
+
 
 def fill_template(template: str, prompt: str) -> str:
     """`template` with the example's prompt at `{prompt}` (its only field)."""
@@ -45,6 +55,10 @@ def read_prompts(source: str, tokenizer, template: str = "{prompt}"
     examples = example_source(source).all_examples()
     if not examples:
         raise MdlmError(f"{source} holds no examples")
+    taken = sorted(set(examples[0]) & set(RESERVED_FIELDS))
+    if taken:
+        raise MdlmError(f"{source}: a field named {taken[0]!r} clashes with the reward "
+                        "function's own argument; rename it in the data")
     out = []
     for e in examples:
         shown = e if "messages" in e else {**e, "prompt": fill_template(template, e["prompt"])}
@@ -82,9 +96,10 @@ def rollouts(policy: Policy, prompts: list[list[int]], rows: int, answer: int, s
     return out
 
 
-def completions_text(loaded, tokens: Tensor, start: int) -> list[str]:
+def completions_text(policy: Policy, tokens: Tensor, start: int) -> list[str]:
+    """Each row's completion as text, cut at its first end id (`Policy.end_ids`)."""
     out = []
     for row in tokens.tolist():
-        kept, length, _ = cut_at_eos(row, start, loaded.tokenizer.eos_id)
-        out.append(loaded.tokenizer.decode(kept[start:]))
+        kept, _, _ = cut_at_eos(row, start, policy.end_ids)
+        out.append(policy.loaded.tokenizer.decode(kept[start:]))
     return out

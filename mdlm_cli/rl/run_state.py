@@ -56,8 +56,15 @@ def check_out(out: Path, resume: bool) -> None:
                         "another --out")
 
 
+def run_record(settings, checkpoint: str, sampling) -> dict:
+    """What a resumed run must share with the saved one: its settings (`MAY_CHANGE` aside), the
+    checkpoint it adapts and the rollouts' sampling settings."""
+    return {**settings_record(settings), "checkpoint": str(checkpoint),
+            "sampling": json.loads(json.dumps(asdict(sampling), default=str))}
+
+
 def save_state(out: Path, model, optimizer: torch.optim.Optimizer, state: RunState,
-               settings) -> None:
+               run: dict) -> None:
     """OUT/resume as the module says, written beside and swapped in."""
     final = out / RESUME
     tmp = temporary(final)
@@ -66,16 +73,19 @@ def save_state(out: Path, model, optimizer: torch.optim.Optimizer, state: RunSta
         (tmp / "adapter").mkdir(parents=True)
         write_adapter(model, tmp / "adapter")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        record = {"state": asdict(state), "settings": settings_record(settings)}
+        record = {"state": asdict(state), "settings": run}
         (tmp / "state.json").write_text(json.dumps(record, indent=2) + "\n")
         swap_folder(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def restore_state(out: Path, model, optimizer: torch.optim.Optimizer, settings) -> RunState:
+def restore_state(out: Path, model, optimizer: torch.optim.Optimizer, run: dict,
+                  eval_every: int) -> RunState:
     """The saved adapter and optimizer into `model` and `optimizer`; the state to go on from.
-    Settings that differ from the saved run's (but for `MAY_CHANGE`) are refused."""
+    A `run_record` that differs from the saved run's (but for `MAY_CHANGE`) is refused. The
+    held-out score a session wrote as it stopped, off the `eval_every` cadence, is dropped:
+    the uninterrupted run has none there."""
     folder = out / RESUME
     try:
         record = json.loads((folder / "state.json").read_text())
@@ -83,28 +93,39 @@ def restore_state(out: Path, model, optimizer: torch.optim.Optimizer, settings) 
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise MdlmError(f"--resume: {folder / 'state.json'} is unreadable ({e}); run without "
                         "--resume into another --out") from None
-    saved, now = record.get("settings", {}), settings_record(settings)
+    saved, now = record.get("settings", {}), run
     changed = [k for k in now if k not in MAY_CHANGE and saved.get(k) != now[k]]
     if changed:
         k = changed[0]
         raise MdlmError(f"--resume: {k} was {saved.get(k)!r} in this run, now {now[k]!r}; "
-                        "resume with the run's settings (only "
-                        f"{', '.join(MAY_CHANGE[:-1])} may change)")
+                        "resume with the run's checkpoint, settings and sampling flags (only "
+                        "--max-steps, --minutes, --eval-every, --eval-rows and --save-every "
+                        "may change)")
     put_adapter_tensors(model, folder / "adapter")
     try:
         optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu",
                                              weights_only=True))
     except (OSError, RuntimeError, ValueError, KeyError) as e:
         raise MdlmError(f"--resume: {folder / 'optimizer.pt'} cannot be restored ({e})") from None
-    keep_log_until(out / "metrics.jsonl", state.step)
+    final = bool(state.evals) and state.evals[-1]["step"] == state.step
+    if final and state.step % eval_every:
+        state.evals.pop()
+    keep_log_until(out / "metrics.jsonl", state.step,
+                   drop_eval=final and state.step % eval_every != 0)
     return state
 
 
-def keep_log_until(log: Path, step: int) -> None:
-    """metrics.jsonl without the records of steps after `step` (those the resumed run
-    takes again)."""
+def keep_log_until(log: Path, step: int, drop_eval: bool = False) -> None:
+    """metrics.jsonl without the records of steps after `step` (those the resumed run takes
+    again), and with `drop_eval` without the held-out score at `step`."""
     if not log.is_file():
         return
-    kept = [line for line in log.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step]
+    kept = []
+    for line in log.read_text().splitlines():
+        record = json.loads(line) if line.strip() else None
+        if record is None or record.get("step", 0) > step:
+            continue
+        if drop_eval and record.get("step") == step and "held_out_reward" in record:
+            continue
+        kept.append(line)
     log.write_text("".join(line + "\n" for line in kept))

@@ -112,6 +112,10 @@ def test_bad_presets_templates_and_quantization_are_one_line(trained_runs, task,
         *rl_args(base, task, tmp_path / "o", "--prompt-template", "no field"))
     assert "no other field" in one_line_error(
         *rl_args(base, task, tmp_path / "o", "--prompt-template", "{prompt} {x}"))
+    clash = tmp_path / "clash.jsonl"
+    clash.write_text(json.dumps({"prompt": "a", "response": "b", "completions": 1}) + "\n")
+    assert "a field named 'completions' clashes" in one_line_error(
+        *rl_args(base, {**task, "train": clash}, tmp_path / "o"))
     assert "--lora-quantize must be one of" in one_line_error(
         *rl_args(base, task, tmp_path / "o", "--lora-quantize", "8bit"))
     if not torch.cuda.is_available():
@@ -153,7 +157,8 @@ def test_a_resumed_rl_run_takes_the_steps_an_uninterrupted_one_takes(trained_run
     from safetensors.torch import load_file
 
     _, base = trained_runs
-    more = ("--reward", FIRST_HALF, "--lr", "0.05", "--save-every", "2", "--eval-every", "100")
+    more = ("--reward", FIRST_HALF, "--lr", "0.05", "--save-every", "2", "--eval-every", "3",
+            "--lora-dropout", "0.2")  # dropout's draws must be the uninterrupted run's too
     whole, split = tmp_path / "whole", tmp_path / "split"
     invoke(*rl_args(base, task, whole, "--max-steps", "4", *more))
     invoke(*rl_args(base, task, split, "--max-steps", "2", *more))
@@ -161,15 +166,19 @@ def test_a_resumed_rl_run_takes_the_steps_an_uninterrupted_one_takes(trained_run
         *rl_args(base, task, split, "--max-steps", "4", *more))
     assert "--resume: group was 4 in this run, now 3" in one_line_error(
         *rl_args(base, task, split, "--max-steps", "4", *more, "--resume", "--group", "3"))
+    assert "--resume: sampling was" in one_line_error(
+        *rl_args(base, task, split, "--max-steps", "4", *more, "--resume", "--temperature", "0.5"))
     invoke(*rl_args(base, task, split, "--max-steps", "4", *more, "--resume"))
 
-    def steps(folder):
-        records = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
-        return [(r["step"], r["reward_mean"], r["kl"], r["clip_fraction"]) for r in records
-                if "reward_mean" in r]
+    def records(folder):  # every record but the clock's
+        lines = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k not in ("elapsed_s", "tokens_per_s")}
+                for r in lines]
 
-    assert [s[0] for s in steps(split)] == [1, 2, 3, 4]
-    for got, want in zip(steps(split), steps(whole), strict=True):
+    # held-out at 0 and 3 (the cadence) and 4 (the end): the stop at 2 left no score behind
+    assert [(r["step"], "held_out_reward" in r) for r in records(split)] == [
+        (0, True), (1, False), (2, False), (3, False), (3, True), (4, False), (4, True)]
+    for got, want in zip(records(split), records(whole), strict=True):
         assert got == pytest.approx(want)
     a = load_file(whole / "adapter" / "adapter_model.safetensors")
     b = load_file(split / "adapter" / "adapter_model.safetensors")

@@ -119,3 +119,15 @@ def test_scored_through_eos_keeps_the_first_eos_and_nothing_after():
     # row 1's EOS sits in the prompt: it ends nothing; its completion has none, so all of it
     assert got.tolist() == [[False, False, True, True, False, False],
                             [False, False, True, True, True, True]]
+
+
+def test_any_end_id_ends_the_scored_completion():
+    """A chat model's completion ends at its end-of-turn token as at EOS (Policy.end_ids):
+    nothing after the first of them is scored."""
+    EOT, EOS = 7, 9
+    tokens = torch.tensor([[1, 2, 3, EOT, 4, EOS]])
+    completion = torch.tensor([[0, 0, 1, 1, 1, 1]], dtype=torch.bool)
+    assert scored_through_eos(tokens, completion, (EOS, EOT)).tolist() == [
+        [False, False, True, True, False, False]]
+    assert scored_through_eos(tokens, completion, EOS).tolist() == [
+        [False, False, True, True, True, True]]
