@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import subprocess
 import sys
 import time
@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/conversion-table.json")
     args = parser.parse_args()
     work = (ROOT / args.work).resolve()
+    load = os.getloadavg()[0]
     work.mkdir(parents=True, exist_ok=True)
     extra = ["--set", "train.compile=false"] if args.eager else []
 
@@ -73,23 +74,28 @@ def main() -> None:
     converted = work / "ar-converted"
     if not (converted / "latest").is_file():
         mdlm("convert", ar, "--out", converted)  # the shift on (mdlm convert's default)
-    plans = {  # name -> (run folder, steps, train.init_from or None)
-        "mdlm scratch": ("scratch", args.steps, None),
-        "mdlm scratch 2x": ("scratch-2x", 2 * args.steps, None),
-        "init_from, no shift": ("init-no-shift", args.steps, ar),
-        "convert, shift": ("convert-shift", args.steps, converted),  # model.shift adopted
+    anneal = ["--set", f"train.attention_anneal_steps={max(args.steps // 2, 1)}"]
+    plans = {  # name -> (run folder, steps, train.init_from or None, more --set)
+        "mdlm scratch": ("scratch", args.steps, None, []),
+        "mdlm scratch 2x": ("scratch-2x", 2 * args.steps, None, []),
+        "init_from, no shift": ("init-no-shift", args.steps, ar, []),
+        "convert, shift": ("convert-shift", args.steps, converted, []),  # model.shift adopted
+        # DiffuLLaMA's annealing: causal to full attention over the first half of the steps
+        "convert, shift, annealed": ("convert-anneal", args.steps, converted, anneal),
     }
     rows = {"ar twin": {"steps": args.ar_steps, **bound(ar, args.rows, work),
                         "train_call_seconds": round(seconds["ar twin"], 1)}}
-    for name, (folder, steps, init) in plans.items():
+    for name, (folder, steps, init, more) in plans.items():
         out = work / folder
         start = [] if init is None else ["--set", f"train.init_from={init}"]
-        took = trained("demo", out, steps, [*extra, *start])
+        took = trained("demo", out, steps, [*extra, *start, *more])
         rows[name] = {"steps": steps, **bound(out, args.rows, work),
                       "train_call_seconds": round(took, 1)}
     import torch
 
-    record = {"command": " ".join(sys.argv), "cpu": platform.processor() or platform.machine(),
+    from mdlm_cli.perf import machine_name
+
+    record = {"command": " ".join(sys.argv), "cpu": machine_name(), "load_at_start": load,
               "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
               "ar_steps": args.ar_steps, "steps": args.steps, "eval_rows": args.rows,
               "compile": not args.eager, "rows": rows}

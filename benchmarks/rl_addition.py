@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -43,18 +42,6 @@ def held_out_exact(checkpoint: Path, held: Path, adapter: Path | None, rows: int
                            load_reward(["exact"]), settings)
 
 
-def cpu_name() -> str:
-    """The CPU's model name and whether it has AMX / AVX512-BF16 (lscpu's), for the record."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                 if line.startswith("model name")), platform.machine())
-    flags = [f for f in ("amx_bf16", "avx512_bf16") if f in info]
-    return f"{name} ({', '.join(flags) or 'no bf16 extensions'}), {os.cpu_count()} cores"
-
-
 def rl_summary(out: Path) -> dict:
     """An RL row's steps, seconds and its KL: the mean of the last 50 steps, and the largest."""
     summary = json.loads((out / "rl.json").read_text())
@@ -75,6 +62,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/rl-addition.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
+    from mdlm_cli.perf import machine_name
     from mdlm_cli.rl.tasks import AdditionTask, write_addition_task
 
     work = ROOT / args.work
@@ -107,7 +95,7 @@ def main() -> None:
         runs[f"rl {name}"] = rl_summary(out)
     import torch
 
-    record = {"command": " ".join(sys.argv), "cpu": cpu_name(), "load_at_start": load,
+    record = {"command": " ".join(sys.argv), "cpu": machine_name(), "load_at_start": load,
               "torch": torch.__version__, "minutes_sft": args.minutes_sft,
               "minutes": args.minutes, "held_out_rows": args.rows, "rl_lr": args.lr,
               "exact_match": rows, "rl_runs": runs}

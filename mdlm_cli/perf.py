@@ -131,6 +131,18 @@ def _cpu_model() -> str:
     return ""
 
 
+def machine_name() -> str:
+    """The CPU as benchmark records name it: its model, its bf16 extensions (AMX, AVX512-BF16:
+    what bf16 autocast's speed depends on) and its cores, e.g. "AMD EPYC (avx512_bf16), 2 cores"."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    flags = [f for f in ("amx_bf16", "avx512_bf16") if f in info]
+    return (f"{_cpu_model() or 'unknown CPU'} ({', '.join(flags) or 'no bf16 extensions'}), "
+            f"{os.cpu_count()} cores")
+
+
 def device_peak(device: torch.device, dtype: torch.dtype | None) -> Peak | None:
     """The peak MFU is measured against: MDLM_PEAK_TFLOPS where set (a figure you know), else a
     GPU's datasheet or a CPU's probe; None elsewhere (MPS, an unknown GPU: MFU omitted)."""
