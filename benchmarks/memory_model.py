@@ -40,6 +40,7 @@ def child(folder: str, setting: str) -> dict:
     from mdlm_cli.checkpoints.load import load_checkpoint
     from mdlm_cli.config import LoraConfig
     from mdlm_cli.models.lora import add_lora, trainable
+    from mdlm_cli.models.open_weights import NLL_CHUNK
     from mdlm_cli.train.memory_model import Plan, estimate, shape_of
 
     process = psutil.Process()
@@ -66,15 +67,15 @@ def child(folder: str, setting: str) -> dict:
         tokens = torch.randint(0, 80, (ROWS, LENGTH), generator=g)
         masked = torch.rand(ROWS, LENGTH, generator=g) < 0.5
         z = tokens.masked_fill(masked, 85)
-        logits = model(z, None, output_mask=masked)  # (N, V): the masked positions only
-        loss = torch.nn.functional.cross_entropy(logits, tokens[masked])
+        # -log p at the masked positions, their logits NLL_CHUNK at a time (as training's loss)
+        loss = model(z, None, output_mask=masked, nll_of=(tokens[masked], 85)).mean()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     done.set()
     plan = Plan(ROWS, LENGTH, LENGTH // 2, lora_rank=rank,
                 lora_parameters=sum(p.numel() for p in params) if rank else 0,
-                checkpointing=ckpt)
+                checkpointing=ckpt, chunk=NLL_CHUNK)
     e = estimate(shape_of(model), plan)
     return {"setting": setting, "measured_gb": (peak[0] - baseline) / 1e9,
             "modelled_gb": e.total / 1e9,

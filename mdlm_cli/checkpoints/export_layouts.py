@@ -119,10 +119,13 @@ def family_card(loaded: LoadedModel) -> str:
                  "its record (`mdlm_conversion` in config.json: shift "
                  f"{'on' if model.shift else 'off'}, {model.attention} attention) travels with "
                  "it; ")
-        if model.shift != model.default_shift or model.attention != "full":
+        target = model.conversion.get("target", "mdlm")
+        if model.shift != model.default_shift or model.attention != "full" or target != "mdlm":
             text += (f"code that does not read that record (the {model.title} release's own) "
-                     "would run it with its family's shift and full attention, not as it was "
-                     "trained; ")
+                     "would run it with its family's shift and full attention over whole rows, "
+                     f"not as it was trained ({target}"
+                     + (f", blocks of {model.conversion.get('block_size')}"
+                        if target != "mdlm" else "") + "); ")
     return text
 
 

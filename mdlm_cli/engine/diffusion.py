@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .errors import EngineError
-from .protocols import Denoiser, supports_output_mask
+from .protocols import Denoiser, computes_nll, supports_output_mask
 from .schedules import Schedule, get_schedule
 
 
@@ -223,6 +223,10 @@ def _masked_nll(denoiser: Denoiser, x0: Tensor, t: Tensor, mask_id: int, schedul
     z_t = mask_tokens(x0, schedule.mask_rate(t), mask_id, generator=m.generator,
                       attention_mask=m.attention_mask, targets=m.targets)
     masked = z_t == mask_id
+    if computes_nll(denoiser):  # the backbone scores the targets a chunk at a time
+        kwargs = {} if m.attention_mask is None else {"attention_mask": m.attention_mask}
+        return denoiser(z_t, t, output_mask=masked, nll_of=(x0[masked], mask_id),
+                        **kwargs), masked
     logits = call_denoiser(denoiser, z_t, t, output_mask=masked, attention_mask=m.attention_mask)
     return masked_nll(logits, x0[masked], mask_id), masked
 

@@ -77,6 +77,13 @@ def supports_output_mask(denoiser: Denoiser) -> bool:
     return bool(getattr(denoiser, "supports_output_mask", False))
 
 
+def computes_nll(denoiser: Denoiser) -> bool:
+    """Whether the denoiser declared that it scores targets itself (`computes_nll`): called with
+    `output_mask=` and `nll_of=(targets (N,), mask_id)` it returns -log p_theta (N,) under
+    SUBS, its logits made a chunk of positions at a time (never (N, V) at once)."""
+    return bool(getattr(denoiser, "computes_nll", False))
+
+
 def has_block_cache(denoiser: Denoiser) -> bool:
     """Whether the denoiser offers a block cache (`BlockCached`) and ignores t."""
     return is_time_agnostic(denoiser) and hasattr(denoiser, "new_block_cache")

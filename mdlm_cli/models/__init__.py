@@ -87,10 +87,19 @@ class DiffusionDenoiser:
         self.autocast_dtype = autocast_dtype
 
     def __call__(self, z_t: Tensor, t: Tensor, *, output_mask: Tensor | None = None,
-                 attention_mask: Tensor | None = None) -> Tensor:
+                 attention_mask: Tensor | None = None,
+                 nll_of: tuple[Tensor, int] | None = None) -> Tensor:
         sigma = self.schedule.sigma(t) if self.time_conditioning else None
+        extra = {} if nll_of is None else {"nll_of": nll_of}  # only a backbone that declares it
         with autocast_for(z_t.device, self.autocast_dtype):
-            return self.model(z_t, sigma, attention_mask=attention_mask, output_mask=output_mask)
+            return self.model(z_t, sigma, attention_mask=attention_mask, output_mask=output_mask,
+                              **extra)
+
+    @property
+    def computes_nll(self) -> bool:
+        """The engine's declaration (engine/protocols.py): the backbone scores masked targets
+        itself, its logits a chunk at a time (the folder backbones' `scores_in_chunks`)."""
+        return bool(getattr(unwrap(self.model), "scores_in_chunks", False))
 
     @property
     def shifted_logits(self) -> bool:

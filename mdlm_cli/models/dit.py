@@ -28,7 +28,7 @@ from ..config import ModelConfig
 from ..errors import MdlmError
 from .anneal import AttentionAnneal
 from .block_cache import BlockCache, BlockCall
-from .decoder_layers import predecessor_states, shift_states
+from .decoder_layers import predecessor_states, restricted_keys, shift_states
 from .dit_layers import (
     DDitFinalLayer,
     EmbeddingLayer,
@@ -275,10 +275,9 @@ class DiT(nn.Module):
             return key_mask
         if key_mask is None:
             return allowed[None]
-        if key_mask.dim() == 2:  # (B, L): padded keys
-            own = torch.eye(length, dtype=torch.bool, device=device)
-            key_mask = key_mask[:, None, :] | own
-        return key_mask & allowed
+        if key_mask.dim() == 2:  # (B, L): padded keys, as the folder backbones restrict them
+            return restricted_keys(allowed, key_mask)[:, 0]
+        return key_mask & allowed  # (B, L, L): packed examples' segments
 
     def trunk(self, tokens: torch.Tensor, sigma: torch.Tensor,
               key_mask: torch.Tensor | None = None,

@@ -21,7 +21,9 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
+from ..engine.diffusion import masked_nll
 from ..errors import MdlmError
 from ..io.files import read_json_object
 from .anneal import AttentionAnneal
@@ -40,6 +42,9 @@ from .tied import count_parameters
 
 CONVERSION_KEY = "mdlm_conversion"  # config.json's record of a folder `mdlm convert` wrote
 ATTENTIONS = ("full", "causal")  # full: diffusion; causal: the conversion's equivalence check
+# masked positions whose logits a loss makes at once (`chunked_nll`): LLaDA-8B's 126,464 rows
+# make 256 of them 0.13 GB in float32, against 1 GB for a 2,048-token answer at once
+NLL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,8 @@ class ReleasedBackbone(nn.Module, ABC):
     attention_anneal: AttentionAnneal | None = None
     # BD3-LM's pass (objectives/bd3lm.py): a (B | 1, 1, L, L) attention mask and positions
     takes_query_masks = True
+    # the loss's -log p from `forward(..., nll_of=)`, its logits NLL_CHUNK positions at a time
+    scores_in_chunks = True
 
     # gradient checkpointing (train.checkpointing): each block's activations are recomputed in
     # the backward pass instead of kept, so training memory holds one block's, not all of them
@@ -210,16 +217,40 @@ class ReleasedBackbone(nn.Module, ABC):
 
     def forward(self, tokens: Tensor, sigma: Tensor | None = None,
                 attention_mask: Tensor | None = None, output_mask: Tensor | None = None,
-                positions: Tensor | None = None) -> Tensor:
+                positions: Tensor | None = None,
+                nll_of: tuple[Tensor, int] | None = None) -> Tensor:
         """Logits (B, L, V) in float32, or (N, V) at the N True positions of `output_mask`.
         `attention_mask` (B | 1, 1, L, L) bool says which keys each query attends and
         `positions` (L,) each token's position (BD3-LM's pass: `takes_query_masks`); with the
         shift, a position's logits are then read from the key it attends at the position
-        before its own (decoder_layers.predecessor_states)."""
+        before its own (decoder_layers.predecessor_states). With `nll_of` (targets (N,),
+        mask_id): -log p (N,) of the targets at `output_mask` instead (`chunked_nll`)."""
         h = self.hidden_states(tokens, attention_mask, positions=positions)
         if positions is None or not self.shift:
-            return self._logits(h, output_mask, None if positions is None else h)
-        return self._logits(h, output_mask, predecessor_states(h, attention_mask, positions))
+            read = None if positions is None else h
+        else:
+            read = predecessor_states(h, attention_mask, positions)
+        if nll_of is not None:
+            states = self.read_positions(h) if read is None else read
+            return self.chunked_nll(states[output_mask], *nll_of)
+        return self._logits(h, output_mask, read)
+
+    def chunked_nll(self, h: Tensor, targets: Tensor, mask_id: int) -> Tensor:
+        """-log p_theta (N,) of `targets` (N,) from the states `h` (N, H) under SUBS (the mask
+        never an output), the output layer and its softmax run `NLL_CHUNK` positions at a time
+        and, under autograd, run again in the backward pass (checkpointed): the (N, V) logits of
+        a long answer never exist at once (LLaDA-8B: 2,048 positions x 126,464 rows x 4 bytes
+        is 1 GB, and its softmax and gradient as much again)."""
+        pieces = []
+        for hp, yp in zip(h.split(NLL_CHUNK), targets.split(NLL_CHUNK), strict=True):
+            if torch.is_grad_enabled() and hp.requires_grad:
+                pieces.append(checkpoint(self._nll_piece, hp, yp, mask_id, use_reentrant=False))
+            else:
+                pieces.append(self._nll_piece(hp, yp, mask_id))
+        return torch.cat(pieces) if pieces else h.new_zeros(0, dtype=torch.float32)
+
+    def _nll_piece(self, h: Tensor, targets: Tensor, mask_id: int) -> Tensor:
+        return masked_nll(self._head(h), targets, mask_id)
 
     @property
     def shifted_logits(self) -> bool:

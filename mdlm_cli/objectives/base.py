@@ -64,6 +64,9 @@ class Objective(ABC):
     # its bound may be estimated by masked counts as well as by times (engine/counted.py:
     # LLaDA's estimator), SUBS over an absorbing mask
     counts_masks: ClassVar[bool] = False
+    # its training loss asks a backbone that scores in chunks for -log p itself (engine.diffusion's
+    # masked terms: the folder backbones' chunked_nll), never for the (N, V) logits at once
+    loss_in_chunks: ClassVar[bool] = False
     default_sampler: ClassVar[str]  # "" for an objective without samplers (mlm)
     sampler_names: ClassVar[tuple[str, ...]] = ()  # the engine.SAMPLERS serving its models
     description: ClassVar[str]

@@ -30,6 +30,7 @@ class MDLM(Objective):
                      "threshold", "remdm")
     description = "masked diffusion, SUBS, continuous-time NELBO (a bound on the NLL)"
     counts_masks = True
+    loss_in_chunks = True
     own_keys = ("loss_weighting", "cart_p")
 
     @classmethod

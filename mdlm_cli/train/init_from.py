@@ -72,7 +72,9 @@ def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
 def check_source(spec: str) -> None:
     """Before any data is prepared: a local path that does not exist is refused at once (a
     hub id, owner/name, is the loader's to find)."""
-    is_path = len(Path(spec).parts) > 2 or spec.startswith((".", "/", "~"))
+    parent = Path(spec).expanduser().parent
+    is_path = (len(Path(spec).parts) > 2 or spec.startswith((".", "/", "~"))
+               or (parent != Path(".") and parent.is_dir()))  # runs/sft, not owner/name
     if is_path and not Path(spec).expanduser().exists():
         raise MdlmError(f"train.init_from {spec} does not exist; write it first (a run folder, "
                         "or the --out of mdlm convert)")

@@ -11,7 +11,9 @@ without gradient checkpointing.
                  LoRA the frozen projections keep no input of their own (2 H fewer) but each
                  adapter keeps its rank-r middle; with checkpointing, one block input (H) per
                  block plus one block's worth, recomputed in the backward pass
-    logits       the masked positions' logits, their log-softmax and its gradient (float32)
+    logits       the masked positions' logits, their log-softmax and its gradient (float32): of
+                 all of them at once, or, where the backbone scores in chunks (the folder
+                 backbones' `chunked_nll`), of one chunk
 
 The coefficients were counted with autograd's saved-tensor hooks on the native LLaDA block
 (tests/unit/test_memory_model.py pins them) and the total is checked against measured peaks
@@ -51,6 +53,7 @@ class Plan:
     checkpointing: bool = False
     weight_bytes: int = FLOAT  # bytes per base weight as held (2: bf16)
     ema: bool = False
+    chunk: int = 0  # masked positions whose logits exist at once (0: all of them)
 
 
 @dataclass(frozen=True)
@@ -84,14 +87,19 @@ def estimate(shape: Shape, plan: Plan) -> Estimate:
         activations = shape.layers * tokens * shape.hidden * FLOAT + per_block
     else:
         activations = shape.layers * per_block
-    logits = plan.rows * plan.masked * shape.vocab * FLOAT * 3
+    scored = plan.rows * plan.masked
+    logits = (min(scored, plan.chunk) if plan.chunk else scored) * shape.vocab * FLOAT * 3
     return Estimate(weights, trainable, activations, logits)
 
 
 def plan_of(cfg, model, *, dtype) -> Plan:
     """A run's plan: a micro-batch of data.length tokens, half of them masked (the mean under
-    a uniform t), the adapters' parameters where it trains LoRA."""
+    a uniform t), the adapters' parameters where it trains LoRA, the loss's chunk where the
+    backbone scores in chunks."""
     import torch
+
+    from ..models.open_weights import NLL_CHUNK, ReleasedBackbone
+    from ..objectives import OBJECTIVES
 
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     lora = cfg.lora.rank
@@ -99,7 +107,9 @@ def plan_of(cfg, model, *, dtype) -> Plan:
                 masked=cfg.data.length // 2, lora_rank=lora, lora_parameters=trained if lora else 0,
                 quantize=cfg.lora.quantize == "4bit", checkpointing=cfg.train.checkpointing,
                 weight_bytes=2 if lora and dtype == torch.bfloat16 else FLOAT,
-                ema=cfg.train.ema > 0)
+                ema=cfg.train.ema > 0,
+                chunk=NLL_CHUNK if isinstance(model, ReleasedBackbone)
+                and OBJECTIVES[cfg.diffusion.objective].loss_in_chunks else 0)
 
 
 def describe(e: Estimate) -> str:

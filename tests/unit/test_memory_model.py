@@ -64,3 +64,6 @@ def test_the_parts_add_up():
     qlora = estimate(shape, Plan(1, 2048, 1024, lora_rank=32, lora_parameters=80_000_000,
                                  quantize=True, checkpointing=True, weight_bytes=2))
     assert qlora.weights < e.weights / 2
+    chunked = estimate(shape, Plan(1, 2048, 1024, lora_rank=32, lora_parameters=80_000_000,
+                                   checkpointing=True, weight_bytes=2, chunk=256))
+    assert chunked.logits == 256 * 126464 * 4 * 3 and chunked.weights == e.weights

@@ -31,11 +31,10 @@ from ...io.files import swap_folder, temporary, write_failure
 from ...models import BACKBONES
 from ...models.open_weights import ATTENTIONS
 from ..released import write_released
-from .ar_run import TARGET_OBJECTIVE, convert_ar_run
+from .ar_run import TARGETS, convert_ar_run
 from .hf_folder import Target, build_target
 from .source import is_mdlm_run, load_source_tokenizer, local_folder, read_causal_folder
 
-TARGETS = tuple(TARGET_OBJECTIVE)  # mdlm, bd3lm (block diffusion: --block-size)
 BLOCK_TARGETS = ("bd3lm",)  # the targets that take a block size
 
 

@@ -17,7 +17,9 @@ from ...models import DiT, build_model, unwrap
 from ..load import load_checkpoint
 from ..save import CheckpointContents, save_checkpoint
 
-TARGET_OBJECTIVE = {"mdlm": "mdlm", "bd3lm": "bd3lm"}  # --target -> objectives.OBJECTIVES
+# --target names the objective the model becomes (objectives.OBJECTIVES), here and in the
+# record every loader reads (models/open_weights.conversion_diffusion): one name, no mapping
+TARGETS = ("mdlm", "bd3lm")
 
 
 def converted_run_config(loaded, record: dict):
@@ -25,7 +27,7 @@ def converted_run_config(loaded, record: dict):
     shift; the rest as it trained."""
     target, shift = record["target"], record["shift"]
     data = config_dict(loaded.config)
-    data["diffusion"] = {**data["diffusion"], "objective": TARGET_OBJECTIVE[target]}
+    data["diffusion"] = {**data["diffusion"], "objective": target}
     if record.get("block_size"):
         data["diffusion"]["block_size"] = record["block_size"]
     data["model"] = {**data["model"], "shift": shift}

@@ -9,11 +9,12 @@ state of the run it came from."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from ...build import config_from_dict
 from ...data.tokenizers import Tokenizer, load_tokenizer
-from ...errors import MdlmError
+from ...errors import MdlmError, MdlmWarning
 from ...models.open_weights import conversion_diffusion
 from ...objectives import OBJECTIVES
 from ..folder import LoadedModel
@@ -86,7 +87,9 @@ def exported_config(mdlm_meta: dict, label: str, family: str):
     model = {"backbone": family, "hf_model": label, "time_conditioning": False}
     try:
         return config_from_dict({**saved, "data": data, "model": model})
-    except MdlmError:
+    except MdlmError as e:  # said, not silent: the model then runs with the release's defaults
+        warnings.warn(f"{label}: its export's saved config cannot be read by this version "
+                      f"({e}); using the {family} release's defaults", MdlmWarning, stacklevel=2)
         return None
 
 
