@@ -62,6 +62,14 @@ ChatTemplateOpt = Annotated[bool, typer.Option(
     "--apply-chat-template",
     help="Render each context with the tokenizer's chat template (lm-eval's "
          "--apply_chat_template); generations also stop at its end-of-turn token.")]
+OwnSamplingOpt = Annotated[bool, typer.Option(
+    "--own-sampling",
+    help="Draw every generation with the sampling flags (--temperature, --top-p, --top-k), a "
+         "task's do_sample and sampling kwargs ignored, as Dream's evaluation samples.")]
+UnsafeCodeOpt = Annotated[bool, typer.Option(
+    "--confirm-run-unsafe-code",
+    help="Let tasks that execute the model's code run (HumanEval, MBPP: lm-eval's "
+         "confirm_run_unsafe_code); run them in a sandbox.")]
 BootstrapOpt = Annotated[int, typer.Option(
     help="lm-eval's bootstrap resamples for metric stderrs.")]
 OutFolderOpt = Annotated[str, typer.Option(
@@ -94,6 +102,8 @@ def lm_eval_cmd(
     task_mc_samples: TaskMcSamplesOpt = "",
     bootstrap_iters: BootstrapOpt = 100000,
     apply_chat_template: ChatTemplateOpt = False,
+    own_sampling: OwnSamplingOpt = False,
+    confirm_run_unsafe_code: UnsafeCodeOpt = False,
 ) -> None:
     """Run lm-evaluation-harness tasks: multiple choice, LAMBADA, and the perplexity tasks.
 
@@ -102,7 +112,8 @@ def lm_eval_cmd(
     document's bound over rolling windows of the model length, so word/byte perplexities
     are upper bounds (≤); generate_until samples after the context with the sampling flags
     (--sampler, --steps, the sampler's options; a task's own temperature, top-p and top-k
-    win). Contexts longer than the model length are truncated from the left.
+    win unless --own-sampling). Contexts longer than the model length are truncated from the
+    left.
 
     [dim]Examples:[/]
       mdlm lm-eval --checkpoint runs/owt --tasks lambada_openai --mc-samples 8
@@ -111,18 +122,12 @@ def lm_eval_cmd(
       mdlm lm-eval -c GSAI-ML/LLaDA-8B-Instruct --tasks gsm8k --apply-chat-template --steps 256
       mdlm lm-eval -c GSAI-ML/LLaDA-8B-Base --tasks gsm8k --gen-length 256 --block-length 32
     """
-    from ..eval.lm_eval.run import LmEvalOptions, check_options, require_lm_eval, run_lm_eval
+    from ..eval.lm_eval.run import check_options, require_lm_eval, run_lm_eval
 
     sampling, loading = sampling_from(ctx), loading_from(ctx)
     with user_errors():
         require_lm_eval()
-        options = LmEvalOptions(
-            [t.strip() for t in tasks.split(",") if t.strip()], mc_samples=mc_samples,
-            batch_size=batch_size, limit=limit, num_fewshot=num_fewshot,
-            include_path=include_path, seed=seed, sampling=sampling, stride=stride,
-            gen_length=gen_length, estimator=estimator, append_eos=append_eos,
-            tokenizer_bos=tokenizer_bos, greedy_check=greedy_check, task_mc_samples=task_mc_samples,
-            bootstrap_iters=bootstrap_iters, apply_chat_template=apply_chat_template)
+        options = _options(ctx.params, sampling)
         check_options(options)
         loaded, _ = loading.load()
         run = run_lm_eval(loaded, loading.checkpoint, options, device=loading.device, warn=warn,
@@ -130,6 +135,19 @@ def lm_eval_cmd(
         _print(run.results["results"], run.summary, run.lm)
         if json_out:
             _write_json(json_out, loaded, run, options, loading.raw_weights)
+
+
+def _options(params: dict, sampling):
+    """LmEvalOptions from the command's own values (the loading and sampling groups are taken
+    out before): the fields of the same name, the task list split."""
+    import dataclasses
+
+    from ..eval.lm_eval.run import LmEvalOptions
+
+    same = {f.name for f in dataclasses.fields(LmEvalOptions)} & set(params)
+    tasks = [t.strip() for t in params["tasks"].split(",") if t.strip()]
+    return LmEvalOptions(**{k: params[k] for k in same - {"tasks", "sampling"}}, tasks=tasks,
+                         sampling=sampling)
 
 
 def _write_json(path: str, loaded, run, options, raw_weights: bool) -> None:

@@ -391,3 +391,21 @@ def test_generate_after_lays_its_row_out_by_the_one_rule(max_gen, monkeypatch):
         rule = lay_out_semi_ar(caps, context, stride=8, answer=max_gen)
         assert seen["semi"]["target_length"] == rule.length
         assert seen["semi"]["prompt"].tolist() == rule.prefix
+
+
+def test_own_sampling_draws_with_the_settings_whatever_the_task_says():
+    """Dream's eval.py samples at its own temperature and top_p whatever a task's generation
+    kwargs: `own_sampling` (--own-sampling) does the same; without it a task's do_sample false
+    makes the draw greedy."""
+    pytest.importorskip("lm_eval")
+    from mdlm_cli.engine.settings import SamplingSettings
+    from mdlm_cli.eval.lm_eval.adapter import MdlmLM, ModelArgs
+
+    loaded = loaded_model("mdlm")
+    how = SamplingSettings(sampler="ancestral", steps=4, temperature=0.7, top_p=0.95)
+    task = {"max_gen_toks": 3, "do_sample": False, "temperature": 0.0, "until": ["x"]}
+    own = MdlmLM(ModelArgs(own_sampling=True), loaded=loaded, sampling=how)
+    until, _, drawing = own._generation_options(dict(task))
+    assert until == ["x"] and drawing["temperature"] == 0.7 and drawing["top_p"] == 0.95
+    plain = MdlmLM(ModelArgs(), loaded=loaded, sampling=how)
+    assert plain._generation_options(dict(task))[2]["temperature"] == 0.0

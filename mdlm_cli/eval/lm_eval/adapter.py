@@ -86,6 +86,9 @@ class ModelArgs:
     # K of the tasks that take another, "task=K,task=K" (LLaDA's mc_num 1 for MMLU, CMMLU and
     # C-Eval beside 128 elsewhere); the others take mc_samples
     task_mc_samples: str = ""
+    # the sampling settings for every generation, a task's do_sample, temperature, top_p and
+    # top_k ignored (Dream's eval.py samples at its own temperature and top_p whatever the task)
+    own_sampling: bool = False
 
     def validate(self) -> ModelArgs:
         if str(self.batch_size).startswith("auto"):
@@ -150,6 +153,7 @@ class MdlmLM(LM):
         self.generation = GenerationSettings(how, stride, int(args.seed), rt.device, rt.dtype)
         self.gen_length = None if args.gen_length is None else int(args.gen_length)
         self.greedy_check = args.greedy_check
+        self.own_sampling = bool(args.own_sampling)
         self.task_k = task_passes(args.task_mc_samples)
         # task -> (request type, score)
         self.scores: dict[str, list[tuple[str, Scored]]] = defaultdict(list)
@@ -314,20 +318,30 @@ class MdlmLM(LM):
         until = [until] if isinstance(until, str) else list(until)
         max_gen = int(kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
         max_gen = self.gen_length or max_gen  # the papers' fixed gen_length, where given
+        if self.own_sampling:  # the settings' own draw, as Dream's eval.py (its top_p trims
+            for key in ("do_sample", "temperature", "top_p", "top_k"):  # at temperature 0 too)
+                kwargs.pop(key, None)
+            self._report_unused(kwargs)
+            return until, max_gen, {"temperature": how.temperature, "top_p": how.top_p,
+                                    "top_k": how.top_k}
         do_sample = bool(kwargs.pop("do_sample", False))
         temperature = float(kwargs.pop("temperature", how.temperature if do_sample else 0.0))
         top_p = float(kwargs.pop("top_p", how.top_p))
         top_k = kwargs.pop("top_k", how.top_k)
         top_k = None if top_k is None else max(0, int(top_k))  # HF's top_k None or 0: off
+        self._report_unused(kwargs)
+        if not do_sample or temperature <= 0:  # greedy: the argmax at every draw
+            return until, max_gen, {"temperature": 0.0, "top_p": 1.0, "top_k": top_k}
+        return until, max_gen, {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+
+    def _report_unused(self, kwargs: dict) -> None:
+        """Say once per kwarg that a task's generation kwarg is not read."""
         unused = sorted(set(kwargs) - self._warned)
         if unused:
             self._warned.update(unused)
             self.warn(
                 f"generation kwargs {', '.join(unused)} do not apply to the mdlm model; ignored"
             )
-        if not do_sample or temperature <= 0:  # greedy: the argmax at every draw
-            return until, max_gen, {"temperature": 0.0, "top_p": 1.0, "top_k": top_k}
-        return until, max_gen, {"temperature": temperature, "top_p": top_p, "top_k": top_k}
 
     @property
     def device(self) -> torch.device:

@@ -37,6 +37,10 @@ class LmEvalOptions:
     task_mc_samples: str = ""  # "task=K,...": the tasks whose K is another
     bootstrap_iters: int = 100000
     apply_chat_template: bool = False  # contexts rendered with the tokeniser's chat template
+    # the sampling flags for every generation, whatever a task's do_sample and sampling kwargs
+    # (Dream's eval.py samples at its own temperature and top_p)
+    own_sampling: bool = False
+    confirm_run_unsafe_code: bool = False  # lm-eval's: tasks that run generated code (HumanEval)
 
 
 @dataclass
@@ -125,7 +129,8 @@ def run_lm_eval(
                      device=device, seed=options.seed, stride=options.stride,
                      gen_length=options.gen_length, estimator=options.estimator,
                      append_eos=options.append_eos, tokenizer_bos=options.tokenizer_bos,
-                     greedy_check=options.greedy_check, task_mc_samples=options.task_mc_samples)
+                     greedy_check=options.greedy_check, task_mc_samples=options.task_mc_samples,
+                     own_sampling=options.own_sampling)
     lm = MdlmLM(args, loaded=loaded, warn=warn, sampling=options.sampling)
     if options.apply_chat_template:
         lm.chat_template(True)  # a tokeniser without a template is refused here, in one line
@@ -138,6 +143,7 @@ def run_lm_eval(
         results = simple_evaluate(model=lm, tasks=options.tasks, num_fewshot=options.num_fewshot,
                                   limit=limit, task_manager=manager,
                                   bootstrap_iters=options.bootstrap_iters, log_samples=False,
+                                  confirm_run_unsafe_code=options.confirm_run_unsafe_code,
                                   apply_chat_template=options.apply_chat_template)
     except (ConnectionError, OSError) as e:
         raise MdlmError(f"lm-eval could not load a task's data ({type(e).__name__}: {e}); the Hub "
