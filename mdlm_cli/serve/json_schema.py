@@ -328,8 +328,8 @@ def json_rows(schema: dict, ids: list[int], max_tokens: int | None,
               served, start: list[int] | None = None) -> tuple[list[Row], int, JsonConstraint]:
     """The one row of a schema request, laid out by the one rule (generation/layout.py): row
     start (or `start`) + prompt + the skeleton as the answer + a suffix of EOS to the end of
-    the window (the rows a model trained at L ends in); the new tokens (the skeleton's) and
-    the constraint."""
+    the window for a model trained on rows of L (none for LLaDA and Dream, whose rows end at
+    the answer); the new tokens (the skeleton's) and the constraint."""
     loaded, caps = served.loaded, served.capabilities
     start = list(caps.row_start) if start is None else start
     prefix = start + ids
@@ -342,7 +342,10 @@ def json_rows(schema: dict, ids: list[int], max_tokens: int | None,
     if max_tokens is not None and max_tokens < n:
         raise invalid(f"the schema's JSON takes {n} tokens; max_tokens is {max_tokens}",
                       "max_tokens")
-    eos = [loaded.tokenizer.eos_id] * (loaded.length - len(prefix) - n)
+    # a model trained on rows of L (a DiT) sees its rows end in EOS to the window; a family
+    # whose release denoises prompt + answer only (LLaDA, Dream: answer_tokens) ends at the JSON
+    fill = loaded.length - len(prefix) - n if caps.answer_tokens is None else 0
+    eos = [loaded.tokenizer.eos_id] * fill
     layout = lay_out(caps, ids, answer=n, suffix=eos, start=start)
     fixed = layout.template(loaded.mask_id)
     fixed[layout.answer_start : layout.answer_start + n] = torch.tensor(constraint.ids)

@@ -348,3 +348,19 @@ def test_a_schema_row_is_the_one_rules_with_eos_to_the_window():
     at = rule.answer_start
     assert row.template[at : at + n].tolist() == constraint.ids
     assert row.template[at + n :].tolist() == [tok.eos_id] * rest
+
+
+def test_a_family_whose_rows_end_at_the_answer_gets_no_eos_canvas():
+    """LLaDA and Dream (models that declare a default answer length: their releases denoise the
+    prompt and the answer only) end a schema row at the JSON, not at EOS to a 4,096 window."""
+    from mdlm_cli.serve.json_schema import json_rows
+
+    served = json_served()
+    served.loaded.model.answer_tokens = 128  # as a released family's backbone declares
+    served.__dict__.pop("capabilities", None)  # read again
+    ids = served.loaded.tokenizer.encode("name: ")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    [row], n, constraint = json_rows(schema, ids, None, served)
+    assert served.capabilities.answer_tokens == 128
+    assert len(row.template) == len(row.prefix) + n < served.loaded.length
+    assert row.template[len(row.prefix):].tolist() == constraint.ids
