@@ -9,7 +9,6 @@ from functools import cached_property
 import torch
 
 from ..checkpoints.folder import LoadedModel
-from ..data.chat import has_chat_template
 from ..engine.block_sampling import BLOCK_OPTIONS
 from ..engine.protocols import is_time_agnostic
 from ..generation.capabilities import Capabilities, capabilities_of
@@ -39,25 +38,26 @@ class Served:
     def time_agnostic(self) -> bool:
         return is_time_agnostic(self.denoiser)
 
+    @cached_property
+    def capabilities(self) -> Capabilities:
+        """What the model declares it can do (generation/capabilities.py); the properties below
+        read it, so the server asks one record."""
+        causal = self.loaded.objective.causal
+        return capabilities_of(self.loaded, None if causal else self.denoiser)
+
     @property
     def block_size(self) -> int:
         """L' of a model sampled block by block (bd3lm: serve/blocks.py), else 0."""
-        objective = self.loaded.objective
-        return objective.block_size if objective.samples_by_blocks else 0
-
-    @cached_property
-    def capabilities(self) -> Capabilities:
-        """What the model declares it can do (generation/capabilities.py)."""
-        return capabilities_of(self.loaded, None if self.causal else self.denoiser)
+        return self.capabilities.block_size
 
     @property
     def causal(self) -> bool:
-        return self.loaded.objective.causal
+        return self.capabilities.causal
 
     @property
     def chat(self) -> bool:
         """Whether its tokeniser has a chat template (/v1/chat/completions answers)."""
-        return has_chat_template(self.loaded.tokenizer)
+        return self.capabilities.chat
 
     def options_of(self, spec) -> frozenset[str]:
         """The options a request may give the sampler: a bd3lm model's within-block step reads
