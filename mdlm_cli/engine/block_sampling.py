@@ -13,11 +13,14 @@ The within-block step is pluggable (`BLOCK_STEPS`, keyed by the engine sampler i
 (`top_p`, `top_k`) and temperature apply to every draw, as the reference applies
 `sampling.nucleus_p` to p_theta before either of its updates. The model takes no time (bd3lm
 refuses time conditioning), so a step's logits serve until the block changes.
+
+Several requests share a batch as `BlockDraw.groups`: each group of rows draws from its own
+generator exactly what it would draw alone, so a server batches seeded requests without
+changing their tokens (where the network gives a row the same bits in any batch).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -52,7 +55,13 @@ class BlockSamples:
 
 @dataclass
 class BlockDraw:
-    """What a within-block step reads: its steps, the draw's settings and the work counters."""
+    """What a within-block step reads: its steps, the draw's settings and the work counters.
+
+    `groups` batches several requests: (rows, generator) for consecutive rows, each group's
+    random draws from its own generator in the order the group alone would make them (a group
+    with nothing left to draw draws nothing, as it would have stopped), so with a network that
+    gives a row the same logits in any batch each group gets the tokens it gets alone. None:
+    one group of every row, drawing from `generator`."""
 
     mask_id: int
     schedule: Schedule
@@ -66,6 +75,8 @@ class BlockDraw:
     stats: SampleStats = field(default_factory=SampleStats)
     # runs before each network call: a server stops a request whose client left there
     before_call: Callable[[], None] | None = None
+    groups: list[tuple[int, torch.Generator | None]] | None = None
+    group_draws: list[int] = field(default_factory=list)  # each group's draws so far
 
     def logits(self, model: BlockModel, z: Tensor) -> Tensor:
         self.check()
@@ -77,15 +88,60 @@ class BlockDraw:
         if self.before_call is not None:
             self.before_call()
 
-    def draw(self, logits: Tensor) -> Tensor:
-        """Tokens (N,) from logits (N, V): tempered, nucleus-filtered, the mask never drawn."""
-        self.stats.draws += logits.shape[0]
-        return sample_tokens(logits, self.mask_id, generator=self.generator,
-                             precision=self.precision, temperature=self.temperature,
-                             top_p=self.top_p, top_k=self.top_k)
+    def spans(self, batch: int) -> list[tuple[slice, torch.Generator | None]]:
+        """Each group's rows of a batch of `batch` rows and its generator."""
+        if self.groups is None:
+            return [(slice(0, batch), self.generator)]
+        spans, start = [], 0
+        for rows, gen in self.groups:
+            spans.append((slice(start, start + rows), gen))
+            start += rows
+        if start != batch:
+            raise ValueError(f"the groups hold {start} rows; the batch has {batch}")
+        return spans
 
-    def rand(self, shape, device) -> Tensor:
-        return torch.rand(shape, generator=self.generator, device=device)
+    def rand(self, shape, device, live: Tensor | None = None) -> Tensor:
+        """Uniforms of `shape` (B, ...), each group's rows from its generator; a group with no
+        `live` (B, ...) position draws none (ones: it is done)."""
+        parts = []
+        for rows, gen in self.spans(shape[0]):
+            n = rows.stop - rows.start
+            if live is not None and not bool(live[rows].any()):
+                parts.append(torch.ones((n, *shape[1:]), device=device))
+            else:
+                parts.append(torch.rand((n, *shape[1:]), generator=gen, device=device))
+        return torch.cat(parts)
+
+    def draw(self, logits: Tensor, where: Tensor, probs: bool = False):
+        """Tokens (N,) at the N True positions of `where` (B, L') from logits (B, L', V), in
+        row-major order (`logits[where]`'s): tempered, nucleus-filtered, the mask never drawn,
+        each group's from its generator (a group with no position draws nothing). With
+        `probs`: (tokens, the drawn tokens' probabilities), the confidence step's draw."""
+        fn = sample_tokens_with_probs if probs else sample_tokens
+        spans = self.spans(len(where))
+        if len(self.group_draws) != len(spans):
+            self.group_draws[:] = [0] * len(spans)  # in place: a caller may hold it
+        parts = []
+        for i, (rows, gen) in enumerate(spans):
+            n = int(where[rows].sum())
+            if n:
+                self.group_draws[i] += n
+                parts.append(fn(logits[rows][where[rows]], self.mask_id, generator=gen,
+                                precision=self.precision, temperature=self.temperature,
+                                top_p=self.top_p, top_k=self.top_k))
+        self.stats.draws += int(where.sum())
+        if not probs:
+            return torch.cat(parts)
+        return torch.cat([t for t, _ in parts]), torch.cat([p for _, p in parts])
+
+    def most(self, masked: Tensor) -> Tensor:
+        """(B,) each row's group's most masked positions in a row (what the group alone would
+        read as `masked.sum(1).max()`)."""
+        counts = masked.sum(1)
+        out = torch.empty_like(counts)
+        for rows, _ in self.spans(len(masked)):
+            out[rows] = counts[rows].max()
+        return out
 
 
 BlockStep = Callable[[BlockModel, Tensor, BlockDraw], Tensor]  # fills z's masked positions
@@ -95,20 +151,25 @@ def ancestral_block(model: BlockModel, z: Tensor, d: BlockDraw) -> Tensor:
     """`steps` ancestral steps t = k / steps -> (k - 1) / steps (MDLM §4.1 within the block):
     a masked position is revealed with probability (alpha_s - alpha_t) / (1 - alpha_t) (all at
     the last step), its token drawn from p_theta. The logits are those of the block as it
-    stands, computed again only once it has changed (the model takes no time)."""
-    logits = None
+    stands, computed only at a step that reveals something (the model takes no time)."""
     for k in range(d.steps, 0, -1):
         masked = z == d.mask_id
         if not bool(masked.any()):
             break
         t, s = torch.tensor(k / d.steps), torch.tensor((k - 1) / d.steps)
-        u = d.rand(z.shape, z.device)
+        u = d.rand(z.shape, z.device, live=masked)
         reveal = masked if k == 1 else masked & (u < float(d.schedule.unmask_prob(t, s)))
         if bool(reveal.any()):
-            logits = d.logits(model, z) if logits is None else logits  # (B, L', V)
-            z = z.masked_scatter(reveal, d.draw(logits[reveal]))
-            logits = None
+            logits = d.logits(model, z)  # (B, L', V)
+            z = z.masked_scatter(reveal, d.draw(logits, reveal))
     return z
+
+
+def _first(order: Tensor, counts: Tensor) -> Tensor:
+    """(B, L') bool: the first `counts` (B,) positions of each row's `order` (a permutation):
+    `order[:, :k]` with a k per row."""
+    take = torch.arange(order.shape[1], device=order.device)[None] < counts[:, None]
+    return torch.zeros_like(order, dtype=torch.bool).scatter_(1, order, take)
 
 
 def first_hitting_block(model: BlockModel, z: Tensor, d: BlockDraw) -> Tensor:
@@ -119,11 +180,10 @@ def first_hitting_block(model: BlockModel, z: Tensor, d: BlockDraw) -> Tensor:
         masked = z == d.mask_id
         if not bool(masked.any()):
             return z
-        order = d.rand(z.shape, z.device).masked_fill(~masked, 2.0).argsort(dim=1)
-        k = min(d.tokens_per_step, int(masked.sum(1).max()))
-        chosen = torch.zeros_like(masked).scatter_(1, order[:, :k], True) & masked
+        order = d.rand(z.shape, z.device, live=masked).masked_fill(~masked, 2.0).argsort(dim=1)
+        chosen = _first(order, d.most(masked).clamp(max=d.tokens_per_step)) & masked
         logits = d.logits(model, z)
-        z = z.masked_scatter(chosen, d.draw(logits[chosen]))
+        z = z.masked_scatter(chosen, d.draw(logits, chosen))
 
 
 def confidence_block(model: BlockModel, z: Tensor, d: BlockDraw) -> Tensor:
@@ -132,19 +192,16 @@ def confidence_block(model: BlockModel, z: Tensor, d: BlockDraw) -> Tensor:
     probabilities); inexact, biased to likely tokens."""
     for left in range(d.steps, 0, -1):
         masked = z == d.mask_id
-        n = int(masked.sum(1).max())
-        if n == 0:
+        n = d.most(masked)  # (B,)
+        if int(n.max()) == 0:
             break
         logits = d.logits(model, z)
-        d.stats.draws += int(masked.sum())
-        tokens, probs = sample_tokens_with_probs(
-            logits[masked], d.mask_id, generator=d.generator, precision=d.precision,
-            temperature=d.temperature, top_p=d.top_p, top_k=d.top_k)
+        tokens, probs = d.draw(logits, masked, probs=True)
         confidence = torch.full(z.shape, -1.0, dtype=torch.float64, device=z.device)
         confidence[masked] = probs
         drawn = z.masked_scatter(masked, tokens)
-        keep = confidence.argsort(dim=1, descending=True)[:, :math.ceil(n / left)]
-        chosen = torch.zeros_like(masked).scatter_(1, keep, True) & masked
+        keep = -(-n // left)  # ceil(n / left) per row
+        chosen = _first(confidence.argsort(dim=1, descending=True), keep) & masked
         z = torch.where(chosen, drawn, z)
     return z
 
@@ -164,8 +221,8 @@ OnBlock = Callable[[int, Tensor], bool]
 class BlockRows:
     """What block sampling fills: `num_samples` rows of up to `length` tokens (a multiple of
     L': the positions go on past the training length), their first P tokens fixed to
-    `prompt` (P,) (its whole blocks committed as they are); with `eos_id`, done once every row
-    has drawn it after the prompt."""
+    `prompt`, (P,) for every row or (B, P) one per row (its whole blocks committed as they
+    are); with `eos_id`, done once every row has drawn it after the prompt."""
 
     num_samples: int
     length: int
@@ -177,10 +234,12 @@ class BlockRows:
 class BlockHooks:
     """What a caller sees of block sampling: `on_block(start, block)` after each committed
     block (True ends the sampling), `before_call()` before each network call (a server stops
-    a request whose client left there)."""
+    a request whose client left there), `group_draws`: filled with each group's draws so far
+    (`BlockDraw.groups`)."""
 
     on_block: OnBlock | None = None
     before_call: Callable[[], None] | None = None
+    group_draws: list[int] | None = None
 
 
 def sample_blocks(model: BlockModel, d: BlockDraw, rows: BlockRows, *, block_size: int,
@@ -193,15 +252,15 @@ def sample_blocks(model: BlockModel, d: BlockDraw, rows: BlockRows, *, block_siz
     there."""
     num_samples, length, prompt, eos_id = rows.num_samples, rows.length, rows.prompt, rows.eos_id
     model.start(num_samples, length, device)
-    P = 0 if prompt is None else len(prompt)
-    fixed = torch.full((length,), d.mask_id, dtype=torch.long, device=device)
+    P = 0 if prompt is None else prompt.shape[-1]
+    fixed = torch.full((num_samples, length), d.mask_id, dtype=torch.long, device=device)
     if prompt is not None:
-        fixed[:P] = prompt.to(device)
+        fixed[:, :P] = prompt.to(device)  # (P,) broadcast to every row, or (B, P)
     blocks, ended = [], torch.zeros(num_samples, dtype=torch.bool, device=device)
     d.stats.num_sequences += num_samples
     for b in range(length // block_size):
         start = b * block_size
-        z = fixed[start:start + block_size].expand(num_samples, -1).clone()
+        z = fixed[:, start:start + block_size].clone()
         if bool((z == d.mask_id).any()):
             z = step(model, z, d)
         d.check()

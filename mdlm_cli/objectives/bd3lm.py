@@ -292,17 +292,27 @@ class BD3LM(Objective):
                  if k not in reads and k not in choice.ignored}
         return SamplerChoice(choice.spec, choice.steps, choice.note, {**choice.ignored, **extra})
 
+    def block_model(self, model: nn.Module, cache: bool = True,
+                    autocast_dtype: torch.dtype | None = None) -> CachedBlocks | RecomputedBlocks:
+        """The `BlockModel` that `sample` runs: the exact cache where the model keeps finished
+        blocks' keys and values (the unshifted DiT: `kv_cache_blocks`); the others recompute
+        the finished blocks at every call."""
+        if cache and bool(getattr(unwrap(model), "kv_cache_blocks", False)):
+            return CachedBlocks(model, autocast_dtype)
+        return RecomputedBlocks(model, self.block_size, autocast_dtype)
+
     @torch.no_grad()
     def sample(self, model: nn.Module, how: SamplingSettings, rows: BlockRows, *,
                generator: torch.Generator | None, cache: bool = True,
-               autocast_dtype: torch.dtype | None = None,
-               hooks: BlockHooks | None = None) -> BlockSamples:
+               autocast_dtype: torch.dtype | None = None, hooks: BlockHooks | None = None,
+               groups: list[tuple[int, torch.Generator | None]] | None = None) -> BlockSamples:
         """The `rows` (engine/block_sampling.py: up to their length, a multiple of L', past the
         training length if asked; their prompt fixed; done at their EOS), block by block, each
         block filled by the within-block sampler `how` names (BLOCK_STEPS, ancestral if none;
         its steps per block, 1000 if none, its draw settings and `tokens_per_step`).
         `cache=False` recomputes the finished blocks at every call. `hooks`: a server streams
-        each block and checks its client."""
+        each block and checks its client. `groups`: several requests in one batch, (rows,
+        generator) for consecutive rows (`BlockDraw.groups`), in place of `generator`."""
         sampler, hooks = how.sampler or "ancestral", hooks or BlockHooks()
         if how.cfg_scale:
             raise MdlmError("cfg_scale does not apply to a bd3lm model: its blocks are sampled "
@@ -314,18 +324,16 @@ class BD3LM(Objective):
         if sampler not in BLOCK_STEPS:
             raise MdlmError(f"sampler {sampler} does not serve bd3lm models; choose one of: "
                             f"{', '.join(BLOCK_STEPS)}")
-        if prompt is not None and len(prompt) >= length:
-            raise MdlmError(f"the prompt is {len(prompt)} tokens; the length is {length}")
-        # the exact cache where the model keeps finished blocks' keys and values (the unshifted
-        # DiT: `kv_cache_blocks`); the others recompute the finished blocks at every call
-        cache = cache and bool(getattr(unwrap(model), "kv_cache_blocks", False))
-        blocks = (CachedBlocks(model, autocast_dtype) if cache
-                  else RecomputedBlocks(model, self.block_size, autocast_dtype))
+        if prompt is not None and prompt.shape[-1] >= length:
+            raise MdlmError(f"the prompt is {prompt.shape[-1]} tokens; the length is {length}")
+        blocks = self.block_model(model, cache, autocast_dtype)
         device = next(model.parameters()).device
         draw = BlockDraw(self.mask_id, self.schedule, generator, steps=how.steps or 1000,
                          precision=how.precision, temperature=how.temperature, top_p=how.top_p,
                          top_k=how.top_k or 0,
                          tokens_per_step=int(how.options.get("tokens_per_step", 1)),
-                         before_call=hooks.before_call)
+                         before_call=hooks.before_call, groups=groups)
+        if hooks.group_draws is not None:
+            draw.group_draws = hooks.group_draws
         return sample_blocks(blocks, draw, rows, block_size=self.block_size, device=device,
                              step=BLOCK_STEPS[sampler], on_block=hooks.on_block)

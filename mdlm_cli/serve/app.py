@@ -22,10 +22,10 @@ from starlette.routing import Route
 
 from ..memory import available, size_text
 from .admission import Memory, memory_need, row_length
-from .blocks import run_blocks
 from .chat import chat_choice, chat_delta, chat_end, parse_chat
 from .completion import parse_completion
 from .events import Done, Event, StateSnapshot, TextDelta
+from .gather import BlockGatherer
 from .generation import Outcome, run_plan
 from .http_io import api_error, error_response, json_body
 from .metrics import Metrics
@@ -56,6 +56,7 @@ class State:
     metrics: Metrics = field(default_factory=Metrics)
     served: Served | None = None
     worker: Worker | None = None
+    gatherer: BlockGatherer | None = None  # a bd3lm model's requests into batches (gather.py)
     load_error: str | None = None
     batching: str | None = None  # the shapes network calls run at, in words (/health)
 
@@ -79,20 +80,23 @@ def _ready(request: Request) -> State:
 
 def _submit(state: State, plan: Plan) -> tuple[Job, asyncio.Queue]:
     """The plan as a job on the worker; its events (text, states, done) arrive on the queue
-    (the states from the decoder's events: generation.py)."""
+    (the states from the decoder's events: generation.py). A bd3lm plan goes to the gatherer,
+    which batches it with the requests it can share a batch with (gather.py)."""
     served = state.served
-    run = run_blocks if plan.block_size else run_plan  # bd3lm: block by block (blocks.py)
     need = memory_need(state.worker.memory, plan.num_rows, row_length(plan, served),
                        state.settings.max_batch)
-    return _enqueue(state, plan.num_rows, lambda d, emit: run(plan, served, d, emit),
+    if plan.block_size:
+        return _enqueue(state, plan.num_rows, None, need=need,
+                        place=lambda job, emit: state.gatherer.submit(plan, job, emit))
+    return _enqueue(state, plan.num_rows, lambda d, emit: run_plan(plan, served, d, emit),
                     alone=plan.alone, need=need)
 
 
-def _enqueue(state: State, rows: int, run: Callable, *, alone: bool = False,
-             need: int = 0) -> tuple[Job, asyncio.Queue]:
+def _enqueue(state: State, rows: int, run: Callable | None, *, alone: bool = False,
+             need: int = 0, place: Callable | None = None) -> tuple[Job, asyncio.Queue]:
     """`run(denoiser, emit)` as a job of `rows` rows on the worker; its events on the queue.
     `alone`: the job runs by itself on the model (a block cache); `need`: the bytes its calls
-    hold."""
+    hold; `place(job, emit)`: where the job goes in place of the worker's queue."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
     def emit(event: Event) -> None:
@@ -103,7 +107,10 @@ def _enqueue(state: State, rows: int, run: Callable, *, alone: bool = False,
               done=lambda result, error: emit(Done(result, error)),
               timeout_s=state.settings.timeout_s, alone=alone, bytes=need)
     try:
-        state.worker.submit(job)
+        if place is not None:
+            place(job, emit)
+        else:
+            state.worker.submit(job)
     except QueueFull:
         raise ApiError(429, "the server's queue is full; retry shortly", code="rate_limit_exceeded",
                        kind="rate_limit_error", headers={"Retry-After": "1"}) from None
@@ -255,6 +262,8 @@ async def health(request: Request) -> Response:
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
     queued, running = state.worker.depth()
     batching = state.worker.batching() if state.batching == "auto" else state.batching
+    if state.gatherer is not None:
+        batching = state.gatherer.batching()
     return JSONResponse({"status": "ok", "model": state.served.name, "queued": queued,
                          "running": running, "auth": state.settings.api_key is not None,
                          "batching": batching})
@@ -298,8 +307,8 @@ def _load(state: State, load: Callable[[], Served], on_error: Callable[[str], No
                         exclusive=served.causal or bool(served.block_size),
                         metrics=state.metrics, device=served.device, memory=memory)
         state.worker = worker
-        if served.block_size:  # its own rows' key/value cache: nothing to batch with
-            state.batching = "none: a bd3lm request runs alone, block by block with its cache"
+        if served.block_size:  # a job per batch of requests, run alone with its cache
+            state.gatherer = BlockGatherer(worker, served)
         elif not served.causal and settings.max_batch > 1:
             # probed at the first request of each row length (shapes.py), not here: a probe at
             # the whole window would cost a LLaDA-8B layout gigabytes before any request

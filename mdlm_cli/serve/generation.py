@@ -39,6 +39,7 @@ class Outcome:
     seconds: float
     prompt_tokens: int
     completion_tokens: int
+    batch: dict | None = None  # a bd3lm request's shared batch (serve/gather.py)
 
 
 def _texts(plan: Plan, served: Served) -> list[ChoiceText]:

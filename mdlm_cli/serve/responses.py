@@ -20,6 +20,8 @@ def mdlm_info(plan: Plan, outcome: Outcome, job: Job) -> dict:
             "queue_seconds": round(queued, 6), **plan.options}
     if plan.stride is not None:
         info["stride"] = plan.stride
+    if outcome.batch is not None:
+        info["batch"] = outcome.batch
     return info
 
 

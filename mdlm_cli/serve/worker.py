@@ -120,8 +120,9 @@ class Worker:
     alone) and runs their network calls in batches: a batch runs once every running job has a
     call waiting, or the oldest call has waited `max_wait_s`. `exclusive`: one job at a time,
     calling the model directly (left-to-right models, whose KV-cache calls do not batch, and
-    bd3lm models, whose requests each hold their blocks' cache); a job marked `alone` (a
-    block cache) runs so too."""
+    bd3lm models, whose jobs each hold one batch's blocks' cache: serve/gather.py puts the
+    requests that can share a batch in one job); a job marked `alone` (a block cache) runs so
+    too."""
 
     def __init__(self, denoiser, *, mask_id: int, batching: Batching | None = None,
                  exclusive: bool = False, metrics=None, device: torch.device | str = "cpu",

@@ -180,7 +180,7 @@ def test_the_model_card_says_block_size_and_the_options_that_apply(http):
     assert not card["infill"] and not card["semi_ar"]
     assert card["samplers"]["first-hitting"]["options"] == ["tokens_per_step"]
     assert card["samplers"]["confidence"]["options"] == []
-    assert http.get("/health").json()["batching"].startswith("none: a bd3lm request runs alone")
+    assert "bd3lm requests of one row length" in http.get("/health").json()["batching"]
 
 
 @pytest.mark.parametrize("body, param, says", [
@@ -291,3 +291,105 @@ def test_each_rows_positions_are_the_one_rules(bd3_run, prompt, max_tokens):
     assert all(r.length % BLOCK == 0 for r in plan.rows)
     if prompt == "x" * 30:
         assert plan.max_tokens == BLOCK and plan.rows[0].length == 40
+
+
+def test_concurrent_seeded_requests_share_batches_and_keep_their_alone_texts(bd3_run):
+    """Requests of one row length, prompt length and settings, sent together from threads,
+    share one batch of block sampling (the answers' `mdlm.batch`; fewer network calls than
+    the sum of theirs), and each gets the text it gets sent alone: every within-block step, a
+    seed and an n each, some requests ending before the others (they answer the network
+    calls they take alone). A request of other settings runs in a batch of its own."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    http = TestClient(create_app(lambda: served_from(bd3_run),
+                                 Settings(max_batch=8, max_wait_ms=300)))
+    http.__enter__()
+    try:
+        for _ in range(200):
+            if http.get("/health").status_code == 200:
+                break
+            time.sleep(0.05)
+        ends = set()  # (the batch's calls, a request's) where the request ended first
+        for how in ({}, {"sampler": "ancestral", "steps": 3},
+                    {"sampler": "confidence", "steps": 2, "top_p": 0.9}):
+            bodies = [{"prompt": p, "max_tokens": 40, "seed": seed, "n": n, **how}
+                      for p, seed, n in (("the ", 1, 3), ("a ca", 2, 1), ("she ", 3, 2))]
+            bodies.append({**bodies[0], "temperature": 0.5})  # other settings: not shared
+            alone = [complete(http, **b) for b in bodies]
+            barrier = Barrier(len(bodies))
+
+            def send(body, barrier=barrier):
+                barrier.wait()
+                return complete(http, **body)
+
+            with ThreadPoolExecutor(len(bodies)) as pool:
+                together = list(pool.map(send, bodies))
+            for a, t in zip(alone, together, strict=True):
+                assert [c["text"] for c in t["choices"]] == [c["text"] for c in a["choices"]]
+                assert [c["finish_reason"] for c in t["choices"]] == [
+                    c["finish_reason"] for c in a["choices"]]
+                assert t["mdlm"]["network_calls"] == a["mdlm"]["network_calls"]
+                assert a["mdlm"]["batch"]["requests"] == 1
+            shared = [t["mdlm"]["batch"] for t in together[:3]]
+            assert all(b == {**shared[0]} for b in shared)
+            assert shared[0]["requests"] == 3 and shared[0]["rows"] == 6
+            assert shared[0]["network_calls"] < sum(a["mdlm"]["network_calls"]
+                                                    for a in alone[:3])
+            assert together[3]["mdlm"]["batch"]["requests"] == 1
+            ends |= {(b["network_calls"], t["mdlm"]["network_calls"])
+                     for b, t in zip(shared, together, strict=False)}
+        assert any(mine < batch for batch, mine in ends)
+        assert "positions:" in http.get("/health").json()["batching"]
+    finally:
+        http.__exit__(None, None, None)
+
+
+def test_a_request_that_stops_mid_batch_leaves_the_others_their_texts(bd3_run):
+    """On the worker and gatherer themselves: of two requests sharing a batch, the one whose
+    client leaves at its first text is answered Cancelled at the next network call; the other
+    goes on and gets its alone text."""
+    import threading
+
+    from mdlm_cli.serve.gather import BlockGatherer
+    from mdlm_cli.serve.worker import Batching, Job, Worker
+
+    served = served_from(bd3_run)
+    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, exclusive=True,
+                    batching=Batching(max_batch=8, max_wait_s=0.3))
+    gatherer = BlockGatherer(worker, served)
+    answers, all_in = {}, threading.Event()
+
+    def run(jobs: dict, emits: dict) -> dict:
+        answers.clear()
+        all_in.clear()
+        for i, plan in jobs.items():
+            def done(result, error, i=i):
+                answers[i] = (result, error)
+                if len(answers) == len(jobs):
+                    all_in.set()
+            job = Job(rows=plan.n, run=None, done=done, timeout_s=60)
+            emits[i].job = job
+            gatherer.submit(plan, job, emits[i])
+        assert all_in.wait(60)
+        return dict(answers)
+
+    class Leaves:
+        def __init__(self, leave: bool):
+            self.leave, self.job = leave, None
+
+        def __call__(self, event):
+            if self.leave:
+                self.job.cancel("disconnect")
+
+    body = {"prompt": "the ", "max_tokens": 40, "n": 2}
+    plans = {i: parse_completion({**body, "seed": i}, served, Limits()) for i in (1, 2)}
+    try:
+        both = run(plans, {1: Leaves(True), 2: Leaves(False)})
+        alone = run({2: plans[2]}, {2: Leaves(False)})
+    finally:
+        worker.stop()
+    assert both[1][0] is None and isinstance(both[1][1], Cancelled)
+    outcome, error = both[2]
+    assert error is None and outcome.batch["requests"] == 2
+    assert [c["text"] for c in outcome.choices] == [c["text"] for c in alone[2][0].choices]
