@@ -20,20 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def mdlm(*args) -> str:
-    out = subprocess.run([sys.executable, "-m", "mdlm_cli", *map(str, args)], cwd=ROOT,
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"mdlm {' '.join(map(str, args[:2]))} failed:\n{out.stderr[-2000:]}")
-    return out.stdout + out.stderr
+from cli_runs import ROOT, mdlm
 
 
 def trained(preset: str, out: Path, steps: int, extra: list[str]) -> float:

@@ -12,20 +12,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from cli_runs import ROOT, mdlm
+
 SAMPLING = ["--sampler", "ancestral", "--steps", "4", "--answer-tokens", "4"]
-
-
-def mdlm(*args) -> str:
-    out = subprocess.run([sys.executable, "-m", "mdlm_cli", *map(str, args)], cwd=ROOT,
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"mdlm {' '.join(map(str, args[:2]))} failed:\n{out.stderr[-2000:]}")
-    return out.stdout + out.stderr
 
 
 def held_out_exact(checkpoint: Path, held: Path, adapter: Path | None, rows: int) -> float:

@@ -38,21 +38,27 @@ def list_presets() -> dict[str, str]:
     return out
 
 
-def load_preset(name_or_path: str) -> dict:
+def read_preset_file(name_or_path: str, folder: Path, what: str,
+                     listing: list[str]) -> tuple[Path, dict]:
+    """(path, mapping) of a preset: a .yaml path, or NAME in `folder`; unknown names, bad YAML
+    and a file that is not a mapping are one line each (`what`: "preset", "rl preset")."""
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
-        path = preset_dir() / f"{name_or_path}.yaml"
+        path = folder / f"{name_or_path}.yaml"
         if not path.is_file():
-            raise MdlmError(
-                f"unknown preset {name_or_path!r}; choose one of: {', '.join(list_presets())} "
-                "(or give a path to a .yaml file)"
-            )
+            raise MdlmError(f"unknown {what} {name_or_path!r}; choose one of: "
+                            f"{', '.join(listing)} (or give a path to a .yaml file)")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise MdlmError(f"preset {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise MdlmError(f"{what} {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
-        raise MdlmError(f"preset {path} must be a mapping of sections to keys")
+        raise MdlmError(f"{what} {path} must be a mapping of keys to values")
+    return path, data
+
+
+def load_preset(name_or_path: str) -> dict:
+    path, data = read_preset_file(name_or_path, preset_dir(), "preset", list(list_presets()))
     data.setdefault("name", path.stem)
     return data
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from ..config.loading import preset_dir
+from ..config.loading import preset_dir, read_preset_file
 from ..errors import MdlmError
 
 
@@ -30,18 +28,7 @@ def list_rl_presets() -> list[str]:
 
 def read_rl_preset(name_or_path: str, valid: set[str]) -> dict:
     """The preset's values by option name (`valid`: the command's parameter names)."""
-    path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
-        path = rl_preset_dir() / f"{name_or_path}.yaml"
-        if not path.is_file():
-            raise MdlmError(f"unknown rl preset {name_or_path!r}; choose one of: "
-                            f"{', '.join(list_rl_presets())} (or give a path to a .yaml file)")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise MdlmError(f"rl preset {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise MdlmError(f"rl preset {path} must be a mapping of option names to values")
+    path, data = read_preset_file(name_or_path, rl_preset_dir(), "rl preset", list_rl_presets())
     values = {str(k).replace("-", "_"): v for k, v in data.items() if k != "description"}
     unknown = sorted(set(values) - valid)
     if unknown:
