@@ -69,7 +69,8 @@ OwnSamplingOpt = Annotated[bool, typer.Option(
 UnsafeCodeOpt = Annotated[bool, typer.Option(
     "--confirm-run-unsafe-code",
     help="Let tasks that execute the model's code run (HumanEval, MBPP: lm-eval's "
-         "confirm_run_unsafe_code); run them in a sandbox.")]
+         "confirm_run_unsafe_code, and HF_ALLOW_CODE_EVAL=1 for code_eval); run them in a "
+         "sandbox.")]
 BootstrapOpt = Annotated[int, typer.Option(
     help="lm-eval's bootstrap resamples for metric stderrs.")]
 OutFolderOpt = Annotated[str, typer.Option(

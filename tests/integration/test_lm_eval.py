@@ -134,3 +134,50 @@ def test_rolling_windows_are_lm_evals_own():
             token_list=tokens, prefix_token=-1, max_seq_len=max_len, context_len=context_len)]
         theirs = [(ctx[1:] if i == 0 else ctx, pred) for i, (ctx, pred) in enumerate(theirs)]  # no prefix token
         assert rolling_windows(tokens, max_len, context_len) == theirs
+
+
+UNSAFE_TASK = """task: t_unsafe
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {docs}
+test_split: test
+unsafe_code: true
+output_type: generate_until
+doc_to_text: "{{{{text}}}}"
+doc_to_target: ""
+generation_kwargs: {{until: ["the"], max_gen_toks: 2}}
+process_results: !function unsafe_utils.process_results
+metric_list:
+  - {{metric: code_eval_allowed, aggregation: mean, higher_is_better: true}}
+"""
+# the metric HumanEval's code_eval would refuse to compute without HF_ALLOW_CODE_EVAL=1
+UNSAFE_UTILS = """import os
+
+
+def process_results(doc, results):
+    return {"code_eval_allowed": float(os.environ.get("HF_ALLOW_CODE_EVAL") == "1")}
+"""
+
+
+def test_a_task_that_runs_code_needs_the_flag_and_the_flag_is_all_it_needs(setup, tmp_path,
+                                                                           monkeypatch):
+    """lm-eval refuses an `unsafe_code` task without confirmation: one line naming the flag.
+    With `--confirm-run-unsafe-code` it runs, and the `evaluate` library's code_eval (which
+    HumanEval and MBPP score with) finds HF_ALLOW_CODE_EVAL=1 set for it."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)  # restored (removed) afterwards
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "docs.jsonl").write_text(json.dumps({"text": DOCS[0]}) + "\n")
+    (tasks / "t_unsafe.yaml").write_text(UNSAFE_TASK.format(docs=tasks / "docs.jsonl"))
+    (tasks / "unsafe_utils.py").write_text(UNSAFE_UTILS)
+    common = ["lm-eval", "-c", str(setup / "ar"), "--tasks", "t_unsafe", "--include-path",
+              str(tasks), "--device", "cpu", "--bootstrap-iters", "10"]
+    out = run(*common, code=1)
+    error = out.strip().splitlines()[-1]  # after the harness's data-loading progress
+    assert error.startswith("error: task t_unsafe") and "--confirm-run-unsafe-code" in error
+    assert "Traceback" not in out
+    run(*common, "--confirm-run-unsafe-code", "--json", str(tmp_path / "r.json"))
+    results = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert results["t_unsafe"]["code_eval_allowed,none"] == 1.0

@@ -5,6 +5,7 @@ Importing this module does not need lm-eval; `require_lm_eval` says how to insta
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -139,18 +140,33 @@ def run_lm_eval(
     limit = options.limit
     limit = None if limit is None else (int(limit) if limit >= 1 else limit)
     on_start(f"lm-eval {lm_eval_version()}: {', '.join(options.tasks)}")
+    results = evaluate_tasks(simple_evaluate, lm, options, manager, limit)
+    summary = {task: task_summary(scores) for task, scores in lm.scores.items()}
+    return LmEvalRun(lm, results, summary)
+
+
+def evaluate_tasks(simple_evaluate, lm, options: LmEvalOptions, manager, limit):
+    """lm-eval's simple_evaluate, its refusals said in one line. A task that runs the model's
+    code (HumanEval, MBPP) needs lm-eval's confirmation and, for the `evaluate` library's
+    code_eval metric that scores it, HF_ALLOW_CODE_EVAL=1: the flag gives both."""
+    if options.confirm_run_unsafe_code:
+        os.environ.setdefault("HF_ALLOW_CODE_EVAL", "1")
     try:  # the model's progress bars show the work
-        results = simple_evaluate(model=lm, tasks=options.tasks, num_fewshot=options.num_fewshot,
-                                  limit=limit, task_manager=manager,
-                                  bootstrap_iters=options.bootstrap_iters, log_samples=False,
-                                  confirm_run_unsafe_code=options.confirm_run_unsafe_code,
-                                  apply_chat_template=options.apply_chat_template)
+        return simple_evaluate(model=lm, tasks=options.tasks, num_fewshot=options.num_fewshot,
+                               limit=limit, task_manager=manager,
+                               bootstrap_iters=options.bootstrap_iters, log_samples=False,
+                               confirm_run_unsafe_code=options.confirm_run_unsafe_code,
+                               apply_chat_template=options.apply_chat_template)
     except (ConnectionError, OSError) as e:
         raise MdlmError(f"lm-eval could not load a task's data ({type(e).__name__}: {e}); the Hub "
                         "data sets need the network the first time, local tasks need their "
                         "files") from None
-    summary = {task: task_summary(scores) for task, scores in lm.scores.items()}
-    return LmEvalRun(lm, results, summary)
+    except ValueError as e:
+        if "marked as unsafe" not in str(e):
+            raise
+        task = str(e).split("task: ")[-1].split(" ")[0]  # lm-eval's "...run task: NAME which..."
+        raise MdlmError(f"task {task} runs the model's code; add --confirm-run-unsafe-code to "
+                        "run it (in a sandbox)") from None
 
 
 def task_summary(scores) -> dict:
