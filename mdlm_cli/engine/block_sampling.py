@@ -54,6 +54,24 @@ class BlockSamples:
 
 
 @dataclass
+class GroupCounts:
+    """Each group's work so far (`BlockDraw.groups`), what it takes alone: its draws, and its
+    network calls (the calls at which it draws, and the commit of each block). A batch's own
+    calls may be more: a step runs the network when any group reveals something."""
+
+    draws: list[int] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+
+    def size(self, groups: int) -> None:
+        if len(self.draws) != groups:  # in place: a caller may hold the lists
+            self.draws[:], self.calls[:] = [0] * groups, [0] * groups
+
+    def committed(self, groups: int) -> None:
+        self.size(groups)
+        self.calls[:] = [c + 1 for c in self.calls]
+
+
+@dataclass
 class BlockDraw:
     """What a within-block step reads: its steps, the draw's settings and the work counters.
 
@@ -76,7 +94,7 @@ class BlockDraw:
     # runs before each network call: a server stops a request whose client left there
     before_call: Callable[[], None] | None = None
     groups: list[tuple[int, torch.Generator | None]] | None = None
-    group_draws: list[int] = field(default_factory=list)  # each group's draws so far
+    counts: GroupCounts = field(default_factory=GroupCounts)  # per group, so far
 
     def logits(self, model: BlockModel, z: Tensor) -> Tensor:
         self.check()
@@ -119,13 +137,13 @@ class BlockDraw:
         `probs`: (tokens, the drawn tokens' probabilities), the confidence step's draw."""
         fn = sample_tokens_with_probs if probs else sample_tokens
         spans = self.spans(len(where))
-        if len(self.group_draws) != len(spans):
-            self.group_draws[:] = [0] * len(spans)  # in place: a caller may hold it
+        self.counts.size(len(spans))
         parts = []
         for i, (rows, gen) in enumerate(spans):
             n = int(where[rows].sum())
-            if n:
-                self.group_draws[i] += n
+            if n:  # the call was one this group alone makes: it draws at it
+                self.counts.draws[i] += n
+                self.counts.calls[i] += 1
                 parts.append(fn(logits[rows][where[rows]], self.mask_id, generator=gen,
                                 precision=self.precision, temperature=self.temperature,
                                 top_p=self.top_p, top_k=self.top_k))
@@ -234,12 +252,12 @@ class BlockRows:
 class BlockHooks:
     """What a caller sees of block sampling: `on_block(start, block)` after each committed
     block (True ends the sampling), `before_call()` before each network call (a server stops
-    a request whose client left there), `group_draws`: filled with each group's draws so far
-    (`BlockDraw.groups`)."""
+    a request whose client left there), `counts`: filled with each group's draws and calls
+    so far (`BlockDraw.groups`)."""
 
     on_block: OnBlock | None = None
     before_call: Callable[[], None] | None = None
-    group_draws: list[int] | None = None
+    counts: GroupCounts | None = None
 
 
 def sample_blocks(model: BlockModel, d: BlockDraw, rows: BlockRows, *, block_size: int,
@@ -266,6 +284,7 @@ def sample_blocks(model: BlockModel, d: BlockDraw, rows: BlockRows, *, block_siz
         d.check()
         model.commit(z)
         d.stats.calls += 1
+        d.counts.committed(len(d.spans(num_samples)))
         d.stats.sequence_evals += num_samples
         blocks.append(z)
         if on_block is not None and on_block(start, z):

@@ -333,7 +333,7 @@ class BD3LM(Objective):
                          top_k=how.top_k or 0,
                          tokens_per_step=int(how.options.get("tokens_per_step", 1)),
                          before_call=hooks.before_call, groups=groups)
-        if hooks.group_draws is not None:
-            draw.group_draws = hooks.group_draws
+        if hooks.counts is not None:
+            draw.counts = hooks.counts
         return sample_blocks(blocks, draw, rows, block_size=self.block_size, device=device,
                              step=BLOCK_STEPS[sampler], on_block=hooks.on_block)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import engine
-from ..engine.block_sampling import BlockHooks, BlockRows
+from ..engine.block_sampling import BlockHooks, BlockRows, GroupCounts
 from ..generation.layout import LayoutError, lay_out
 from ..generation.text import ChoiceText
 from .events import Emit, TextDelta
@@ -118,8 +118,7 @@ def sample_parts(parts: list[Part], served: Served, check: Callable[[], None],
         groups.append((size - len(prefixes),
                        torch.Generator(device=served.device).manual_seed(0)))
         prefixes += [lead.row.prefix] * (size - len(prefixes))
-    draws: list[int] = []
-    calls = 0
+    counts, calls = GroupCounts(), 0
 
     def before_call() -> None:
         nonlocal calls
@@ -132,7 +131,7 @@ def sample_parts(parts: list[Part], served: Served, check: Callable[[], None],
             if not part.done:
                 part.feed(start, block[first:first + part.plan.n])
                 if part.ended:
-                    part.calls, part.draws = calls, draws[i]
+                    part.calls, part.draws = counts.calls[i], counts.draws[i]
             first += part.plan.n
         return all(p.done for p in parts)
 
@@ -140,10 +139,10 @@ def sample_parts(parts: list[Part], served: Served, check: Callable[[], None],
     loaded.objective.sample(
         loaded.model, how.with_(steps=how.steps or 1),
         BlockRows(len(prefixes), lead.row.length, prompt), generator=None, groups=groups,
-        autocast_dtype=served.dtype, hooks=BlockHooks(on_block, before_call, draws))
+        autocast_dtype=served.dtype, hooks=BlockHooks(on_block, before_call, counts))
     for i, part in enumerate(parts):
         if not part.done:  # it ran to its row's length
-            part.calls, part.draws = calls, draws[i]
+            part.calls, part.draws = counts.calls[i], counts.draws[i]
     return calls
 
 

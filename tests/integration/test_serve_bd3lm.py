@@ -311,7 +311,8 @@ def test_concurrent_seeded_requests_share_batches_and_keep_their_alone_texts(bd3
                 break
             time.sleep(0.05)
         ends = set()  # (the batch's calls, a request's) where the request ended first
-        for how in ({}, {"sampler": "ancestral", "steps": 3},
+        # ancestral at 20 steps: the batch calls at steps where only some requests reveal
+        for how in ({}, {"sampler": "ancestral", "steps": 20},
                     {"sampler": "confidence", "steps": 2, "top_p": 0.9}):
             bodies = [{"prompt": p, "max_tokens": 40, "seed": seed, "n": n, **how}
                       for p, seed, n in (("the ", 1, 3), ("a ca", 2, 1), ("she ", 3, 2))]

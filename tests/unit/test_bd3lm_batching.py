@@ -6,7 +6,7 @@ prompt, for every within-block step."""
 import pytest
 import torch
 
-from mdlm_cli.engine.block_sampling import BlockHooks, BlockRows
+from mdlm_cli.engine.block_sampling import BlockHooks, BlockRows, GroupCounts
 from mdlm_cli.engine.settings import SamplingSettings
 from mdlm_cli.objectives.bd3lm import RecomputedBlocks
 
@@ -56,18 +56,23 @@ def bd3():
 ])
 def test_each_request_gets_its_alone_tokens_in_a_batch(bd3, how):
     bd3lm, model = bd3
-    alone = [bd3lm.sample(model, how, BlockRows(n, LENGTH, torch.tensor(prompt)),
-                          generator=torch.Generator().manual_seed(seed)).tokens
-             for seed, n, prompt in REQUESTS]
+    alone_stats = [bd3lm.sample(model, how, BlockRows(n, LENGTH, torch.tensor(prompt)),
+                                generator=torch.Generator().manual_seed(seed))
+                   for seed, n, prompt in REQUESTS]
+    alone = [out.tokens for out in alone_stats]
     prompts = torch.tensor([p for _, n, p in REQUESTS for _ in range(n)])  # (6, 6) one per row
     groups = [(n, torch.Generator().manual_seed(seed)) for seed, n, _ in REQUESTS]
-    counts: list[int] = []
+    counts = GroupCounts()
     together = bd3lm.sample(model, how, BlockRows(len(prompts), LENGTH, prompts),
-                            generator=None, groups=groups,
-                            hooks=BlockHooks(group_draws=counts))
+                            generator=None, groups=groups, hooks=BlockHooks(counts=counts))
     assert torch.equal(together.tokens, torch.cat(alone))
     assert len(set(together.tokens[:, 6:].flatten().tolist())) > 5  # draws, not one token
-    assert len(counts) == 3 and sum(counts) == together.stats.draws
+    assert sum(counts.draws) == together.stats.draws
+    # each group's work is what it takes alone, though the batch calls more (ancestral)
+    assert counts.draws == [out.stats.draws for out in alone_stats]
+    assert counts.calls == [out.stats.calls for out in alone_stats]
+    if how.sampler == "ancestral":  # a step calls the network if any group reveals there
+        assert together.stats.calls > min(counts.calls)
     # the seeds matter: the same rows under one generator draw other tokens
     shared = bd3lm.sample(model, how, BlockRows(len(prompts), LENGTH, prompts),
                           generator=torch.Generator().manual_seed(5))
