@@ -155,15 +155,19 @@ def run_blocks(plan: Plan, served: Served, denoiser, emit: Emit,
     network call once the client has gone or the time limit has passed."""
     generator = torch.Generator(device=served.device).manual_seed(plan.seed)
     texts = choice_texts(plan, served)
-    stats, t0 = engine.SampleStats(), time.perf_counter()
+    stats, t0, calls, padded = engine.SampleStats(), time.perf_counter(), 0, 0
     for p, row in enumerate(plan.rows):
         first = p * plan.n
         part = Part(plan, row, generator, texts[first:first + plan.n], emit, first)
-        sample_parts([part], served, denoiser.check,
-                     plan.n if size_for is None else size_for(plan.n, row.length))
+        size = plan.n if size_for is None else size_for(plan.n, row.length)
+        calls += sample_parts([part], served, denoiser.check, size)
+        padded = max(padded, size)
         stats.num_sequences += plan.n
         stats.merge(part.stats())
-    return finished(plan, texts, emit, stats, time.perf_counter() - t0)
+    # its batches, one per prompt, shared with no other request
+    batch = {"requests": 1, "rows": plan.n, "padded_to": padded, "network_calls": calls,
+             "batches": len(plan.rows)}
+    return finished(plan, texts, emit, stats, time.perf_counter() - t0, batch)
 
 
 def finished(plan: Plan, texts: list[ChoiceText], emit: Emit, stats: engine.SampleStats,

@@ -60,16 +60,40 @@ class _Member:
 
 @dataclass(eq=False)
 class _Group:
+    """Requests sharing one job. `lock` guards `open` and `members` and is taken last of all
+    locks (never while taking another): the group closes both when its job starts and when
+    the worker answers the job without running it, under the worker's own lock."""
+
     key: tuple
     length: int
     members: list[_Member]
     job: Job | None = None  # the worker's
     opened: float = field(default_factory=time.monotonic)
     open: bool = True
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def rows(self) -> int:
         return sum(m.plan.n for m in self.members)
+
+    def join(self, member: _Member, most: int, memory) -> bool:
+        """`member` in the group, if it is open and the rows fit in `most`."""
+        with self.lock:
+            if not self.open or self.rows + member.plan.n > most:
+                return False
+            self.members.append(member)
+            job = self.job
+            job.rows = self.rows
+            if memory is not None:
+                job.bytes = memory.need(self.rows, self.length)
+            job.timeout_s = max(job.timeout_s, member.job.deadline - job.submitted)
+            return True
+
+    def close(self) -> list[_Member]:
+        """No more members; the ones it has."""
+        with self.lock:
+            self.open = False
+            return list(self.members)
 
 
 def block_network(served: Served) -> Network:
@@ -109,22 +133,17 @@ class BlockGatherer:
         `QueueFull` where the worker's queue is full."""
         length = plan.rows[0].length
         key = batch_key(plan, min(self.worker.max_batch, self.most(length)))
-        with self._lock:
-            group = self._open.get(key) if key is not None else None
-            if group is not None and group.open and group.rows + plan.n <= self.most(length):
-                group.members.append(_Member(plan, job, emit))
-                group.job.rows = group.rows
-                if self.worker.memory is not None:
-                    group.job.bytes = self.worker.memory.need(group.rows, length)
-                group.job.timeout_s = max(group.job.timeout_s,
-                                          job.deadline - group.job.submitted)
+        if key is None:
+            job.alone = True
+            job.run = lambda d: run_blocks(plan, self.served, d, emit, self.size_for)
+            self.worker.submit(job)
+            return
+        member = _Member(plan, job, emit)
+        with self._lock:  # a group is queued before anyone may join it
+            group = self._open.get(key)
+            if group is not None and group.join(member, self.most(length), self.worker.memory):
                 return
-            if key is None:
-                job.alone = True
-                job.run = lambda d: run_blocks(plan, self.served, d, emit, self.size_for)
-                self.worker.submit(job)
-                return
-            group = _Group(key, length, [_Member(plan, job, emit)])
+            group = _Group(key, length, [member])
             group.job = Job(rows=plan.n, run=lambda d: self._run(group, d),
                             done=lambda _, error: self._end(group, error),
                             timeout_s=job.timeout_s, alone=True, bytes=job.bytes)
@@ -132,8 +151,10 @@ class BlockGatherer:
             self._open[key] = group
 
     def _end(self, group: _Group, error: BaseException | None) -> None:
-        """The group's job is over: the members not answered yet get its error."""
-        for member in group.members:
+        """The group's job is over, run or not (its time ran out in the queue, the server
+        stopped): closed to newcomers (who open a group of their own; `_open` forgets it
+        then), and the members not answered yet get its error."""
+        for member in group.close():
             member.answer(None, error or Cancelled("shutdown"))
 
     def _close(self, group: _Group) -> list[_Member]:
@@ -141,10 +162,9 @@ class BlockGatherer:
         if wait > 0:
             time.sleep(wait)  # the requests that come meanwhile join
         with self._lock:
-            group.open = False
             if self._open.get(group.key) is group:
                 del self._open[group.key]
-            return list(group.members)
+        return group.close()
 
     def _run(self, group: _Group, denoiser) -> None:
         """The group's job: its members' rows in one batch; each member answered with its own
@@ -162,10 +182,10 @@ class BlockGatherer:
         try:
             calls = sample_parts(parts, self.served, self._check(denoiser, members, parts),
                                  size)
-        except Cancelled as e:
+        except Exception as e:  # noqa: BLE001 - the members that had ended keep their answers
             calls, error = None, e
         batch = {"requests": len(members), "rows": rows, "padded_to": size,
-                 "network_calls": calls}
+                 "network_calls": calls, "batches": 1}
         seconds = time.perf_counter() - t0
         for m, part in zip(members, parts, strict=True):
             if part.dropped is not None or (error is not None and not part.ended):
@@ -218,8 +238,7 @@ class BlockGatherer:
         head = (f"bd3lm requests of one row length, prompt length and sampling settings share "
                 f"their calls (up to {worker.max_batch} rows, gathered for "
                 f"{worker.max_wait_s * 1000:g} ms)")
-        with self._probe_lock:
-            probed = sorted(self._shapes.items())
+        probed = sorted(list(self._shapes.items()))  # not under the lock a probe holds
         if not probed:
             return head + "; shapes probed at each row length when its first request comes"
         return head + "; " + "; ".join(f"{n} positions: {s.why}" for n, s in probed)

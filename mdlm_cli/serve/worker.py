@@ -287,8 +287,8 @@ class Worker:
 
     def batching(self) -> str:
         """How calls are batched, in words, at each row length probed so far (/health)."""
-        with self._probe_lock:
-            probed = sorted(self._shapes.items(), key=lambda item: item[0][1])
+        # a copy, not under the lock a probe holds: /health answers while one runs
+        probed = sorted(list(self._shapes.items()), key=lambda item: item[0][1])
         if not probed:
             return "probed at each row length when its first request comes"
         return "; ".join(f"{length} positions: {shapes.why}" for (_, length), shapes in probed)

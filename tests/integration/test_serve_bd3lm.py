@@ -117,9 +117,14 @@ def test_streamed_blocks_join_to_the_unstreamed_text(http):
 def test_several_prompts_are_sampled_prompt_after_prompt_under_one_generator(http):
     """Choice index = prompt * n + j; the first prompt's choices are those it gets alone (its
     rows draw first from the request's generator), the second's come after them."""
-    both = complete(http, prompt=["the ", "a"], n=2, max_tokens=40, seed=3)["choices"]
+    answer = complete(http, prompt=["the ", "a"], n=2, max_tokens=40, seed=3)
+    both = answer["choices"]
     alone = complete(http, prompt="the ", n=2, max_tokens=40, seed=3)["choices"]
     second = complete(http, prompt="a", n=2, max_tokens=40, seed=3)["choices"]
+    batch = answer["mdlm"]["batch"]  # one batch per prompt, shared with no other request
+    assert {k: batch[k] for k in ("requests", "rows", "batches")} == {
+        "requests": 1, "rows": 2, "batches": 2}
+    assert batch["padded_to"] >= 2 and batch["network_calls"] >= answer["mdlm"]["network_calls"]
     assert [c["index"] for c in both] == [0, 1, 2, 3]
     assert [c["text"] for c in both[:2]] == [c["text"] for c in alone]
     assert [c["text"] for c in both[2:]] != [c["text"] for c in second]
@@ -346,51 +351,166 @@ def test_concurrent_seeded_requests_share_batches_and_keep_their_alone_texts(bd3
         http.__exit__(None, None, None)
 
 
+class Gathered:
+    """A bd3lm gatherer on its own worker, outside the app: `run` submits plans (the jobs'
+    answers in the order they come), `submit` one plan whose answer `wait` awaits."""
+
+    def __init__(self, served: Served, max_wait_s: float = 0.3):
+        from mdlm_cli.serve.gather import BlockGatherer
+        from mdlm_cli.serve.worker import Batching, Worker
+
+        self.worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, exclusive=True,
+                             batching=Batching(max_batch=8, max_wait_s=max_wait_s))
+        self.gatherer = BlockGatherer(self.worker, served)
+        self.answers: dict = {}
+
+    def submit(self, key, plan, emit=None, timeout_s: float = 60):
+        import threading
+
+        from mdlm_cli.serve.worker import Job
+
+        arrived = threading.Event()
+
+        def done(result, error):
+            self.answers[key] = (result, error)
+            arrived.set()
+
+        emit = emit or (lambda event: None)
+        job = Job(rows=plan.n, run=None, done=done, timeout_s=timeout_s)
+        emit.job = job if hasattr(emit, "leave") else None
+        self.gatherer.submit(plan, job, emit)
+        return arrived
+
+    def run(self, plans: dict, emits: dict | None = None) -> dict:
+        self.answers = {}
+        arrived = [self.submit(k, p, (emits or {}).get(k)) for k, p in plans.items()]
+        assert all(a.wait(60) for a in arrived)
+        return dict(self.answers)
+
+
+class LeavesAtFirstText:
+    """An emit whose client leaves at its first event (`leave`)."""
+
+    def __init__(self, leave: bool):
+        self.leave, self.job = leave, None
+
+    def __call__(self, event):
+        if self.leave:
+            self.job.cancel("disconnect")
+
+
 def test_a_request_that_stops_mid_batch_leaves_the_others_their_texts(bd3_run):
     """On the worker and gatherer themselves: of two requests sharing a batch, the one whose
-    client leaves at its first text is answered Cancelled at the next network call; the other
-    goes on and gets its alone text."""
-    import threading
-
-    from mdlm_cli.serve.gather import BlockGatherer
-    from mdlm_cli.serve.worker import Batching, Job, Worker
-
+    client leaves at its first text is answered Cancelled at the next network call, at once;
+    the other goes on and gets its alone text, answered after it."""
     served = served_from(bd3_run)
-    worker = Worker(served.denoiser, mask_id=served.loaded.mask_id, exclusive=True,
-                    batching=Batching(max_batch=8, max_wait_s=0.3))
-    gatherer = BlockGatherer(worker, served)
-    answers, all_in = {}, threading.Event()
-
-    def run(jobs: dict, emits: dict) -> dict:
-        answers.clear()
-        all_in.clear()
-        for i, plan in jobs.items():
-            def done(result, error, i=i):
-                answers[i] = (result, error)
-                if len(answers) == len(jobs):
-                    all_in.set()
-            job = Job(rows=plan.n, run=None, done=done, timeout_s=60)
-            emits[i].job = job
-            gatherer.submit(plan, job, emits[i])
-        assert all_in.wait(60)
-        return dict(answers)
-
-    class Leaves:
-        def __init__(self, leave: bool):
-            self.leave, self.job = leave, None
-
-        def __call__(self, event):
-            if self.leave:
-                self.job.cancel("disconnect")
-
+    g = Gathered(served)
     body = {"prompt": "the ", "max_tokens": 40, "n": 2}
     plans = {i: parse_completion({**body, "seed": i}, served, Limits()) for i in (1, 2)}
     try:
-        both = run(plans, {1: Leaves(True), 2: Leaves(False)})
-        alone = run({2: plans[2]}, {2: Leaves(False)})
+        both = g.run(plans, {1: LeavesAtFirstText(True), 2: LeavesAtFirstText(False)})
+        alone = g.run({2: plans[2]}, {2: LeavesAtFirstText(False)})
     finally:
-        worker.stop()
+        g.worker.stop()
+    assert list(both) == [1, 2]  # the one that left is answered first, not with the batch
     assert both[1][0] is None and isinstance(both[1][1], Cancelled)
     outcome, error = both[2]
     assert error is None and outcome.batch["requests"] == 2
     assert [c["text"] for c in outcome.choices] == [c["text"] for c in alone[2][0].choices]
+
+
+def test_a_request_after_a_batch_that_never_ran_opens_its_own(bd3_run):
+    """A batch whose time runs out in the queue (behind a job holding the model) is answered
+    so; a request of the same settings that comes after it is not left in it: it gets its
+    text. After the worker stops, one is refused (QueueFull), not left waiting."""
+    import threading
+
+    from mdlm_cli.serve.worker import Job, QueueFull
+
+    served = served_from(bd3_run)
+    g = Gathered(served, max_wait_s=0.01)
+    plan = parse_completion({"prompt": "the ", "max_tokens": 8, "seed": 1}, served, Limits())
+    release, holding = threading.Event(), threading.Event()
+    blocker = Job(rows=1, run=lambda d: (holding.set(), release.wait(30)), done=lambda *a: None,
+                  timeout_s=60, alone=True)
+    try:
+        g.worker.submit(blocker)
+        assert holding.wait(30)
+        first = g.submit("late", plan, timeout_s=0.05)
+        time.sleep(0.2)  # its deadline passes while it waits
+        release.set()
+        assert first.wait(30)
+        assert isinstance(g.answers["late"][1], Cancelled) and g.answers["late"][1].reason == "timeout"
+        assert g.submit("next", plan).wait(30), "the request joined the batch that never ran"
+        outcome, error = g.answers["next"]
+        assert error is None and outcome.batch["requests"] == 1
+    finally:
+        g.worker.stop()
+    with pytest.raises(QueueFull):
+        g.submit("stopped", plan)
+
+
+def test_a_failure_late_in_a_batch_leaves_the_ended_requests_their_texts(bd3_run, monkeypatch):
+    """Two requests share a batch; the first ends in the first block (at a stop string taken
+    from its alone text), then the network fails at the second block's commit: the first gets
+    its alone text, the other the error."""
+    served = served_from(bd3_run)
+    body = {"prompt": "the ", "max_tokens": 20}  # 3 blocks of 8, the answer from position 4
+    g = Gathered(served)
+    try:
+        text = g.run({0: parse_completion({**body, "seed": 1}, served, Limits())})[0][0]
+        stop = text.choices[0]["text"][1:3]  # within the first block's 4 answer tokens
+        # a seed whose text goes past the first block (EOS ends some in it)
+        seed = next(seed for seed in range(2, 40) if g.run({0: parse_completion(
+            {**body, "seed": seed}, served, Limits())})[0][0].choices[0]["length"] > 4)
+        plans = {1: parse_completion({**body, "seed": 1, "stop": [stop]}, served, Limits()),
+                 2: parse_completion({**body, "seed": seed}, served, Limits())}
+        alone = g.run({1: plans[1]})[1][0]
+        objective = served.loaded.objective
+        real = objective.block_model
+
+        class FailsSecond:  # the block model, failing at its second commit
+            def __init__(self, blocks):
+                self.blocks, self.committed = blocks, 0
+
+            def start(self, *args):
+                self.blocks.start(*args)
+
+            def logits(self, block):
+                return self.blocks.logits(block)
+
+            def commit(self, block):
+                self.committed += 1
+                if self.committed == 2:
+                    raise RuntimeError("the device fell over")
+                self.blocks.commit(block)
+
+        monkeypatch.setattr(objective, "block_model",
+                            lambda *a, **k: FailsSecond(real(*a, **k)))
+        both = g.run(plans)
+    finally:
+        g.worker.stop()
+    outcome, error = both[1]
+    assert error is None and outcome.choices == alone.choices
+    assert outcome.choices[0]["finish_reason"] == "stop"
+    assert outcome.batch["requests"] == 2 and outcome.batch["network_calls"] is None
+    assert both[2][0] is None and "fell over" in str(both[2][1])
+
+
+def test_health_answers_while_a_probe_runs(bd3_run):
+    """`batching()` (what /health says) does not wait for the lock a running probe holds."""
+    import threading
+
+    served = served_from(bd3_run)
+    g = Gathered(served)
+    said = []
+    try:
+        for holder in (g.gatherer, g.worker):
+            with holder._probe_lock:  # as a probe at a new row length holds it
+                asking = threading.Thread(target=lambda h=holder: said.append(h.batching()))
+                asking.start()
+                asking.join(5)
+                assert not asking.is_alive(), f"{type(holder).__name__}.batching() waited"
+    finally:
+        g.worker.stop()
+    assert len(said) == 2
