@@ -28,9 +28,10 @@ from .events import Done, Event, StateSnapshot, TextDelta
 from .gather import BlockGatherer
 from .generation import Outcome, run_plan
 from .http_io import api_error, error_response, json_body
+from .infill import parse_infill
 from .metrics import Metrics
 from .responses import mdlm_info, object_name, response_id, sse, usage
-from .schema import ApiError, Limits, Plan, parse_infill
+from .schema import ApiError, Limits, Plan
 from .score import parse_score, run_score
 from .served import Served
 from .worker import Batching, Cancelled, Job, QueueFull, Worker

@@ -7,19 +7,9 @@ names); and the chat shapes of choices and stream chunks (`message`, `delta`).""
 from __future__ import annotations
 
 from .completion import check_logprobs, prompt_rows, stop_strings
+from .fields import check_fields, check_model, common_fields, get_int, get_value
 from .json_schema import json_request, json_rows
-from .schema import (
-    SAMPLER_OPTIONS,
-    Limits,
-    Plan,
-    check_fields,
-    check_model,
-    common_fields,
-    get_int,
-    get_value,
-    invalid,
-    make_plan,
-)
+from .schema import SAMPLER_OPTIONS, Limits, Plan, invalid, make_plan
 from .served import Served
 
 CHAT_FIELDS = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..generation.layout import LayoutError, lay_out, lay_out_semi_ar, semi_ar_stride
 from .blocks import block_rows
+from .fields import check_fields, check_model, common_fields, get_bool, get_int, get_value
 from .json_schema import json_request, json_rows
 from .schema import (
     BLOCKS_ONLY,
@@ -13,13 +14,7 @@ from .schema import (
     Limits,
     Plan,
     Row,
-    check_fields,
-    check_model,
     check_states,
-    common_fields,
-    get_bool,
-    get_int,
-    get_value,
     invalid,
     make_plan,
 )

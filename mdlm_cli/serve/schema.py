@@ -6,18 +6,15 @@ Every mistake is an `ApiError` (OpenAI's error shape, 4xx); nothing in a request
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..engine.sampling import SamplerSpec, get_sampler, option_names
-from ..engine.settings import SamplingSettings, SettingsError
+from ..engine.settings import SamplingSettings
 from ..errors import MdlmError
 from ..generation.request import GenerationRequest, RequestError
-from ..sample.generate import template
-from .served import Served
 
 OPENAI_FIELDS = (
     "model",
@@ -223,120 +220,6 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
     return ApiError(400, message, param=param, code=code)
 
 
-def check_fields(body: dict, allowed: tuple[str, ...]) -> None:
-    for name, value in body.items():
-        if name in NEUTRAL and name not in allowed:
-            if isinstance(value, bool) or value not in NEUTRAL[name]:  # 0 and 0.0 both neutral
-                raise invalid(
-                    f"{name} is not supported by mdlm serve", name, "unsupported_parameter"
-                )
-        elif name not in allowed:
-            raise invalid(
-                f"unknown field {name!r}; the fields are: {', '.join(allowed)}",
-                name,
-                "unknown_parameter",
-            )
-
-
-def get_value(body: dict, name: str, kinds: tuple, default, what: str):
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        raise invalid(f"{name} must be {what}", name)
-    return value
-
-
-def get_int(body: dict, name: str, lo: int, hi: int, default: int | None) -> int | None:
-    value = get_value(body, name, (int,), default, "an integer")
-    if value is not None and not lo <= value <= hi:
-        raise invalid(f"{name} must be between {lo} and {hi} (got {value})", name)
-    return value
-
-
-def _choice(body: dict, name: str, choices, default: str | None) -> str | None:
-    value = get_value(body, name, (str,), default, "a string")
-    if value is not None and value not in choices:
-        raise invalid(f"{name} must be one of: {', '.join(choices)} (got {value!r})", name)
-    return value
-
-
-def get_bool(body: dict, name: str, default: bool = False) -> bool:
-    return get_value(body, name, (bool,), default, "true or false")
-
-
-def check_model(body: dict, served: Served) -> None:
-    model = body.get("model")
-    if model is not None and model != served.name:
-        raise ApiError(
-            404,
-            f"model {model!r} is not served here; this server serves {served.name!r}",
-            param="model",
-            code="model_not_found",
-        )
-
-
-def sampler_settings(body: dict, served: Served, limits: Limits) -> SamplingSettings:
-    """The request's sampling settings, checked (`SamplingSettings.validate`, the CLI's rules):
-    the sampler from `Objective.choose_sampler` and the rules of `mdlm sample`'s flags (steps
-    alone pick the model's step-based sampler), except that a setting the sampler does not read
-    is an error here, not a warning."""
-    objective = served.loaded.objective
-    if not objective.samplers:
-        raise invalid(f"{objective.name} models have no sampler", "sampler")
-    name = _choice(body, "sampler", [s.name for s in objective.samplers], None)
-    steps = get_int(body, "steps", 1, limits.max_steps, None)
-    options = {key: body[key] for key in option_names() if body.get(key) is not None}
-    choice = objective.choose_sampler(name, steps, options)
-    for key in choice.ignored:
-        raise invalid(f"{key} does not apply to the {choice.spec.name} sampler", key)
-    spec = choice.spec
-    if spec.needs_time_agnostic and not served.time_agnostic:
-        spec = get_sampler(spec.fallback)  # what the engine would run; the response names it
-    settings = SamplingSettings(
-        spec.name,
-        choice.steps,
-        get_value(body, "precision", (str,), "fp64", "a string"),
-        float(get_value(body, "temperature", (int, float), 1.0, "a number")),
-        float(get_value(body, "top_p", (int, float), 1.0, "a number")),
-        options,
-        top_k=_top_k(body),
-        cfg_scale=float(get_value(body, "cfg_scale", (int, float), 0.0, "a number")),
-    )
-    try:  # the model family's own option defaults for the options not given
-        return settings.validate().with_defaults(served.loaded.sampling_defaults).validate()
-    except SettingsError as e:
-        raise invalid(str(e), e.name) from None
-
-
-def _top_k(body: dict) -> int | None:
-    """`top_k`: None (absent: the model's own default), else k >= 0; vLLM's -1 means off (0)."""
-    value = get_int(body, "top_k", -1, 2**31 - 1, None)
-    return 0 if value == -1 else value
-
-
-def common_fields(body: dict, served: Served, limits: Limits, endpoint: str) -> dict:
-    """The fields both endpoints share, checked."""
-    settings = sampler_settings(body, served, limits)
-    stream = get_bool(body, "stream")
-    stream_options = get_value(body, "stream_options", (dict,), {}, "an object")
-    if stream_options and not stream:
-        raise invalid("stream_options needs stream: true", "stream_options")
-    if set(stream_options) - {"include_usage"}:
-        raise invalid("stream_options takes only include_usage", "stream_options")
-    seed = get_int(body, "seed", 0, 2**63 - 1, None)
-    request = GenerationRequest(settings, num_samples=get_int(body, "n", 1, limits.max_n, 1),
-                                seed=secrets.randbits(63) if seed is None else seed)
-    return dict(
-        endpoint=endpoint,
-        request=request,
-        stream=stream,
-        states=get_bool(body, "stream_states"),
-        include_usage=get_bool(stream_options, "include_usage"),
-        block_size=served.block_size,
-    )
-
-
 def make_plan(common: dict, rows: list[Row], *, constraint: Any = None, **asked: Any) -> Plan:
     """The plan of `common_fields` and the rows laid out, its request given the fields the
     endpoint asks (`max_new_tokens` resolved by the row rule, `stop`, ...) and validated
@@ -364,31 +247,3 @@ def check_states(plan: Plan) -> Plan:
         raise invalid("stream_states needs cache none: a cached call sees its block only",
                       "stream_states")
     return plan
-
-
-def parse_infill(body: dict, served: Served, limits: Limits) -> Plan:
-    """`POST /v1/mdlm/infill`: a template with `<mask>` and `<mask:N>` spans (`sample --infill`)."""
-    check_fields(body, INFILL_FIELDS)
-    check_model(body, served)
-    loaded = served.loaded
-    if loaded.objective.causal:
-        raise invalid(f"a left-to-right ({loaded.objective.name}) model cannot infill", "template")
-    if served.block_size:
-        raise invalid(BLOCKS_ONLY.format(what="cannot infill a template"), "template")
-    text = get_value(body, "template", (str,), None, "a string with <mask> or <mask:N> spans")
-    if text is None:
-        raise invalid("template is required: text with <mask> or <mask:N> spans", "template")
-    try:
-        fixed = template(loaded, loaded.length, infill=text)
-    except MdlmError as e:
-        raise invalid(
-            str(e).replace("--infill", "template").replace("--length", "the model's length"),
-            "template",
-            "context_length_exceeded" if "length" in str(e) else None,
-        ) from None
-    start = len(loaded.row_start())
-    n_fixed = int((fixed[start:] != loaded.mask_id).sum())
-    row = Row(fixed, fixed[:start].tolist(), n_fixed)
-    common = common_fields(body, served, limits, "infill")
-    return check_states(make_plan(common, [row],
-                                  max_new_tokens=int((fixed == loaded.mask_id).sum())))

@@ -26,7 +26,8 @@ from ..errors import MdlmError
 from ..eval.lm_eval.scoring import encode_pair
 from ..objectives.bound import SplitSweep
 from ..runtime import derive_seed, generator
-from .schema import Limits, check_fields, check_model, get_int, get_value, invalid
+from .fields import check_fields, check_model, get_int, get_value
+from .schema import Limits, invalid
 from .served import Served
 
 SCORE_FIELDS = ("model", "input", "prompt", "continuations", "mc_samples", "seed", "estimator",

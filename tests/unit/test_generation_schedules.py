@@ -479,7 +479,8 @@ def test_the_defaults_are_not_forced_on_samplers_that_do_not_read_them(llada_lik
 
 
 def test_the_server_applies_the_defaults_to_a_request():
-    from mdlm_cli.serve.schema import Limits, sampler_settings
+    from mdlm_cli.serve.fields import sampler_settings
+    from mdlm_cli.serve.schema import Limits
 
     from .test_serve_batching import served_model
 

@@ -18,7 +18,8 @@ from mdlm_cli.objectives import get_objective, objectives_served_by
 from mdlm_cli.serve.completion import parse_completion
 from mdlm_cli.serve.events import TextDelta
 from mdlm_cli.serve.generation import run_plan
-from mdlm_cli.serve.schema import ApiError, Limits, parse_infill
+from mdlm_cli.serve.infill import parse_infill
+from mdlm_cli.serve.schema import ApiError, Limits
 from mdlm_cli.serve.served import Served
 from mdlm_cli.serve.worker import Batching, Job, Worker
 
