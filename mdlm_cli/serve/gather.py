@@ -19,8 +19,10 @@ are the same bits in either.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -96,6 +98,21 @@ class _Group:
             return list(self.members)
 
 
+@dataclass(eq=False, kw_only=True)
+class _GroupJob(Job):
+    """A group's job on the worker: found expired and closed to newcomers in one step, so no
+    request joins it (extending its deadline) after the worker has judged it out of time."""
+
+    group: _Group
+
+    def expired(self) -> bool:
+        with self.group.lock:
+            if not super().expired():
+                return False
+            self.group.open = False
+            return True
+
+
 def block_network(served: Served) -> Network:
     """The probe's network (serve/shapes.py) for a block model: rows (B, L) sampled as
     `BD3LM.sample` runs them, the logits of the first block (no context) and of the last
@@ -143,10 +160,13 @@ class BlockGatherer:
             group = self._open.get(key)
             if group is not None and group.join(member, self.most(length), self.worker.memory):
                 return
+            # the groups answered without running (`_end` cannot take this lock)
+            self._open = {k: g for k, g in self._open.items() if g.open}
             group = _Group(key, length, [member])
-            group.job = Job(rows=plan.n, run=lambda d: self._run(group, d),
-                            done=lambda _, error: self._end(group, error),
-                            timeout_s=job.timeout_s, alone=True, bytes=job.bytes)
+            group.job = _GroupJob(rows=plan.n, run=lambda d: self._run(group, d),
+                                  done=lambda _, error: self._end(group, error),
+                                  timeout_s=job.timeout_s, alone=True, bytes=job.bytes,
+                                  group=group)
             self.worker.submit(group.job)
             self._open[key] = group
 
@@ -186,12 +206,16 @@ class BlockGatherer:
             calls, error = None, e
         batch = {"requests": len(members), "rows": rows, "padded_to": size,
                  "network_calls": calls, "batches": 1}
-        seconds = time.perf_counter() - t0
+        seconds, told = time.perf_counter() - t0, False
         for m, part in zip(members, parts, strict=True):
             if part.dropped is not None or (error is not None and not part.ended):
                 m.answer(None, part.dropped or error)
+                told = told or part.dropped is None
             else:
                 m.answer(finished(m.plan, part.texts, m.emit, part.stats(), seconds, batch))
+        if error is not None and not told and not isinstance(error, Cancelled):
+            # after every member had ended: no answer carries it, so the log does
+            traceback.print_exception(error, file=sys.stderr)
 
     @staticmethod
     def _check(denoiser, members: list[_Member], parts: list[Part]):

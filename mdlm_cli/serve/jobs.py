@@ -41,6 +41,11 @@ class Job:
     def deadline(self) -> float:
         return self.submitted + self.timeout_s
 
+    def expired(self) -> bool:
+        """Past its deadline, as the worker is about to start it (a job that others may join
+        decides this and closes to them in one step: serve/gather.py)."""
+        return time.monotonic() > self.deadline
+
     def cancel(self, reason: str) -> None:
         self.reason = self.reason or reason
 

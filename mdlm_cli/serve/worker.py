@@ -210,7 +210,7 @@ class Worker:
                 return
             self._queue.popleft()
             self._gauge()
-            if job.reason is not None or time.monotonic() > job.deadline:
+            if job.reason is not None or job.expired():
                 job.cancel("timeout")
                 job.done(None, Cancelled(job.reason))
                 continue

@@ -514,3 +514,21 @@ def test_health_answers_while_a_probe_runs(bd3_run):
     finally:
         g.worker.stop()
     assert len(said) == 2
+
+
+def test_a_batch_found_out_of_time_closes_to_newcomers_in_the_same_step():
+    """The worker's expiry check of a group's job closes the group at once: a request that
+    comes after cannot join it (and be answered with a timeout its own deadline has not
+    reached); a job still in time stays open."""
+    from types import SimpleNamespace
+
+    from mdlm_cli.serve.gather import _Group, _GroupJob, _Member
+    from mdlm_cli.serve.worker import Job
+
+    newcomer = _Member(SimpleNamespace(n=1), Job(rows=1, run=None, done=None, timeout_s=60), None)
+    for timeout_s, expired in ((0.0, True), (60.0, False)):
+        group = _Group(("key",), 8, [])
+        group.job = _GroupJob(rows=1, run=None, done=None, timeout_s=timeout_s, group=group)
+        time.sleep(0.01)
+        assert group.job.expired() is expired and group.open is not expired
+        assert group.join(newcomer, 8, None) is not expired
