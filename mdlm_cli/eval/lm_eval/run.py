@@ -121,7 +121,8 @@ def run_lm_eval(
 
     from lm_eval import simple_evaluate
 
-    from .adapter import MdlmLM, ModelArgs
+    from .adapter import MdlmLM
+    from .model_args import ModelArgs
 
     for message in unused_flags(loaded.objective, options):
         warn(message)
