@@ -93,7 +93,7 @@ def _check_model_keys(backbone: str, given: dict) -> None:
 
 def _check_packing(cfg: Config, backbone) -> None:
     """Several examples per row need a backbone that keeps attention within each one."""
-    if cfg.data.packing == "sft-pack" and not getattr(backbone, "packs_segments", False):
+    if cfg.data.packing == "sft-pack" and not backbone.packs_segments:
         raise MdlmError(f"data.packing=sft-pack needs attention kept within each example, which "
                         f"the {cfg.model.backbone} backbone cannot do; use data.packing=sft (one "
                         "example per row) or model.backbone=dit")
@@ -102,7 +102,7 @@ def _check_packing(cfg: Config, backbone) -> None:
 def _check_attention(cfg: Config, backbone, objective) -> None:
     """A backbone's `requires_causal` (True: causal only, False: bidirectional only, None: either)
     against the objective's need."""
-    needs = getattr(backbone, "requires_causal", None)
+    needs = backbone.requires_causal
     if needs is not None and needs != objective.causal:
         kind = "causal" if objective.causal else "bidirectional"
         raise MdlmError(
@@ -117,7 +117,7 @@ def _check_annealing(cfg: Config, backbone, objective) -> None:
     objective that trains full attention."""
     if not cfg.train.attention_anneal_steps:
         return
-    if not getattr(backbone, "anneals_attention", False):
+    if not backbone.anneals_attention:
         raise MdlmError(f"train.attention_anneal_steps: the {cfg.model.backbone} backbone cannot "
                         "anneal its attention (dit, llada, dream and gpt2 can); set it to 0")
     if objective.causal:
@@ -150,7 +150,7 @@ def released_folder(spec: str) -> tuple[type, dict] | None:
     if folder is None:
         return None
     raw = read_json_object(folder / "config.json")
-    cls = next(c for c in BACKBONES.values() if getattr(c, "model_type", None) == raw["model_type"])
+    cls = next(c for c in BACKBONES.values() if c.model_type == raw["model_type"])
     return cls, raw
 
 

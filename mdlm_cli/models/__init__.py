@@ -53,7 +53,7 @@ def build_model(
 
 def check_data(cfg: Config) -> None:
     """The backbone's checks of the data a run trains on (its tokeniser, the row length)."""
-    check = getattr(BACKBONES[cfg.model.backbone], "check_data", None)
+    check = BACKBONES[cfg.model.backbone].check_data  # None: it checks nothing
     if check is not None:
         from ..data.store import cache_root
         from ..data.tokenizers import load_tokenizer
@@ -99,12 +99,12 @@ class DiffusionDenoiser:
     def computes_nll(self) -> bool:
         """The engine's declaration (engine/protocols.py): the backbone scores masked targets
         itself, its logits a chunk at a time (the folder backbones' `scores_in_chunks`)."""
-        return bool(getattr(unwrap(self.model), "scores_in_chunks", False))
+        return bool(unwrap(self.model).scores_in_chunks)
 
     @property
     def shifted_logits(self) -> bool:
         """Whether the backbone reads position i's logits from its output at i - 1 (Dream)."""
-        return bool(getattr(unwrap(self.model), "shifted_logits", False))
+        return bool(unwrap(self.model).shifted_logits)
 
     def new_block_cache(self, batch: int, length: int) -> Any:
         return self._cached_backbone().new_block_cache(batch, length)

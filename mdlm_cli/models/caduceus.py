@@ -44,6 +44,7 @@ from .dit_layers import TimestepEmbedder
 from .mamba_mixer import MIXERS, MambaMixer
 from .section import keys_of, read_section
 from .tied import count_parameters, store_tied_once
+from .traits import BackboneTraits
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -218,10 +219,8 @@ class Encoder(nn.Module):  # Caduceus's `Caduceus` module: `.backbone`
 
 
 
-class MambaBackbone:
+class MambaBackbone(BackboneTraits):
     """What the Mamba-based backbones share of the backbone protocol (models.BACKBONES)."""
-
-    requires_causal: bool
 
     @classmethod
     def validate_config(cls, cfg: Config) -> None:
@@ -248,7 +247,6 @@ class Caduceus(MambaBackbone, nn.Module):
 
     requires_causal = False  # bidirectional; the causal baseline is the `mamba` backbone
     config_keys = keys_of(CaduceusConfig)
-    family = answer_tokens = None  # not a released family (models/protocols.py)
 
     @classmethod
     def validate_config(cls, cfg: Config) -> None:

@@ -42,6 +42,7 @@ from .kv_cache import KVCache  # noqa: F401 - re-exported: callers import it fro
 from .section import keys_of, read_section
 from .segments import is_segmented, segment_attention
 from .tied import count_parameters
+from .traits import BackboneTraits
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -150,7 +151,7 @@ class DDiTBlock(nn.Module):
         return x + gate_mlp * F.dropout(h, self.dropout, self.training)
 
 
-class DiT(nn.Module):
+class DiT(BackboneTraits, nn.Module):
     """`DiT(cfg, vocab_size)(tokens (B, L), sigma (B,) | None, attention_mask (B, L) | None)
     -> logits (B, L, V)`.
 
@@ -168,7 +169,7 @@ class DiT(nn.Module):
 
     # the model.* keys it reads (models.BACKBONES: a key it does not read is an error)
     config_keys = keys_of(DiTConfig)
-    family = answer_tokens = None  # not a released family (models/protocols.py)
+    # the traits it has (models/traits.py; the others keep their defaults)
     packs_segments = True  # attention and positions per segment (data.packing=sft-pack)
     takes_query_masks = True  # a (B | 1, 1, L, L) attention mask and shared positions
     # attention annealing while training (train.attention_anneal_steps, models/anneal.py)

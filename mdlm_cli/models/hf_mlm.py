@@ -32,6 +32,7 @@ from ..errors import MdlmError
 from ..io.files import read_json_object
 from .section import keys_of, read_section
 from .tied import count_parameters
+from .traits import BackboneTraits
 
 if TYPE_CHECKING:
     from ..config import Config, ModelConfig
@@ -160,7 +161,7 @@ class HFMaskedLMConfig:
     time_conditioning: bool = False
 
 
-class HFMaskedLM(nn.Module):
+class HFMaskedLM(BackboneTraits, nn.Module):
     """`HFMaskedLM(cfg, vocab_size)(tokens (B, L), None, attention_mask, output_mask) -> logits`.
 
     Built from `cfg.hf_model`'s pretrained weights (or `folder`'s), or with `from_checkpoint`
@@ -169,7 +170,6 @@ class HFMaskedLM(nn.Module):
     """
 
     config_keys = keys_of(HFMaskedLMConfig)
-    family = answer_tokens = None  # not a released family (models/protocols.py)
     requires_causal = False  # a bidirectional encoder
     causal = False
 

@@ -64,7 +64,7 @@ def peft_config(model: nn.Module, lora: LoraConfig, base: str):
     """The peft LoraConfig of a run: the backbone's default targets unless `lora.targets`
     names them, its embedding and output layer trained whole with `lora.train_embeddings`."""
     peft = _need_peft()
-    own = tuple(getattr(type(model), "lora_targets", ()))
+    own = tuple(type(model).lora_targets)
     if not lora.targets and not own:
         raise MdlmError(f"{model.describe()} declares no default LoRA targets; name its linear "
                         "layers with lora.targets (e.g. --set lora.targets=[query,value])")
@@ -72,12 +72,12 @@ def peft_config(model: nn.Module, lora: LoraConfig, base: str):
     whole = None
     if lora.train_embeddings:
         names = {n for n, _ in model.named_modules()}
-        whole = [w for w in getattr(type(model), "lora_whole", ())
+        whole = [w for w in type(model).lora_whole
                  if any(n == w or n.endswith("." + w) for n in names)]
     return peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                            target_modules=targets, modules_to_save=whole or None,
                            base_model_name_or_path=base,
-                           fan_in_fan_out=bool(getattr(type(model), "lora_fan_in_fan_out", False)))
+                           fan_in_fan_out=bool(type(model).lora_fan_in_fan_out))
 
 
 def prepare_base(model: nn.Module, lora, rt) -> nn.Module:
@@ -100,7 +100,7 @@ def quantize_base(model: nn.Module, device: torch.device) -> nn.Module:
     except ImportError:
         raise MdlmError("lora.quantize=4bit needs bitsandbytes: pip install bitsandbytes"
                         ) from None
-    pattern = block_pattern(tuple(getattr(type(model), "lora_targets", ())) or ("",))
+    pattern = block_pattern(tuple(type(model).lora_targets) or ("",))
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear) or not re.fullmatch(pattern, name):
             continue

@@ -72,7 +72,6 @@ class Mamba(MambaBackbone, nn.Module):
 
     requires_causal = True
     config_keys = keys_of(MambaConfig)
-    family = answer_tokens = None  # not a released family (models/protocols.py)
 
     @classmethod
     def validate_config(cls, cfg: Config) -> None:

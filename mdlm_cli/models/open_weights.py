@@ -39,6 +39,7 @@ from .folder_weights import fill_released, materialise
 from .hf_mlm import model_folder
 from .section import keys_of, read_section
 from .tied import count_parameters
+from .traits import BackboneTraits
 
 CONVERSION_KEY = "mdlm_conversion"  # config.json's record of a folder `mdlm convert` wrote
 ATTENTIONS = ("full", "causal")  # full: diffusion; causal: the conversion's equivalence check
@@ -124,7 +125,7 @@ def check_folder_data(cfg, tokenizer, raw: dict, max_length: int) -> None:
                         f"{name} with {raw.get('mask_token_id')}; set data.tokenizer={name}")
 
 
-class ReleasedBackbone(nn.Module, ABC):
+class ReleasedBackbone(BackboneTraits, nn.Module, ABC):
     """What the LLaDA and Dream backbones share: built from a released folder named by
     `model.hf_model` (float32 weights, for training), from the folder in its own dtype
     (`from_folder`, for inference) or from an mdlm checkpoint (`from_checkpoint`, the release's

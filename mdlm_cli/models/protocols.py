@@ -1,29 +1,24 @@
-"""The backbone contract: what every class in `models.BACKBONES` provides (a structural type,
-nothing is subclassed), so that training, checkpoints and the objectives can build, save,
-describe and call any of them alike.
+"""The backbone contract: what every class in `models.BACKBONES` provides (a structural type:
+each implements its own methods), so that training, checkpoints and the objectives can build,
+save, describe and call any of them alike.
 
-Optional members, each read where it is needed and absent on most backbones:
-- `requires_causal: bool` (class attribute): the attention it is built with whatever the
-  objective asks (Mamba: True, a bidirectional encoder: False); checked against the objective;
-- `check_data(cfg, tokenizer)` (classmethod): checks of the data a run trains on (its
-  tokeniser, the row length), called before the data is prepared;
-- `new_cache(batch, max_len, device, dtype)`: its own decoding cache (Mamba's recurrent
-  state) where the DiT's key/value cache does not fit (`objectives.ar.CausalLMAdapter`);
-- `packs_segments: bool` (class attribute): it keeps attention within each example of a row
-  given segment ids as its attention mask (models/segments.py; data.packing=sft-pack);
-- `notes: list[str]`: what a user should know about how it was built (an encoder's fresh
-  MLM head), printed by training and sampling;
+The traits a backbone may have (`requires_causal`, `packs_segments`, `takes_query_masks`,
+`anneals_attention`, `scores_in_chunks`, `shifted_logits`, `kv_cache_blocks`, `new_cache`, the
+LoRA defaults, `check_data`, `notes`, `rcps`, its `family`) have their defaults on
+`BackboneTraits` (models/traits.py), which every backbone inherits, overriding the ones it
+has; callers read them as attributes.
+
+Optional members beside them, each present only where a backbone has it:
 - `block_cache(tokens, cache=None, rows=None) -> (logits, cache)` and `from_cache(tokens,
   cache, start, rows=None) -> logits`: Fast-dLLM's block cache (models/block_cache.py: one
   full pass stores every position's keys and values; a call on positions [start, start + n)
   attends to them, its own replacing theirs), on bidirectional time-agnostic models (the DiT);
-- `anneals_attention: bool` (class attribute) and `attention_anneal`: it attends, while
-  training, through the `AttentionAnneal` the training loop sets there (models/anneal.py:
-  DiffuLLaMA's causal-to-full schedule, train.attention_anneal_steps), its own attention when
-  None or in eval mode (the DiT, llada, dream, gpt2);
+- `attention_anneal`: the `AttentionAnneal` the training loop sets on a backbone that
+  `anneals_attention` (models/anneal.py: DiffuLLaMA's causal-to-full schedule,
+  train.attention_anneal_steps), its own attention when None or in eval mode;
 - `blocks`: the modules FSDP2 shards one by one;
-- `features(tokens)` -> hidden states (B, L, H) and `rcps` (DNA encoders): what
-  `mdlm classify` fine-tunes.
+- `features(tokens)` -> hidden states (B, L, H) (DNA encoders): what `mdlm classify`
+  fine-tunes.
 """
 
 from __future__ import annotations

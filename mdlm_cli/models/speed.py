@@ -21,7 +21,7 @@ def model_flops(model: nn.Module) -> ModelFlops:
     model = unwrap(model)
     tables = [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
     lookups = {id(weight): weight.numel() for weight in tables}
-    embed = getattr(getattr(model, "vocab_embed", None), "embedding", None)  # the DiT's table
+    embed = model.vocab_embed.embedding if isinstance(model, DiT) else None  # the DiT's table
     if isinstance(embed, nn.Parameter):
         lookups[id(embed)] = embed.numel()
     tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}

@@ -74,7 +74,7 @@ class CausalLMAdapter:
         """The DiT's key/value cache, or the backbone's own (`model.new_cache`, e.g. Mamba's
         recurrent state)."""
         dtype = self.autocast_dtype or torch.float32
-        make = getattr(unwrap(self.model), "new_cache", None)  # a Backbone's optional member
+        make = unwrap(self.model).new_cache  # a trait (models/traits.py): None on most
         if make is not None:
             return make(batch, max_len, device, dtype)
         return KVCache.empty(self.model, batch, max_len, device, dtype)

@@ -158,7 +158,7 @@ class BD3LM(Objective):
             raise MdlmError("the bd3lm objective draws a time per block and the DiT takes one "
                             "per row; set model.time_conditioning=false")
         cls.refuse_unused(cfg, "T", "zero_masking", "carry_over")
-        if not getattr(BACKBONES[cfg.model.backbone], "takes_query_masks", False):
+        if not BACKBONES[cfg.model.backbone].takes_query_masks:
             raise MdlmError(f"the bd3lm objective needs the block attention mask, which the "
                             f"{cfg.model.backbone} backbone cannot take; use the dit backbone, "
                             "or a folder mdlm convert --target bd3lm wrote (llada, dream, gpt2)")
@@ -297,7 +297,7 @@ class BD3LM(Objective):
         """The `BlockModel` that `sample` runs: the exact cache where the model keeps finished
         blocks' keys and values (the unshifted DiT: `kv_cache_blocks`); the others recompute
         the finished blocks at every call."""
-        if cache and bool(getattr(unwrap(model), "kv_cache_blocks", False)):
+        if cache and unwrap(model).kv_cache_blocks:
             return CachedBlocks(model, autocast_dtype)
         return RecomputedBlocks(model, self.block_size, autocast_dtype)
 

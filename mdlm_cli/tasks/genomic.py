@@ -67,7 +67,7 @@ class SequenceClassifier(nn.Module):
                  complement: list[int]):
         super().__init__()
         self.backbone, self.conjoin = backbone, conjoin
-        self.strands = bool(getattr(backbone, "rcps", False))
+        self.strands = bool(backbone.rcps)  # a trait (models/traits.py): Caduceus-PS
         self.score = nn.Linear(backbone.config.hidden_size, n_classes, bias=False)
         nn.init.normal_(self.score.weight, std=0.02)
         self.register_buffer("complement", torch.tensor(complement), persistent=False)
@@ -88,7 +88,7 @@ class SequenceClassifier(nn.Module):
 
 def strand_recipe(model: nn.Module, cfg: ClassifyConfig) -> tuple[bool, bool]:
     """(rc_augment, conjoin) for this backbone, as Caduceus's scripts, unless the config says."""
-    ps = bool(getattr(model, "rcps", False))  # rcps: DNA encoders only
+    ps = bool(model.rcps)  # rcps: Caduceus-PS only (models/traits.py)
     causal = bool(model.causal)
     rc_aug = causal if cfg.rc_augment is None else cfg.rc_augment  # Mamba: RC augmentation
     # Ph: post-hoc conjoining

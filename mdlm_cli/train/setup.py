@@ -226,7 +226,7 @@ def _describe(run: Run) -> None:
     run.console.print(f"Model: {model.describe()}, {millions:.1f}M parameters, "
                       f"objective {run.objective.name}; data: {data}; device: {run.rt.describe()}; "
                       f"{dist.describe(tc.parallel)}, {batch}; {run.speed.describe()}")
-    for note in getattr(run.model, "notes", []):
+    for note in run.model.notes:  # a trait (models/traits.py): none on most backbones
         run.console.print(f"[yellow]note:[/] {note}", highlight=False)
     unigram = run.data.meta.get("unigram_valid_nats")
     if unigram is not None:
