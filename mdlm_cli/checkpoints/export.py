@@ -116,7 +116,8 @@ def check_export_target(loaded: LoadedModel, out: Path, overwrite: bool) -> None
     source = loaded.path.resolve()
     run = source.parent.parent if source.parent.name == "checkpoints" else source
     target = out.resolve()
-    protected_folders = ((run, "the run being exported"), (source, "the checkpoint being exported"))
+    protected_folders = ((run, "the run being exported"),
+                         (source, "the checkpoint being exported"))
     for protected, what in protected_folders:
         if target == protected or target in protected.parents or protected in target.parents:
             raise MdlmError(

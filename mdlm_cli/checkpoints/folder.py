@@ -58,7 +58,8 @@ from ..objectives import Objective, get_objective
 
 SCHEMA_VERSION = 2
 V1_MODEL_KEYS = ("hidden_size", "n_blocks", "n_heads", "cond_dim", "mlp_ratio", "dropout")
-# what every whole step folder holds (written into a temporary folder first, renamed when complete)
+# what every whole step folder holds (written into a temporary folder first, renamed when
+# complete)
 STEP_FILES = (
     "model.json",
     "state.json",
@@ -150,12 +151,13 @@ def resolve_checkpoint(path: str | Path, which: str = "latest") -> Path:
             f"{path} holds no mdlm checkpoint (no model.safetensors nor adapter/, no '{which}' "
             "pointer)"
         )
-    problem = (f"{pointer} names {named}, which is missing or incomplete in {path / 'checkpoints'}"
+    problem = (f"{pointer} names {named}, which is missing or incomplete in "
+               f"{path / 'checkpoints'}"
                if named is not None else f"{path} has no '{which}' pointer")
     if not whole:
         raise MdlmError(
-            f"{problem}, and no other whole checkpoint is there (a save was interrupted before any "
-            "completed)"
+            f"{problem}, and no other whole checkpoint is there (a save was interrupted "
+            "before any completed)"
         )
     name, folder = whole[-1]
     where = (
@@ -297,7 +299,8 @@ def load_run_folder(path: str | Path, *, ema: bool = True, device: torch.device 
     step_dir = resolve_checkpoint(path, which)
     model_meta, run = read_step(step_dir)
     cfg, state = run.config, run.state
-    weights_file = step_dir / ("ema.safetensors" if ema and (step_dir / "ema.safetensors").is_file()
+    weights_file = step_dir / ("ema.safetensors"
+                               if ema and (step_dir / "ema.safetensors").is_file()
                                else "model.safetensors")
     model = build_model(cfg.model, model_meta["vocab_size"], causal=model_meta["causal"],
                         folder=step_dir)

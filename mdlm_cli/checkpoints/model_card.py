@@ -68,7 +68,8 @@ def _card_rows(loaded: LoadedModel, weights: str) -> list[tuple[str, str]]:
     """The model card's table: architecture, objective, data, schedule, training."""
     cfg, state, tok = loaded.config, loaded.state, loaded.tokenizer
     millions = loaded.model.num_parameters() / 1e6
-    dataset = cfg.data.dataset if not Path(cfg.data.dataset).suffix else Path(cfg.data.dataset).name
+    dataset = (cfg.data.dataset if not Path(cfg.data.dataset).suffix
+               else Path(cfg.data.dataset).name)
     if isinstance(loaded.model, DiT):
         c = loaded.model.config
         backbone = (f"DiT, {c.n_blocks} blocks x {c.hidden_size}, {c.n_heads} heads, "
@@ -103,11 +104,13 @@ def _card_rows(loaded: LoadedModel, weights: str) -> list[tuple[str, str]]:
 def _card_results(state: dict, results: list[dict]) -> list[str]:
     """The model card's evaluation lines: the run's validation bounds, then `--results`."""
     lines = []
-    bounds = (("best_valid_nats", "best validation bound"), ("valid_nats", "last validation bound"))
+    bounds = (("best_valid_nats", "best validation bound"),
+              ("valid_nats", "last validation bound"))
     for key, label in bounds:
         if isinstance(state.get(key), int | float):
             perplexity = math.exp(min(state[key], 700))
-            lines.append(f"- {label}: {state[key]:.4f} nats/token, perplexity <= {perplexity:.2f}")
+            lines.append(f"- {label}: {state[key]:.4f} nats/token, "
+                         f"perplexity <= {perplexity:.2f}")
     for record in results:
         lines.append("- " + ", ".join(f"{k}: {_fmt(v)}" for k, v in record.items()))
     if not lines:

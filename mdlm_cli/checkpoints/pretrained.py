@@ -55,7 +55,8 @@ def pretrained_source(path: str | Path, which: str = "latest") -> Source | None:
     text = str(path)
     if resolve_model(text) is not None:  # a hub id whose files a pip package ships (packaged.py)
         return Source("packaged", text)
-    # owner/name that is not a local path: not inside an existing folder, nor mdlm's run root runs/
+    # owner/name that is not a local path: not inside an existing folder, nor mdlm's run
+    # root runs/
     owner = text.split("/")[0]
     if _HUB_ID.match(text) and owner != RUN_ROOT and not Path(owner).is_dir():
         return Source("hub", text)

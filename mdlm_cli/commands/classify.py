@@ -115,6 +115,7 @@ def _print_run(lr: float, batch_size: int, run: dict) -> None:
 
 def _print_best(name: str, best: dict) -> None:
     console.print(f"{name}: test accuracy {best['test_accuracy_mean']:.4f} ± "
-                  f"{best['test_accuracy_max_minus_min']:.4f} (mean ± max-min over {best['over']}; "
-                  f"std {best['test_accuracy_std']:.4f}; lr {best['lr']:g}, batch "
-                  f"{best['batch_size']} by validation)", highlight=False)
+                  f"{best['test_accuracy_max_minus_min']:.4f} (mean ± max-min over "
+                  f"{best['over']}; std {best['test_accuracy_std']:.4f}; "
+                  f"lr {best['lr']:g}, batch {best['batch_size']} by validation)",
+                  highlight=False)

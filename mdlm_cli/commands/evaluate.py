@@ -30,7 +30,8 @@ EvalMcSamplesOpt = Annotated[int | None, typer.Option(
     help="Independent Monte-Carlo passes of a bound (default 4); K >= 2 gives a standard error. "
          "Exact likelihoods take one pass.")]
 TOpt = Annotated[int | None, typer.Option(
-    "--T", help="0 = continuous-time bound, T > 0 = T-step discrete bound (default: as trained).")]
+    "--T", help="0 = continuous-time bound, T > 0 = T-step discrete bound "
+                "(default: as trained).")]
 ScheduleOpt = Annotated[str | None, typer.Option(
     help="Evaluate the bound under this noise schedule instead of the trained one (a model "
          "without time conditioning only: its continuous-time bound is the same integral under "

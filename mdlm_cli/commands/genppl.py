@@ -307,8 +307,8 @@ def _print_gen_ppl(result) -> None:
         box=None,
     )
     table.add_row(str(len(result.samples)), f"{result.tokens:,}", str(result.chunks),
-                  f"{result.nats_per_token:.4f}", f"{result.gen_ppl:.3f}", f"{result.entropy:.4f}",
-                  f"{result.nats_per_char:.4f}")
+                  f"{result.nats_per_token:.4f}", f"{result.gen_ppl:.3f}",
+                  f"{result.entropy:.4f}", f"{result.nats_per_char:.4f}")
     console.print(table)
     given, what = "", "responses" if result.conditional else "samples"
     if result.conditional:

@@ -123,6 +123,6 @@ def _print_table(records: list[dict]) -> None:
         details = "; ".join(
             f"{s}: " + ", ".join(f"{k} {v:.4f}" for k, v in r[s].items() if k != "rows")
             for s in splits)
-        table.add_row(r["task"], r["metric"], f"{r['value']:.4f}", details, f"{r['train_rows']:,}",
-                      f"{r['seconds']:.0f}")
+        table.add_row(r["task"], r["metric"], f"{r['value']:.4f}", details,
+                      f"{r['train_rows']:,}", f"{r['seconds']:.0f}")
     console.print(table)

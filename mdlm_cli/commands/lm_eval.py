@@ -181,7 +181,8 @@ def _print(results: dict, summary: dict, lm) -> None:
             se = s["nats_per_token_se"]
             se = "exact" if exact else ("n/a" if se is None else f"{se:.4f}")
             mc.add_row(Text(f"{task} ({kind})"), str(s["requests"]), f"{s['tokens']:,}",
-                       f"{rel} {s['nats_per_token']:.4f}", se, "-" if exact else str(lm.mc_samples))
+                       f"{rel} {s['nats_per_token']:.4f}", se,
+                       "-" if exact else str(lm.mc_samples))
     if summary:
         console.print(mc)
     if exact:

@@ -118,8 +118,9 @@ NetPrecisionOpt = Annotated[str, typer.Option(
 
 
 AllowLongerOpt = Annotated[bool, typer.Option(
-    help="Allow --length beyond the length L the model was trained at: the rotary DiT runs at any "
-         "length, but its quality past L is unknown (it never saw those positions).")]
+    help="Allow --length beyond the length L the model was trained at: the rotary DiT "
+         "runs at any length, but its quality past L is unknown (it never saw those "
+         "positions).")]
 
 
 def mauve_options(needs: str = "") -> tuple[object, object]:

@@ -28,9 +28,9 @@ RunsOpt = Annotated[str, typer.Option(
 ReproduceRowsOpt = Annotated[str | None, typer.Option(
     help="Comma-separated rows to run or report (default: all).")]
 ScaleOpt = Annotated[str, typer.Option(
-    help="paper (the paper's steps), a factor in (0, 1] on the training steps, or tiny (test-size "
-         "model, a few steps: a smoke run). Anything but paper is labelled as not the paper's "
-         "setting.")]
+    help="paper (the paper's steps), a factor in (0, 1] on the training steps, or tiny "
+         "(test-size model, a few steps: a smoke run). Anything but paper is labelled as "
+         "not the paper's setting.")]
 LauncherOpt = Annotated[str, typer.Option(
     help="What runs training commands, e.g. 'torchrun --nproc-per-node 8 -m mdlm_cli' on a GPU "
          "node.")]

@@ -83,7 +83,8 @@ def _option_parameter(name: str, flag: OptionFlag, sweep: bool) -> inspect.Param
         decl, annotation = f"--{dashed(name)}", kind | None
         text = f"{readers}: {f.metadata['help']} {describe(f).capitalize()}; default {default}."
     return inspect.Parameter(
-        name, KEYWORD, default=None, annotation=Annotated[annotation, typer.Option(decl, help=text)]
+        name, KEYWORD, default=None,
+        annotation=Annotated[annotation, typer.Option(decl, help=text)]
     )
 
 
@@ -107,7 +108,8 @@ SamplersOpt = Annotated[
     str | None,
     typer.Option(
         help="Comma-separated samplers (default: every exact sampler of the model's objective; "
-        f"name an inexact one to add it: {', '.join(n for n, s in SAMPLERS.items() if not s.exact)}"
+        "name an inexact one to add it: "
+        f"{', '.join(n for n, s in SAMPLERS.items() if not s.exact)}"
         ")."
     ),
 ]

@@ -31,7 +31,9 @@ def flag_text(name: str, value) -> str:
     return f"--{dashed(name)} {value}"
 
 
-def resolve_sampler(objective, sampler: str | None, steps: int | None, options: dict | None = None):
+def resolve_sampler(
+    objective, sampler: str | None, steps: int | None, options: dict | None = None
+):
     """The sampler spec and steps a command runs, from the user's flags and the objective's
     samplers (`Objective.choose_sampler`); a warning for each flag the sampler does not read.
 

@@ -14,7 +14,8 @@ from .flag_checks import check_positive
 from .loading import loading_command, loading_from
 from .options import float_in
 
-HostOpt = Annotated[str, typer.Option(help="Address to bind (a non-loopback one wants --api-key).")]
+HostOpt = Annotated[str, typer.Option(
+    help="Address to bind (a non-loopback one wants --api-key).")]
 PortOpt = Annotated[int, typer.Option(help="TCP port.", min=0, max=65535)]
 MaxBatchOpt = Annotated[int, typer.Option(
     help="Rows per network call at most: concurrent requests are sampled together up to this "
@@ -28,7 +29,8 @@ PaddingOpt = Annotated[str, typer.Option(
 MaxWaitOpt = Annotated[float, typer.Option(
     help="How long a network call waits for the calls of the other running requests (ms).",
     callback=float_in(0))]
-QueueOpt = Annotated[int, typer.Option(help="Requests that may wait; beyond them 429 Retry-After.")]
+QueueOpt = Annotated[int, typer.Option(
+    help="Requests that may wait; beyond them 429 Retry-After.")]
 ApiKeyOpt = Annotated[str | None, typer.Option(
     envvar="MDLM_API_KEY", help="Require Authorization: Bearer KEY on /v1 and /metrics "
                                 "(env MDLM_API_KEY).")]

@@ -69,7 +69,8 @@ def _coerce(value, typ, where: str):
     origin = typing.get_origin(typ)
     try:
         if typ is bool:
-            if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            if (isinstance(value, str)
+                    and value.lower() in ("true", "false", "yes", "no", "1", "0")):
                 return value.lower() in ("true", "yes", "1")
             if isinstance(value, bool):
                 return value

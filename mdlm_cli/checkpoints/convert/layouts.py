@@ -112,9 +112,11 @@ LLAMA_NAMES = [(re.compile(a), b) for a, b in (
     (r"^model\.norm\.", "model.transformer.ln_f."),
     (r"^lm_head\.", "model.transformer.ff_out."),
     (r"^model\.layers\.(\d+)\.input_layernorm\.", r"model.transformer.blocks.\1.attn_norm."),
-    (r"^model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.", r"model.transformer.blocks.\1.\2_proj."),
+    (r"^model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.",
+     r"model.transformer.blocks.\1.\2_proj."),
     (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.", r"model.transformer.blocks.\1.attn_out."),
-    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"model.transformer.blocks.\1.ff_norm."),
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.",
+     r"model.transformer.blocks.\1.ff_norm."),
     (r"^model\.layers\.(\d+)\.mlp\.gate_proj\.", r"model.transformer.blocks.\1.ff_proj."),
     (r"^model\.layers\.(\d+)\.mlp\.up_proj\.", r"model.transformer.blocks.\1.up_proj."),
     (r"^model\.layers\.(\d+)\.mlp\.down_proj\.", r"model.transformer.blocks.\1.ff_out."),
@@ -136,7 +138,8 @@ def qwen2_name(name: str) -> str | None:
     return None if name.endswith("rotary_emb.inv_freq") else name
 
 
-GPT2_BUFFERS = re.compile(r"\.attn\.(bias|masked_bias)$")  # its causal mask, saved by old versions
+# its causal mask, saved by old versions
+GPT2_BUFFERS = re.compile(r"\.attn\.(bias|masked_bias)$")
 
 
 def gpt2_name(name: str) -> str | None:

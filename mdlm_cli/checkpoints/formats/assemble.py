@@ -72,7 +72,8 @@ def load_dit_folder(found: Found, partial: Partial, *, device,
 
 
 def read_hf_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    single, index, pickled = (folder / "model.safetensors", folder / "model.safetensors.index.json",
+    single, index, pickled = (folder / "model.safetensors",
+                              folder / "model.safetensors.index.json",
                               folder / "pytorch_model.bin")
     if single.is_file():
         return single, load_weights(single)
@@ -89,7 +90,8 @@ def read_hf_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
         return index, weights
     if pickled.is_file():
         obj = read_torch_file(pickled)
-        if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        if (not isinstance(obj, dict)
+                or not all(isinstance(v, torch.Tensor) for v in obj.values())):
             raise MdlmError(f"{pickled} does not hold a state dict of tensors")
         return pickled, obj
     raise MdlmError(f"{folder} has a config.json but no weights (model.safetensors, "
@@ -119,9 +121,9 @@ def assemble(ckpt: DitCheckpoint, device) -> LoadedModel:
     embedding = tuple(weights["vocab_embed.embedding"].shape)
     # checked before a tokeniser is fetched for the wrong vocabulary
     if embedding != (vocab, model_cfg.hidden_size):
-        raise MdlmError(f"{source}: vocab_embed.embedding has shape {embedding}, the model expects "
-                        f"{(vocab, model_cfg.hidden_size)} (its config says vocab {vocab}, "
-                        f"hidden {model_cfg.hidden_size})")
+        raise MdlmError(f"{source}: vocab_embed.embedding has shape {embedding}, the model "
+                        f"expects {(vocab, model_cfg.hidden_size)} (its config says "
+                        f"vocab {vocab}, hidden {model_cfg.hidden_size})")
     tokenizer = _tokenizer(ckpt.tokenizer_folder, ckpt.tokenizer_name, vocab, source)
     if tokenizer.vocab_size != vocab:
         raise MdlmError(

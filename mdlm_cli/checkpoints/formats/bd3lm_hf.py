@@ -82,8 +82,9 @@ def check_switches(raw: dict, source) -> None:
     for key, wanted, what in SWITCHES:
         value = number(raw.get(key), bool, key, source)
         if value is not None and value != wanted:
-            raise MdlmError(f"{source}: {key}={str(value).lower()} is not a model mdlm implements "
-                            f"(mdlm's bd3lm needs {key}={str(wanted).lower()}: {what})")
+            raise MdlmError(f"{source}: {key}={str(value).lower()} is not a model mdlm "
+                            f"implements (mdlm's bd3lm needs {key}={str(wanted).lower()}: "
+                            f"{what})")
     backend = raw.get("attn_backend")
     if backend is not None and backend not in BACKENDS:
         raise MdlmError(f"{source}: attn_backend={backend!r} is not one mdlm reads (it reads "

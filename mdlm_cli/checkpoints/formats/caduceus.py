@@ -51,7 +51,8 @@ def caduceus_model_config(raw: dict, source: str) -> dict:
             "norm_epsilon": float(raw.get("norm_epsilon", 1e-5)),
         }
     except (KeyError, TypeError, ValueError) as e:
-        raise MdlmError(f"{source}: not a Caduceus config.json ({type(e).__name__}: {e})") from None
+        raise MdlmError(f"{source}: not a Caduceus config.json "
+                        f"({type(e).__name__}: {e})") from None
 
 
 def seqlen_from_name(label: str) -> int | None:
@@ -88,8 +89,8 @@ def caduceus_from_hf(folder: Path, raw: dict, weights: dict[str, torch.Tensor], 
     ]
     if not embed or embed[0].shape[0] != tokenizer.vocab_size:
         raise MdlmError(
-            f"{source}: the embedding has {embed[0].shape[0] if embed else 'no'} rows; mdlm's DNA "
-            f"tokenizer has {tokenizer.vocab_size} ids"
+            f"{source}: the embedding has {embed[0].shape[0] if embed else 'no'} rows; "
+            f"mdlm's DNA tokenizer has {tokenizer.vocab_size} ids"
         )
     model = build_model(cfg.model, tokenizer.vocab_size)
     complement = model.complement_map
@@ -103,8 +104,8 @@ def caduceus_from_hf(folder: Path, raw: dict, weights: dict[str, torch.Tensor], 
     state = {"format": "caduceus", "source": label, "weights": "as stored"}
     if length is None:
         state["inferred"] = ["length 1024 (the name gives no seqlen)"]
-    data_meta = {"length": cfg.data.length, "packing": "window", "tokenizer": tokenizer.describe(),
-                 "source": {"name": "hg38"}}
+    data_meta = {"length": cfg.data.length, "packing": "window",
+                 "tokenizer": tokenizer.describe(), "source": {"name": "hg38"}}
     return LoadedModel(folder, model.to(device).eval(), cfg, tokenizer, data_meta, state)
 
 

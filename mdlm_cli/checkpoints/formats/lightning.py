@@ -35,7 +35,8 @@ def load(found: Found, *, ema: bool, device) -> LoadedModel:
     ema_state = obj.get("ema")
     shadow = ema_state.get("shadow_params") if ema and isinstance(ema_state, dict) else None
     weights = (
-        "ema" if shadow is not None else ("raw" if not ema else "raw (the checkpoint holds no EMA)")
+        "ema" if shadow is not None
+        else ("raw" if not ema else "raw (the checkpoint holds no EMA)")
     )
     state_json = {"format": "lightning", "source": str(path), "weights": weights}
     for key in ("global_step", "epoch"):

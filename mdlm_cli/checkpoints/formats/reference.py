@@ -35,8 +35,9 @@ INV_FREQ = "rotary_emb.inv_freq"
 # module or the HF `MDLM` (`backbone.`), a bare DiT state dict.
 PREFIXES = ("backbone.backbone.", "backbone.", "")
 # the reference's noise.type -> mdlm's schedule
-REFERENCE_SCHEDULES = {"loglinear": "loglinear", "cosine": "cosine", "cosinesqr": "cosine-squared",
-                       "linear": "linear", "geometric": "geometric"}
+REFERENCE_SCHEDULES = {"loglinear": "loglinear", "cosine": "cosine",
+                       "cosinesqr": "cosine-squared", "linear": "linear",
+                       "geometric": "geometric"}
 # mdlm's schedules with fixed sigmas (their defaults in engine/schedules.py): a checkpoint must
 # record these
 SIGMA_RANGES = {name: (s.sigma_min, s.sigma_max) for name, s in
@@ -126,8 +127,9 @@ def partial_from_hydra(config: dict, source) -> Partial:
     if parameterization == "sedd" and get("time_conditioning") is not None and \
             not number(get("time_conditioning"), bool, "time_conditioning", source):
         raise MdlmError(
-            f"{source} is a SEDD model trained without time conditioning: the reference then feeds "
-            "sigma = 0 and its log-score is -inf everywhere, so it has no usable output"
+            f"{source} is a SEDD model trained without time conditioning: the reference "
+            "then feeds sigma = 0 and its log-score is -inf everywhere, so it has no "
+            "usable output"
         )
     for key, typ in (("hidden_size", int), ("n_blocks", int), ("n_heads", int), ("cond_dim", int),
                      ("dropout", float)):
@@ -209,7 +211,8 @@ def model_config(weights: dict[str, torch.Tensor], partial: Partial,
         )
     if hidden % n_heads or (hidden // n_heads) % 2:
         raise MdlmError(
-            f"{source}: n_heads={n_heads} does not split hidden size {hidden} into even head sizes"
+            f"{source}: n_heads={n_heads} does not split hidden size {hidden} into even "
+            "head sizes"
         )
     cfg = ModelConfig(
         hidden_size=hidden,
@@ -302,7 +305,9 @@ def check_rotary(inv_freq: torch.Tensor | None, cfg: ModelConfig, source) -> Non
             "disagree"
         )
     if not torch.allclose(inv_freq.float(), expected, rtol=1e-4, atol=0.0):
-        raise MdlmError(f"{source}: rotary_emb.inv_freq is not the base-10000 table mdlm computes")
+        raise MdlmError(
+            f"{source}: rotary_emb.inv_freq is not the base-10000 table mdlm computes"
+        )
 
 
 def apply_ema(
@@ -311,7 +316,8 @@ def apply_ema(
     """The reference EMA is a list in `backbone.parameters()` order (then the noise module's, which
     has none); mdlm's DiT registers its parameters in the same order."""
     names = [name for name, _ in model.named_parameters()]
-    if not isinstance(shadow, list | tuple) or not all(isinstance(t, torch.Tensor) for t in shadow):
+    if (not isinstance(shadow, list | tuple)
+            or not all(isinstance(t, torch.Tensor) for t in shadow)):
         raise MdlmError(f"{source}: ema.shadow_params is not a list of tensors")
     if len(shadow) != len(names):
         raise MdlmError(
