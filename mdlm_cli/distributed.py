@@ -329,8 +329,9 @@ def session(device_name: str = "auto"):
                         "CUDA GPUs")
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
-            raise MdlmError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) "
-                            "are visible; use --nproc-per-node <= the number of GPUs per node")
+            raise MdlmError(f"LOCAL_RANK {local_rank} but only "
+                            f"{torch.cuda.device_count()} GPU(s) are visible; "
+                            "use --nproc-per-node <= the number of GPUs per node")
         device = torch.device("cuda", local_rank)  # one GPU per process, whatever --device said
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -338,8 +339,8 @@ def session(device_name: str = "auto"):
     if owns:
         tdist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     try:
-        yield Dist(rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local_rank,
-                   device=device, backend=tdist.get_backend())
+        yield Dist(rank=tdist.get_rank(), world_size=tdist.get_world_size(),
+                   local_rank=local_rank, device=device, backend=tdist.get_backend())
     finally:
         if owns and tdist.is_initialized():
             tdist.destroy_process_group()

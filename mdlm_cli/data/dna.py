@@ -30,7 +30,8 @@ from torch import Tensor
 
 from ..errors import MdlmError
 
-EXTEND = 2 ** 20  # HyenaDNA's MAX_ALLOWED_LENGTH: every BED interval becomes [start, start + 2^20)
+# HyenaDNA's MAX_ALLOWED_LENGTH: every BED interval becomes [start, start + 2^20)
+EXTEND = 2 ** 20
 HG38_URLS = ("https://storage.googleapis.com/basenji_barnyard2/hg38.ml.fa.gz",
              "https://storage.googleapis.com/basenji_barnyard2/sequences_human.bed")
 BED_NAMES = ("sequences_human.bed", "human-sequences.bed")
@@ -107,8 +108,9 @@ class HG38Files:
             if (self.folder / name).is_file():
                 return self.folder / name
         raise MdlmError(
-            f"HG38 data not found: {self.folder} needs {' or '.join(names)}; with a network, once: "
-            f"mkdir -p {self.folder} && curl -L {HG38_URLS[0]} -o {self.folder}/hg38.ml.fa.gz && "
+            f"HG38 data not found: {self.folder} needs {' or '.join(names)}; with a network, "
+            f"once: mkdir -p {self.folder} && curl -L {HG38_URLS[0]} -o "
+            f"{self.folder}/hg38.ml.fa.gz && "
             f"curl -L {HG38_URLS[1]} -o {self.folder}/sequences_human.bed "
             "(or point data.dataset at hg38:FOLDER or $MDLM_HG38)"
         )
@@ -184,7 +186,8 @@ def write_synthetic_genome(
     """
     rng = np.random.default_rng(seed)
     bases = np.frombuffer(b"ACGT", dtype=np.uint8)
-    trans = rng.dirichlet(np.full(4, 0.3), size=64).cumsum(1)  # context (3 bases) -> next-base CDF
+    # context (3 bases) -> next-base CDF
+    trans = rng.dirichlet(np.full(4, 0.3), size=64).cumsum(1)
     motifs = [rng.integers(0, 4, rng.integers(24, 65)) for _ in range(12)]
     folder.mkdir(parents=True, exist_ok=True)
     fasta, bed = [], []
@@ -249,7 +252,8 @@ def reverse_complement(tokens: Tensor, complement: Tensor) -> Tensor:
 def rc_augment(x0: Tensor, attention_mask: Tensor | None, complement: list[int],
                generator: torch.Generator) -> tuple[Tensor, Tensor | None]:
     """Each row reverse-complemented with probability 1/2 (its mask flipped with it)."""
-    flip = torch.rand(x0.shape[0], generator=generator, device=generator.device).to(x0.device) < 0.5
+    flip = torch.rand(x0.shape[0], generator=generator,
+                      device=generator.device).to(x0.device) < 0.5
     comp = torch.tensor(complement, device=x0.device)
     x0 = torch.where(flip[:, None], reverse_complement(x0, comp), x0)
     if attention_mask is not None:
@@ -305,7 +309,8 @@ def read_genomic_task(folder: str | Path) -> GenomicTask:
             p.name for p in (folder / split).iterdir() if p.is_dir() and p.name not in classes
         )
         if extra:
-            raise MdlmError(f"{folder}/{split} has class {extra[0]!r}, which train/ does not have")
+            raise MdlmError(f"{folder}/{split} has class {extra[0]!r}, which train/ does "
+                            "not have")
         rows = getattr(task, split)
         for label, name in enumerate(classes):
             for path in (

@@ -21,7 +21,10 @@ GPT2_FILES = {
         "vocab.json",
         "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
     ),
-    "vocab.bpe": ("merges.txt", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
+    "vocab.bpe": (
+        "merges.txt",
+        "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+    ),
 }
 
 
@@ -32,7 +35,8 @@ def _wrap_hf(name: str, hf) -> Tokenizer:
     bos = hf.bos_token_id if hf.bos_token_id is not None else hf.cls_token_id
     eos = hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id
     if bos is None or eos is None:
-        raise MdlmError(f"tokenizer {name!r} has neither BOS/EOS nor CLS/SEP tokens; pick another")
+        raise MdlmError(f"tokenizer {name!r} has neither BOS/EOS nor CLS/SEP tokens; "
+                        "pick another")
     pad = hf.pad_token_id if hf.pad_token_id is not None else eos
     return Tokenizer(name, hf=hf, mask_id=mask_id, bos_id=bos, eos_id=eos, pad_id=pad,
                      vocab_size=max(n, mask_id + 1))

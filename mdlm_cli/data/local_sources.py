@@ -104,7 +104,8 @@ def read_text_file(path: Path) -> str:
     instead of being tokenised into noise. A few stray bytes in real text are replaced."""
     data = path.read_bytes()
     if b"\x00" in data:
-        raise MdlmError(f"{path} is not text (it holds NUL bytes: a binary file?); give UTF-8 text")
+        raise MdlmError(f"{path} is not text (it holds NUL bytes: a binary file?); "
+                        "give UTF-8 text")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -125,6 +126,7 @@ def _jsonl_documents(path: Path) -> list[str]:
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise MdlmError(f"{path}:{n} is not a JSON object with a 'text' field") from None
             if not isinstance(text, str):
-                raise MdlmError(f"{path}:{n}: 'text' must be a string (got {type(text).__name__})")
+                raise MdlmError(f"{path}:{n}: 'text' must be a string "
+                                f"(got {type(text).__name__})")
             docs.append(text)
     return docs

@@ -110,7 +110,8 @@ class ExampleSource(Source):
     def documents(self, split, load_dataset=None):
         """As plain text (prompt, a newline, response) for the other packings."""
         batches, n = self.examples(split, load_dataset)
-        return ([f"{e.get('prompt', '')}\n{e.get('response', '')}" for e in b] for b in batches), n
+        return ([f"{e.get('prompt', '')}\n{e.get('response', '')}" for e in b]
+                for b in batches), n
 
 
 @dataclass
@@ -142,7 +143,8 @@ class HubExamples(ExampleSource):
     @property
     def fingerprint(self) -> str:
         named = (self.config, self.split, self.prompt_field) != (None, "train", "prompt")
-        return f"hub-sft:{self.hub_id}" + (f":{self.config}:{self.split}" if named else "") + ":v1"
+        return (f"hub-sft:{self.hub_id}"
+                + (f":{self.config}:{self.split}" if named else "") + ":v1")
 
     def all_examples(self, load_dataset=None) -> list[dict]:
         hub = HubDataset(self.name, self.description, hub_id=self.hub_id, config=self.config,

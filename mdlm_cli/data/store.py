@@ -163,7 +163,8 @@ class PreparedData:
     def split(self, name: str) -> TokenSplit:
         if name not in self.meta["splits"]:
             available = ", ".join(self.splits)
-            raise MdlmError(f"split {name!r} is not in {self.folder.name}; available: {available}")
+            raise MdlmError(f"split {name!r} is not in {self.folder.name}; "
+                            f"available: {available}")
         info = self.meta["splits"][name]
         shape = (info["rows"], self.length)
         try:
@@ -196,7 +197,8 @@ class PreparedData:
         """sft-pack's per-position segment ids and target map of a split, memory-mapped."""
         shape = (rows, self.length)
         if rows == 0:
-            return {"segments": np.zeros(shape, np.uint16), "target_map": np.zeros(shape, np.uint8)}
+            return {"segments": np.zeros(shape, np.uint16),
+                    "target_map": np.zeros(shape, np.uint8)}
         return {
             "segments": np.memmap(self.folder / f"{name}.segments.bin", dtype=np.uint16,
                                   mode="r", shape=shape),
@@ -263,7 +265,8 @@ def prepared_folder(cfg: DataConfig) -> tuple[Path, Source, Tokenizer]:
     tokenizer = load_tokenizer(cfg.tokenizer, root)
     key = cache_key(source, tokenizer, cfg.length, key_packing(cfg, tokenizer),
                     row_limits(cfg, source.splits))
-    name = f"{source.name}-{tokenizer.name.replace('/', '_')}-{cfg.packing}{cfg.length}-{key[:12]}"
+    name = (f"{source.name}-{tokenizer.name.replace('/', '_')}-"
+            f"{cfg.packing}{cfg.length}-{key[:12]}")
     return root / "data" / name, source, tokenizer
 
 

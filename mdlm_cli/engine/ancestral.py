@@ -122,7 +122,8 @@ def _ancestral_reference(z: Tensor, ctx: SamplerContext, times: Tensor, *, cache
     ).float()  # (steps,), once for the run
     cached = None  # last full logits per sequence
     valid = torch.zeros(B, dtype=torch.bool, device=z.device)  # cache still matches z
-    changed_at = []  # per step, whether any sequence changed (only when someone asks, `on_changes`)
+    # per step, whether any sequence changed (only when someone asks, `on_changes`)
+    changed_at = []
     for i in range(ctx.steps):
         masked = z == ctx.mask_id
         if not masked.any():
@@ -133,7 +134,8 @@ def _ancestral_reference(z: Tensor, ctx: SamplerContext, times: Tensor, *, cache
             if len(rows):
                 fresh = ctx.logits(z, times[i], None, rows)
                 if cached is None:
-                    cached = torch.empty(B, L, fresh.shape[-1], dtype=fresh.dtype, device=z.device)
+                    cached = torch.empty(B, L, fresh.shape[-1], dtype=fresh.dtype,
+                                         device=z.device)
                 cached[rows] = fresh
                 valid[rows] = True
             logits = cached[masked]
@@ -153,7 +155,8 @@ def _ancestral_reference(z: Tensor, ctx: SamplerContext, times: Tensor, *, cache
             changed_at.append(changed.any())
     if cache and ctx.on_changes is not None:
         ctx.on_changes(
-            torch.stack(changed_at).nonzero()[:, 0].tolist() if changed_at else [], len(changed_at)
+            torch.stack(changed_at).nonzero()[:, 0].tolist() if changed_at else [],
+            len(changed_at)
         )
 
 

@@ -106,8 +106,8 @@ def check_rows(peak: Tensor, *, logits: bool = False) -> None:
         bad_nonfinite, bad_empty, n = int(nonfinite.sum()), int(empty.sum()), peak.shape[0]
         what = (f"non-finite probabilities in {bad_nonfinite} of {n} rows (a nan or inf logit, "
                 "or a temperature that overflows them)" if bad_nonfinite else
-                f"all-zero probabilities in {bad_empty} of {n} rows (every class but the mask has "
-                "probability 0)")
+                f"all-zero probabilities in {bad_empty} of {n} rows (every class but the "
+                "mask has probability 0)")
         raise ProbabilityError(what)
 
 

@@ -143,7 +143,8 @@ class SpanConstraint:
                 padded = torch.cat([torch.zeros(B, 1, dtype=torch.bool), back], 1)  # (B, S + 1)
                 rows = torch.nonzero(masked[:, 0] & positions[:, span.start + p])[:, 0]
                 if len(rows):
-                    ok = padded[rows][:, span.table + 1] & forward[p][rows][:, :, None]  # (R, S, V)
+                    # (R, S, V)
+                    ok = padded[rows][:, span.table + 1] & forward[p][rows][:, :, None]
                     out[index[rows, span.start + p]] = ok.any(1)
                 free = (back.float() @ span.reach.T) > 0
                 back = torch.where(masked, free, padded.gather(1, span.table[:, tok].T + 1))

@@ -99,7 +99,8 @@ class SamplerContext:
         """The selected rows' logits, under guidance where it is on."""
         if not self.cfg_scale:
             return call_denoiser(self.denoiser, z, t.float(), output_mask=positions)
-        prompt = self.prompt if rows is None or len(rows) == len(self.prompt) else self.prompt[rows]
+        prompt = (self.prompt if rows is None or len(rows) == len(self.prompt)
+                  else self.prompt[rows])
         return guided_logits(self.denoiser, z, t.float(), prompt=prompt, scale=self.cfg_scale,
                              mask_id=self.mask_id, output_mask=positions)
 
@@ -183,7 +184,9 @@ class SamplerContext:
         self.stats.draws += logits.shape[0]
         return sample_tokens_with_probs(logits, self.mask_id, **self._draw_settings())
 
-    def draw_with_weights(self, logits: Tensor, untempered: bool = False) -> tuple[Tensor, Tensor]:
+    def draw_with_weights(
+        self, logits: Tensor, untempered: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """`draw`, and the weights (N, V) drawn from (`untempered`: the untempered softmax's)."""
         self.stats.draws += logits.shape[0]
         return sample_tokens_with_weights(logits, self.mask_id, untempered=untempered,

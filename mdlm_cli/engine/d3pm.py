@@ -48,7 +48,8 @@ def posterior_kl(
     safe_rate_s = torch.where(
         rate_s > 0, rate_s, torch.ones_like(rate_s)
     )  # at s = 0 nothing stays masked
-    to_mask = torch.where(rate_s > 0, stays * (log_norm - torch.log1p(alpha_s * x_m / safe_rate_s)),
+    to_mask = torch.where(rate_s > 0,
+                          stays * (log_norm - torch.log1p(alpha_s * x_m / safe_rate_s)),
                           torch.zeros_like(stays))
     return (to_x0 * (log_norm - log_x0) + to_mask).float()
 

@@ -65,14 +65,15 @@ SAMPLERS: dict[str, SamplerSpec] = {spec.name: spec for spec in (
                      "exact as steps grow"),
     SamplerSpec("ancestral-cache", ancestral_cache, exact=True, uses_steps=True,
                 needs_time_agnostic=True, fallback="ancestral", options=AncestralOptions,
-                help="ancestral with per-sequence caching: a call only for sequences that changed "
-                     "(models without time conditioning); same draws as ancestral"),
+                help="ancestral with per-sequence caching: a call only for sequences that "
+                     "changed (models without time conditioning); same draws as ancestral"),
     SamplerSpec("first-hitting", first_hitting, exact=True, options=FirstHittingOptions,
                 help="Zheng et al.: one call and one draw per revealed token, exact; "
                      "--tokens-per-step k > 1 reveals k per call (approximate)"),
     SamplerSpec("analytic", analytic, exact=True, uses_steps=True,
-                help="SEDD's Tweedie tau-leaping on the model's scores (a SUBS model's converted), "
-                     "one call per step and a final denoising draw; exact as steps grow"),
+                help="SEDD's Tweedie tau-leaping on the model's scores (a SUBS model's "
+                     "converted), one call per step and a final denoising draw; exact as "
+                     "steps grow"),
     SamplerSpec("euler", euler, exact=True, uses_steps=True,
                 help="SEDD's Euler step of the reverse rate, one call per step and a final "
                      "denoising draw; exact as steps grow"),
@@ -84,7 +85,8 @@ SAMPLERS: dict[str, SamplerSpec] = {spec.name: spec for spec in (
                 help="left to right with a key/value cache, one call per new token; exact"),
     SamplerSpec("autoregressive-recompute", autoregressive_recompute, exact=True, guided=False,
                 help="left to right without a cache, as the reference's AR sampler: each new "
-                     "token's call re-reads the whole prefix; exact, the kv-cache sampler's draws"),
+                     "token's call re-reads the whole prefix; exact, the kv-cache sampler's "
+                     "draws"),
     SamplerSpec("confidence", confidence, exact=False, uses_steps=True, default_steps=128,
                 options=ConfidenceOptions,
                 help="MaskGIT / LLaDA low-confidence remasking: each step draws a token at every "

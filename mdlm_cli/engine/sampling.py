@@ -175,7 +175,8 @@ def _first_window(prompt: Tensor | None, num_samples: int, window: int, mask_id:
 def _rounds(window: int, stride: int, rounds: int | None, target_length: int | None) -> int:
     """Semi-AR's rounds after the first window: `rounds`, or enough for `target_length`."""
     if not 0 < stride < window:
-        raise EngineError(f"stride must be between 1 and window - 1 = {window - 1} (got {stride})")
+        raise EngineError(f"stride must be between 1 and window - 1 = {window - 1} "
+                          f"(got {stride})")
     if rounds is None:
         if target_length is None:
             raise EngineError("give either rounds or target_length")

@@ -50,7 +50,8 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     options: Mapping[str, Any] = field(default_factory=dict)  # option name -> value, as given
-    instance: Any = None  # an instance of the sampler's options dataclass: the base `options` edit
+    # an instance of the sampler's options dataclass: the base `options` edit
+    instance: Any = None
     top_k: int | None = None  # the k likeliest tokens kept; None: the model's default; 0: all
     cfg_scale: float = 0.0  # LLaDA's classifier-free guidance (engine/guidance.py); 0: off
 
@@ -62,7 +63,8 @@ class SamplingSettings:
         if self.sampler is not None:
             get_sampler(self.sampler)
         if self.steps is not None and (isinstance(self.steps, bool) or self.steps < 1):
-            raise SettingsError("steps", f"{spell('steps')} must be at least 1 (got {self.steps})")
+            raise SettingsError("steps", f"{spell('steps')} must be at least 1 "
+                                f"(got {self.steps})")
         if self.precision not in PRECISIONS:
             raise SettingsError("precision", f"{spell('precision')} must be one of: "
                                 f"{', '.join(PRECISIONS)} (got {self.precision!r})")
@@ -104,7 +106,8 @@ class SamplingSettings:
             if self.options.get("cache", "none") != "none":
                 raise SettingsError("cfg_scale", f"{spell('cfg_scale')} needs {spell('cache')} "
                                     "none (a cached call sees its block only)")
-        rules = getattr(spec.options, "rules", None) if spec is not None and spec.options else None
+        rules = (getattr(spec.options, "rules", None)
+                 if spec is not None and spec.options else None)
         if rules is None:
             return
         spelled = {f.name: spell(f.name) for f in fields(spec.options)}

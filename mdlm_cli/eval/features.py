@@ -70,7 +70,9 @@ class EncoderFeatures:
 
     pooling = "mean"
 
-    def __init__(self, where: str, *, name: str, device: torch.device, context: int | None = None):
+    def __init__(
+        self, where: str, *, name: str, device: torch.device, context: int | None = None
+    ):
         from transformers import AutoModel, AutoTokenizer
 
         from ..io.safe_load import refuse_remote_code
@@ -165,7 +167,8 @@ def text_mauve(
     """MAUVE (`mauve.py`) of sample texts against reference texts (or their features)."""
     from .mauve import mauve
 
-    ref = reference if isinstance(reference, Tensor) else featurizer.features(reference, batch_size)
+    ref = (reference if isinstance(reference, Tensor)
+           else featurizer.features(reference, batch_size))
     return mauve(
         featurizer.features(samples, batch_size), ref, seeds=seeds, scale=scale, buckets=buckets
     )

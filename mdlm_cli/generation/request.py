@@ -58,8 +58,10 @@ class GenerationRequest:
             raise MdlmError(f"give {' or '.join(given)}, not both")
         if self.max_new_tokens is not None and self.length is not None:
             raise MdlmError("give --length or --max-new-tokens, not both")
-        for name, value in (("--num-samples", self.num_samples), ("--batch-size", self.batch_size),
-                            ("--length", self.length), ("--max-new-tokens", self.max_new_tokens)):
+        for name, value in (("--num-samples", self.num_samples),
+                            ("--batch-size", self.batch_size),
+                            ("--length", self.length),
+                            ("--max-new-tokens", self.max_new_tokens)):
             if value is not None and value < 1:
                 raise MdlmError(f"{name} must be at least 1 (got {value})")
         if not len(self.stop) <= 4 or not all(isinstance(s, str) and s for s in self.stop):

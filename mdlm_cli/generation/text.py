@@ -45,7 +45,8 @@ class ChoiceText:
         if self.finish_reason is None:
             hold = max((len(s) - 1 for s in self.stop), default=0)
             full = full[: len(full) - hold] if hold else full
-            full = full.rstrip("\ufffd")  # a character split across tokens waits for its next byte
+            # a character split across tokens waits for its next byte
+            full = full.rstrip("\ufffd")
         return self._hand_out(full)
 
     def finish(self) -> str:

@@ -98,7 +98,8 @@ def download(repo_id: str) -> Path:
         if not any(
             folder.glob("*.safetensors")
         ):  # an upload without safetensors: its state dict, read weights_only
-            folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES + [PICKLED_WEIGHTS]))
+            folder = Path(snapshot_download(repo_id,
+                                            allow_patterns=HUB_FILES + [PICKLED_WEIGHTS]))
         return folder
     except LocalEntryNotFoundError:
         offline = (

@@ -65,7 +65,8 @@ def packaged_folder(model: PackagedModel) -> Path | None:
     for name, digest in model.sha256.items():
         if not (folder / name).is_file() or sha256_file(folder / name) != digest:
             raise MdlmError(
-                f"{folder / name} does not match the known {model.hub_id} file; reinstall it with: "
+                f"{folder / name} does not match the known {model.hub_id} file; "
+                "reinstall it with: "
                 f"{model.pip.replace('install', 'install --force-reinstall', 1)}"
             )
     return folder

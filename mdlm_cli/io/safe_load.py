@@ -118,7 +118,8 @@ def _check_pickle(path: Path) -> None:
     refused for what it is, not as a pickle that cannot be inspected."""
     with open(path, "rb") as f:
         head = f.read(256)
-    if head[:1] == b"\x80" or head[:4] == b"PK\x03\x04":  # a pickle, or a torch.save zip cut short
+    # a pickle, or a torch.save zip cut short
+    if head[:1] == b"\x80" or head[:4] == b"PK\x03\x04":
         return  # torch.load says what is wrong with it
     try:
         text = head.decode("utf-8")
@@ -241,7 +242,7 @@ def remote_code_refusal(e: BaseException, name: str) -> MdlmError | None:
     text = str(e)
     if "trust_remote_code" in text or "custom code" in text:
         return MdlmError(
-            f"refusing {name!r}: it needs its own Python code (trust_remote_code), and mdlm never "
-            "runs code from a model repository"
+            f"refusing {name!r}: it needs its own Python code (trust_remote_code), and mdlm "
+            "never runs code from a model repository"
         )
     return None

@@ -33,9 +33,9 @@ BACKBONES: dict[str, type[Backbone]] = {
 }
 
 __all__ = [
-    "BACKBONES", "GPT2", "Backbone", "Caduceus", "DiT", "DiffusionDenoiser", "Dream", "HFMaskedLM",
-    "KVCache", "LLaDA", "Mamba", "autocast_for", "build_model", "check_data", "is_segmented",
-    "segment_starts", "unwrap",
+    "BACKBONES", "GPT2", "Backbone", "Caduceus", "DiT", "DiffusionDenoiser", "Dream",
+    "HFMaskedLM", "KVCache", "LLaDA", "Mamba", "autocast_for", "build_model", "check_data",
+    "is_segmented", "segment_starts", "unwrap",
 ]
 
 

@@ -303,9 +303,9 @@ class Caduceus(MambaBackbone, nn.Module):
         )
         emb = self.embedding
         hs = emb(tokens)
-        if (
-            self.rcps
-        ):  # [emb(x), flip(emb(rc x))]; flip(emb(rc x)) at l is the flipped embedding of comp(x_l)
+        # [emb(x), flip(emb(rc x))]; flip(emb(rc x)) at l is the flipped embedding of
+        # comp(x_l)
+        if self.rcps:
             hs = torch.cat([hs, rc(emb(self.complement_map[tokens.flip(-1)]))], dim=-1)
         residual = None
         for layer in bb.layers:

@@ -42,7 +42,8 @@ class TimestepEmbedder(nn.Module):
     def forward(self, sigma: torch.Tensor) -> torch.Tensor:  # (B,) -> (B, C)
         half = self.frequency_dim // 2
         freqs = torch.exp(
-            -math.log(10_000) * torch.arange(half, device=sigma.device, dtype=torch.float32) / half
+            -math.log(10_000)
+            * torch.arange(half, device=sigma.device, dtype=torch.float32) / half
         )
         args = sigma.float()[:, None] * freqs[None]
         return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
@@ -58,7 +59,8 @@ class Rotary(nn.Module):
         self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.compiler.is_compiling():  # part of the graph: a cache would recompile it on step 2
+        # part of the graph: a cache would recompile it on step 2
+        if torch.compiler.is_compiling():
             return self._tables(seq_len, device)
         if self._cache is None or self._cache[0] != seq_len or self._cache[1] != device:
             self._cache = (seq_len, device, *self._tables(seq_len, device))

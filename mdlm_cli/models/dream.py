@@ -23,7 +23,8 @@ from .block_cache import BlockCall
 from .decoder_layers import Heads, RMSNorm, attend, position_angles, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
-CONFIG_FILE = "dream_config.json"  # the release's config.json, beside an mdlm checkpoint's weights
+# the release's config.json, beside an mdlm checkpoint's weights
+CONFIG_FILE = "dream_config.json"
 REQUIRED = {"hidden_act": "silu", "rope_scaling": None, "use_sliding_window": False}
 
 

@@ -34,7 +34,8 @@ def shard_files(folder: Path) -> list[Path]:
     try:
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise MdlmError(f"{index} is not a valid safetensors index ({type(e).__name__})") from None
+        raise MdlmError(f"{index} is not a valid safetensors index "
+                        f"({type(e).__name__})") from None
     for shard in shards:
         if not (folder / shard).is_file():
             raise MdlmError(f"{folder} lacks the shard {shard} that {INDEX} names; the download "
@@ -69,8 +70,8 @@ def read_shards(shards: list[Path]) -> dict[str, torch.Tensor]:
         try:
             weights.update(load_file(shard))
         except (SafetensorError, OSError) as e:
-            raise MdlmError(f"{shard} is not a readable safetensors file ({e}); the checkpoint is "
-                            "corrupted") from None
+            raise MdlmError(f"{shard} is not a readable safetensors file ({e}); the "
+                            "checkpoint is corrupted") from None
     return weights
 
 

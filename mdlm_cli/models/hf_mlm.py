@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from ..data.tokenizers import Tokenizer
 
 CONFIG_FILE = "hf_config.json"  # the HF config, beside an mdlm checkpoint's weights
-# model_type -> the MLM model's submodules that map the encoder's hidden states to logits, in order
+# model_type -> the MLM model's submodules that map the encoder's hidden states to logits,
+# in order
 HEADS = {
     "bert": ("cls",),
     "megatron-bert": ("cls",),
@@ -146,9 +147,9 @@ def load_pretrained(folder: Path, name: str) -> tuple[nn.Module, list[str]]:
     encoder_missing = [k for k in missing if k.split(".")[0] not in head]
     if encoder_missing or info.get("mismatched_keys"):
         what = encoder_missing[0] if encoder_missing else sorted(info["mismatched_keys"])[0]
-        raise MdlmError(f"{name} holds a {raw.get('model_type')!r} model whose weights do not fit "
-                        f"{type(model).__name__} ({what} missing or of another shape, "
-                        f"{len(encoder_missing)} encoder weights missing)")
+        raise MdlmError(f"{name} holds a {raw.get('model_type')!r} model whose weights do "
+                        f"not fit {type(model).__name__} ({what} missing or of another "
+                        f"shape, {len(encoder_missing)} encoder weights missing)")
     return model.float(), missing
 
 
@@ -245,9 +246,9 @@ class HFMaskedLM(BackboneTraits, nn.Module):
         same = tokenizer.hf is not None and tokenizer.hf.get_vocab() == own.hf.get_vocab()
         if not same or tokenizer.mask_id != own.mask_id:
             raise MdlmError(
-                f"data.tokenizer {cfg.data.tokenizer!r} ({tokenizer.vocab_size} tokens) is not the "
-                f"tokenizer of model.hf_model {cfg.model.hf_model!r} ({own.vocab_size} tokens); "
-                f"set data.tokenizer={cfg.model.hf_model}"
+                f"data.tokenizer {cfg.data.tokenizer!r} ({tokenizer.vocab_size} tokens) is "
+                f"not the tokenizer of model.hf_model {cfg.model.hf_model!r} "
+                f"({own.vocab_size} tokens); set data.tokenizer={cfg.model.hf_model}"
             )
 
     @classmethod
@@ -260,8 +261,9 @@ class HFMaskedLM(BackboneTraits, nn.Module):
         try:
             raw = json.loads((folder / CONFIG_FILE).read_text())
         except (OSError, json.JSONDecodeError) as e:
-            raise MdlmError(f"{folder} holds an hf-mlm checkpoint without a readable {CONFIG_FILE} "
-                            f"({type(e).__name__}); the checkpoint is incomplete") from None
+            raise MdlmError(f"{folder} holds an hf-mlm checkpoint without a readable "
+                            f"{CONFIG_FILE} ({type(e).__name__}); the checkpoint is "
+                            "incomplete") from None
         check_native(raw, str(folder / CONFIG_FILE))
         with quiet_transformers():
             hf = AutoModelForMaskedLM.from_config(

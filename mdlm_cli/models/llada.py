@@ -23,7 +23,8 @@ from .block_cache import BlockCall
 from .decoder_layers import Heads, RMSNorm, attend, position_angles, swiglu
 from .open_weights import ReleasedBackbone, refuse
 
-CONFIG_FILE = "llada_config.json"  # the release's config.json, beside an mdlm checkpoint's weights
+# the release's config.json, beside an mdlm checkpoint's weights
+CONFIG_FILE = "llada_config.json"
 # key -> the values the native backbone implements (the released models'); an absent key passes
 REQUIRED = {
     "block_type": ("llama",), "alibi": (False,), "rope": (True,), "layer_norm_type": ("rms",),

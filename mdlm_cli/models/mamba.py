@@ -77,8 +77,8 @@ class Mamba(MambaBackbone, nn.Module):
     def validate_config(cls, cfg: Config) -> None:
         super().validate_config(cfg)
         if cfg.model.time_conditioning:
-            raise MdlmError("the mamba backbone is the autoregressive baseline and takes no time; "
-                            "set model.time_conditioning=false")
+            raise MdlmError("the mamba backbone is the autoregressive baseline and takes no "
+                            "time; set model.time_conditioning=false")
 
     def describe(self) -> str:
         return f"Mamba {self.config.n_blocks}x{self.config.hidden_size}"
@@ -101,7 +101,8 @@ class Mamba(MambaBackbone, nn.Module):
     def new_cache(self, batch: int, max_len: int, device: torch.device,
                   dtype: torch.dtype = torch.float32) -> MambaCache:
         return MambaCache(
-            [layer.mixer.new_state(batch, device, dtype) for layer in self.backbone.layers], max_len
+            [layer.mixer.new_state(batch, device, dtype) for layer in self.backbone.layers],
+            max_len
         )
 
     def forward(

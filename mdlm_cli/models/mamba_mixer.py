@@ -173,7 +173,8 @@ class MambaMixer(nn.Module):
     def new_state(
         self, batch: int, device: torch.device, dtype: torch.dtype = torch.float32
     ) -> MixerState:
-        return MixerState(torch.zeros(batch, self.d_inner, self.d_conv, device=device, dtype=dtype),
+        return MixerState(torch.zeros(batch, self.d_inner, self.d_conv, device=device,
+                                      dtype=dtype),
                           torch.zeros(batch, self.d_inner, self.d_state, device=device,
                                       dtype=torch.promote_types(dtype, torch.float32)))
 
@@ -183,7 +184,8 @@ class MambaMixer(nn.Module):
         state.conv.copy_(
             torch.cat([state.conv[..., 1:], xs[..., None].to(state.conv.dtype)], dim=-1)
         )
-        xs = F.silu((state.conv * self.conv1d.weight[:, 0]).sum(-1) + self.conv1d.bias).to(x.dtype)
+        xs = F.silu((state.conv * self.conv1d.weight[:, 0]).sum(-1)
+                    + self.conv1d.bias).to(x.dtype)
         dt, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         f = _scan_dtype(xs)
         delta = F.softplus(self.dt_proj(dt)).to(f)  # (B, E)

@@ -65,8 +65,8 @@ def read_folder_config(name: str) -> tuple[Path, dict]:
 
 def refuse(name: str, key: str, value: Any, why: str) -> MdlmError:
     """The one-line refusal of a config key whose value mdlm does not implement."""
-    return MdlmError(f"{name}: config.json has {key}={value!r}, which mdlm's native backbone does "
-                     f"not implement ({why})")
+    return MdlmError(f"{name}: config.json has {key}={value!r}, which mdlm's native backbone "
+                     f"does not implement ({why})")
 
 
 def read_conversion(raw: dict, name: str) -> dict:
@@ -121,8 +121,9 @@ def check_folder_data(cfg, tokenizer, raw: dict, max_length: int) -> None:
         raise MdlmError(f"data.length {cfg.data.length} exceeds the {max_length} positions of "
                         f"{name}")
     if tokenizer.mask_id != raw.get("mask_token_id"):
-        raise MdlmError(f"data.tokenizer {cfg.data.tokenizer!r} masks with id {tokenizer.mask_id}, "
-                        f"{name} with {raw.get('mask_token_id')}; set data.tokenizer={name}")
+        raise MdlmError(f"data.tokenizer {cfg.data.tokenizer!r} masks with id "
+                        f"{tokenizer.mask_id}, {name} with {raw.get('mask_token_id')}; "
+                        f"set data.tokenizer={name}")
 
 
 class ReleasedBackbone(BackboneTraits, nn.Module, ABC):
@@ -187,8 +188,9 @@ class ReleasedBackbone(BackboneTraits, nn.Module, ABC):
                             "its conversion record asks for the other")
         self.vocab_size = vocab_size
         if vocab_size > self.config.vocab_rows:
-            raise MdlmError(f"the tokenizer has {vocab_size} tokens but {self.source}'s embedding "
-                            f"only {self.config.vocab_rows} rows: use its own tokenizer")
+            raise MdlmError(f"the tokenizer has {vocab_size} tokens but {self.source}'s "
+                            f"embedding only {self.config.vocab_rows} rows: use its own "
+                            "tokenizer")
         with torch.device("meta"):  # a skeleton: the weights come from the folder or the caller
             self.build_network()
         if folder is not None and load:
@@ -315,8 +317,8 @@ class ReleasedBackbone(BackboneTraits, nn.Module, ABC):
         check_folder_data(cfg, tokenizer, raw, cls.read_shape(raw, name).max_length)
         if cfg.train.attention_anneal_steps and read_conversion(raw, name).get(
                 "attention") == "causal":
-            raise MdlmError(f"train.attention_anneal_steps anneals towards full attention; {name} "
-                            "attends causally (convert it with --attention full)")
+            raise MdlmError("train.attention_anneal_steps anneals towards full attention; "
+                            f"{name} attends causally (convert it with --attention full)")
 
     @classmethod
     def from_checkpoint(cls, cfg, vocab_size: int, folder: Path, *, causal: bool = False):

@@ -70,7 +70,8 @@ def generate_after(
     length, mask_id = loaded.length, loaded.mask_id
     stride = settings.stride or length // 2
     if not 0 < stride < length - len(start):
-        raise MdlmError(f"--stride must be between 1 and {length - len(start) - 1} (got {stride})")
+        raise MdlmError(f"--stride must be between 1 and {length - len(start) - 1} "
+                        f"(got {stride})")
     keep, gen = generation_plan(
         len(start), len(context), max_gen, length, causal=loaded.objective.causal, stride=stride
     )

@@ -34,7 +34,8 @@ class ModelArgs:
     # every generation's new tokens, whatever a task's max_gen_toks (LLaDA's and Dream's runs
     # fix gen_length, steps and block_length per task: eval_llada_lm_eval.sh); None: the task's
     gen_length: int | None = None
-    estimator: str | None = None  # the bound's: t (times) or l (masked counts); None: the family's
+    # the bound's: t (times) or l (masked counts); None: the family's
+    estimator: str | None = None
     cfg_scale: float = 0.0  # LLaDA's classifier-free guidance, in scoring and generation
     # Dream's scoring conventions (its eval.py): a clean EOS after each continuation (never
     # masked nor scored), and the tokeniser's own BOS text before each context instead of the
@@ -79,4 +80,5 @@ def task_passes(text: str) -> dict[str, int]:
 
 def flag(value) -> bool:
     """A model_args flag: lm-eval hands text ("true" / "False"), mdlm lm-eval a bool."""
-    return value.strip().lower() in ("1", "true", "yes") if isinstance(value, str) else bool(value)
+    return (value.strip().lower() in ("1", "true", "yes") if isinstance(value, str)
+            else bool(value))

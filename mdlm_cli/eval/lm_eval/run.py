@@ -159,9 +159,9 @@ def evaluate_tasks(simple_evaluate, lm, options: LmEvalOptions, manager, limit):
                                confirm_run_unsafe_code=options.confirm_run_unsafe_code,
                                apply_chat_template=options.apply_chat_template)
     except (ConnectionError, OSError) as e:
-        raise MdlmError(f"lm-eval could not load a task's data ({type(e).__name__}: {e}); the Hub "
-                        "data sets need the network the first time, local tasks need their "
-                        "files") from None
+        raise MdlmError(f"lm-eval could not load a task's data ({type(e).__name__}: {e}); "
+                        "the Hub data sets need the network the first time, local tasks "
+                        "need their files") from None
     except ValueError as e:
         if "marked as unsafe" not in str(e):
             raise

@@ -137,7 +137,8 @@ class ConditionalScorer:
     ):
         if mc_samples < 1 or batch_size < 1:
             raise MdlmError(
-                f"--mc-samples and --batch-size must be at least 1 (got {mc_samples}, {batch_size})"
+                "--mc-samples and --batch-size must be at least 1 "
+                f"(got {mc_samples}, {batch_size})"
             )
         self.objective, self.denoiser = loaded.objective, loaded.denoiser(dtype)
         if not self.objective.scores_targets:
