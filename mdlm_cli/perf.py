@@ -41,7 +41,8 @@ GPU_PEAKS_TFLOPS: list[tuple[tuple[str, ...], str, float, float]] = [
     (("A100",), "A100", 312.0, 156.0),
     (("A5000",), "RTX A5000", 111.1, 55.6),
     (("L40S",), "L40S", 362.05, 183.0),
-    (("4090",), "RTX 4090", 165.2, 82.6),  # with fp32 accumulation (what torch's bf16 matmuls use)
+    # with fp32 accumulation (what torch's bf16 matmuls use)
+    (("4090",), "RTX 4090", 165.2, 82.6),
 ]
 
 PROBE_SIZE = 2048
@@ -173,7 +174,8 @@ class ModelFlops:
     def per_token(self, length: int, training: bool = True) -> float:
         """Model FLOPs per token at sequence length `length`: 6 N + 12 n L d for a training step
         (forward + backward), 2 N + 4 n L d for one forward."""
-        forward = 2 * self.matmul_params + 4 * self.attention_layers * length * self.attention_width
+        forward = (2 * self.matmul_params
+                   + 4 * self.attention_layers * length * self.attention_width)
         return 3 * forward if training else forward
 
     def sampling_call(self, tokens: float, length: int, output_rows: float) -> float:

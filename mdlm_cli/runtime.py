@@ -101,7 +101,8 @@ def busy_cores(window: float = 0.2) -> float | None:
     def sample() -> tuple[int, int]:
         with open("/proc/stat") as f:
             fields = [int(v) for v in f.readline().split()[1:]]
-        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # all, idle + iowait
+        # all, idle + iowait
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)
 
     try:
         total0, idle0 = sample()

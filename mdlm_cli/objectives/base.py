@@ -64,8 +64,9 @@ class Objective(ABC):
     # its bound may be estimated by masked counts as well as by times (engine/counted.py:
     # LLaDA's estimator), SUBS over an absorbing mask
     counts_masks: ClassVar[bool] = False
-    # its training loss asks a backbone that scores in chunks for -log p itself (engine.diffusion's
-    # masked terms: the folder backbones' chunked_nll), never for the (N, V) logits at once
+    # its training loss asks a backbone that scores in chunks for -log p itself
+    # (engine.diffusion's masked terms: the folder backbones' chunked_nll), never for the
+    # (N, V) logits at once
     loss_in_chunks: ClassVar[bool] = False
     default_sampler: ClassVar[str]  # "" for an objective without samplers (mlm)
     sampler_names: ClassVar[tuple[str, ...]] = ()  # the engine.SAMPLERS serving its models
@@ -232,7 +233,8 @@ class Objective(ABC):
                 f"{', '.join(s.name for s in served)}"
             )
         ignored = {
-            name: value for name, value in (options or {}).items() if name not in spec.option_names
+            name: value for name, value in (options or {}).items()
+            if name not in spec.option_names
         }
         if spec.uses_steps:
             steps = steps or self.sampling_steps(spec)

@@ -37,7 +37,8 @@ class BoundResult:
     exact: bool = False  # True: an exact likelihood, not a bound
     T: int = 0  # 0 = continuous-time bound, else the T-step discrete bound
     per_sequence: np.ndarray | None = None  # each row's value (nats), when asked for
-    kind: str = ""  # "masked-token": an MLM's masked-token cross-entropy, neither exact nor a bound
+    # "masked-token": an MLM's masked-token cross-entropy, neither exact nor a bound
+    kind: str = ""
 
     @property
     def nats_per_token(self) -> float:

@@ -55,7 +55,9 @@ class D3PM(Objective):
     def takes_time(self) -> bool:
         return self.cfg.model.time_conditioning
 
-    def denoiser(self, model: nn.Module, autocast_dtype: torch.dtype | None = None) -> D3PMDenoiser:
+    def denoiser(
+        self, model: nn.Module, autocast_dtype: torch.dtype | None = None
+    ) -> D3PMDenoiser:
         return D3PMDenoiser(
             model,
             self.schedule,

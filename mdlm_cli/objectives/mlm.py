@@ -53,7 +53,8 @@ def bert_corruption(x0: Tensor, *, mask_id: int, n_tokens: int, generator: torch
 class MaskedLM(Objective):
     name = "mlm"
     uses_time = False
-    scores_targets = False  # no likelihood of chosen positions: its loss is a masked-token estimate
+    # no likelihood of chosen positions: its loss is a masked-token estimate
+    scores_targets = False
     default_sampler = ""  # none: an MLM is not a generative model
     kind = "masked-token"
     description = (

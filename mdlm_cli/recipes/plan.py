@@ -153,7 +153,8 @@ def _step_job(row: Row, index: int, step: Step, context: dict, scale: str) -> Jo
 
 def _tiny(command: str, args: dict) -> dict:
     """A step's arguments for --scale tiny: few samples and rows, at most 10 sampling steps."""
-    if command != "gen-ppl" or args.get("sample-first"):  # gen-ppl of a samples file draws nothing
+    # gen-ppl of a samples file draws nothing
+    if command != "gen-ppl" or args.get("sample-first"):
         args = {**args, **TINY_ARGS.get(command, {})}
     if "steps" in args:
         args["steps"] = "5" if command == "bench-sampler" else min(int(args["steps"]), 10)

@@ -133,7 +133,9 @@ def _pick(records: list[dict], pick: dict) -> dict | None:
     return chosen[0] if chosen else None
 
 
-def _training(recipe: Recipe, row: Row, runs: Path, scale: str, jobs_log: dict) -> tuple[str, str]:
+def _training(
+    recipe: Recipe, row: Row, runs: Path, scale: str, jobs_log: dict
+) -> tuple[str, str]:
     model = recipe.models[row.model]
     folder = Path(run_dir(model, runs, scale))
     if model.stands_in_for is not None:  # mdlm reproduce --model: a local folder instead
@@ -184,7 +186,8 @@ def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[Re
             disagree = f"sources disagree: {row.paper['disagrees']}"
             extra = f"{extra}; {disagree}" if extra else disagree
         rows.append(
-            ReportRow(row.name, row.label, paper, source, value, se, extra, "done", steps, hardware)
+            ReportRow(row.name, row.label, paper, source, value, se, extra, "done", steps,
+                      hardware)
         )
     return rows
 
@@ -245,7 +248,8 @@ def markdown(recipe: Recipe, rows: list[ReportRow], scale_text: str) -> str:
             f"| {r.extra} | {r.steps} | {r.hardware} | {r.status} |"
         )
     sources = sorted({r.paper_source for r in rows if r.paper_source})
-    lines += ["", "Sources of the paper's numbers: " + "; ".join(sources) + "." if sources else ""]
+    lines += ["", "Sources of the paper's numbers: " + "; ".join(sources) + "."
+              if sources else ""]
     if recipe.notes:
         lines += ["", recipe.notes.strip()]
     return "\n".join(lines).rstrip() + "\n"
@@ -275,7 +279,8 @@ def plot(recipe: Recipe, rows: list[ReportRow], path: Path, *, runs: Path, scale
         by_row = {r.name: r for r in rows}
         for series in sorted({row.series or "" for row in recipe.rows}):
             members = sorted(
-                (row for row in recipe.rows if (row.series or "") == series and row.x is not None),
+                (row for row in recipe.rows
+                 if (row.series or "") == series and row.x is not None),
                 key=lambda row: row.x,
             )
             points = [

@@ -23,8 +23,8 @@ def claim(out: Path, scale: str) -> None:
     """One scale per output folder: a smoke run's results never stand in for the paper's."""
     marker = out / "scale.txt"
     if marker.is_file() and marker.read_text().strip() != scale:
-        raise MdlmError(f"{out} holds results at scale {marker.read_text().strip()}; give another "
-                        f"--out for --scale {scale}")
+        raise MdlmError(f"{out} holds results at scale {marker.read_text().strip()}; give "
+                        f"another --out for --scale {scale}")
     out.mkdir(parents=True, exist_ok=True)
     marker.write_text(scale + "\n")
 
@@ -54,9 +54,10 @@ def run_jobs(
     (out / "logs").mkdir(parents=True, exist_ok=True)
     device = device_text()
     todo = [j for j in jobs if not j.done()]
-    stop = StopSignals(first="stopping: the running job is asked to stop, and no other job starts",
-                       kept="checkpoints and finished results stay as they are", forward=_forward,
-                       flag_both=True)
+    stop = StopSignals(first="stopping: the running job is asked to stop, and no other "
+                             "job starts",
+                       kept="checkpoints and finished results stay as they are",
+                       forward=_forward, flag_both=True)
     with stop:
         for i, job in enumerate(todo, 1):
             on_start(i, len(todo), job)
@@ -66,9 +67,9 @@ def run_jobs(
                                 f"{code}); run the same command again to continue (finished jobs "
                                 "are skipped)")
             if code != 0:
-                raise MdlmError(f"job {job.kind} {job.name} failed (exit {code}); its output is in "
-                                f"{log}; fix it and run the same command again (finished jobs are "
-                                "skipped)")
+                raise MdlmError(f"job {job.kind} {job.name} failed (exit {code}); its output "
+                                f"is in {log}; fix it and run the same command again "
+                                "(finished jobs are skipped)")
 
 
 def _program(job: Job, launcher: str) -> list[str]:

@@ -49,7 +49,8 @@ from ..config import load_preset, preset_dir
 from ..errors import MdlmError
 
 METRICS = ("ppl", "bpc", "nats", "gen_ppl", "mauve", "seconds", "variance", "accuracy", "tokens")
-REDUCTIONS = ("median", "max", "mean")  # metric tokens: what a row reports of its samples' lengths
+# metric tokens: what a row reports of its samples' lengths
+REDUCTIONS = ("median", "max", "mean")
 PLOTS = ("loss", "series")
 STATISTICS = ("se", "std")  # what a row's spread is: standard error of the mean, or the std
 # commands a step may run; the runner adds --checkpoint and the output file where they take one
@@ -64,7 +65,8 @@ class Model:
     overrides: list[str] = field(default_factory=list)
     max_steps: int | None = None
     checkpoint: str | None = None  # a published model instead of a training run
-    init_from: str | None = None  # the key of the table's model whose weights this run starts from
+    # the key of the table's model whose weights this run starts from
+    init_from: str | None = None
     base: Model | None = None  # that model, resolved when the recipe loads
     stands_in_for: str | None = None  # the published checkpoint a local folder replaces
 
@@ -116,7 +118,8 @@ FlagsOf = Callable[
 
 def list_recipes(flags_of: FlagsOf) -> dict[str, Recipe]:
     return {
-        path.stem: load_recipe(path.stem, flags_of) for path in sorted(tables_dir().glob("*.yaml"))
+        path.stem: load_recipe(path.stem, flags_of)
+        for path in sorted(tables_dir().glob("*.yaml"))
     }
 
 
@@ -145,8 +148,8 @@ def _check_flags(recipe: Recipe, flags_of: FlagsOf, where: str) -> None:
         for j, step in enumerate(row.steps):
             unknown = [flag for flag in step.args if flag not in flags_of(step.command)]
             if unknown:
-                raise MdlmError(f"{where}: rows[{i}].steps[{j}]: mdlm {step.command} has no option "
-                                f"--{unknown[0]}")
+                raise MdlmError(f"{where}: rows[{i}].steps[{j}]: mdlm {step.command} has no "
+                                f"option --{unknown[0]}")
 
 
 def _mapping(value, where: str, keys: tuple[str, ...] | None = None) -> dict:
@@ -161,20 +164,22 @@ def _mapping(value, where: str, keys: tuple[str, ...] | None = None) -> dict:
 
 
 def _recipe(name: str, data: dict, where: str) -> Recipe:
-    _mapping(data, where, ("title", "source", "metric", "plot", "needs", "models", "rows", "notes",
-                           "statistic"))
+    _mapping(data, where, ("title", "source", "metric", "plot", "needs", "models", "rows",
+                           "notes", "statistic"))
     metric, statistic = data.get("metric", "ppl"), data.get("statistic", "se")
     if (metric not in METRICS or data.get("plot") not in (None, *PLOTS)
             or statistic not in STATISTICS):
         raise MdlmError(
-            f"{where}: metric must be one of {', '.join(METRICS)}, plot one of {', '.join(PLOTS)}, "
+            f"{where}: metric must be one of {', '.join(METRICS)}, "
+            f"plot one of {', '.join(PLOTS)}, "
             f"statistic one of {', '.join(STATISTICS)}"
         )
     models = {key: _model(key, value, f"{where}: models.{key}")
               for key, value in _mapping(data.get("models") or {}, f"{where}: models").items()}
     _link_bases(models, where)
     rows = [
-        _row(value, models, f"{where}: rows[{i}]") for i, value in enumerate(data.get("rows") or [])
+        _row(value, models, f"{where}: rows[{i}]")
+        for i, value in enumerate(data.get("rows") or [])
     ]
     for i, row in enumerate(rows):
         if (metric == "tokens") != (row.reduce is not None) and not row.paper_only:
@@ -257,9 +262,9 @@ def _row(value, models: dict[str, Model], where: str) -> Row:
     paper = _mapping(value.get("paper") or {}, f"{where}.paper",
                      ("value", "source", "se", "note", "disagrees"))
     if "value" in paper and not str(paper.get("source") or "").strip():
-        raise MdlmError(f"{where}: paper value {paper['value']} needs a source (the seed file and "
-                        "its sentence, the reference file and key, a named transcription, or "
-                        "'from nowhere')")
+        raise MdlmError(f"{where}: paper value {paper['value']} needs a source (the seed "
+                        "file and its sentence, the reference file and key, a named "
+                        "transcription, or 'from nowhere')")
     row = Row(
         str(value["name"]),
         str(value.get("label", value["name"])),

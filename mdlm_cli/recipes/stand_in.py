@@ -52,8 +52,9 @@ def _model_stand_in(recipe: Recipe, key: str, folder: str) -> str:
         raise MdlmError(f"--model {key}={folder}: {recipe.name} has no model {key!r}; its "
                         f"models: {', '.join(recipe.models)}")
     if model.checkpoint is None:
-        raise MdlmError(f"--model {key}={folder}: {key} is a training run of {recipe.name} (preset "
-                        f"{model.preset}); --model stands in for published checkpoints only")
+        raise MdlmError(f"--model {key}={folder}: {key} is a training run of {recipe.name} "
+                        f"(preset {model.preset}); --model stands in for published "
+                        "checkpoints only")
     return f"model {key}: {folder} for {model.checkpoint}"
 
 

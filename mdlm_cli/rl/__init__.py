@@ -27,8 +27,8 @@ from .rewards import REWARDS, Reward, extract_answer, load_reward
 from .tasks import AdditionTask, addition_splits, exact_match, write_addition_task
 
 __all__ = [
-    "ESTIMATORS", "REWARDS", "AdditionTask", "Estimate", "EstimatorSpec", "GrpoStats", "GrpoTerms",
-    "Reward",
+    "ESTIMATORS", "REWARDS", "AdditionTask", "Estimate", "EstimatorSpec", "GrpoStats",
+    "GrpoTerms", "Reward",
     "addition_splits", "denoiser_logits", "estimate", "estimator_options", "exact_match",
     "extract_answer", "get_estimator", "group_advantages", "grpo_loss", "iteration_seeds",
     "k3_kl", "load_reward", "scored_through_eos", "write_addition_task",

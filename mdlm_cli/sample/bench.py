@@ -217,7 +217,8 @@ def run_config(denoiser,
         whole_batch_calls=None if whole is None else whole.calls,
         nfe_whole_batch=None if whole is None else whole.calls * batch_size / num_samples,
         network_share=share, overhead_share=1.0 - share, options=options,
-        input_tokens=timed.input_tokens / num_samples, output_rows=timed.output_rows / num_samples,
+        input_tokens=timed.input_tokens / num_samples,
+        output_rows=timed.output_rows / num_samples,
     )
 
 

@@ -233,7 +233,8 @@ def _checkpoint_model(checkpoint: str, request: BenchRequest,
                       on_note: Callable[[str], None]) -> BenchModel:
     from ..checkpoints.load import load_on_device
 
-    loaded, rt = load_on_device(checkpoint, device=request.device, raw_weights=request.raw_weights,
+    loaded, rt = load_on_device(checkpoint, device=request.device,
+                                raw_weights=request.raw_weights,
                                 threads=request.threads, precision=request.net_precision,
                                 adapter=request.adapter)
     for note in loaded.state.get("notes") or []:  # e.g. an encoder's fresh MLM head

@@ -168,7 +168,8 @@ def reference_quality(judge: Judge, tokenizer, reference: ReferenceSets, *, feat
     result = score_tokens(judge, tokenizer, rows)
     texts = [tokenizer.decode(r) for r in rows.tolist()]
     sets = [Quality.of(_subset(result, g * per_group, (g + 1) * per_group))
-            .with_texts(texts[g * per_group:(g + 1) * per_group], mauve_set) for g in range(groups)]
+            .with_texts(texts[g * per_group:(g + 1) * per_group], mauve_set)
+            for g in range(groups)]
     band = {}
     for name in ("gen_ppl", "entropy", "nats_per_char", *DIVERSITY_FIELDS, "mauve"):
         values = [getattr(q, name) for q in sets]

@@ -103,7 +103,8 @@ def _lines(rows, field: str):
         return r.sampler, r.precision, r.batch_size, options
 
     for key in sorted({line_key(r) for r in rows}, key=str):
-        yield key, sorted((r for r in rows if line_key(r) == key), key=lambda r: getattr(r, field))
+        yield key, sorted((r for r in rows if line_key(r) == key),
+                          key=lambda r: getattr(r, field))
 
 
 def _error_bars(rows, name: str) -> list[list[float]]:
