@@ -113,8 +113,9 @@ def _enqueue(state: State, rows: int, run: Callable | None, *, alone: bool = Fal
         else:
             state.worker.submit(job)
     except QueueFull:
-        raise ApiError(429, "the server's queue is full; retry shortly", code="rate_limit_exceeded",
-                       kind="rate_limit_error", headers={"Retry-After": "1"}) from None
+        raise ApiError(429, "the server's queue is full; retry shortly",
+                       code="rate_limit_exceeded", kind="rate_limit_error",
+                       headers={"Retry-After": "1"}) from None
     return job, events
 
 
@@ -250,8 +251,8 @@ async def models(request: Request) -> Response:
     if model_id is None:
         return JSONResponse({"object": "list", "data": [card]})
     if model_id != card["id"]:
-        return error_response(ApiError(404, f"model {model_id!r} is not served here", param="model",
-                                       code="model_not_found"))
+        return error_response(ApiError(404, f"model {model_id!r} is not served here",
+                                       param="model", code="model_not_found"))
     return JSONResponse(card)
 
 

@@ -56,7 +56,8 @@ def _prompts(body: dict, served: Served, limits: Limits) -> list[list[int]]:
             out.append(list(item))
         else:
             raise invalid(
-                "prompt must be a string, a list of strings, token ids or a list of token-id lists",
+                "prompt must be a string, a list of strings, token ids or a list of "
+                "token-id lists",
                 "prompt",
             )
     return out
@@ -178,8 +179,9 @@ def check_logprobs(plan: Plan, served: Served, top: int) -> int:
                       "record its draws", "logprobs", "unsupported_parameter")
     if not spec.records_reveals:
         recording = [s.name for s in served.loaded.objective.samplers if s.records_reveals]
-        raise invalid(f"logprobs needs a sampler that records its draws ({', '.join(recording)}); "
-                      f"{spec.name} does not", "logprobs", "unsupported_parameter")
+        raise invalid("logprobs needs a sampler that records its draws "
+                      f"({', '.join(recording)}); {spec.name} does not", "logprobs",
+                      "unsupported_parameter")
     for asked, what in ((plan.precision != "fp64", "precision fp64"),
                         (plan.stride is not None, "one window (no stride / semi_ar)"),
                         (plan.echo, "echo: false (the prompt's tokens are not drawn)")):

@@ -238,7 +238,8 @@ def _infill_outcome(
                 "finish_reason": "length",
             }
         )
-    return Outcome(choices, stats, seconds, plan.n * row.n_prompt, plan.num_rows * plan.max_tokens)
+    return Outcome(choices, stats, seconds, plan.n * row.n_prompt,
+                   plan.num_rows * plan.max_tokens)
 
 
 def state_pieces(served: Served, z: torch.Tensor) -> list[str | None]:

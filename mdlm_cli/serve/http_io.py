@@ -25,11 +25,12 @@ def api_error(exc: BaseException, timeout_s: float) -> ApiError:
     caught (400), anything else a 500 whose traceback goes to the server's log."""
     if isinstance(exc, Cancelled):
         if exc.reason == "timeout":
-            return ApiError(504, f"the request ran past the server's time limit of {timeout_s:g} s",
-                            code="timeout", kind="timeout_error")
+            return ApiError(504, "the request ran past the server's time limit of "
+                                 f"{timeout_s:g} s", code="timeout", kind="timeout_error")
         if exc.reason == "disconnect":
             return ApiError(499, "the client disconnected", code="client_closed_request")
-        return ApiError(503, "the server is shutting down", code="unavailable", kind="server_error")
+        return ApiError(503, "the server is shutting down", code="unavailable",
+                        kind="server_error")
     if isinstance(exc, MdlmError | EngineError):
         return ApiError(400, str(exc))
     traceback.print_exception(exc, file=sys.stderr)

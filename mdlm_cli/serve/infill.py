@@ -6,7 +6,16 @@ from __future__ import annotations
 from ..errors import MdlmError
 from ..sample.generate import template
 from .fields import check_fields, check_model, common_fields, get_value
-from .schema import BLOCKS_ONLY, INFILL_FIELDS, Limits, Plan, Row, check_states, invalid, make_plan
+from .schema import (
+    BLOCKS_ONLY,
+    INFILL_FIELDS,
+    Limits,
+    Plan,
+    Row,
+    check_states,
+    invalid,
+    make_plan,
+)
 from .served import Served
 
 
@@ -16,7 +25,8 @@ def parse_infill(body: dict, served: Served, limits: Limits) -> Plan:
     check_model(body, served)
     loaded = served.loaded
     if loaded.objective.causal:
-        raise invalid(f"a left-to-right ({loaded.objective.name}) model cannot infill", "template")
+        raise invalid(f"a left-to-right ({loaded.objective.name}) model cannot infill",
+                      "template")
     if served.block_size:
         raise invalid(BLOCKS_ONLY.format(what="cannot infill a template"), "template")
     text = get_value(body, "template", (str,), None, "a string with <mask> or <mask:N> spans")

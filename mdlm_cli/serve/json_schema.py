@@ -191,7 +191,8 @@ def json_schema_of(response_format) -> dict | None:
         return None
     if kind == "json_object":
         raise invalid("response_format json_object needs a schema here: use "
-                      "{'type': 'json_schema', 'json_schema': {'schema': ...}}", "response_format")
+                      "{'type': 'json_schema', 'json_schema': {'schema': ...}}",
+                      "response_format")
     spec = response_format.get("json_schema") if kind == "json_schema" else None
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
         raise invalid("response_format must be {'type': 'text'} or {'type': 'json_schema', "

@@ -74,7 +74,8 @@ def serve_checkpoint(
     from ..runtime import pick_device
     from .app import Settings, create_app
 
-    pick_device(options.device or "auto")  # an unknown device fails here, before the server starts
+    # an unknown device fails here, before the server starts
+    pick_device(options.device or "auto")
     host, port = options.host, options.port
     if not is_loopback(host) and not options.api_key:
         warn(f"binding {host} without --api-key: anyone who reaches it can use the model")

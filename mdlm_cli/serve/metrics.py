@@ -11,22 +11,23 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("mdlm_requests", "Requests answered, by endpoint and HTTP status.",
+        self.requests = Counter("mdlm_requests",
+                                "Requests answered, by endpoint and HTTP status.",
                                 ["endpoint", "status"], registry=self.registry)
         self.queue = Gauge("mdlm_queue_depth", "Requests waiting for the worker.",
                            registry=self.registry)
         self.running = Gauge("mdlm_running_requests", "Requests being sampled.",
                              registry=self.registry)
-        self.rows = Histogram("mdlm_batch_rows", "Rows of requests in each network call (the rest "
-                              "of the call's fixed shape is padding).", buckets=ROW_BUCKETS,
-                              registry=self.registry)
+        self.rows = Histogram("mdlm_batch_rows", "Rows of requests in each network call "
+                              "(the rest of the call's fixed shape is padding).",
+                              buckets=ROW_BUCKETS, registry=self.registry)
         self.calls = Counter("mdlm_network_calls", "Network calls of the model.",
                              registry=self.registry)
         self.call_seconds = Counter("mdlm_network_seconds", "Seconds spent in network calls.",
                                     registry=self.registry)
-        self.latency = Histogram("mdlm_request_seconds", "Seconds from a request's arrival to its "
-                                 "last byte, by endpoint.", ["endpoint"], buckets=LATENCY_BUCKETS,
-                                 registry=self.registry)
+        self.latency = Histogram("mdlm_request_seconds", "Seconds from a request's arrival "
+                                 "to its last byte, by endpoint.", ["endpoint"],
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
         self.samples = Counter("mdlm_samples", "Sequences sampled (choices).",
                                registry=self.registry)
 

@@ -26,7 +26,8 @@ def mdlm_info(plan: Plan, outcome: Outcome, job: Job) -> dict:
 
 
 def usage(outcome: Outcome) -> dict:
-    return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+    return {"prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
             "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
 
 

@@ -241,8 +241,8 @@ def check_states(plan: Plan) -> Plan:
             "stream_states follows one sequence: give one prompt and n = 1", "stream_states"
         )
     if plan.states and plan.block_size:
-        raise invalid("stream_states is not offered for a bd3lm model: its stream is its finished "
-                      "blocks", "stream_states")
+        raise invalid("stream_states is not offered for a bd3lm model: its stream is its "
+                      "finished blocks", "stream_states")
     if plan.states and plan.settings.options.get("cache", "none") != "none":
         raise invalid("stream_states needs cache none: a cached call sees its block only",
                       "stream_states")

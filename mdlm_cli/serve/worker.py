@@ -65,7 +65,8 @@ class JobDenoiser:
 
     def __init__(self, worker: Worker, job: Job):
         self._worker, self._job = worker, job
-        self.calls = self.sequence_evals = 0  # this request's network calls and the rows they held
+        # this request's network calls and the rows they held
+        self.calls = self.sequence_evals = 0
         base = worker.denoiser
         self.time_agnostic = is_time_agnostic(base)
         if hasattr(base, "log_score"):  # a score model (SEDD): the engine asks for its log-scores

@@ -207,7 +207,8 @@ def fine_tune(loaded: LoadedModel, data: EncodedTask, *,
     x_val, y_val = x[val_idx], y[val_idx]
 
     def lr_at(step: int) -> float:
-        return warmup_cosine(step, lr=lr, warmup=warmup, total=total, min_lr_ratio=cfg.min_lr_ratio)
+        return warmup_cosine(step, lr=lr, warmup=warmup, total=total,
+                             min_lr_ratio=cfg.min_lr_ratio)
 
     plan = FitPlan(epochs=cfg.epochs, total_steps=total, lr_at=lr_at,
                    weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)

@@ -108,7 +108,8 @@ def encode(tokenizer, task: GlueTask, rows: list[dict], max_length: int) -> list
     texts = [[row[f] for row in rows] for f in task.fields]
     enc = tokenizer(*texts, truncation=True, max_length=max_length)
     keys = [
-        k for k in ("input_ids", "token_type_ids") if k in enc and k in tokenizer.model_input_names
+        k for k in ("input_ids", "token_type_ids")
+        if k in enc and k in tokenizer.model_input_names
     ]
     return [{**{k: enc[k][i] for k in keys}, "label": row["label"]} for i, row in enumerate(rows)]
 

@@ -52,7 +52,8 @@ TASKS = {
         ),
         GlueTask("qnli", ("question", "sentence"), 2, "accuracy"),
         GlueTask("rte", ("sentence1", "sentence2"), 2, "accuracy"),
-        GlueTask("bigtxt-swap", ("sentence",), 2, "accuracy", hub=False),  # offline, CoLA's format
+        # offline, CoLA's format
+        GlueTask("bigtxt-swap", ("sentence",), 2, "accuracy", hub=False),
     )
 }
 GLUE = [name for name, task in TASKS.items() if task.hub]

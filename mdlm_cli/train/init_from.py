@@ -56,8 +56,9 @@ def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
     if unexpected or missing:
         what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
         raise MdlmError(
-            f"train.init_from {spec} does not fit this run's {loaded.config.model.backbone} model "
-            f"({what}); the model section must match the checkpoint's"
+            f"train.init_from {spec} does not fit this run's "
+            f"{loaded.config.model.backbone} model ({what}); the model section must match "
+            "the checkpoint's"
         )
     if reshaped is not None:
         got, want = tuple(weights[reshaped].shape), tuple(target[reshaped].shape)

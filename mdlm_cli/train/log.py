@@ -60,7 +60,8 @@ class Window:
         self.loss, self.tokens, self.steps, self.t0 = 0.0, 0, 0, time.perf_counter()
 
     def add(self, loss: float, tokens: int) -> None:
-        self.loss, self.tokens, self.steps = self.loss + loss, self.tokens + tokens, self.steps + 1
+        self.loss, self.tokens, self.steps = (self.loss + loss, self.tokens + tokens,
+                                              self.steps + 1)
 
 
 class Logged(Protocol):
@@ -82,9 +83,9 @@ def log_window(run: Logged, window: Window, log, progress: Progress, task, *, lr
     mean_loss = window.loss / window.steps
     tokens_per_s = window.tokens / max(time.perf_counter() - window.t0, 1e-9)
     utilisation = run.speed.mfu(tokens_per_s)
-    record = {"step": done, "loss": mean_loss, "ppl_bound": math.exp(min(mean_loss, 700)), "lr": lr,
-              "tokens": run.state.tokens_seen, "tokens_per_s": tokens_per_s, "mfu": utilisation,
-              "grad_norm": grad_norm, "elapsed_s": elapsed_s}
+    record = {"step": done, "loss": mean_loss, "ppl_bound": math.exp(min(mean_loss, 700)),
+              "lr": lr, "tokens": run.state.tokens_seen, "tokens_per_s": tokens_per_s,
+              "mfu": utilisation, "grad_norm": grad_norm, "elapsed_s": elapsed_s}
     if run.cfg.train.attention_anneal_steps:  # the last step's share of non-causal pairs
         record["attention_ratio"] = anneal_ratio(done - 1, run.cfg.train.attention_anneal_steps)
     log.write(json.dumps(record) + "\n")

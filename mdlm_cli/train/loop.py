@@ -166,7 +166,8 @@ def _update(run: Run, step: int, loss: float) -> float | None:
     if run.ema is not None:
         run.ema.update(run.model)
     if not math.isfinite(loss):
-        raise MdlmError(f"the loss became {loss} at step {step}; lower optim.lr or check the data")
+        raise MdlmError(f"the loss became {loss} at step {step}; lower optim.lr or check "
+                        "the data")
     return None if grad_norm is None else float(grad_norm)
 
 

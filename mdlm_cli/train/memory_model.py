@@ -104,7 +104,8 @@ def plan_of(cfg, model, *, dtype) -> Plan:
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     lora = cfg.lora.rank
     return Plan(rows=cfg.train.micro_batch_size, length=cfg.data.length,
-                masked=cfg.data.length // 2, lora_rank=lora, lora_parameters=trained if lora else 0,
+                masked=cfg.data.length // 2, lora_rank=lora,
+                lora_parameters=trained if lora else 0,
                 quantize=cfg.lora.quantize == "4bit", checkpointing=cfg.train.checkpointing,
                 weight_bytes=2 if lora and dtype == torch.bfloat16 else FLOAT,
                 ema=cfg.train.ema > 0,

@@ -89,7 +89,8 @@ def resume_point(
         state = json.loads((step_dir / "state.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise MdlmError(
-            f"{step_dir}/state.json is unreadable ({type(e).__name__}); the checkpoint is corrupted"
+            f"{step_dir}/state.json is unreadable ({type(e).__name__}); the checkpoint is "
+            "corrupted"
         ) from None
     return ResumePoint(step_dir, TrainState.from_dict(state), changes)
 

@@ -224,7 +224,8 @@ def _describe(run: Run) -> None:
              f"accumulation x {dist.world_size} rank(s)")
     millions = model.num_parameters() / 1e6
     run.console.print(f"Model: {model.describe()}, {millions:.1f}M parameters, "
-                      f"objective {run.objective.name}; data: {data}; device: {run.rt.describe()}; "
+                      f"objective {run.objective.name}; data: {data}; "
+                      f"device: {run.rt.describe()}; "
                       f"{dist.describe(tc.parallel)}, {batch}; {run.speed.describe()}")
     for note in run.model.notes:  # a trait (models/traits.py): none on most backbones
         run.console.print(f"[yellow]note:[/] {note}", highlight=False)
