@@ -7,7 +7,7 @@ full. The model moves from the attention it was trained with to diffusion's by d
 As DiffuLLaMA's trainer (LLaMA-Factory's ddm trainer, `get_anneal_attn_mask`): one Bernoulli
 draw per (query, key) pair, shared by every row of the batch, a new one at each pass; the ratio
 at step s (counted from 0) is min(1, (s + 1) / steps). Here the draws come from the step's own
-stream (train/loop.py), so a resumed run draws the same masks.
+stream (train/step.py), so a resumed run draws the same masks.
 
 Training only: a backbone that anneals (`anneals_attention`, models/protocols.py) reads
 `attention_anneal` in training mode alone; evaluation and sampling use its own attention (full

@@ -1,5 +1,5 @@
 """Issue 33: the first SIGTERM stops gracefully, the second at once, leaving the last checkpoint
-as it was. Subprocesses in a deliberately slow step (a patched `_step` / `generate`)."""
+as it was. Subprocesses in a deliberately slow step (a patched `gradient_step` / `generate`)."""
 
 import os
 import signal
@@ -21,7 +21,7 @@ module = importlib.import_module(module_name)
 real = getattr(module, name)
 
 def slow(*args, **kwargs):
-    if name != "_step" or args[1] >= 1:  # train: after the checkpoint of step 1
+    if name != "gradient_step" or args[1] >= 1:  # train: after the checkpoint of step 1
         marker.write_text("slow")
         for _ in range(600):  # a slow step: 60 s of work that a graceful stop waits for
             time.sleep(0.1)
@@ -65,7 +65,7 @@ def test_train_second_sigterm_stops_at_once_and_leaves_the_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc, _, log = start(
         tmp_path,
-        "mdlm_cli.train.loop._step",
+        "mdlm_cli.train.loop.gradient_step",
         [
             "train",
             "--preset",
