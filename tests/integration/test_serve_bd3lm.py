@@ -375,9 +375,10 @@ class Gathered:
             self.answers[key] = (result, error)
             arrived.set()
 
-        emit = emit or (lambda event: None)
         job = Job(rows=plan.n, run=None, done=done, timeout_s=timeout_s)
-        emit.job = job if hasattr(emit, "leave") else None
+        if isinstance(emit, LeavesAtFirstText):  # it cancels the job it is the emit of
+            emit.job = job
+        emit = emit or (lambda event: None)
         self.gatherer.submit(plan, job, emit)
         return arrived
 
