@@ -118,12 +118,7 @@ def sample_parts(parts: list[Part], served: Served, check: Callable[[], None],
         groups.append((size - len(prefixes),
                        torch.Generator(device=served.device).manual_seed(0)))
         prefixes += [lead.row.prefix] * (size - len(prefixes))
-    counts, calls = GroupCounts(), 0
-
-    def before_call() -> None:
-        nonlocal calls
-        check()
-        calls += 1
+    counts = GroupCounts()
 
     def on_block(start: int, block: torch.Tensor) -> bool:
         first = 0
@@ -136,14 +131,14 @@ def sample_parts(parts: list[Part], served: Served, check: Callable[[], None],
         return all(p.done for p in parts)
 
     prompt = torch.tensor(prefixes, dtype=torch.long) if lead.row.prefix else None
-    loaded.objective.sample(
+    samples = loaded.objective.sample(
         loaded.model, how.with_(steps=how.steps or 1),
         BlockRows(len(prefixes), lead.row.length, prompt), generator=None, groups=groups,
-        autocast_dtype=served.dtype, hooks=BlockHooks(on_block, before_call, counts))
+        autocast_dtype=served.dtype, hooks=BlockHooks(on_block, check, counts))
     for i, part in enumerate(parts):
         if not part.done:  # it ran to its row's length
             part.calls, part.draws = counts.calls[i], counts.draws[i]
-    return calls
+    return samples.stats.calls  # the batch's: its rows' logits and its blocks' commits
 
 
 def run_blocks(plan: Plan, served: Served, denoiser, emit: Emit,

@@ -119,8 +119,6 @@ def run_lm_eval(
     adapter's warnings), `on_start` with the line that names the harness and the tasks."""
     import logging
 
-    from lm_eval import simple_evaluate
-
     from .adapter import MdlmLM
     from .model_args import ModelArgs
 
@@ -141,15 +139,17 @@ def run_lm_eval(
     limit = options.limit
     limit = None if limit is None else (int(limit) if limit >= 1 else limit)
     on_start(f"lm-eval {lm_eval_version()}: {', '.join(options.tasks)}")
-    results = evaluate_tasks(simple_evaluate, lm, options, manager, limit)
+    results = evaluate_tasks(lm, options, manager, limit)
     summary = {task: task_summary(scores) for task, scores in lm.scores.items()}
     return LmEvalRun(lm, results, summary)
 
 
-def evaluate_tasks(simple_evaluate, lm, options: LmEvalOptions, manager, limit):
+def evaluate_tasks(lm, options: LmEvalOptions, manager, limit):
     """lm-eval's simple_evaluate, its refusals said in one line. A task that runs the model's
     code (HumanEval, MBPP) needs lm-eval's confirmation and, for the `evaluate` library's
     code_eval metric that scores it, HF_ALLOW_CODE_EVAL=1: the flag gives both."""
+    from lm_eval import simple_evaluate
+
     if options.confirm_run_unsafe_code:
         os.environ.setdefault("HF_ALLOW_CODE_EVAL", "1")
     try:  # the model's progress bars show the work
