@@ -35,9 +35,9 @@ CAUSAL_ALTERNATIVE = {
 
 def resolve_config(preset: str | None, overrides: typing.Sequence[str] = (),
                    flags: dict[str, typing.Any] | None = None) -> Config:
-    """defaults < preset < --set overrides < explicit flags ({"train.seed": 3, ...}, None = unset),
-    checked as a whole; a LLaDA or Dream folder as `train.init_from` fixes its model, tokenizer
-    and objective (`adopt_released_folder`)."""
+    """defaults < preset < --set overrides < explicit flags ({"train.seed": 3, ...}, None =
+    unset), checked as a whole; a LLaDA or Dream folder as `train.init_from` fixes its model,
+    tokenizer and objective (`adopt_released_folder`)."""
     merged = merge_sources(preset, overrides, flags)
     return config_from_dict(adopt_run_shift(adopt_released_folder(merged)))
 
@@ -87,27 +87,27 @@ def _check_model_keys(backbone: str, given: dict) -> None:
     keys = backbone_keys(backbone)
     unread = [k for k in given if k not in keys]
     if unread:
-        raise MdlmError(f"model.{unread[0]} does not apply to the {backbone} backbone (it reads: "
-                        f"{', '.join(k for k in keys if k != 'backbone')}); remove it")
+        raise MdlmError(f"model.{unread[0]} does not apply to the {backbone} backbone (it "
+                        f"reads: {', '.join(k for k in keys if k != 'backbone')}); remove it")
 
 
 def _check_packing(cfg: Config, backbone) -> None:
     """Several examples per row need a backbone that keeps attention within each one."""
     if cfg.data.packing == "sft-pack" and not backbone.packs_segments:
         raise MdlmError(f"data.packing=sft-pack needs attention kept within each example, which "
-                        f"the {cfg.model.backbone} backbone cannot do; use data.packing=sft (one "
-                        "example per row) or model.backbone=dit")
+                        f"the {cfg.model.backbone} backbone cannot do; use data.packing=sft "
+                        "(one example per row) or model.backbone=dit")
 
 
 def _check_attention(cfg: Config, backbone, objective) -> None:
-    """A backbone's `requires_causal` (True: causal only, False: bidirectional only, None: either)
-    against the objective's need."""
+    """A backbone's `requires_causal` (True: causal only, False: bidirectional only, None:
+    either) against the objective's need."""
     needs = backbone.requires_causal
     if needs is not None and needs != objective.causal:
         kind = "causal" if objective.causal else "bidirectional"
         raise MdlmError(
-            f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; the "
-            f"{cfg.diffusion.objective} objective needs {kind} attention "
+            f"the {cfg.model.backbone} backbone is {'causal' if needs else 'bidirectional'}; "
+            f"the {cfg.diffusion.objective} objective needs {kind} attention "
             f"({CAUSAL_ALTERNATIVE[objective.causal]})"
         )
 
@@ -118,8 +118,9 @@ def _check_annealing(cfg: Config, backbone, objective) -> None:
     if not cfg.train.attention_anneal_steps:
         return
     if not backbone.anneals_attention:
-        raise MdlmError(f"train.attention_anneal_steps: the {cfg.model.backbone} backbone cannot "
-                        "anneal its attention (dit, llada, dream and gpt2 can); set it to 0")
+        raise MdlmError(f"train.attention_anneal_steps: the {cfg.model.backbone} backbone "
+                        "cannot anneal its attention (dit, llada, dream and gpt2 can); set "
+                        "it to 0")
     if objective.causal:
         raise MdlmError(f"train.attention_anneal_steps anneals towards full attention; the "
                         f"{cfg.diffusion.objective} objective attends causally; set it to 0")
@@ -218,8 +219,9 @@ def adopt_run_shift(data: dict) -> dict:
     given = model.get("shift", shift)
     if given != shift:
         where = "one position to the left" if shift else "at their own position"
-        raise MdlmError(f"model.shift={given!r} contradicts train.init_from {spec}, trained with "
-                        f"model.shift={shift} (its logits read {where}); remove the setting")
+        raise MdlmError(f"model.shift={given!r} contradicts train.init_from {spec}, trained "
+                        f"with model.shift={shift} (its logits read {where}); remove the "
+                        "setting")
     return {**data, "model": {**model, "shift": shift}} if shift else data
 
 

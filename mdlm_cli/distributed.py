@@ -146,8 +146,8 @@ class Dist:
             FSDPModule.set_force_sum_reduction_for_comms  # noqa: B018 - newest API used below
         except (ImportError, AttributeError):
             raise MdlmError(f"train.parallel=fsdp needs a newer torch than {torch.__version__} "
-                            "(FSDP2 fully_shard with set_force_sum_reduction_for_comms); upgrade "
-                            "torch or use train.parallel=ddp") from None
+                            "(FSDP2 fully_shard with set_force_sum_reduction_for_comms); "
+                            "upgrade torch or use train.parallel=ddp") from None
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                   if dtype == torch.bfloat16 else MixedPrecisionPolicy())

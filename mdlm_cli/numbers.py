@@ -45,5 +45,6 @@ def check_float(
 
 
 def check_config_float(where: str, value: float) -> float:
-    """A config float (`section.key`): finite, and in its CONFIG_RANGES interval if it has one."""
+    """A config float (`section.key`): finite, and in its CONFIG_RANGES interval if it has
+    one."""
     return check_float(where, value, *CONFIG_RANGES.get(where, ()))

@@ -2,13 +2,13 @@
 
 Model FLOP utilisation (MFU) = achieved model FLOP/s / the device's peak at the run's precision.
 Model FLOPs follow the usual count (Kaplan et al. 2020; PaLM, appendix B): per token, a forward
-pass costs 2 N + 4 n_layers L d and a training step three forwards, 6 N + 12 n_layers L d, where N
-is the parameters used once per token (every weight but embedding tables: a lookup costs no
-multiply) and the L-dependent term the attention scores and values. A training step counts
-what the model asks for, not what the kernels did, so a recomputation or the output layer
-evaluated only at masked positions does not change it. A sampling call counts the output layer
-at the positions the sampler asks for (`ModelFlops.sampling_call`): first-hitting asks for
-one, and a GPT-2-vocabulary output layer counted at every position read as MFU over 100%.
+pass costs 2 N + 4 n_layers L d and a training step three forwards, 6 N + 12 n_layers L d,
+where N is the parameters used once per token (every weight but embedding tables: a lookup
+costs no multiply) and the L-dependent term the attention scores and values. A training step
+counts what the model asks for, not what the kernels did, so a recomputation or the output
+layer evaluated only at masked positions does not change it. A sampling call counts the output
+layer at the positions the sampler asks for (`ModelFlops.sampling_call`): first-hitting asks
+for one, and a GPT-2-vocabulary output layer counted at every position read as MFU over 100%.
 
 The peak: on a CUDA GPU its datasheet figure (dense, no sparsity); on a CPU the speed of a
 2,048 x 2,048 matrix product at the run's precision and thread count, measured once and cached
@@ -57,7 +57,8 @@ class Peak:
 
 
 def gpu_peak(device_name: str, dtype: torch.dtype | None) -> Peak | None:
-    """The datasheet peak of a CUDA device name (bf16, or tf32 for fp32 runs); None if unknown."""
+    """The datasheet peak of a CUDA device name (bf16, or tf32 for fp32 runs); None if
+    unknown."""
     for words, name, bf16, tf32 in GPU_PEAKS_TFLOPS:
         if all(w.lower() in device_name.lower() for w in words):
             peak = bf16 if dtype == torch.bfloat16 else tf32
@@ -134,7 +135,8 @@ def _cpu_model() -> str:
 
 def machine_name() -> str:
     """The CPU as benchmark records name it: its model, its bf16 extensions (AMX, AVX512-BF16:
-    what bf16 autocast's speed depends on) and its cores, e.g. "AMD EPYC (avx512_bf16), 2 cores"."""
+    what bf16 autocast's speed depends on) and its cores, e.g. "AMD EPYC (avx512_bf16), 2
+    cores"."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -1,4 +1,5 @@
-"""Stop signals: the first SIGTERM or SIGINT asks for a graceful stop, the second stops at once."""
+"""Stop signals: the first SIGTERM or SIGINT asks for a graceful stop, the second stops at
+once."""
 
 from __future__ import annotations
 

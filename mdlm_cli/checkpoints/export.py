@@ -222,8 +222,8 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False) -> str:
         api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
                           commit_message=f"Upload MDLM model exported by mdlm {__version__}")
     except LocalTokenNotFoundError:
-        raise MdlmError(f"cannot push to {repo_id!r}: not logged in to the Hugging Face Hub; run "
-                        "`hf auth login` or set HF_TOKEN") from None
+        raise MdlmError(f"cannot push to {repo_id!r}: not logged in to the Hugging Face Hub; "
+                        "run `hf auth login` or set HF_TOKEN") from None
     except (HfHubHTTPError, OSError, ValueError) as e:
         text = str(e).strip()
         reason = text.splitlines()[0] if text else type(e).__name__
@@ -263,7 +263,8 @@ def export_checkpoint(checkpoint: str, options: ExportOptions, *,
     if options.verify:
         diff = verify_export(loaded, folder)
         if diff != 0.0:
-            raise MdlmError(f"{folder} reloads with different logits (max difference {diff:.3g})")
+            raise MdlmError(f"{folder} reloads with different logits (max difference "
+                            f"{diff:.3g})")
         on_step("Verified: the export reloads with identical logits")
         merged_in = adapter_of(checkpoint, ema=ema, adapter=options.adapter)
         if merged_in is not None:

@@ -59,9 +59,9 @@ def dit_card(loaded: LoadedModel) -> str:
         text += ("**this DiT is shifted** (`model.shift`: position i's logits are read from the "
                  "output at i - 1, as the autoregressive model it was converted from predicted "
                  "the next token). The reference's config has no field for that: mdlm reads it "
-                 "from the \"mdlm\" section and loads the model shifted, but the reference's own "
-                 "`MDLM` class would read these weights unshifted and predict every token from "
-                 "the wrong position, so load it with mdlm; ")
+                 "from the \"mdlm\" section and loads the model shifted, but the reference's "
+                 "own `MDLM` class would read these weights unshifted and predict every "
+                 "token from the wrong position, so load it with mdlm; ")
     return text
 
 

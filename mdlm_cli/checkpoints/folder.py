@@ -247,7 +247,8 @@ class LoadedModel:
 
     def row_start(self) -> list[int]:
         """The tokens every training row starts with: [BOS] for wrap/pad-packed data (each row
-        is [BOS] piece [EOS]), none for chunked data (text8: rows start anywhere in the stream)."""
+        is [BOS] piece [EOS]), none for chunked data (text8: rows start anywhere in the
+        stream)."""
         starts_with_bos = self.data_meta.get("packing") in ("wrap", "pad", "sft", "sft-pack")
         return [self.tokenizer.bos_id] if starts_with_bos else []
 
@@ -281,8 +282,8 @@ def read_step(step_dir: Path) -> tuple[dict, LoadedModel]:
     cfg = config_from_dict(cfg_dict)
     tokenizer = load_tokenizer(str(step_dir / "tokenizer"))
     if tokenizer.vocab_size != model_meta["vocab_size"]:
-        raise MdlmError(f"{step_dir}: tokenizer vocabulary {tokenizer.vocab_size} does not match "
-                        f"the model's {model_meta['vocab_size']}")
+        raise MdlmError(f"{step_dir}: tokenizer vocabulary {tokenizer.vocab_size} does not "
+                        f"match the model's {model_meta['vocab_size']}")
     causal = get_objective(cfg, tokenizer).causal
     if model_meta["causal"] != causal:
         raise MdlmError(

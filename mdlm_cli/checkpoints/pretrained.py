@@ -5,11 +5,11 @@ model, a Lightning or state-dict file) and which format reads them.
 `load_pretrained`: a hub id is downloaded by huggingface_hub (config.json, the safetensors
 weights and any tokeniser files, never Python files: no remote code runs), then the formats of
 `formats/registry.FORMATS` are tried in order (caduceus, sedd, llada, dream, bd3lm-hf, hf-mlm,
-hub-mixin, reference-hf, lightning; each module says what it reads) and the first that detects the
-checkpoint loads it.
-The names and fields of the reference's formats, in both directions, are `formats/reference.py`'s.
-Hyper-parameters come from the checkpoint (its config first, the weight shapes otherwise), never
-from flags.
+hub-mixin, reference-hf, lightning; each module says what it reads) and the first that detects
+the checkpoint loads it.
+The names and fields of the reference's formats, in both directions, are
+`formats/reference.py`'s. Hyper-parameters come from the checkpoint (its config first, the
+weight shapes otherwise), never from flags.
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ PlotOpt = Annotated[
         "(gen PPL and entropy vs --plot-x).",
     ),
 ]
-PlotXOpt = Annotated[str, typer.Option(help="Frontier plot x axis: seconds (per sample) or nfe.")]
+PlotXOpt = Annotated[str, typer.Option(help="Frontier plot x axis: seconds (per sample) or "
+                                            "nfe.")]
 BenchJudgeOpt = Annotated[
     str | None,
     typer.Option(

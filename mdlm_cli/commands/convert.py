@@ -30,7 +30,8 @@ ShiftOpt = Annotated[bool | None, typer.Option(
 AttentionOpt = Annotated[str, typer.Option(
     help="full (diffusion) | causal (the AR model's own: the equivalence check; Hugging Face "
          "sources only).")]
-ReplaceOutOpt = Annotated[bool, typer.Option(help="Replace --out if it exists and is not empty.")]
+ReplaceOutOpt = Annotated[bool, typer.Option(help="Replace --out if it exists and is not "
+                                                  "empty.")]
 
 
 @app.command("convert")

@@ -38,7 +38,8 @@ ScheduleOpt = Annotated[str | None, typer.Option(
          "every schedule; Table 9).")]
 EvalBatchSizeOpt = Annotated[int | None, typer.Option(
     help="Rows per batch (default: the training micro-batch).")]
-EvalRowsOpt = Annotated[int, typer.Option(help="Evaluate only the first N rows (0 = every row).")]
+EvalRowsOpt = Annotated[int, typer.Option(help="Evaluate only the first N rows (0 = every "
+                                               "row).")]
 EvalSeedOpt = Annotated[int, typer.Option(help="Seed of the Monte-Carlo draws.")]
 HELP = """Test perplexity: the NELBO bound of a diffusion model, the exact value of an AR model.
 
@@ -114,7 +115,8 @@ def _report_eval(results, loaded, schedule: str | None, trained: str, json_out: 
 
     _print_ppl_table(results, loaded)
     if schedule is not None:
-        console.print(f"[dim]evaluated under the {schedule} schedule (trained with {trained})[/]")
+        console.print(f"[dim]evaluated under the {schedule} schedule (trained with "
+                      f"{trained})[/]")
     if json_out:
         record = {"checkpoint": str(loaded.path), "weights": "raw" if raw_weights else "ema",
                   "schedule": schedule or trained, "trained_schedule": trained,

@@ -41,9 +41,9 @@ SampleFirstOpt = Annotated[
     bool, typer.Option(help="Draw the samples from --checkpoint first, then score.")
 ]
 MauveReferenceOpt = Annotated[str | None, typer.Option(
-    help="MAUVE against real text: a JSONL file with a 'text' per line, or with --sample-first a "
-         "split (test, valid, train) of the checkpoint's data (as many rows as samples, of their "
-         "length; with --prompts the split's held-out responses).")]
+    help="MAUVE against real text: a JSONL file with a 'text' per line, or with "
+         "--sample-first a split (test, valid, train) of the checkpoint's data (as many rows "
+         "as samples, of their length; with --prompts the split's held-out responses).")]
 PromptsOpt = Annotated[str | None, typer.Option(
     help="With --sample-first: answer prompts, one response each (cut at its EOS), scored given "
          "the prompt: a split (test, valid, train) of the checkpoint's own sft data, or a JSONL "

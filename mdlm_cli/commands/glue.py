@@ -25,7 +25,8 @@ LrOpt = Annotated[float, typer.Option(
     help="Peak learning rate, decayed linearly to 0 (HF example: 2e-5).",
     callback=float_in(0, low_in=False))]
 GlueBatchSizeOpt = Annotated[int, typer.Option(help="Training batch (app. D.6: 16).")]
-GlueMaxLengthOpt = Annotated[int, typer.Option(help="Tokens per example, longer ones truncated.")]
+GlueMaxLengthOpt = Annotated[int, typer.Option(help="Tokens per example, longer ones "
+                                                    "truncated.")]
 MaxTrainRowsOpt = Annotated[int, typer.Option(
     help="Train on a random subset of N rows (0 = all).")]
 MaxEvalRowsOpt = Annotated[int, typer.Option(

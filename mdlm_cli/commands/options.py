@@ -96,7 +96,8 @@ AdapterOpt = Annotated[str | None, typer.Option(
 ThreadsOpt = Annotated[
     int | None,
     typer.Option(
-        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else one per physical core "
+        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else one per physical "
+             "core "
         "left idle by the machine's load, so a busy machine is not oversubscribed; see README).",
         min=1,
     ),

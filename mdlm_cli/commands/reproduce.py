@@ -168,8 +168,8 @@ def _print_list(recipes) -> None:
 def _print_plan(jobs, launcher: str, scale: str, rows, stand_ins: list[str]) -> None:
     from ..recipes.plan import scale_label
 
-    sys.stdout.write(f"# {len(jobs)} jobs, {scale_label(scale)}; in order, each skipped when its "
-                     "output exists\n")
+    sys.stdout.write(f"# {len(jobs)} jobs, {scale_label(scale)}; in order, each skipped when "
+                     "its output exists\n")
     for line in stand_ins:
         sys.stdout.write(f"# stand-in: {line}\n")
     for job in jobs:
@@ -200,5 +200,5 @@ def _report(recipe, out: Path, runs: Path, scale: str) -> None:
         if plot(recipe, rows, out / "report.png", runs=runs, scale=scale):
             console.print(f"Wrote {out / 'report.png'}", markup=False)
     except ImportError:
-        err_console.print(f"[yellow]note:[/] {recipe.name} is a curve; its PNG needs matplotlib: "
-                          "pip install 'mdlm\\[plot]'")
+        err_console.print(f"[yellow]note:[/] {recipe.name} is a curve; its PNG needs "
+                          "matplotlib: pip install 'mdlm\\[plot]'")

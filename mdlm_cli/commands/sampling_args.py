@@ -43,7 +43,8 @@ SamplerOpt = Annotated[
 StepsOpt = Annotated[
     int | None,
     typer.Option(
-        help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's T). "
+        help="Sampling steps, for the samplers that take steps (default 1000; a D3PM model's "
+             "T). "
         "Given without --sampler, it picks the model's exact step-based sampler (the cached one "
         "where the model ignores time)."
     ),

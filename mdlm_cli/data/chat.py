@@ -65,8 +65,9 @@ def chat_example_ids(tokenizer: Tokenizer, messages: list[dict]) -> tuple[list[i
     prompt = hf.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
     full = hf.apply_chat_template(messages, tokenize=False)
     if not full.startswith(prompt):
-        raise MdlmError(f"the chat template of {tokenizer.name} does not render the conversation "
-                        "as its prompt followed by the answer; it cannot make fine-tuning rows")
+        raise MdlmError(f"the chat template of {tokenizer.name} does not render the "
+                        "conversation as its prompt followed by the answer; it cannot make "
+                        "fine-tuning rows")
     answer = tokenizer.encode(full[len(prompt):])
     turn_end = _turn_end(tokenizer)
     if turn_end is not None and turn_end in answer:

@@ -58,7 +58,8 @@ def read_fasta(path: Path) -> Iterator[tuple[str, bytes]]:
 
 
 def read_bed(path: Path, split: str) -> dict[str, list[tuple[int, int]]]:
-    """Chromosome -> [(start, end)] of the rows of `split` (4 columns: chr, start, end, split)."""
+    """Chromosome -> [(start, end)] of the rows of `split` (4 columns: chr, start, end,
+    split)."""
     out: dict[str, list[tuple[int, int]]] = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         parts = line.split()
@@ -163,7 +164,7 @@ def hg38_pieces(
         )
 
 
-# ----------------------------------------------------------------------------- a synthetic genome
+# ------------------------------------------------------------------------- a synthetic genome
 
 SYNTHETIC_VERSION = 1
 
@@ -242,7 +243,7 @@ def write_motif_task(
     return folder
 
 
-# ----------------------------------------------------------------------------- reverse complement
+# ------------------------------------------------------------------------- reverse complement
 
 def reverse_complement(tokens: Tensor, complement: Tensor) -> Tensor:
     """rc(x): positions reversed, each token replaced by its complement (B, L)."""
@@ -261,7 +262,7 @@ def rc_augment(x0: Tensor, attention_mask: Tensor | None, complement: list[int],
     return x0, attention_mask
 
 
-# ----------------------------------------------------------------------------- Genomic Benchmarks
+# ------------------------------------------------------------------------- Genomic Benchmarks
 
 # Caduceus's configs/dataset/genomic_benchmark.yaml: task -> (max length, classes)
 GENOMIC_BENCHMARKS = {
@@ -290,7 +291,8 @@ class GenomicTask:
 
 
 def read_genomic_task(folder: str | Path) -> GenomicTask:
-    """A task folder `<task>/{train,test}/<class>/<id>.txt`; labels from the sorted class names."""
+    """A task folder `<task>/{train,test}/<class>/<id>.txt`; labels from the sorted class
+    names."""
     folder = Path(folder)
     if not (folder / "train").is_dir() or not (folder / "test").is_dir():
         raise MdlmError(

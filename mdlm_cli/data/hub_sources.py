@@ -26,7 +26,8 @@ class HubDataset(Source):
 
     @property
     def fingerprint(self) -> str:
-        # -v2: the rules follow the reference's order (data prepared by the earlier ones is stale)
+        # -v2: the rules follow the reference's order (data prepared by the earlier ones is
+        # stale)
         detok = f"{self.detokenize.__name__}-v2" if self.detokenize else "none"
         return f"hub:{self.hub_id}:{self.config}:{self.revision}:{self.split_specs}:{detok}"
 

@@ -1,4 +1,5 @@
-"""The order in which training reads the rows: stateless, so a resumed run continues it exactly."""
+"""The order in which training reads the rows: stateless, so a resumed run continues it
+exactly."""
 
 from __future__ import annotations
 

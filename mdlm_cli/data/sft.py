@@ -65,8 +65,8 @@ def check_example(record, where: str) -> dict:
         )
         if not ok or msgs[-1]["role"] != "assistant":
             raise MdlmError(
-                f"{where}: 'messages' must be a list of {{role, content}} strings, at least two, "
-                "the last one the assistant's (the response)"
+                f"{where}: 'messages' must be a list of {{role, content}} strings, at least "
+                "two, the last one the assistant's (the response)"
             )
         return {**_fields(record), "messages": msgs}
     if not all(isinstance(record.get(k), str) for k in ("prompt", "response")):
@@ -129,9 +129,10 @@ class LocalExamples(ExampleSource):
 @dataclass
 class HubExamples(ExampleSource):
     """`hub:ORG/NAME`: a Hugging Face data set of prompt/response or messages records (its
-    train split, divided into train/valid/test as local files are). A named one (`EXAMPLE_SOURCES`)
-    may read its own fields as the prompt and response (`prompt_field`, `response_field`), its
-    `config` and `split`, and derive further fields (`derive`: GSM8K's answer after `####`)."""
+    train split, divided into train/valid/test as local files are). A named one
+    (`EXAMPLE_SOURCES`) may read its own fields as the prompt and response (`prompt_field`,
+    `response_field`), its `config` and `split`, and derive further fields (`derive`: GSM8K's
+    answer after `####`)."""
 
     hub_id: str = ""
     config: str | None = None
@@ -293,7 +294,8 @@ def row_format(tokenizer: Tokenizer) -> str:
 def sft_rows(
     example_batches: Iterable[list[dict]], length: int, tokenizer: Tokenizer, *, pad_as_eos: bool
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
-    """(rows (n, L), lengths (n,), prompt lengths (n,), examples dropped as too long) per batch."""
+    """(rows (n, L), lengths (n,), prompt lengths (n,), examples dropped as too long) per
+    batch."""
     fill = tokenizer.eos_id if pad_as_eos else tokenizer.pad_id
     for examples in example_batches:
         encoded = [encode_example(tokenizer, e) for e in examples]

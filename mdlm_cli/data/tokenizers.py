@@ -81,8 +81,8 @@ class SpecialIds:
 
 @dataclass(frozen=True)
 class ReferenceRun:
-    """The data of the reference's runs with a tokeniser: what an imported checkpoint that records
-    none of it is given."""
+    """The data of the reference's runs with a tokeniser: what an imported checkpoint that
+    records none of it is given."""
 
     dataset: str
     packing: str

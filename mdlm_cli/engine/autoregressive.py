@@ -2,9 +2,9 @@
 
 The model is a `CausalLM` (engine/protocols.py): `lm.bos_id` (the start token put before
 every row), `lm.new_cache(batch, max_len, device)` and `lm(tokens (B, n), cache) -> logits
-(B, n, V)` for n new tokens after the cached ones. One network call per new token, each processing
-only that token (the reference AR sampler recomputes the whole prefix at every step and
-pre-allocates a B x L x V noise buffer). `autoregressive_recompute` is that reference
+(B, n, V)` for n new tokens after the cached ones. One network call per new token, each
+processing only that token (the reference AR sampler recomputes the whole prefix at every step
+and pre-allocates a B x L x V noise buffer). `autoregressive_recompute` is that reference
 algorithm's cost without its buffer: every new token re-reads the whole prefix, so the timing
 claims made against the reference's AR can be reproduced beside the cached sampler's.
 """

@@ -59,8 +59,8 @@ def cache_rules(options) -> list[tuple[str, str]]:
 
 def _cache() -> str:
     return option("none", "with --block-length: none (exact), or Fast-dLLM's block cache, "
-                  "refreshed by a full pass at each block: prefix (later calls run the block and "
-                  "the suffix) or dual (the block only); inexact, see docs/sampling.md.",
+                  "refreshed by a full pass at each block: prefix (later calls run the block "
+                  "and the suffix) or dual (the block only); inexact, see docs/sampling.md.",
                   choices=CACHES)
 
 

@@ -117,9 +117,9 @@ class SamplerContext:
     def log_score(
         self, z: Tensor, t: Tensor, positions: Tensor, rows: Tensor | None = None
     ) -> Tensor:
-        """Log concrete scores (N, V) at the masked positions `positions[rows]`: the denoiser's own
-        `log_score(z_t, t, output_mask=)` where it has one (a score model: SEDD), else its
-        logits read as SUBS's p_theta and converted (`subs_log_score`)."""
+        """Log concrete scores (N, V) at the masked positions `positions[rows]`: the
+        denoiser's own `log_score(z_t, t, output_mask=)` where it has one (a score model:
+        SEDD), else its logits read as SUBS's p_theta and converted (`subs_log_score`)."""
         chosen = rows
         z, t, positions = self._select(z, t, positions, rows)
         scorer = score_method(self.denoiser)

@@ -29,13 +29,14 @@ from .schedules import Schedule
 def posterior_kl(
     log_probs: Tensor, x0: Tensor, t: Tensor, s: Tensor, schedule: Schedule, mask_id: int
 ) -> Tensor:
-    """KL(q(z_s | z_t = m, x0) || p_theta(z_s | z_t = m)) at N masked positions (eq. 9): nats (N,).
+    """KL(q(z_s | z_t = m, x0) || p_theta(z_s | z_t = m)) at N masked positions (eq. 9): nats
+    (N,).
 
     The true posterior puts (alpha_s - alpha_t) / (1 - alpha_t) on x0 and the rest on the
     mask. The model's (D3PM's x0-parameterisation, sum over x0 of q(z_s, z_t | x0)
     x_theta(x0), where a mask "x0" stays masked) puts x_theta(y) (alpha_s - alpha_t) / N on
-    y and (1 - alpha_s + alpha_s x_theta(m)) / N on the mask, N = 1 - alpha_t + alpha_t x_theta(m).
-    `log_probs` (N, V) are log x_theta; t, s (N,) with s < t (s = 0 allowed).
+    y and (1 - alpha_s + alpha_s x_theta(m)) / N on the mask, N = 1 - alpha_t + alpha_t
+    x_theta(m). `log_probs` (N, V) are log x_theta; t, s (N,) with s < t (s = 0 allowed).
     """
     t, s = t.double(), s.double()
     alpha_t, alpha_s = schedule.alpha(t), schedule.alpha(s)

@@ -45,8 +45,9 @@ def dream_cached_confidence(z: Tensor, ctx: SamplerContext) -> Tensor:
     opts, size = ctx.options, ctx.options.block_length
     cache = new_cache(z, ctx)  # refuses a cache without --block-length first
     if opts.k_schedule != "dream":
-        raise EngineError(f"--cache {opts.cache} on Dream follows Fast-dLLM's Dream loop and its "
-                          f"timestep grid: use --k-schedule dream (got {opts.k_schedule})")
+        raise EngineError(f"--cache {opts.cache} on Dream follows Fast-dLLM's Dream loop and "
+                          "its timestep grid: use --k-schedule dream (got "
+                          f"{opts.k_schedule})")
     masked = (z == ctx.mask_id).cpu()
     transfer_plan(masked, ctx.steps, "dream", size)  # refuses steps the blocks do not divide
     L = z.shape[1]

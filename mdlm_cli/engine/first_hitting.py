@@ -1,4 +1,5 @@
-"""The first-hitting sampler (Zheng et al. 2024): the reverse process simulated event by event."""
+"""The first-hitting sampler (Zheng et al. 2024): the reverse process simulated event by
+event."""
 
 from __future__ import annotations
 

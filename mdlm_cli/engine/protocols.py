@@ -90,7 +90,8 @@ def has_block_cache(denoiser: Denoiser) -> bool:
 
 
 def has_shifted_logits(denoiser: Denoiser) -> bool:
-    """Whether the denoiser declared that position i's logits come from i - 1 (`shifted_logits`)."""
+    """Whether the denoiser declared that position i's logits come from i - 1
+    (`shifted_logits`)."""
     return bool(getattr(denoiser, "shifted_logits", False))
 
 

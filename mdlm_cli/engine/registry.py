@@ -79,8 +79,8 @@ SAMPLERS: dict[str, SamplerSpec] = {spec.name: spec for spec in (
                      "denoising draw; exact as steps grow"),
     SamplerSpec("d3pm-ancestral", d3pm_ancestral, exact=True, uses_steps=True,
                 options=AncestralOptions,
-                help="D3PM's ancestral chain from t = 1 to 0 (eq. 9's posterior, the mask's mass "
-                     "included), one call per step; exact at steps = T"),
+                help="D3PM's ancestral chain from t = 1 to 0 (eq. 9's posterior, the mask's "
+                     "mass included), one call per step; exact at steps = T"),
     SamplerSpec("autoregressive-kv-cache", autoregressive, exact=True, guided=False,
                 help="left to right with a key/value cache, one call per new token; exact"),
     SamplerSpec("autoregressive-recompute", autoregressive_recompute, exact=True, guided=False,
@@ -89,11 +89,11 @@ SAMPLERS: dict[str, SamplerSpec] = {spec.name: spec for spec in (
                      "draws"),
     SamplerSpec("confidence", confidence, exact=False, uses_steps=True, default_steps=128,
                 options=ConfidenceOptions,
-                help="MaskGIT / LLaDA low-confidence remasking: each step draws a token at every "
-                     "masked position and keeps the k most confident draws (k from --k-schedule "
-                     "over the steps, confidence by --order, in blocks of --block-length); "
-                     "LLaDA's generate and Dream's diffusion_generate token for token; inexact: "
-                     "parallel, biased to likely tokens"),
+                help="MaskGIT / LLaDA low-confidence remasking: each step draws a token at "
+                     "every masked position and keeps the k most confident draws (k from "
+                     "--k-schedule over the steps, confidence by --order, in blocks of "
+                     "--block-length); LLaDA's generate and Dream's diffusion_generate token "
+                     "for token; inexact: parallel, biased to likely tokens"),
     SamplerSpec("threshold", threshold, exact=False, options=ThresholdOptions,
                 help="Fast-dLLM parallel decoding: each call keeps every drawn token whose "
                      "probability exceeds --threshold (at least one); inexact: parallel, biased "

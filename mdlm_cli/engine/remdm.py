@@ -58,9 +58,9 @@ def remdm(z: Tensor, ctx: SamplerContext) -> Tensor:
     Whether a masked position is revealed is decided before its token, as in the ancestral
     sampler: each position holds a uniform u, drawn when it was (re)masked, and is revealed
     at the first step i where u >= S_i, S_i its probability of staying masked since then:
-    rate(t_i+1) / rate(at (re)masking) times the product of (1 - sigma_j alpha(t_j) / rate(t_j+1))
-    over those steps (the product is 1 when sigma = 0, so eta = 0 draws, uniform for
-    uniform, the tokens of `ancestral` in fp64).
+    rate(t_i+1) / rate(at (re)masking) times the product of (1 - sigma_j alpha(t_j) /
+    rate(t_j+1)) over those steps (the product is 1 when sigma = 0, so eta = 0 draws, uniform
+    for uniform, the tokens of `ancestral` in fp64).
     """
     times = ancestral_times(ctx.steps, ctx.eps, z.device)
     # computed as the ancestral sampler computes its survival, so that eta = 0 matches it bit

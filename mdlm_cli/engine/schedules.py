@@ -66,7 +66,8 @@ class Schedule(ABC):
         return -torch.log(self.alpha(t))
 
     def dsigma(self, t: Tensor) -> Tensor:
-        """d sigma / dt = -alpha'(t) / alpha(t): the rate of SEDD's score entropy and Euler step."""
+        """d sigma / dt = -alpha'(t) / alpha(t): the rate of SEDD's score entropy and Euler
+        step."""
         return -self.dalpha(t) / self.alpha(t)
 
     def log_odds(self, t: Tensor) -> Tensor:

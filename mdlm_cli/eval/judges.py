@@ -16,7 +16,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 class Judge(Protocol):
-    """A causal LM that scores token chunks: `logits(ids (B, n), attention_mask) -> (B, n, V)`."""
+    """A causal LM that scores token chunks: `logits(ids (B, n), attention_mask) -> (B, n,
+    V)`."""
 
     name: str
     context: int  # tokens per forward pass, the start token included

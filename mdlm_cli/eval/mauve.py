@@ -112,7 +112,8 @@ def divergence_frontier(
 ) -> list[tuple[float, float]]:
     """The points (exp(-c KL(q||r)), exp(-c KL(p||r))) of r = l p + (1 - l) q for l on a
     grid in (0, 1), with the end points (0, 1) and (1, 0), in order along the curve: by the
-    first coordinate, and on ties by the second, falling (the curve falls from (0, 1) to (1, 0))."""
+    first coordinate, and on ties by the second, falling (the curve falls from (0, 1) to (1,
+    0))."""
     points = [(0.0, 1.0), (1.0, 0.0)]
     for lam in torch.linspace(0, 1, grid + 2, dtype=torch.float64)[1:-1].tolist():
         r = lam * p + (1 - lam) * q
@@ -155,7 +156,8 @@ def mauve(
     n_p, n_q = len(p_features), len(q_features)
     if min(n_p, n_q) < 2:
         raise MdlmError(
-            f"MAUVE needs at least 2 texts in each set (got {n_p} samples, {n_q} reference texts)"
+            f"MAUVE needs at least 2 texts in each set (got {n_p} samples, {n_q} reference "
+            "texts)"
         )
     if not seeds:
         raise MdlmError("MAUVE needs at least one k-means seed")

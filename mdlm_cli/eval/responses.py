@@ -62,8 +62,9 @@ def read_prompts(spec: str, loaded: LoadedModel, count: int) -> tuple[list[Promp
     if Path(spec).is_file():
         return file_prompts(Path(spec), loaded, count), spec
     if spec not in SPLITS:
-        raise MdlmError(f"--prompts {spec}: no such file, and not a split ({', '.join(SPLITS)}); "
-                        "give a JSONL file of prompt records or a split of the model's sft data")
+        raise MdlmError(f"--prompts {spec}: no such file, and not a split "
+                        f"({', '.join(SPLITS)}); give a JSONL file of prompt records or a "
+                        "split of the model's sft data")
     packing = loaded.config.data.packing
     if packing not in SFT_PACKINGS:
         raise MdlmError(f"--prompts {spec}: {loaded.path} was trained on data.packing={packing} "
@@ -132,8 +133,9 @@ def file_prompts(path: Path, loaded: LoadedModel, count: int) -> list[Prompt]:
         # a template's rendering holds its own BOS (LLaDA's): the row's start is not added again
         ids = tok.encode(text) if templated else start + tok.encode(text)
         if len(ids) >= loaded.length:
-            raise MdlmError(f"{path}:{n}: the prompt is {len(ids)} tokens; {loaded.path} answers "
-                            f"in rows of {loaded.length} tokens, prompt and response together")
+            raise MdlmError(f"{path}:{n}: the prompt is {len(ids)} tokens; {loaded.path} "
+                            f"answers in rows of {loaded.length} tokens, prompt and response "
+                            "together")
         prompts.append(Prompt(ids, tok.decode(ids if templated else ids[len(start):]), reference))
         if len(prompts) == count:
             break

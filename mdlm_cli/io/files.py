@@ -38,7 +38,8 @@ def temporary(path: Path, kind: str = "tmp") -> Path:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` by `text` in one rename: a reader sees the old or the new file, never half."""
+    """Replace `path` by `text` in one rename: a reader sees the old or the new file, never
+    half."""
     tmp = temporary(path)
     try:
         tmp.write_text(text)

@@ -113,8 +113,8 @@ def download(repo_id: str) -> Path:
         ) from None
     except GatedRepoError:
         raise MdlmError(
-            f"{repo_id!r} is a gated repository on the Hugging Face Hub: accept its terms on the "
-            "website and log in with `hf auth login`"
+            f"{repo_id!r} is a gated repository on the Hugging Face Hub: accept its terms on "
+            "the website and log in with `hf auth login`"
         ) from None
     except RepositoryNotFoundError:
         raise MdlmError(

@@ -133,9 +133,9 @@ def _check_pickle(path: Path) -> None:
             kind += " (samples from mdlm sample --out?)"
     else:
         kind = "a text file"
-    raise MdlmError(f"{path} is not a PyTorch checkpoint (a torch.save or Lightning file): it is "
-                    f"{kind}; --checkpoint takes a run folder, a step folder, a hub id or a "
-                    ".ckpt file")
+    raise MdlmError(f"{path} is not a PyTorch checkpoint (a torch.save or Lightning file): "
+                    f"it is {kind}; --checkpoint takes a run folder, a step folder, a hub id "
+                    "or a .ckpt file")
 
 
 def read_torch_file(path: Path) -> Any:
@@ -232,8 +232,9 @@ def refuse_remote_code(folder: str | Path, *, model: bool) -> None:
         asks = "config.json"
     if asks:
         raise MdlmError(
-            f"refusing {folder}: its {asks} asks to run the folder's own Python code (auto_map), "
-            "and mdlm never runs code from a model folder; use one without custom code"
+            f"refusing {folder}: its {asks} asks to run the folder's own Python code "
+            "(auto_map), and mdlm never runs code from a model folder; use one without "
+            "custom code"
         )
 
 

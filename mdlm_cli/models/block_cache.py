@@ -85,7 +85,8 @@ class BlockCall:
         fresh = fresh.transpose(1, 2).to(store.dtype)
         end = start + fresh.shape[2]
         if end > store.shape[2]:
-            raise ValueError(f"the block cache holds {store.shape[2]} positions; {end} asked for")
+            raise ValueError(f"the block cache holds {store.shape[2]} positions; {end} asked "
+                             "for")
         if self.rows is None:
             store[:, :, start:end] = fresh
         else:

@@ -54,9 +54,10 @@ BIDIRECTIONAL = ("add", "ew_multiply")
 
 @dataclass(frozen=True)
 class MambaConfig:
-    """The `model:` keys of the Mamba-based backbones (models/section.py): hidden_size is d_model,
-    n_blocks the number of layers; cond_dim sizes the optional time embedding. No attention heads,
-    no dropout. The defaults are ModelConfig's (read from it: one place for them)."""
+    """The `model:` keys of the Mamba-based backbones (models/section.py): hidden_size is
+    d_model, n_blocks the number of layers; cond_dim sizes the optional time embedding. No
+    attention heads, no dropout. The defaults are ModelConfig's (read from it: one place for
+    them)."""
 
     hidden_size: int = ModelConfig.hidden_size
     n_blocks: int = ModelConfig.n_blocks

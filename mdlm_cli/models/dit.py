@@ -330,8 +330,8 @@ class DiT(BackboneTraits, nn.Module):
 
     def _block_call(self, tokens: torch.Tensor, call: BlockCall) -> torch.Tensor:
         if self.causal or self.config.time_conditioning:
-            raise MdlmError("a block cache needs a bidirectional model without time conditioning "
-                            "(its keys would depend on t): use --cache none")
+            raise MdlmError("a block cache needs a bidirectional model without time "
+                            "conditioning (its keys would depend on t): use --cache none")
         x = self.vocab_embed(tokens)  # (R, n, H)
         c = F.silu(self.sigma_map(torch.zeros(len(tokens), device=tokens.device)))  # (R, C)
         cos, sin = self.rotary_emb(call.cache.length, tokens.device)

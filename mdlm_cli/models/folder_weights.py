@@ -83,8 +83,8 @@ def assign_weights(model: nn.Module, weights: dict[str, torch.Tensor], source: s
     unexpected = sorted(set(weights) - set(target))
     if missing or unexpected:
         what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
-        raise MdlmError(f"{source} does not fit its config.json ({what}; {len(missing)} missing, "
-                        f"{len(unexpected)} unexpected tensors)")
+        raise MdlmError(f"{source} does not fit its config.json ({what}; {len(missing)} "
+                        f"missing, {len(unexpected)} unexpected tensors)")
     for key, value in target.items():
         if tuple(value.shape) != tuple(weights[key].shape):
             raise MdlmError(f"{source}: {key} has shape {tuple(weights[key].shape)}, its "

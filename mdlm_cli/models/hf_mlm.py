@@ -59,7 +59,8 @@ REMOTE_CODE_HINT = (
 
 
 def check_native(raw: dict, name: str) -> None:
-    """Refuse a config that needs remote code or names a model transformers does not implement."""
+    """Refuse a config that needs remote code or names a model transformers does not
+    implement."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
@@ -71,8 +72,9 @@ def check_native(raw: dict, name: str) -> None:
         )
     if model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         raise MdlmError(
-            f"{name} holds a {model_type!r} model, which transformers {transformers.__version__} "
-            f"does not implement as a masked LM; {REMOTE_CODE_HINT}"
+            f"{name} holds a {model_type!r} model, which transformers "
+            f"{transformers.__version__} does not implement as a masked LM; "
+            f"{REMOTE_CODE_HINT}"
         )
     unknown = [a for a in raw.get("architectures") or [] if not hasattr(transformers, a)]
     if unknown:
@@ -94,8 +96,8 @@ def model_folder(name: str) -> Path:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise MdlmError(
-                f"{path} has no config.json: model.hf_model must be a Hugging Face model folder, "
-                "hub id or packaged model"
+                f"{path} has no config.json: model.hf_model must be a Hugging Face model "
+                "folder, hub id or packaged model"
             )
         return path
     from ..io.hub import download
@@ -126,7 +128,8 @@ def quiet_transformers():
 
 def load_pretrained(folder: Path, name: str) -> tuple[nn.Module, list[str]]:
     """`AutoModelForMaskedLM` with the folder's weights (float32), and the names of the head
-    tensors the folder lacks (freshly initialised, seed 0); other missing weights are an error."""
+    tensors the folder lacks (freshly initialised, seed 0); other missing weights are an
+    error."""
     from transformers import AutoModelForMaskedLM
 
     raw = read_config(folder)
@@ -227,7 +230,8 @@ class HFMaskedLM(BackboneTraits, nn.Module):
 
     @classmethod
     def check_data(cls, cfg: Config, tokenizer: Tokenizer) -> None:
-        """Before training: the data's tokeniser is the model's own, and rows fit its positions."""
+        """Before training: the data's tokeniser is the model's own, and rows fit its
+        positions."""
         from ..data.tokenizers import load_tokenizer
 
         raw = read_config(model_folder(cfg.model.hf_model))
@@ -255,7 +259,8 @@ class HFMaskedLM(BackboneTraits, nn.Module):
     def from_checkpoint(
         cls, cfg: ModelConfig, vocab_size: int, folder: Path, *, causal: bool = False
     ) -> HFMaskedLM:
-        """The architecture from the checkpoint's hf_config.json (offline; weights loaded after)."""
+        """The architecture from the checkpoint's hf_config.json (offline; weights loaded
+        after)."""
         from transformers import AutoConfig, AutoModelForMaskedLM
 
         try:

@@ -87,8 +87,8 @@ class Mamba(MambaBackbone, nn.Module):
         super().__init__()
         if not causal:
             raise MdlmError(
-                "the mamba backbone is causal (the autoregressive baseline); a bidirectional DNA "
-                "model uses model.backbone=caduceus"
+                "the mamba backbone is causal (the autoregressive baseline); a bidirectional "
+                "DNA model uses model.backbone=caduceus"
             )
         cfg = read_section(MambaConfig, cfg)
         self.config, self.vocab_size, self.causal = cfg, vocab_size, True
@@ -113,9 +113,9 @@ class Mamba(MambaBackbone, nn.Module):
         output_mask: Tensor | None = None,
         kv_cache: MambaCache | None = None,
     ) -> Tensor:
-        """Logits (B, L, V) (or (N, V) at `output_mask`); with `kv_cache`, of the new tokens only.
-        The recurrence reads every position; `attention_mask` only concerns the loss (trailing
-        padding comes after every real position, so no real position sees it)."""
+        """Logits (B, L, V) (or (N, V) at `output_mask`); with `kv_cache`, of the new tokens
+        only. The recurrence reads every position; `attention_mask` only concerns the loss
+        (trailing padding comes after every real position, so no real position sees it)."""
         if kv_cache is not None:
             return self._decode(tokens, kv_cache)
         hidden = self._trunk(tokens, None)

@@ -34,7 +34,8 @@ MIXERS = ("auto", "cuda", "torch")
 
 @dataclass
 class MixerState:
-    """Recurrent state of one mixer: the last d_conv conv inputs (B, E, d_conv) and h (B, E, N)."""
+    """Recurrent state of one mixer: the last d_conv conv inputs (B, E, d_conv) and h (B, E,
+    N)."""
 
     conv: Tensor
     ssm: Tensor

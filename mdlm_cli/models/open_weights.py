@@ -1,7 +1,7 @@
-"""The released folders of the open diffusion LLMs (LLaDA, Dream): their config.json, read without
-their Python files, and a backbone built on the meta device whose parameters then become the
-folder's memory-mapped tensors (models/folder_weights.py). `ReleasedBackbone` is what both
-families' backbones share; each adds its network (models/llada.py, dream.py,
+"""The released folders of the open diffusion LLMs (LLaDA, Dream): their config.json, read
+without their Python files, and a backbone built on the meta device whose parameters then
+become the folder's memory-mapped tensors (models/folder_weights.py). `ReleasedBackbone` is
+what both families' backbones share; each adds its network (models/llada.py, dream.py,
 and gpt2.py: mdlm's own layout of a converted GPT-2).
 
 A folder written by `mdlm convert` (checkpoints/convert/) carries its conversion record in
@@ -209,7 +209,8 @@ class ReleasedBackbone(BackboneTraits, nn.Module, ABC):
 
     @abstractmethod
     def _head(self, h: Tensor) -> Tensor:
-        """The family's output layer over states `h`: float32 logits over the tokeniser's rows."""
+        """The family's output layer over states `h`: float32 logits over the tokeniser's
+        rows."""
 
     def _logits(self, h: Tensor, output_mask: Tensor | None, read: Tensor | None = None
                 ) -> Tensor:

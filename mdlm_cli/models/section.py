@@ -22,7 +22,8 @@ def keys_of(section: type) -> tuple[str, ...]:
 
 
 def read_section(section: type[C], model: ModelConfig | C) -> C:
-    """The backbone's dataclass from the flat model section (or the dataclass itself, as it is)."""
+    """The backbone's dataclass from the flat model section (or the dataclass itself, as it
+    is)."""
     if isinstance(model, section):
         return model
     return section(**{key: getattr(model, key) for key in keys_of(section)})

@@ -49,8 +49,9 @@ def store_tied_once(module: nn.Module) -> None:
 
 
 def canonical_state(module: nn.Module, weights: dict, source: str = "") -> dict:
-    """`weights` with each tied group under the name `module.state_dict()` uses (its first), taken
-    from whichever name of the group the file stores (a released checkpoint may keep another)."""
+    """`weights` with each tied group under the name `module.state_dict()` uses (its first),
+    taken from whichever name of the group the file stores (a released checkpoint may keep
+    another)."""
     from ..errors import MdlmError
 
     weights = dict(weights)

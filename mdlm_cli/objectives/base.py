@@ -157,8 +157,8 @@ class Objective(ABC):
         if asked not in ESTIMATORS:
             raise MdlmError(f"{flag} must be one of: {', '.join(ESTIMATORS)} (got {asked!r})")
         if asked == "l" and not fits:
-            raise MdlmError(f"{flag} l counts masks of a continuous-time masked diffusion model; "
-                            f"this {self.name} model (T={T or 0}) is scored with t")
+            raise MdlmError(f"{flag} l counts masks of a continuous-time masked diffusion "
+                            f"model; this {self.name} model (T={T or 0}) is scored with t")
         return asked
 
     def _counted_terms(self, denoiser: Any, x0: Tensor, gen, masking: Masking) -> Tensor:
@@ -273,8 +273,8 @@ class Objective(ABC):
         self, T: int, antithetic: bool = True
     ) -> Callable[[int, torch.Generator], Tensor] | None:
         """`draw(n, generator)`: one time per sequence of a global batch or an evaluation set,
-        stratified over it (antithetic), mapped to t (T steps, 0: continuous); None for objectives
-        without time."""
+        stratified over it (antithetic), mapped to t (T steps, 0: continuous); None for
+        objectives without time."""
         return diffusion_times(self.schedule, T, antithetic) if self.uses_time else None
 
     def training_times(

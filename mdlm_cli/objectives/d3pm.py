@@ -40,7 +40,8 @@ class D3PM(Objective):
     default_sampler = "d3pm-ancestral"
     sampler_names = ("d3pm-ancestral",)
     description = (
-        "discrete-time absorbing D3PM (eq. 9): full posterior KL over T steps, a bound on the NLL"
+        "discrete-time absorbing D3PM (eq. 9): full posterior KL over T steps, a bound on "
+        "the NLL"
     )
 
     @classmethod
@@ -94,6 +95,7 @@ class D3PM(Objective):
         T = self.cfg.diffusion.T if T is None else T
         if T <= 0:
             raise MdlmError(
-                f"--T must be a positive number of steps: D3PM's bound is discrete-time (got {T})"
+                "--T must be a positive number of steps: D3PM's bound is discrete-time (got "
+                f"{T})"
             )
         return T

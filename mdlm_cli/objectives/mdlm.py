@@ -49,8 +49,8 @@ class MDLM(Objective):
         check_choice(cfg.diffusion.loss_weighting, LOSS_WEIGHTINGS, "diffusion.loss_weighting")
         default_p = type(cfg.diffusion).cart_p
         if cfg.diffusion.loss_weighting != "cart" and cfg.diffusion.cart_p != default_p:
-            raise MdlmError("diffusion.cart_p is read by diffusion.loss_weighting=cart only; set "
-                            f"that, or leave diffusion.cart_p at {default_p}")
+            raise MdlmError("diffusion.cart_p is read by diffusion.loss_weighting=cart only; "
+                            f"set that, or leave diffusion.cart_p at {default_p}")
 
     @property
     def takes_time(self) -> bool:

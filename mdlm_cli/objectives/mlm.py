@@ -85,9 +85,9 @@ class MaskedLM(Objective):
                    T: int | None = None, targets: Tensor | None = None) -> Tensor:
         if targets is not None:
             raise MdlmError(
-                "the mlm objective defines no likelihood of chosen positions (it scores a random "
-                "15% of tokens); conditional scoring (mdlm lm-eval) needs an mdlm, sedd, d3pm or "
-                "ar checkpoint"
+                "the mlm objective defines no likelihood of chosen positions (it scores a "
+                "random 15% of tokens); conditional scoring (mdlm lm-eval) needs an mdlm, "
+                "sedd, d3pm or ar checkpoint"
             )
         n_tokens = self.n_tokens or denoiser.model.vocab_size
         z, selected = bert_corruption(

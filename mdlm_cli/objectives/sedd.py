@@ -47,8 +47,9 @@ class SEDD(Objective):
     def validate(cls, cfg) -> None:
         if not cfg.model.time_conditioning:
             raise MdlmError(
-                "the sedd objective needs model.time_conditioning=true: its log-score is divided "
-                "by expm1(sigma(t)), which the network cannot do without the time input"
+                "the sedd objective needs model.time_conditioning=true: its log-score is "
+                "divided by expm1(sigma(t)), which the network cannot do without the time "
+                "input"
             )
         if cfg.diffusion.T:
             raise MdlmError(

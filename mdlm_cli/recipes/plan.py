@@ -200,8 +200,8 @@ def _flag(key: str, value, context: dict) -> list[str]:
 def plan(
     recipe: Recipe, *, out: Path, runs: Path, scale: str = "paper", rows: list[str] | None = None
 ) -> list[Job]:
-    """Training jobs first (one per model the selected rows need), then every row's steps in order.
-    Steps with the same command and output (a shared benchmark) run once."""
+    """Training jobs first (one per model the selected rows need), then every row's steps in
+    order. Steps with the same command and output (a shared benchmark) run once."""
     if scale not in ("paper", "tiny") and not 0 < _factor(scale) <= 1:
         raise MdlmError(
             "--scale must be paper, tiny or a factor in (0, 1] on the training steps (got "

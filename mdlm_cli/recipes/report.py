@@ -201,7 +201,8 @@ def write_report(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[R
 
 
 def _hardware(out: Path) -> dict[str, str]:
-    """Model key -> where and how long its training ran, from the jobs log of `mdlm reproduce`."""
+    """Model key -> where and how long its training ran, from the jobs log of `mdlm
+    reproduce`."""
     found = {}
     log = out / "jobs.jsonl"
     if log.is_file():
@@ -256,7 +257,8 @@ def markdown(recipe: Recipe, rows: list[ReportRow], scale_text: str) -> str:
 
 
 def plot(recipe: Recipe, rows: list[ReportRow], path: Path, *, runs: Path, scale: str) -> bool:
-    """A PNG for the tables that are curves; False when the recipe has none or nothing to draw."""
+    """A PNG for the tables that are curves; False when the recipe has none or nothing to
+    draw."""
     if recipe.plot is None:
         return False
     import matplotlib

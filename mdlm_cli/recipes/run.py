@@ -64,8 +64,8 @@ def run_jobs(
             code, log = _run_job(job, out, launcher, device, on_line)
             if stop.requested:
                 raise MdlmError(f"stopped by {stop.received} in job {job.kind} {job.name} (exit "
-                                f"{code}); run the same command again to continue (finished jobs "
-                                "are skipped)")
+                                f"{code}); run the same command again to continue (finished "
+                                "jobs are skipped)")
             if code != 0:
                 raise MdlmError(f"job {job.kind} {job.name} failed (exit {code}); its output "
                                 f"is in {log}; fix it and run the same command again "
@@ -73,7 +73,8 @@ def run_jobs(
 
 
 def _program(job: Job, launcher: str) -> list[str]:
-    """What runs the job: the launcher for a training (e.g. torchrun), else this Python's mdlm."""
+    """What runs the job: the launcher for a training (e.g. torchrun), else this Python's
+    mdlm."""
     if job.kind == "train" and launcher != "mdlm":
         return shlex.split(launcher)
     return [sys.executable, "-m", "mdlm_cli"]

@@ -184,7 +184,8 @@ def _recipe(name: str, data: dict, where: str) -> Recipe:
     for i, row in enumerate(rows):
         if (metric == "tokens") != (row.reduce is not None) and not row.paper_only:
             raise MdlmError(f"{where}: rows[{i}] ({row.name}): reduce (one of "
-                            f"{', '.join(REDUCTIONS)}) goes with metric tokens, and only with it")
+                            f"{', '.join(REDUCTIONS)}) goes with metric tokens, and only "
+                            "with it")
         if row.score is not None and metric != "accuracy":
             raise MdlmError(f"{where}: rows[{i}] ({row.name}): score (an lm-eval record's key) "
                             "goes with metric accuracy")

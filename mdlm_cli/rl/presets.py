@@ -32,6 +32,6 @@ def read_rl_preset(name_or_path: str, valid: set[str]) -> dict:
     values = {str(k).replace("-", "_"): v for k, v in data.items() if k != "description"}
     unknown = sorted(set(values) - valid)
     if unknown:
-        raise MdlmError(f"rl preset {path}: unknown option {', '.join(unknown)}; the options are "
-                        f"{', '.join(sorted(valid))}")
+        raise MdlmError(f"rl preset {path}: unknown option {', '.join(unknown)}; the options "
+                        f"are {', '.join(sorted(valid))}")
     return values

@@ -126,7 +126,8 @@ def _length(target: str | None) -> RewardFn:
     except ValueError:
         n = 0
     if n < 1:
-        raise MdlmError(f"reward length:N needs a positive number of characters (got {target!r})")
+        raise MdlmError("reward length:N needs a positive number of characters (got "
+                        f"{target!r})")
 
     def length(prompts, completions, **fields):
         return [max(0.0, 1.0 - abs(len(c) - n) / n) for c in completions]
@@ -183,8 +184,8 @@ class RewardTerm:
         try:
             values = list(values)
         except TypeError:
-            raise MdlmError(f"reward {self.name} returned {type(values).__name__}, not a list of "
-                            f"{len(completions)} numbers") from None
+            raise MdlmError(f"reward {self.name} returned {type(values).__name__}, not a "
+                            f"list of {len(completions)} numbers") from None
         if len(values) != len(completions):
             raise MdlmError(f"reward {self.name} returned {len(values)} values for "
                             f"{len(completions)} completions; return one per completion")

@@ -52,8 +52,8 @@ def check_out(out: Path, resume: bool) -> None:
         raise MdlmError(f"--resume: {out} holds no saved RL state ({saved} is missing); run "
                         "without --resume")
     if not resume and (saved.exists() or (out / "rl.json").exists()):
-        raise MdlmError(f"{out} already holds an RL run; pass --resume to continue it, or choose "
-                        "another --out")
+        raise MdlmError(f"{out} already holds an RL run; pass --resume to continue it, or "
+                        "choose another --out")
 
 
 def run_record(settings, checkpoint: str, sampling) -> dict:

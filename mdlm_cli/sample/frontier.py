@@ -125,8 +125,8 @@ def reference_rows(split, *, length: int, count: int) -> torch.Tensor:
     """`count` rows of the split evenly spread over it, among those with at least `length`
     real tokens, cut to `length` (LongTensor (count, length))."""
     if length > split.tokens.shape[1]:
-        raise MdlmError(f"--reference-text: the data's rows hold {split.tokens.shape[1]} tokens; "
-                        f"the benchmark's length is {length}")
+        raise MdlmError(f"--reference-text: the data's rows hold {split.tokens.shape[1]} "
+                        f"tokens; the benchmark's length is {length}")
     full = np.nonzero(split.lengths >= length)[0]
     if len(full) < count:
         raise MdlmError(
@@ -175,7 +175,8 @@ def reference_quality(judge: Judge, tokenizer, reference: ReferenceSets, *, feat
         values = [getattr(q, name) for q in sets]
         if all(v is not None for v in values):
             band[name] = (min(values), max(values))
-    # the pooled figures; a set's diversity and MAUVE depend on its size: their mean over the sets
+    # the pooled figures; a set's diversity and MAUVE depend on its size: their mean over the
+    # sets
     means = {name: float(np.mean([getattr(q, name) for q in sets])) for name in band
              if name in (*DIVERSITY_FIELDS, "mauve")}
     if mauve_set is not None:

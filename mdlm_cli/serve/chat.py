@@ -62,7 +62,8 @@ def messages_of(body: dict) -> list[dict]:
             raise invalid(f"messages[{i}] must be an object with role and content", "messages")
         role = message.get("role")
         if role not in ROLES:
-            raise invalid(f"messages[{i}].role must be one of: {', '.join(ROLES)} (got {role!r})",
+            raise invalid(f"messages[{i}].role must be one of: {', '.join(ROLES)} (got "
+                          f"{role!r})",
                           "messages")
         out.append({"role": "system" if role == "developer" else role,
                     "content": _content(message["content"], i)})

@@ -149,8 +149,9 @@ def _semi_ar_rows(prompts: list[list[int]], suffix: list[int], max_tokens: int |
         raise invalid(str(e), e.param, "context_length_exceeded") from None
     most = limits.max_semi_ar_windows * window
     if layout.length > most:
-        raise invalid(f"prompt ({len(prompt)} tokens) + max_tokens ({layout.answer}) exceeds the "
-                      f"semi-AR limit of {most} tokens", "max_tokens", "context_length_exceeded")
+        raise invalid(f"prompt ({len(prompt)} tokens) + max_tokens ({layout.answer}) exceeds "
+                      f"the semi-AR limit of {most} "
+                      "tokens", "max_tokens", "context_length_exceeded")
     row = Row(None, layout.prefix, len(prompt), 0, served.loaded.tokenizer.decode(prompt),
               length=layout.length)
     return [row], layout.answer

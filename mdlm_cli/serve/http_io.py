@@ -21,8 +21,8 @@ def error_response(e: ApiError) -> JSONResponse:
 
 
 def api_error(exc: BaseException, timeout_s: float) -> ApiError:
-    """A failed job's answer: the time limit (504), a client gone (499), a user mistake the engine
-    caught (400), anything else a 500 whose traceback goes to the server's log."""
+    """A failed job's answer: the time limit (504), a client gone (499), a user mistake the
+    engine caught (400), anything else a 500 whose traceback goes to the server's log."""
     if isinstance(exc, Cancelled):
         if exc.reason == "timeout":
             return ApiError(504, "the request ran past the server's time limit of "

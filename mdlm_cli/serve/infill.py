@@ -20,7 +20,8 @@ from .served import Served
 
 
 def parse_infill(body: dict, served: Served, limits: Limits) -> Plan:
-    """`POST /v1/mdlm/infill`: a template with `<mask>` and `<mask:N>` spans (`sample --infill`)."""
+    """`POST /v1/mdlm/infill`: a template with `<mask>` and `<mask:N>` spans (`sample
+    --infill`)."""
     check_fields(body, INFILL_FIELDS)
     check_model(body, served)
     loaded = served.loaded

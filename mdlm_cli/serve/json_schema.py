@@ -135,7 +135,8 @@ def skeleton(schema, depth: int = 0) -> list[str | Value]:
             raise _unsupported("enum", ": it must be a list")
         return [_literal(schema["enum"], "enum")]
     if kind not in KEYWORDS:
-        raise _unsupported("type", f": {schema.get('type')!r} (supported: {', '.join(KEYWORDS)})")
+        raise _unsupported("type", f": {schema.get('type')!r} (supported: "
+                                   f"{', '.join(KEYWORDS)})")
     if kind == "object":
         return _object(schema, depth)
     if kind == "array":

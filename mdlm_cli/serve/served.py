@@ -1,4 +1,5 @@
-"""The model a server holds: the loaded checkpoint, its device and what `/v1/models` says of it."""
+"""The model a server holds: the loaded checkpoint, its device and what `/v1/models` says of
+it."""
 
 from __future__ import annotations
 

@@ -119,7 +119,8 @@ def stratified_folds(y: Tensor, k: int, g: torch.Generator) -> list[Tensor]:
     """k disjoint index sets covering range(len(y)), each holding every class's share (within
     one sequence): each class's indices in a random order from `g`, dealt round robin."""
     if not 2 <= k <= len(y):
-        raise MdlmError(f"--folds must be between 2 and the {len(y)} training sequences, got {k}")
+        raise MdlmError(f"--folds must be between 2 and the {len(y)} training sequences, got "
+                        f"{k}")
     folds: list[list[Tensor]] = [[] for _ in range(k)]
     start = 0  # where each class's deal starts, so the folds' sizes stay within one
     for c in torch.unique(y):

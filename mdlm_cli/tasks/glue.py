@@ -70,8 +70,8 @@ def load_encoder(checkpoint: str) -> Encoder:
     loaded = load_checkpoint(checkpoint)
     if not isinstance(loaded.model, HFMaskedLM):
         raise MdlmError(
-            f"{checkpoint} holds a {loaded.config.model.backbone} model; mdlm glue fine-tunes an "
-            "encoder: an hf-mlm checkpoint or a Hugging Face masked LM"
+            f"{checkpoint} holds a {loaded.config.model.backbone} model; mdlm glue "
+            "fine-tunes an encoder: an hf-mlm checkpoint or a Hugging Face masked LM"
         )
     hf = loaded.model.hf
     weights = {k: v.detach().clone() for k, v in hf.base_model.state_dict().items()}

@@ -1,4 +1,5 @@
-"""GLUE tasks for `mdlm glue` (Table 4): what each one reads, its metric, where its rows come from.
+"""GLUE tasks for `mdlm glue` (Table 4): what each one reads, its metric, where its rows come
+from.
 
 Rows are dicts with the task's text fields and `label` (an int class, a float for STS-B). They
 come from Hugging Face `nyu-mll/glue` (the network once, then the datasets cache), from local
@@ -131,8 +132,9 @@ def _hub_rows(task: GlueTask, split: str, load_dataset) -> list[dict]:
     except Exception as e:  # noqa: BLE001 - any failure here is "could not load"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise MdlmError(
-            f"could not load GLUE {task.name} ({split}) from the Hugging Face Hub (no network?): "
-            f"{first}. Offline, pass --data DIR with {task.name}/{split}.jsonl files"
+            f"could not load GLUE {task.name} ({split}) from the Hugging Face Hub (no "
+            f"network?): {first}. Offline, pass --data DIR with {task.name}/{split}.jsonl "
+            "files"
         ) from None
     return [_row(task, r, f"nyu-mll/glue {task.name} {split}") for r in ds]
 

@@ -34,8 +34,8 @@ def add_mask_token(tokenizer, rows: int, label: str) -> MaskToken:
     if own is not None and own < rows:
         return MaskToken(own, rows, f"the tokenizer's own {tokenizer.mask_token!r} (id {own})")
     if own is not None:
-        raise MdlmError(f"{label}: the tokenizer's mask token has id {own}, past the embedding's "
-                        f"{rows} rows")
+        raise MdlmError(f"{label}: the tokenizer's mask token has id {own}, past the "
+                        f"embedding's {rows} rows")
     tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
     mask_id = tokenizer.mask_token_id
     if mask_id < rows:

@@ -127,14 +127,15 @@ def assemble(ckpt: DitCheckpoint, device) -> LoadedModel:
     tokenizer = _tokenizer(ckpt.tokenizer_folder, ckpt.tokenizer_name, vocab, source)
     if tokenizer.vocab_size != vocab:
         raise MdlmError(
-            f"{source}: the tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens (mask "
-            f"included) but the model's vocabulary is {vocab}; they do not belong together"
+            f"{source}: the tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens "
+            f"(mask included) but the model's vocabulary is {vocab}; they do not belong "
+            "together"
         )
     if partial.mask_id is not None and tokenizer.mask_id != partial.mask_id:
         raise MdlmError(
             f"{source}: the model's mask (absorbing state) is id {partial.mask_id}, but the "
-            f"tokenizer {tokenizer.name!r} masks with id {tokenizer.mask_id}; they do not belong "
-            "together"
+            f"tokenizer {tokenizer.name!r} masks with id {tokenizer.mask_id}; they do not "
+            "belong together"
         )
     config = mdlm_config(model_cfg, partial, tokenizer, ckpt.mdlm_meta, ckpt.label)
     inferred += _length_note(partial, tokenizer, ckpt.mdlm_meta)
@@ -235,6 +236,7 @@ def _tokenizer(folder: Path | None, name: str | None, vocab_size: int, source) -
 
 
 def _reference_vocabularies() -> str:
-    """"GPT-2's (50258), BERT's (30522) or text8's (35)": the vocabularies an import recognises."""
+    """"GPT-2's (50258), BERT's (30522) or text8's (35)": the vocabularies an import
+    recognises."""
     known = [f"{t.label} ({t.vocab_size})" for t in TOKENIZERS.values() if t.reference]
     return ", ".join(known[:-1]) + " or " + known[-1]

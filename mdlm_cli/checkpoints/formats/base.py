@@ -46,8 +46,8 @@ class Partial:
 
 @dataclass(frozen=True)
 class Format:
-    """A checkpoint format: `detect` says whether a found checkpoint is in it (FORMATS is tried in
-    order, the first that detects loads), `load` makes the model."""
+    """A checkpoint format: `detect` says whether a found checkpoint is in it (FORMATS is
+    tried in order, the first that detects loads), `load` makes the model."""
 
     detect: Callable[[Found], bool]
     load: Callable[..., LoadedModel]  # (found, *, ema: bool, device) -> the loaded model

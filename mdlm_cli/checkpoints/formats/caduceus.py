@@ -1,8 +1,9 @@
-"""Released Caduceus checkpoints (Hugging Face: kuleshov-group/caduceus-{ph,ps}_seqlen-...): their
-config.json (`model_type: caduceus`, an `auto_map` to custom code that imports mamba-ssm) is
-read as data and their safetensors load into mdlm's own `caduceus` backbone, on a CPU too; no
-remote code runs. They are masked LMs, so they load as `mlm` models on HG38 windows; `mdlm
-train --set train.init_from=HUB_ID` fine-tunes one with any objective (Table 6).
+"""Released Caduceus checkpoints (Hugging Face: kuleshov-group/caduceus-{ph,ps}_seqlen-...):
+their config.json (`model_type: caduceus`, an `auto_map` to custom code that imports
+mamba-ssm) is read as data and their safetensors load into mdlm's own `caduceus` backbone, on
+a CPU too; no remote code runs. They are masked LMs, so they load as `mlm` models on HG38
+windows; `mdlm train --set train.init_from=HUB_ID` fine-tunes one with any objective (Table
+6).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def caduceus_model_config(raw: dict, source: str) -> dict:
     ssm = raw.get("ssm_cfg") or {}
     if not raw.get("bidirectional", True):
         raise MdlmError(
-            f"{source}: a unidirectional Caduceus is a plain Mamba; mdlm loads bidirectional ones"
+            f"{source}: a unidirectional Caduceus is a plain Mamba; mdlm loads bidirectional "
+            "ones"
         )
     for key, expected in (("dt_rank", "auto"), ("conv_bias", True), ("bias", False)):
         if ssm.get(key, expected) != expected:

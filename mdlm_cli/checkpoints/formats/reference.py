@@ -301,8 +301,8 @@ def check_rotary(inv_freq: torch.Tensor | None, cfg: ModelConfig, source) -> Non
     if inv_freq.shape != expected.shape:
         raise MdlmError(
             f"{source}: rotary_emb.inv_freq has {inv_freq.numel()} frequencies, but n_heads="
-            f"{cfg.n_heads} gives head size {head} ({head // 2} frequencies); config and weights "
-            "disagree"
+            f"{cfg.n_heads} gives head size {head} ({head // 2} frequencies); config and "
+            "weights disagree"
         )
     if not torch.allclose(inv_freq.float(), expected, rtol=1e-4, atol=0.0):
         raise MdlmError(
@@ -313,8 +313,8 @@ def check_rotary(inv_freq: torch.Tensor | None, cfg: ModelConfig, source) -> Non
 def apply_ema(
     model: torch.nn.Module, weights: dict[str, torch.Tensor], shadow, source
 ) -> dict[str, torch.Tensor]:
-    """The reference EMA is a list in `backbone.parameters()` order (then the noise module's, which
-    has none); mdlm's DiT registers its parameters in the same order."""
+    """The reference EMA is a list in `backbone.parameters()` order (then the noise module's,
+    which has none); mdlm's DiT registers its parameters in the same order."""
     names = [name for name, _ in model.named_parameters()]
     if (not isinstance(shadow, list | tuple)
             or not all(isinstance(t, torch.Tensor) for t in shadow)):

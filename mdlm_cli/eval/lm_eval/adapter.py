@@ -118,7 +118,8 @@ class MdlmLM(LM):
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
-        """lm-eval's constructor from a dict of model args (`simple_evaluate(model_args={...})`)."""
+        """lm-eval's constructor from a dict of model args
+        (`simple_evaluate(model_args={...})`)."""
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
         return cls(ModelArgs(**arg_dict, **extra))
 
@@ -193,8 +194,8 @@ class MdlmLM(LM):
         if dropped and "truncated" not in self._warned:
             self._warned.add("truncated")
             self.warn(
-                f"contexts longer than the model length ({self.max_length} tokens) are truncated "
-                f"from the left ({dropped} tokens dropped in this call)"
+                f"contexts longer than the model length ({self.max_length} tokens) are "
+                f"truncated from the left ({dropped} tokens dropped in this call)"
             )
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:

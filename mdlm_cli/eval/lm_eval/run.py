@@ -101,8 +101,8 @@ def task_manager(names: list[str], include_path: str | None):
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
         listing = " --include_path " + include_path if include_path else ""
-        raise MdlmError(f"unknown lm-eval task(s): {', '.join(unknown)} (list them with: lm-eval "
-                        f"ls tasks{listing})")
+        raise MdlmError(f"unknown lm-eval task(s): {', '.join(unknown)} (list them with: "
+                        f"lm-eval ls tasks{listing})")
     return manager
 
 

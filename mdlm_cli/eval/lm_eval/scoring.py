@@ -90,7 +90,8 @@ def build_row(
     room = length - len(start) - len(continuation)
     if room < 0:
         raise MdlmError(
-            f"a continuation of {len(continuation)} tokens does not fit the model length {length}"
+            f"a continuation of {len(continuation)} tokens does not fit the model length "
+            f"{length}"
         )
     kept = context[len(context) - room:] if len(context) > room else context
     return start + kept + continuation, len(context) - len(kept)
@@ -143,8 +144,8 @@ class ConditionalScorer:
         self.objective, self.denoiser = loaded.objective, loaded.denoiser(dtype)
         if not self.objective.scores_targets:
             raise MdlmError(
-                f"{loaded.path} is a {self.objective.name} model, which gives no likelihood of a "
-                "continuation; score an mdlm, sedd, d3pm or ar checkpoint"
+                f"{loaded.path} is a {self.objective.name} model, which gives no likelihood "
+                "of a continuation; score an mdlm, sedd, d3pm or ar checkpoint"
             )
         self.exact = self.objective.exact
         self.mc_samples = 1 if self.exact else mc_samples
