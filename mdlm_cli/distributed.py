@@ -193,7 +193,8 @@ def unwrap(model: nn.Module, *, data_parallel: bool = True) -> nn.Module:
             return model
 
 
-def _allreduce_sum_hook(process_group, bucket):  # no annotations: DDP compares them to real types
+# no annotations: DDP compares them to real types
+def _allreduce_sum_hook(process_group, bucket):
     """DDP gradient hook: sum over ranks (DDP's default divides by the world size)."""
     work = tdist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])

@@ -234,7 +234,8 @@ def unigram_baseline(data: PreparedData, vocab_size: int) -> float | None:
         for start in range(0, len(split), 4096):
             toks, lens = split.tokens[start:start + 4096], split.lengths[start:start + 4096]
             inside = np.arange(toks.shape[1])[None, :] < lens[:, None]
-            if split.prompt is not None:  # sft: the targets, as the conditional bound counts them
+            # sft: the targets, as the conditional bound counts them
+            if split.prompt is not None:
                 prompt = split.prompt[start:start + 4096]
                 inside &= np.arange(toks.shape[1])[None, :] >= prompt[:, None]
             if split.target_map is not None:  # sft-pack: the same, position by position

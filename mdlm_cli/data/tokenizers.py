@@ -99,7 +99,8 @@ class KnownTokenizer:
     factory: Callable[[str, Path | None], Tokenizer]  # (name, cache root) -> the tokeniser
     vocab_size: int  # the model's vocabulary, mask included
     ids: SpecialIds
-    reference: ReferenceRun | None = None  # None: the reference implementation has no run with it
+    # None: the reference implementation has no run with it
+    reference: ReferenceRun | None = None
     aliases: tuple[str, ...] = ()
 
 

@@ -67,7 +67,8 @@ def _unmask_steps(masked: Tensor, times: Tensor, ctx: SamplerContext) -> Tensor:
     law of one Bernoulli per position per step, without the per-step draws.
     """
     steps = len(times) - 1
-    survival = ctx.schedule.mask_rate(times[1:]) / ctx.schedule.mask_rate(times[:1])  # decreasing
+    # decreasing
+    survival = ctx.schedule.mask_rate(times[1:]) / ctx.schedule.mask_rate(times[:1])
     u = ctx.rand(masked.shape, masked.device)
     # still masked after step i iff u < S_i, so it unmasks at step #{i : S_i > u}
     at = steps - torch.searchsorted(survival.flip(0).contiguous(), u, right=True)

@@ -41,7 +41,8 @@ def first_hitting(z: Tensor, ctx: SamplerContext) -> Tensor:
     order = ctx.rand((B, L), z.device).masked_fill(~masked, 2.0).argsort(dim=1)[:, :N]  # (B, N)
     j = torch.arange(N, device=z.device)
     valid = j[None, :] < n0[:, None]  # (B, N): event j happens in sequence b
-    remaining = (n0[:, None] - j[None, :]).clamp_min(1).to(torch.float64)  # masked before event j
+    # masked before event j
+    remaining = (n0[:, None] - j[None, :]).clamp_min(1).to(torch.float64)
     log_u = ctx.rand((B, N), z.device).clamp_min(torch.finfo(torch.float64).tiny).log()
     start = ctx.schedule.mask_rate(torch.ones(B, 1, dtype=torch.float64, device=z.device)).log()
     tau = ctx.schedule.inverse(1.0 - (start + (log_u / remaining).cumsum(1)).exp())  # (B, N)

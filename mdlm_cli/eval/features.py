@@ -60,7 +60,8 @@ class CausalFeatures:
             for i, r in enumerate(batch):
                 ids[i, : len(r)] = torch.tensor(r)
             mask = torch.arange(ids.shape[1])[None] < lengths[:, None]
-            hidden = self._hidden(ids.to(j.device), mask.to(j.device)).double().cpu()  # (b, n, H)
+            # (b, n, H)
+            hidden = self._hidden(ids.to(j.device), mask.to(j.device)).double().cpu()
             out.append(hidden[torch.arange(len(batch)), lengths - 1])
         return torch.cat(out)
 

@@ -100,7 +100,8 @@ class DDiTBlock(nn.Module):
         cos, sin = rotary
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None and isinstance(cache[0], BlockCall):
-            out = cache[0].attention(cache[1], q, k, v)  # None on a full pass: it fills the cache
+            # None on a full pass: it fills the cache
+            out = cache[0].attention(cache[1], q, k, v)
             if out is not None:
                 return out
         elif cache is not None:
@@ -262,7 +263,8 @@ class DiT(BackboneTraits, nn.Module):
         elif self.config.shift:
             x = shift_states(x)  # the conditioning is per row
         if output_mask is not None:
-            rows, cols = output_mask.nonzero().unbind(1)  # the one host synchronisation: N varies
+            # the one host synchronisation: N varies
+            rows, cols = output_mask.nonzero().unbind(1)
             return self.output_layer(x[rows, cols], c[rows])  # (N, V)
         return self.output_layer(x, c)  # (B, L, V)
 

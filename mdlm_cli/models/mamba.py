@@ -41,7 +41,8 @@ class MambaCache:
 
 def _logits(hidden: Tensor, weight: Tensor) -> Tensor:
     logits = F.linear(hidden, weight)
-    return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 autocast -> float32
+    # bf16 autocast -> float32
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 class Layer(nn.Module):

@@ -54,7 +54,8 @@ class Objective(ABC):
     pass_factor: ClassVar[int] = 1
     # what an exact likelihood conditions a row's first scored token on (eval-ppl's footnote)
     first_token_context: ClassVar[str] = "the first given BOS"
-    uses_time: ClassVar[bool] = True  # training and evaluation draw a diffusion time per sequence
+    # training and evaluation draw a diffusion time per sequence
+    uses_time: ClassVar[bool] = True
     scores_targets: ClassVar[bool] = (
         True  # loss_terms(..., targets=) is a likelihood of the targets (lm-eval)
     )

@@ -104,7 +104,8 @@ class Recipe:
     plot: str | None = None
     notes: str = ""
     statistic: str = "se"
-    stand_ins: list[str] = field(default_factory=list)  # what stands in for the hub (stand_in.py)
+    # what stands in for the hub (stand_in.py)
+    stand_ins: list[str] = field(default_factory=list)
 
 
 def tables_dir() -> Path:

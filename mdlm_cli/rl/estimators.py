@@ -57,7 +57,8 @@ LogitsFn = Callable[[Tensor], Tensor]
 
 @dataclass(frozen=True)
 class Estimate:
-    logp: Tensor  # (B, L) float32: each completion token's estimated log-probability, 0 elsewhere
+    # (B, L) float32: each completion token's estimated log-probability, 0 elsewhere
+    logp: Tensor
     passes: int  # calls of logits_fn, each over the B rows
 
 

@@ -95,7 +95,8 @@ class SampleRecord:
     text: str
     tokens: list[int]
     length: int | None = None  # cut at EOS: the answer's tokens (after the prompt, before EOS)
-    ended: bool | None = None  # cut at EOS: whether the sample holds one (else it ran to the end)
+    # cut at EOS: whether the sample holds one (else it ran to the end)
+    ended: bool | None = None
     response: str | None = None  # after a prompt: the text after it (what gen-ppl scores)
 
     def to_json(self, **extra) -> str:

@@ -38,7 +38,8 @@ MAX_MC_SAMPLES = 256
 @dataclass
 class ScoreRequest:
     rows: list[list[int]]  # [row start] + context + text, one per text
-    n_context: list[int]  # leading tokens of each row that are clean context (row start included)
+    # leading tokens of each row that are clean context (row start included)
+    n_context: list[int]
     texts: list[str]
     mc_samples: int
     seed: int

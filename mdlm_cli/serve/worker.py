@@ -69,7 +69,8 @@ class JobDenoiser:
         self.calls = self.sequence_evals = 0
         base = worker.denoiser
         self.time_agnostic = is_time_agnostic(base)
-        if hasattr(base, "log_score"):  # a score model (SEDD): the engine asks for its log-scores
+        # a score model (SEDD): the engine asks for its log-scores
+        if hasattr(base, "log_score"):
             self.log_score = self._log_score
 
     def __call__(self, z_t: Tensor, t: Tensor, *, output_mask: Tensor | None = None) -> Tensor:

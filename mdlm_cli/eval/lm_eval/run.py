@@ -30,7 +30,8 @@ class LmEvalOptions:
     seed: int = 0
     sampling: SamplingSettings = field(default_factory=SamplingSettings)  # generate_until's
     stride: int | None = None  # generate_until past the model length: new tokens per block
-    gen_length: int | None = None  # every generation's new tokens (None: the task's max_gen_toks)
+    # every generation's new tokens (None: the task's max_gen_toks)
+    gen_length: int | None = None
     estimator: str | None = None  # the bound's: t or l (None: the model family's own)
     append_eos: bool | None = None  # Dream's clean EOS after each continuation (None: family's)
     tokenizer_bos: bool | None = None  # Dream's bos_token text before each context
