@@ -248,7 +248,10 @@ def load_full_model_state(model: nn.Module, weights: dict[str, torch.Tensor]) ->
     """Load complete weights; FSDP2 keeps only this rank's shard."""
     model = unwrap(model)
     if _is_fsdp(model):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
 
         set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
     else:

@@ -17,7 +17,8 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        if (getattr(torch.backends, "mps", None) is not None
+                and torch.backends.mps.is_available()):
             return torch.device("mps")
         return torch.device("cpu")
     try:

@@ -154,8 +154,8 @@ def _eval_one(loaded, rt, dataset: str | None, data: str | None, options):
         exact = loaded.objective.exact
         kind = "exact" if exact else loaded.objective.kind or "bound"
         task = progress.add_task(f"{escape(label)}: {kind}", total=n_rows * options.mc_samples)
-        result = evaluate(loaded, prepared, options, name=label, device=rt.device, dtype=rt.dtype,
-                          on_batch=lambda n: progress.advance(task, n))
+        result = evaluate(loaded, prepared, options, name=label, device=rt.device,
+                          dtype=rt.dtype, on_batch=lambda n: progress.advance(task, n))
     for text in result.notes:
         note(text)
     return result

@@ -114,7 +114,8 @@ def gen_ppl_cmd(
         draw = _Draw(loading, sampling, num_samples, seed)
         items = _texts_to_score(sample_first, draw, samples, prompts, conditional)
         rt = Runtime.create(loading.device or "auto", threads=loading.threads or 0)
-        result, scorer = _score(judge, items, rt, context=context, batch_size=batch_size, eos=eos)
+        result, scorer = _score(judge, items, rt, context=context, batch_size=batch_size,
+                                eos=eos)
         record = _report(result, scorer, items, mauve, rt.device)
         if json_out:
             given = {"samples": samples, "prompts": prompts}
@@ -194,8 +195,8 @@ def _score(judge: str,
 
     with err_console.status(Text(f"loading judge {judge}")):
         scorer = load_judge(judge, device=rt.device, context=context)
-    with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err_console, transient=True) as progress:
+    with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=err_console, transient=True) as progress:
         task = progress.add_task("scoring", total=None)
         result = score_samples(scorer, items.texts, sample_tokens=items.tokens,
                                batch_size=batch_size, eos_policy=eos, prompts=items.prompts,

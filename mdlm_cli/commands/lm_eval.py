@@ -188,11 +188,11 @@ def _print(results: dict, summary: dict, lm) -> None:
     if exact:
         console.print(f"[dim]= exact likelihoods of the {lm.loaded.objective.name} model[/]")
     else:
-        console.print("[dim]≤ the diffusion model's log-likelihoods are NELBO bounds (K passes "
-                      "per request, times stratified); MC SE = the Monte-Carlo standard "
-                      "error of nats/token (sd of a request's passes / sqrt(K), summed over "
-                      "requests as variances); is_greedy and acc: the argmax at the fully "
-                      "masked continuation[/]")
+        console.print("[dim]≤ the diffusion model's log-likelihoods are NELBO bounds (K "
+                      "passes per request, times stratified); MC SE = the Monte-Carlo "
+                      "standard error of nats/token (sd of a request's passes / sqrt(K), "
+                      "summed over requests as variances); is_greedy and acc: the argmax at "
+                      "the fully masked continuation[/]")
 
 
 @app.command("lm-eval-tasks")

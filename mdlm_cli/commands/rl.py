@@ -202,7 +202,8 @@ def _print(step: int, record: dict) -> None:
     if "held_out_reward" in record:
         line = f"step {step}: held-out reward {record['held_out_reward']:.3f}"
     else:
-        line = (f"step {step}: reward {record['reward_mean']:.3f} ± {record['reward_std']:.3f}, "
+        line = (f"step {step}: reward {record['reward_mean']:.3f} ± "
+                f"{record['reward_std']:.3f}, "
                 f"KL {record['kl']:.4f}, clipped {record['clip_fraction']:.3f}, "
                 f"{record['tokens_per_s']:.0f} tokens/s")
     console.print(line, markup=False, highlight=False)

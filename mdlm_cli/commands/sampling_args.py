@@ -185,7 +185,8 @@ class SamplingCommand(TyperCommand):
             value = ctx.params.pop(param.name)
             values[param.name] = list(value) if isinstance(value, tuple) else value
         with user_errors():
-            ctx.meta[SAMPLING_KEY] = parse_sweep(values) if self.sweep else parse_sampling(values)
+            ctx.meta[SAMPLING_KEY] = (parse_sweep(values) if self.sweep
+                                      else parse_sampling(values))
         return super().invoke(ctx)
 
 

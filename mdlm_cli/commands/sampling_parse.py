@@ -143,7 +143,8 @@ def parse_sampling(values: dict[str, Any]) -> SamplingSettings:
     """The single-valued flags (sample, semi-ar, gen-ppl) as checked `SamplingSettings`."""
     flags = option_flags()
     given = {n: values[n] for n in flags if values[n] is not None}
-    opts = {n: _coerce(n, flags[n].field, t) for n, t in _opt_pairs(values["opt"], flags).items()}
+    opts = {n: _coerce(n, flags[n].field, t)
+            for n, t in _opt_pairs(values["opt"], flags).items()}
     settings = SamplingSettings(
         values["sampler"],
         values["steps"],

@@ -112,7 +112,8 @@ def _report(result) -> None:
         )
     if result.final_valid is not None:
         final = result.final_valid
-        kind, rel = ("exact NLL", "=") if final.exact else (final.kind or "bound", final.relation)
+        kind, rel = (("exact NLL", "=") if final.exact
+                     else (final.kind or "bound", final.relation))
         line = (f"Validation {kind}: {nats_text(final.nats_per_token, result.char_level)}, "
                 f"PPL {rel} {final.perplexity:.2f}")
         if result.unigram_nats is not None:

@@ -126,8 +126,8 @@ def _check_lora(cfg: Config) -> None:
 # optimisation and batch. Everything else (max_steps, cadences, device, threads, compile,
 # precision, parallelism, micro-batch size, output folder) may change between sessions.
 # (and a LoRA run its base, train.init_from: its frozen weights are read from there again)
-RESUME_KEYS = {"data": ("dataset", "tokenizer", "length", "packing", "pad_as_eos"), "model": None,
-               "diffusion": None, "optim": None,
+RESUME_KEYS = {"data": ("dataset", "tokenizer", "length", "packing", "pad_as_eos"),
+               "model": None, "diffusion": None, "optim": None,
                "train": ("global_batch_size", "seed", "ema", "init_from",
                          "attention_anneal_steps"), "lora": None}
 

@@ -33,7 +33,8 @@ def write_packed_split(out: SplitWrite, source: Source, tokenizer: Tokenizer,
             yield _token_ids(docs, tokenizer, cfg.packing, unscored)
 
     rows_iter = _pack(tokenized(), tokenizer, cfg)
-    n_rows, n_tokens = _write_rows(out, rows_iter, scored=bool(unscored), pad_id=tokenizer.pad_id)
+    n_rows, n_tokens = _write_rows(out, rows_iter, scored=bool(unscored),
+                                   pad_id=tokenizer.pad_id)
     info = {"rows": n_rows, "tokens": n_tokens, "docs": counts["docs"]}
     if out.limit is not None:  # docs = documents read up to the limit
         info.update(row_limit=out.limit, stopped_at_limit=n_rows >= out.limit)

@@ -235,7 +235,8 @@ def example_source(name_or_path: str) -> ExampleSource:
                            hub_id=hub_id)
     path = Path(name_or_path)
     if path.is_file() and path.suffix == ".jsonl":
-        return LocalExamples(name=path.stem or "local", description=f"examples {path}", path=path)
+        return LocalExamples(name=path.stem or "local", description=f"examples {path}",
+                             path=path)
     get_source(name_or_path)  # an unknown name or path: its own error
     raise MdlmError(
         f"data.packing=sft (or sft-pack) needs prompt/response examples: a .jsonl file of "

@@ -92,7 +92,8 @@ def _registry() -> dict[str, Source]:
                    hub_id="fancyzhx/ag_news",
                    split_specs={"train": "train", "valid": "test", "test": "test"}),
         HubDataset("pubmed", "Scientific papers, PubMed articles (zero-shot)",
-                   ("train", "valid", "test"), hub_id="armanc/scientific_papers", config="pubmed",
+                   ("train", "valid", "test"), hub_id="armanc/scientific_papers",
+                   config="pubmed",
                    revision="refs/convert/parquet", text_field="article",
                    split_specs={"train": "train", "valid": "validation", "test": "test"},
                    detokenize=papers_detokenize),
@@ -115,7 +116,8 @@ def get_source(name_or_path: str) -> Source:
         return HG38(spec=name_or_path)
     path = Path(name_or_path)
     if path.exists():
-        return LocalFiles(name=path.stem or "local", description=f"local files {path}", path=path)
+        return LocalFiles(name=path.stem or "local", description=f"local files {path}",
+                          path=path)
     raise MdlmError(
         f"unknown data set {name_or_path!r}: not a registered name ({', '.join(SOURCES)}) "
         "and no such file or folder"

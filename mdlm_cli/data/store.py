@@ -174,8 +174,8 @@ class PreparedData:
             else:
                 tokens = np.memmap(self.folder / f"{name}.tokens.bin", dtype=self.meta["dtype"],
                                    mode="r", shape=shape)
-                lengths = np.memmap(self.folder / f"{name}.lengths.bin", dtype=np.int32, mode="r",
-                                    shape=(info["rows"],))
+                lengths = np.memmap(self.folder / f"{name}.lengths.bin", dtype=np.int32,
+                                    mode="r", shape=(info["rows"],))
             if self.meta.get("packing") == "sft-pack":
                 return TokenSplit(tokens, lengths, **self._packed_maps(name, info["rows"]))
             if self.meta.get("packing") == "sft":
@@ -191,7 +191,8 @@ class PreparedData:
         except (OSError, ValueError) as e:
             raise MdlmError(f"{self.folder}/{name}.*.bin is missing or truncated ({e}); "
                             f"delete {self.folder} and run mdlm prepare-data again") from None
-        return TokenSplit(tokens, lengths, pad_id=self.meta["tokenizer"]["pad_id"], scored=scored)
+        return TokenSplit(tokens, lengths, pad_id=self.meta["tokenizer"]["pad_id"],
+                          scored=scored)
 
     def _packed_maps(self, name: str, rows: int) -> dict:
         """sft-pack's per-position segment ids and target map of a split, memory-mapped."""

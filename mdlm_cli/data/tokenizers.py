@@ -65,8 +65,8 @@ def _dna_tokenizer(name: str = "dna", cache_root: Path | None = None) -> Tokeniz
 
 def _from_entry(entry: KnownTokenizer, kind: str) -> Tokenizer:
     ids = entry.ids
-    return Tokenizer(entry.name, mask_id=ids.mask, bos_id=ids.bos, eos_id=ids.eos, pad_id=ids.pad,
-                     vocab_size=entry.vocab_size, kind=kind)
+    return Tokenizer(entry.name, mask_id=ids.mask, bos_id=ids.bos, eos_id=ids.eos,
+                     pad_id=ids.pad, vocab_size=entry.vocab_size, kind=kind)
 
 
 # ---------------------------------------------------------------------- the known tokenisers

@@ -129,7 +129,8 @@ def reference_draw(weights: Tensor, *, generator: torch.Generator | None) -> Ten
     weights = weights.float()
     if weights.shape[0]:
         check_rows(weights.amax(-1))
-    u = torch.rand(weights.shape, generator=generator, device=weights.device, dtype=torch.float32)
+    u = torch.rand(weights.shape, generator=generator, device=weights.device,
+                   dtype=torch.float32)
     return (weights / (1e-10 - (u + 1e-10).log_())).argmax(dim=-1)
 
 
@@ -147,7 +148,8 @@ def inverse_cdf_draw(
         cdf[:, never] = cdf[:, never - 1] if never else 0.0
     if cdf.shape[0]:
         check_rows(cdf[:, -1])  # a nan or inf weight makes the total one
-    u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=torch.float64)
+    u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device,
+                   dtype=torch.float64)
     target = u.neg_().add_(1.0).mul_(cdf[:, -1:])  # in (0, total]: cdf[j - 1] < target <= cdf[j]
     return torch.searchsorted(cdf, target)[:, 0]
 

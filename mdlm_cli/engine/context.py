@@ -130,7 +130,8 @@ class SamplerContext:
                                       "log-scores (SEDD) take no guidance")
                 return scorer(z, t.float(), output_mask=positions)
             logits = self._call(z, t, positions, chosen)
-            log_k = self.schedule.log_odds(t.double())[:, None].expand(positions.shape)[positions]
+            log_k = (self.schedule.log_odds(t.double())[:, None]
+                     .expand(positions.shape)[positions])
             return subs_log_score(logits, log_k, self.mask_id)
 
     def refresh_cache(self, z: Tensor, cache: Any, rows: Tensor | None) -> Tensor:

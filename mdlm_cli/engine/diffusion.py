@@ -231,8 +231,9 @@ def _masked_nll(denoiser: Denoiser, x0: Tensor, t: Tensor, mask_id: int, schedul
     return masked_nll(logits, x0[masked], mask_id), masked
 
 
-def nelbo(denoiser: Denoiser, x0: Tensor, *, mask_id: int, schedule: str | Schedule = "loglinear",
-          num_samples: int = 1, T: int = 0, antithetic: bool = True,
+def nelbo(denoiser: Denoiser, x0: Tensor, *, mask_id: int,
+          schedule: str | Schedule = "loglinear", num_samples: int = 1, T: int = 0,
+          antithetic: bool = True,
           masking: Masking | None = None) -> Tensor:
     """Monte-Carlo estimate of the NELBO of each sequence, in nats: (B,).
 

@@ -91,7 +91,8 @@ def check_options(options: Any) -> None:
 
 
 def build_options(
-    cls: type | None, instance: Any, values: Mapping[str, Any], known: Iterable[str], sampler: str
+    cls: type | None, instance: Any, values: Mapping[str, Any], known: Iterable[str],
+    sampler: str,
 ) -> Any:
     """The checked options of a sampler whose options dataclass is `cls` (None: it has none):
     `instance` (an instance of `cls`, or None for the defaults) with the keyword `values`

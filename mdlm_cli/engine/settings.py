@@ -141,7 +141,8 @@ class SamplingSettings:
         """The checked instance of `spec`'s options dataclass these settings run it with."""
         from .registry import option_names
 
-        return build_options(spec.options, self.instance, self.options, option_names(), spec.name)
+        return build_options(spec.options, self.instance, self.options, option_names(),
+                             spec.name)
 
     def record(self) -> dict[str, Any]:
         """How samples were drawn (the sampler named), for their JSONL records."""

@@ -82,7 +82,8 @@ class TransferPlan:
     hi: Tensor | None = None
 
 
-def transfer_plan(masked: Tensor, steps: int, k_schedule: str, block_length: int) -> TransferPlan:
+def transfer_plan(masked: Tensor, steps: int, k_schedule: str,
+                  block_length: int) -> TransferPlan:
     """The plan for masked positions `masked` (B, L) bool. `block_length` 0: one block. Else
     LLaDA's blocks: each sequence's span, from its first masked position to the end, is cut
     into blocks of `block_length` (the last one shorter where it does not divide), filled left

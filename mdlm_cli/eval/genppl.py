@@ -181,7 +181,8 @@ def response_pieces(prompt: Tensor, ids: Tensor, counts: Tensor,
 
 @torch.no_grad()
 def score_pieces(judge: Judge, pieces: list[Piece], num_samples: int, batch_size: int,
-                 on_chunks: Callable[[int], None] | None = None) -> tuple[list[float], list[int]]:
+                 on_chunks: Callable[[int], None] | None = None
+                 ) -> tuple[list[float], list[int]]:
     """(NLL in nats, tokens counted) per sample: the pieces in batches (all samples together,
     so batches stay full), each row preceded by the judge's start token."""
     nll, scored = [0.0] * num_samples, [0] * num_samples
@@ -207,8 +208,9 @@ def score_pieces(judge: Judge, pieces: list[Piece], num_samples: int, batch_size
     return nll, scored
 
 
-def score_samples(judge: Judge, texts: list[str], *, sample_tokens: list[list[int]] | None = None,
-                  batch_size: int = 8, eos_policy: str = "keep",
+def score_samples(judge: Judge, texts: list[str], *,
+                  sample_tokens: list[list[int]] | None = None, batch_size: int = 8,
+                  eos_policy: str = "keep",
                   on_chunks: Callable[[int], None] | None = None,
                   prompts: list[str] | None = None) -> GenPplResult:
     """Score every text under the judge. `sample_tokens` (the generating model's ids, one

@@ -148,7 +148,8 @@ def mauve(
     """MAUVE of samples (p_features (n_p, d)) against reference text (q_features (n_q, d)),
     mean and standard deviation over the k-means `seeds`; `buckets` default: n / 10 of the
     smaller set (at least 2)."""
-    if p_features.ndim != 2 or q_features.ndim != 2 or p_features.shape[1] != q_features.shape[1]:
+    if (p_features.ndim != 2 or q_features.ndim != 2
+            or p_features.shape[1] != q_features.shape[1]):
         raise MdlmError(
             f"MAUVE needs two (n, d) feature sets of one width (got {tuple(p_features.shape)} "
             f"and {tuple(q_features.shape)})"

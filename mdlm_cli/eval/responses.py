@@ -136,7 +136,8 @@ def file_prompts(path: Path, loaded: LoadedModel, count: int) -> list[Prompt]:
             raise MdlmError(f"{path}:{n}: the prompt is {len(ids)} tokens; {loaded.path} "
                             f"answers in rows of {loaded.length} tokens, prompt and response "
                             "together")
-        prompts.append(Prompt(ids, tok.decode(ids if templated else ids[len(start):]), reference))
+        prompts.append(Prompt(ids, tok.decode(ids if templated else ids[len(start):]),
+                              reference))
         if len(prompts) == count:
             break
     if not prompts:

@@ -55,7 +55,8 @@ class _Closed(Exception):
     """The consumer closed the generator: the sampler thread ends at its next call."""
 
 
-def stop_reasons(tokens: Tensor, starts: list[int], stop_ids: Collection[int]) -> tuple[str, ...]:
+def stop_reasons(tokens: Tensor, starts: list[int],
+                 stop_ids: Collection[int]) -> tuple[str, ...]:
     """Per row: "stop" where one of `stop_ids` sits at or after the row's answer start."""
     stops = set(stop_ids)
     return tuple("stop" if stops & set(row[start:]) else "length"

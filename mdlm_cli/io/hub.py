@@ -37,7 +37,8 @@ PICKLED_WEIGHTS = "pytorch_model.bin"
 
 
 # The Hub's repo-id rules: a name, or owner/name, of letters, digits, '-', '_' and '.'
-HUB_ID = re.compile(r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?(?:/[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?)?")
+HUB_ID = re.compile(r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?"
+                    r"(?:/[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?)?")
 
 
 def is_hub_id(spec: str) -> bool:

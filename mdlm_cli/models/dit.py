@@ -114,7 +114,8 @@ class DDiTBlock(nn.Module):
         if key_mask is not None:  # (B, L) bool, True = attend; (B, L, L): per query (packed)
             attn_mask = key_mask[:, None] if key_mask.dim() == 3 else key_mask[:, None, None, :]
             if self.causal:
-                attn_mask = attn_mask & torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+                attn_mask = attn_mask & torch.ones(L, L, dtype=torch.bool,
+                                                   device=x.device).tril()
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
             attn_mask=attn_mask, is_causal=self.causal and attn_mask is None,
@@ -146,7 +147,8 @@ class DDiTBlock(nn.Module):
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
             self.adaLN_modulation(c)[:, None].chunk(6, dim=2)
         )
-        h = self.attention(modulate(self.norm1(x), shift_msa, scale_msa), rotary, key_mask, cache)
+        h = self.attention(modulate(self.norm1(x), shift_msa, scale_msa), rotary, key_mask,
+                           cache)
         x = x + gate_msa * F.dropout(self.attn_out(h), self.dropout, self.training)
         h = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
         return x + gate_mlp * F.dropout(h, self.dropout, self.training)

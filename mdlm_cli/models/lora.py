@@ -179,7 +179,8 @@ def adapter_tensors(model: nn.Module, weights: dict[str, torch.Tensor] | None = 
     if weights is not None:
         state = {**model.state_dict(), **weights}
     # embeddings travel as modules_to_save (train_embeddings), never looked up on the Hub
-    tensors = peft.get_peft_model_state_dict(model, state_dict=state, save_embedding_layers=False)
+    tensors = peft.get_peft_model_state_dict(model, state_dict=state,
+                                             save_embedding_layers=False)
     return {PREFIX + k: v.detach().contiguous().cpu() for k, v in tensors.items()}
 
 

@@ -100,7 +100,8 @@ class MambaMixer(nn.Module):
         self.dt_rank = math.ceil(d_model / 16)
         E = self.d_inner
         self.in_proj = nn.Linear(d_model, 2 * E, bias=False)
-        self.conv1d = nn.Conv1d(E, E, kernel_size=d_conv, groups=E, padding=d_conv - 1, bias=True)
+        self.conv1d = nn.Conv1d(E, E, kernel_size=d_conv, groups=E, padding=d_conv - 1,
+                                bias=True)
         self.x_proj = nn.Linear(E, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, E, bias=True)
         std = (

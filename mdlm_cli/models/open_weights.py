@@ -268,7 +268,8 @@ class ReleasedBackbone(BackboneTraits, nn.Module, ABC):
         pass: engine/dream_blocks.py)."""
         return shift_states(h) if self.shift else h
 
-    def attention_keys(self, attention_mask: Tensor | None, length: int, device) -> Tensor | None:
+    def attention_keys(self, attention_mask: Tensor | None, length: int,
+                       device) -> Tensor | None:
         """The keys each query attends (SDPA's boolean mask): every real one, or with causal
         attention (a conversion's equivalence check) those up to its own; while training under
         an anneal (models/anneal.py), the causal ones and the anneal's random share of the
@@ -300,7 +301,8 @@ class ReleasedBackbone(BackboneTraits, nn.Module, ABC):
     def from_cache(self, tokens: Tensor, cache: BlockCache, start: int,
                    rows: Tensor | None = None) -> Tensor:
         """Logits (R, n, V) of `tokens` (R, n) at positions [start, start + n) of `rows`."""
-        return self._logits(self.hidden_states(tokens, None, BlockCall(cache, start, rows)), None)
+        return self._logits(self.hidden_states(tokens, None, BlockCall(cache, start, rows)),
+                            None)
 
     @classmethod
     def from_folder(cls, cfg, vocab_size: int, folder: Path, raw: dict, device):

@@ -195,7 +195,8 @@ class Objective(ABC):
             z[rows, pick[rows]] = drawn[rows, pick[rows]]
         return z
 
-    def diffusion_keywords(self, generator: torch.Generator | None, attention_mask: Tensor | None,
+    def diffusion_keywords(self, generator: torch.Generator | None,
+                           attention_mask: Tensor | None,
                            targets: Tensor | None) -> dict[str, Any]:
         """The keywords every engine loss of a masked diffusion takes: this objective's mask id
         and schedule, and the batch's generator, padding and likelihood targets (a Masking)."""

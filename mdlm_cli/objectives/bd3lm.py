@@ -293,7 +293,8 @@ class BD3LM(Objective):
         return SamplerChoice(choice.spec, choice.steps, choice.note, {**choice.ignored, **extra})
 
     def block_model(self, model: nn.Module, cache: bool = True,
-                    autocast_dtype: torch.dtype | None = None) -> CachedBlocks | RecomputedBlocks:
+                    autocast_dtype: torch.dtype | None = None
+                    ) -> CachedBlocks | RecomputedBlocks:
         """The `BlockModel` that `sample` runs: the exact cache where the model keeps finished
         blocks' keys and values (the unshifted DiT: `kv_cache_blocks`); the others recompute
         the finished blocks at every call."""

@@ -134,8 +134,8 @@ def sharded_sum(
 
 def diffusion_times(schedule: Schedule, T: int = 0, antithetic: bool = True):
     """`draw_times` for a diffusion bound: u antithetic over the set, mapped to t."""
-    return lambda n, gen: times_from_uniform(sample_times(n, generator=gen, antithetic=antithetic,
-                                                          device=gen.device), schedule, T)
+    return lambda n, gen: times_from_uniform(
+        sample_times(n, generator=gen, antithetic=antithetic, device=gen.device), schedule, T)
 
 
 def relation(exact: bool, kind: str = "") -> str:

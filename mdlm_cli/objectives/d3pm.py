@@ -22,7 +22,8 @@ class D3PMDenoiser(DiffusionDenoiser):
     """The DiT as eq. 9's x_theta: logits whose softmax over all V is the model's distribution,
     the mask's logit -inf under zero masking."""
 
-    def __init__(self, model: nn.Module, schedule, *, mask_id: int, zero_masking: bool, **kwargs):
+    def __init__(self, model: nn.Module, schedule, *, mask_id: int, zero_masking: bool,
+                 **kwargs):
         super().__init__(model, schedule, **kwargs)
         self.mask_id, self.zero_masking = mask_id, zero_masking
 

@@ -34,7 +34,8 @@ MASK_FRACTION = 0.8  # of the selected: replaced by the mask
 RANDOM_FRACTION = 0.5  # of the rest: replaced by a random token (the others stay)
 
 
-def bert_corruption(x0: Tensor, *, mask_id: int, n_tokens: int, generator: torch.Generator | None,
+def bert_corruption(x0: Tensor, *, mask_id: int, n_tokens: int,
+                    generator: torch.Generator | None,
                     attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(corrupted input z (B, L), selected positions (B, L) bool) of BERT's 80/10/10 recipe."""
     def coin(p: float) -> Tensor:

@@ -31,7 +31,8 @@ class ScoreDenoiser(DiffusionDenoiser):
             logits = self.model(
                 z_t, sigma, attention_mask=attention_mask, output_mask=output_mask
             )  # (N, V)
-        log_k = self.schedule.log_odds(t.double())[:, None].expand(output_mask.shape)[output_mask]
+        log_k = (self.schedule.log_odds(t.double())[:, None]
+                 .expand(output_mask.shape)[output_mask])
         return sedd_log_score(logits, z_t[output_mask], log_k)
 
 

@@ -26,7 +26,8 @@ def gpu_days(recipe: Recipe) -> str:
         if known is None or cfg.model.backbone != "dit":
             return "?"
         with torch.device("meta"):
-            params = sum(p.numel() for p in build_model(cfg.model, known.vocab_size).parameters())
+            params = sum(p.numel()
+                         for p in build_model(cfg.model, known.vocab_size).parameters())
         steps = model.max_steps or cfg.train.max_steps
         flops += 6 * params * steps * cfg.train.global_batch_size * cfg.data.length
     return f"{flops / (A100_BF16_FLOPS * ASSUMED_MFU) / 86400:,.1f}" if flops else "-"

@@ -100,7 +100,8 @@ def run_dir(model: Model, runs: Path, scale: str) -> str:
     if model.base is not None:  # a fine-tune is defined by the run it starts from too
         definition.append(run_dir(model.base, runs, scale))
     key = json.dumps(definition)
-    return str(runs / f"{Path(model.preset).stem}-{hashlib.sha256(key.encode()).hexdigest()[:8]}")
+    return str(runs / f"{Path(model.preset).stem}-"
+                      f"{hashlib.sha256(key.encode()).hexdigest()[:8]}")
 
 
 def _train_job(model: Model, runs: Path, scale: str, rows: list[str]) -> Job:

@@ -163,7 +163,8 @@ def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[Re
         if row.paper_only:
             rows.append(
                 ReportRow(
-                    row.name, row.label, paper, source, None, None, "", "quoted (not run)", "", ""
+                    row.name, row.label, paper, source, None, None, "", "quoted (not run)",
+                    "", "",
                 )
             )
             continue
@@ -174,7 +175,8 @@ def report_rows(recipe: Recipe, *, out: Path, runs: Path, scale: str) -> list[Re
         if record is None:
             rows.append(
                 ReportRow(
-                    row.name, row.label, paper, source, None, None, "", "pending", steps, hardware
+                    row.name, row.label, paper, source, None, None, "", "pending", steps,
+                    hardware,
                 )
             )
             continue

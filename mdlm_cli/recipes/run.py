@@ -35,7 +35,8 @@ def device_text() -> str:
     from ..sample.bench import environment
 
     env = environment(pick_device("auto"), None)
-    return env["device_name"] + (f" ({env['threads']} threads)" if env["device"] == "cpu" else "")
+    return env["device_name"] + (f" ({env['threads']} threads)" if env["device"] == "cpu"
+                                 else "")
 
 
 def run_jobs(

@@ -31,7 +31,14 @@ from .estimators import denoiser_logits, estimate, estimator_options, iteration_
 from .grpo import GrpoTerms, group_advantages, grpo_loss, scored_through_eos
 from .rewards import load_reward
 from .rollouts import Policy, completions_text, fill_template, read_prompts, rollouts
-from .run_state import RunState, check_out, restore_state, run_record, save_state, settings_record
+from .run_state import (
+    RunState,
+    check_out,
+    restore_state,
+    run_record,
+    save_state,
+    settings_record,
+)
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,8 @@ def restore_state(out: Path, model, optimizer: torch.optim.Optimizer, run: dict,
         optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu",
                                              weights_only=True))
     except (OSError, RuntimeError, ValueError, KeyError) as e:
-        raise MdlmError(f"--resume: {folder / 'optimizer.pt'} cannot be restored ({e})") from None
+        raise MdlmError(f"--resume: {folder / 'optimizer.pt'} cannot be restored "
+                        f"({e})") from None
     final = bool(state.evals) and state.evals[-1]["step"] == state.step
     if final and state.step % eval_every:
         state.evals.pop()

@@ -97,7 +97,8 @@ def parse_chat(body: dict, served: Served, limits: Limits) -> Plan:
         rows, max_tokens = prompt_rows([ids], [], _max_tokens(body), None, served, limits,
                                        semi_ar=False, start=[])
     else:
-        rows, max_tokens, constraint = json_rows(schema, ids, _max_tokens(body), served, start=[])
+        rows, max_tokens, constraint = json_rows(schema, ids, _max_tokens(body), served,
+                                                 start=[])
     common = common_fields(body, served, limits, "chat")
     plan = make_plan(common, rows, constraint=constraint, max_new_tokens=max_tokens,
                      stop=stop_strings(body), end_ids=served.capabilities.end_of_turn)
@@ -131,7 +132,8 @@ def _chat_logprobs(lp: dict | None) -> dict | None:
 
 def chat_choice(choice: dict) -> dict:
     """A completion's choice as a chat choice: the assistant's message."""
-    return {"index": choice["index"], "message": {"role": "assistant", "content": choice["text"]},
+    return {"index": choice["index"],
+            "message": {"role": "assistant", "content": choice["text"]},
             "logprobs": _chat_logprobs(choice.get("logprobs")),
             "finish_reason": choice["finish_reason"]}
 

@@ -108,7 +108,8 @@ def run_plan(plan: Plan, served: Served, denoiser, emit: Emit) -> Outcome:
     ]
     prompt_tokens = plan.n * sum(r.n_prompt + r.n_suffix for r in plan.rows)
     return Outcome(
-        choices, stats, time.perf_counter() - t0, prompt_tokens, sum(len(t.tokens) for t in texts)
+        choices, stats, time.perf_counter() - t0, prompt_tokens,
+        sum(len(t.tokens) for t in texts),
     )
 
 

@@ -129,8 +129,8 @@ class Limits:
 class Row:
     """One prompt: the fixed tokens around the positions the sampler fills."""
 
-    template: torch.Tensor | None  # (L,) mask_id at free positions; None: a prefix only (semi-AR,
-    # bd3lm)
+    # (L,) mask_id at free positions; None: a prefix only (semi-AR, bd3lm)
+    template: torch.Tensor | None
     prefix: list[int]  # row start (BOS) and prompt tokens
     n_prompt: int  # prompt tokens (without the row start)
     n_suffix: int = 0

@@ -169,7 +169,8 @@ class EncodedTask:
 
     def validate(self) -> EncodedTask:
         """One label per row, in both splits."""
-        for name, rows, labels in (("train", self.x, self.y), ("test", self.x_test, self.y_test)):
+        for name, rows, labels in (("train", self.x, self.y),
+                                   ("test", self.x_test, self.y_test)):
             if len(rows) != len(labels):
                 raise MdlmError(f"{self.task.name}: {len(rows)} {name} sequences but "
                                 f"{len(labels)} labels")

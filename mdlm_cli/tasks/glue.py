@@ -111,7 +111,8 @@ def encode(tokenizer, task: GlueTask, rows: list[dict], max_length: int) -> list
         k for k in ("input_ids", "token_type_ids")
         if k in enc and k in tokenizer.model_input_names
     ]
-    return [{**{k: enc[k][i] for k in keys}, "label": row["label"]} for i, row in enumerate(rows)]
+    return [{**{k: enc[k][i] for k in keys}, "label": row["label"]}
+            for i, row in enumerate(rows)]
 
 
 def collate(examples: list[dict], pad_id: int, device: torch.device, regression: bool) -> dict:
@@ -121,7 +122,8 @@ def collate(examples: list[dict], pad_id: int, device: torch.device, regression:
     for key in ("input_ids", "token_type_ids"):
         if key in examples[0]:
             fill = pad_id if key == "input_ids" else 0
-            batch[key] = torch.tensor([e[key] + [fill] * (width - len(e[key])) for e in examples])
+            batch[key] = torch.tensor([e[key] + [fill] * (width - len(e[key]))
+                                       for e in examples])
     batch["attention_mask"] = torch.tensor(
         [[1] * len(e["input_ids"]) + [0] * (width - len(e["input_ids"])) for e in examples]
     )

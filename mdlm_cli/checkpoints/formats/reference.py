@@ -131,8 +131,8 @@ def partial_from_hydra(config: dict, source) -> Partial:
             "then feeds sigma = 0 and its log-score is -inf everywhere, so it has no "
             "usable output"
         )
-    for key, typ in (("hidden_size", int), ("n_blocks", int), ("n_heads", int), ("cond_dim", int),
-                     ("dropout", float)):
+    for key, typ in (("hidden_size", int), ("n_blocks", int), ("n_heads", int),
+                     ("cond_dim", int), ("dropout", float)):
         partial.model[key] = number(get(f"model.{key}"), typ, f"model.{key}", source)
     partial.model["time_conditioning"] = number(
         get("time_conditioning"), bool, "time_conditioning", source
@@ -154,7 +154,8 @@ def partial_from_hydra(config: dict, source) -> Partial:
     return partial
 
 
-def noise_schedule(noise: dict, names: dict[str, str], source, default: str | None = None) -> str:
+def noise_schedule(noise: dict, names: dict[str, str], source,
+                   default: str | None = None) -> str:
     """mdlm's schedule for a format's noise section (`type`, else `default`; `sigma_min`,
     `sigma_max`): `names` maps the format's noise types to mdlm's; the schedules with fixed
     sigmas (SIGMA_RANGES) match only with those (a sigma of a schedule without one, such as
@@ -219,7 +220,8 @@ def model_config(weights: dict[str, torch.Tensor], partial: Partial,
         n_blocks=recorded.get("n_blocks") or (max(indices) + 1 if indices else 0),
         n_heads=n_heads,
         cond_dim=recorded.get("cond_dim") or (cond.shape[0] if cond is not None else 128),
-        mlp_ratio=mlp.shape[0] // hidden if mlp is not None and mlp.shape[0] % hidden == 0 else 4,
+        mlp_ratio=(mlp.shape[0] // hidden
+                   if mlp is not None and mlp.shape[0] % hidden == 0 else 4),
         dropout=recorded.get("dropout", 0.1),
         time_conditioning=recorded.get("time_conditioning", False),
         shift=recorded.get("shift", False),  # only an export's "mdlm" section records it
