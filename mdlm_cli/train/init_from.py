@@ -51,8 +51,8 @@ def initialise_from(model: nn.Module, spec: str, tokenizer: Tokenizer) -> str:
         )
     _check_shift(spec, loaded, model)
     weights, target = loaded.model.state_dict(), model.state_dict()
-    missing, unexpected, reshaped = weight_mismatch(target, weights,
-                                                    may_lack=lambda k: any(f in k for f in FRESH))
+    missing, unexpected, reshaped = weight_mismatch(
+        target, weights, may_lack=lambda k: any(f in k for f in FRESH))
     if unexpected or missing:
         what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
         raise MdlmError(

@@ -45,7 +45,8 @@ class Speed:
 
     def describe(self) -> str:
         if self.peak is None:
-            return f"{self.flops_per_token / 1e6:,.1f} MFLOP/token; no known peak for this device"
+            return (f"{self.flops_per_token / 1e6:,.1f} MFLOP/token; "
+                    "no known peak for this device")
         return (f"{self.flops_per_token / 1e6:,.1f} MFLOP/token, peak "
                 f"{self.peak.flops / 1e12:,.2f} TFLOP/s per device ({self.peak.source})")
 

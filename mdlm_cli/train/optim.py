@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from ..config import Config
 
 
-def warmup_cosine(step: int, *, lr: float, warmup: int, total: int, min_lr_ratio: float) -> float:
+def warmup_cosine(step: int, *, lr: float, warmup: int, total: int,
+                  min_lr_ratio: float) -> float:
     """The learning rate at `step` (from 0): linear warmup over `warmup` steps, then cosine
     decay to min_lr_ratio * lr at step `total` (min_lr_ratio = 1: constant after warmup)."""
     if step < warmup:

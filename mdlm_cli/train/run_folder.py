@@ -31,7 +31,8 @@ from .state import TrainState
 
 @dataclass
 class ResumePoint:
-    """Where a run starts: nothing (fresh), or a checkpoint, with the config keys that changed."""
+    """Where a run starts: nothing (fresh), or a checkpoint, with the config keys that
+    changed."""
 
     step_dir: Path | None = None
     state: TrainState = field(default_factory=TrainState)
